@@ -1,0 +1,135 @@
+//! The Trace environment's answer extraction and scoring, as one function
+//! that eval and RL share.
+//!
+//! 1. Drop `<think>…</think>` and `<thinking>…</thinking>` blocks; if a stray
+//!    closing tag remains, keep only what follows the last one.
+//! 2. If a fenced code block remains, keep the content of the first one.
+//! 3. Strip, then compare with the ground truth after removing every
+//!    whitespace character from both and lowercasing both.
+//!
+//! Whitespace and lowercasing follow Python's `str.split()` and `str.lower()`,
+//! which the environment uses, so the reward is the environment's bit for bit.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+static THINK: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?s)<think>.*?</think>").unwrap());
+static THINKING: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?s)<thinking>.*?</thinking>").unwrap());
+static FENCE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?s)```(?:[a-zA-Z]*)\n?(.*?)\n?```").unwrap());
+
+/// Python's `str.isspace` for one character: Unicode White_Space plus the
+/// four ASCII information separators (U+001C..U+001F).
+pub fn is_python_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// Python's `str.strip()`.
+pub fn python_strip(s: &str) -> &str {
+    s.trim_matches(is_python_space)
+}
+
+/// The model's answer as the environment reads it out of a completion.
+pub fn extract_answer(completion: &str) -> String {
+    let mut text = THINK.replace_all(completion, "").into_owned();
+    text = THINKING.replace_all(&text, "").into_owned();
+    for tag in ["</think>", "</thinking>"] {
+        if let Some(pos) = text.rfind(tag) {
+            text = python_strip(&text[pos + tag.len()..]).to_owned();
+        }
+    }
+    if let Some(m) = FENCE.captures(&text).and_then(|c| c.get(1)) {
+        text = m.as_str().to_owned();
+    }
+    python_strip(&text).to_owned()
+}
+
+/// Both sides with all whitespace removed and lowercased.
+pub fn normalize(s: &str) -> String {
+    let joined: String = s.chars().filter(|&c| !is_python_space(c)).collect();
+    joined.to_lowercase()
+}
+
+/// 1.0 when the completion's answer matches the ground truth, else 0.0.
+pub fn score(completion: &str, ground_truth: &str) -> f64 {
+    if normalize(&extract_answer(completion)) == normalize(ground_truth) {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_answer_scores_one() {
+        assert_eq!(score("__DBG_0__ 1\n3", "__DBG_0__ 1\n3"), 1.0);
+        assert_eq!(score("__DBG_0__ 1\n4", "__DBG_0__ 1\n3"), 0.0);
+    }
+
+    #[test]
+    fn think_blocks_are_removed() {
+        let c = "<think>the answer is 7</think>\n5\n6";
+        assert_eq!(extract_answer(c), "5\n6");
+        assert_eq!(score(c, "5\n6"), 1.0);
+        let c = "<thinking>\nmaybe 1\n</thinking>5";
+        assert_eq!(extract_answer(c), "5");
+        // Several blocks, lazily matched.
+        let c = "<think>a</think>1<think>b</think>2";
+        assert_eq!(extract_answer(c), "12");
+    }
+
+    #[test]
+    fn stray_closing_tag_keeps_what_follows_the_last() {
+        // A model whose opening tag sat in the prompt emits only the close.
+        let c = "reasoning here\n</think>\n\n10\n20";
+        assert_eq!(extract_answer(c), "10\n20");
+        let c = "a</think>b</think>  c  ";
+        assert_eq!(extract_answer(c), "c");
+        assert_eq!(score("x </thinking> 42", "42"), 1.0);
+    }
+
+    #[test]
+    fn first_fence_wins() {
+        let c = "Here:\n```\n1\n2\n```\nand also\n```text\n3\n```";
+        assert_eq!(extract_answer(c), "1\n2");
+        let c = "```python\nprint(1)\n```";
+        assert_eq!(extract_answer(c), "print(1)");
+        // The tag is letters only: Python's regex leaves "3" in the answer.
+        let c = "```py3\nx\n```";
+        assert_eq!(extract_answer(c), "3\nx");
+        // An unclosed fence is not a block.
+        assert_eq!(extract_answer("```\n1"), "```\n1");
+    }
+
+    #[test]
+    fn whitespace_and_case_are_ignored() {
+        assert_eq!(score("  A B\n\tc \r\n", "abc"), 1.0);
+        assert_eq!(score("TRUE", "True"), 1.0);
+        assert_eq!(score("a\u{a0}b\u{3000}c", "abc"), 1.0);
+        // Python counts U+001C..U+001F as whitespace; Rust alone does not.
+        assert_eq!(score("a\u{1f}b", "ab"), 1.0);
+        // Whitespace removal is total, so line structure does not matter...
+        assert_eq!(score("1 2\n3", "12\n3"), 1.0);
+        // ...but every other character does.
+        assert_eq!(score("1,2", "12"), 0.0);
+    }
+
+    #[test]
+    fn unicode_lowercasing_matches_python() {
+        // Python: 'ÀÉÎ'.lower() == 'àéî'; 'İ'.lower() == 'i̇' (two code points).
+        assert_eq!(normalize("ÀÉÎ"), "àéî");
+        assert_eq!(normalize("İ"), "i\u{307}");
+    }
+
+    #[test]
+    fn empty_answers() {
+        assert_eq!(score("", ""), 1.0);
+        assert_eq!(score("<think>all thought</think>", ""), 1.0);
+        assert_eq!(score("", "0"), 0.0);
+    }
+}
