@@ -149,7 +149,10 @@ impl Validate for ModelConfig {
             ));
         }
         if self.max_length < 16 {
-            p.push(format!("max_length: {} is too small (>= 16)", self.max_length));
+            p.push(format!(
+                "max_length: {} is too small (>= 16)",
+                self.max_length
+            ));
         }
         p
     }
@@ -320,10 +323,7 @@ impl Validate for GenerateConfig {
             p.push("variants: must be at least 1".into());
         }
         if !(0.0..1.0).contains(&self.test_ratio) {
-            p.push(format!(
-                "test_ratio: {} is not in [0, 1)",
-                self.test_ratio
-            ));
+            p.push(format!("test_ratio: {} is not in [0, 1)", self.test_ratio));
         }
         if self.max_injections == 0 || self.max_injections > 100 {
             p.push(format!(
@@ -424,7 +424,10 @@ impl Validate for SftConfig {
         for (name, v) in [
             ("epochs", self.epochs),
             ("batch_size", self.batch_size),
-            ("gradient_accumulation_steps", self.gradient_accumulation_steps),
+            (
+                "gradient_accumulation_steps",
+                self.gradient_accumulation_steps,
+            ),
             ("lora_r", self.lora_r),
         ] {
             if v == 0 {
@@ -432,7 +435,10 @@ impl Validate for SftConfig {
             }
         }
         if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
-            p.push(format!("learning_rate: {} must be positive", self.learning_rate));
+            p.push(format!(
+                "learning_rate: {} must be positive",
+                self.learning_rate
+            ));
         }
         for (name, v) in [
             ("warmup_ratio", self.warmup_ratio),
@@ -500,7 +506,10 @@ impl Validate for RlConfig {
     fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
         if !matches!(self.algorithm.as_str(), "ppo" | "grpo") {
-            p.push(format!("algorithm: `{}` is not ppo or grpo", self.algorithm));
+            p.push(format!(
+                "algorithm: `{}` is not ppo or grpo",
+                self.algorithm
+            ));
         }
         if self.group_size < 2 {
             p.push("group_size: needs at least 2 completions for an advantage".into());
@@ -532,13 +541,14 @@ mod tests {
 
     #[test]
     fn all_problems_are_reported_at_once() {
-        let err = parse::<GenerateConfig>(
-            r#"{"variants": 0, "test_ratio": 2.0}"#,
-            Path::new("g.json"),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("variants") && err.contains("test_ratio"), "{err}");
+        let err =
+            parse::<GenerateConfig>(r#"{"variants": 0, "test_ratio": 2.0}"#, Path::new("g.json"))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("variants") && err.contains("test_ratio"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,9 +1,16 @@
 //! trace-train: post-training language models on the Trace task.
 //!
-//! Data flows one way: `cli` → `pipeline` → stages (`generate`, later
-//! `train`, `eval`) → parts (`sandbox`, `transform`, `reward`, `dataset`,
-//! `config`). See ARCHITECTURE.md.
+//! Data flows one way: the binary's `main` (command line) → stages
+//! (`generate`; training and eval stages join them) → parts (`sandbox`,
+//! `transform`, `reward`, `prompt`, `dataset`, `config`, `atomic`).
+//! See ARCHITECTURE.md.
 
+pub mod atomic;
+pub mod bench;
 pub mod config;
+pub mod dataset;
+pub mod generate;
+pub mod prompt;
 pub mod reward;
 pub mod sandbox;
+pub mod transform;

@@ -1,36 +1,464 @@
-use std::path::PathBuf;
+//! The `trace-train` command: parse flags → resolve settings → run a stage →
+//! print the error chain and exit non-zero on failure.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use anyhow::Context;
-use trace_train::sandbox::{Executor, ExecutorConfig, Request, check_protections};
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
 
-fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let cfg = ExecutorConfig::new(PathBuf::from("/usr/bin/python3"), 1, false);
-    let exec = Executor::new(cfg)?;
-    if args.get(1).map(|s| s.as_str()) == Some("check") {
-        let r = check_protections(&exec);
-        println!("{}", serde_json::to_string_pretty(&r)?);
-        return Ok(());
+use trace_train::config::{self, GenerateConfig, PipelineConfig, SeedScheme};
+use trace_train::generate::{self, Progress, RunOptions};
+use trace_train::sandbox::{self, Executor, ExecutorConfig, Request};
+
+#[derive(Parser)]
+#[command(
+    name = "trace-train",
+    version,
+    about = "Post-train language models on the Trace task (predict a program's exact stdout)"
+)]
+struct Cli {
+    /// More logging (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Stage 0: run every program in the sandbox and write the original and
+    /// transformed training sets.
+    Generate(GenerateArgs),
+    /// Run untrusted Python in the sandbox, or report its protections.
+    #[command(subcommand)]
+    Sandbox(SandboxCommand),
+    /// Measure against the peer approach, in one run.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+    /// Check config files: parse and validate, print the resolved values.
+    Config(ConfigArgs),
+}
+
+#[derive(Args)]
+#[command(rename_all = "snake_case")]
+struct GenerateArgs {
+    /// Stage config (default: config/generate.json when present, else the
+    /// built-in defaults).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// `builtin`, a JSONL path, `humaneval:PATH`, or a hub dataset id.
+    #[arg(long)]
+    dataset: Option<String>,
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+    /// Use at most this many rows.
+    #[arg(long)]
+    max_samples: Option<usize>,
+    /// Transformed variants a program.
+    #[arg(long)]
+    variants: Option<usize>,
+    /// Sandbox worker slots (default: one a core).
+    #[arg(long)]
+    num_workers: Option<usize>,
+    /// Seed of the train/test split.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// `env` (task_id → row and seed) or `peer` (row*1000 + variant).
+    #[arg(long, value_parser = parse_scheme)]
+    seed_scheme: Option<SeedScheme>,
+    /// Interpreter every uid can run.
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// Count and skip malformed dataset lines instead of stopping.
+    #[arg(long)]
+    skip_bad: bool,
+    /// Small built-in run that finishes in seconds.
+    #[arg(long)]
+    quick_test: bool,
+    #[command(flatten)]
+    unsafe_flag: UnsafeFlag,
+}
+
+#[derive(Args)]
+struct UnsafeFlag {
+    /// Run programs WITHOUT isolation (rlimits only). Only for machines and
+    /// programs you trust; never settable from a config file.
+    #[arg(long = "unsafe-no-sandbox")]
+    unsafe_no_sandbox: bool,
+}
+
+fn parse_scheme(s: &str) -> Result<SeedScheme, String> {
+    match s {
+        "env" => Ok(SeedScheme::Env),
+        "peer" => Ok(SeedScheme::Peer),
+        _ => Err(format!("`{s}` is not `env` or `peer`")),
     }
-    if args.get(1).map(|s| s.as_str()) == Some("many") {
-        let n: usize = args[3].parse()?;
-        let cfg = ExecutorConfig::new(PathBuf::from("/usr/bin/python3"), 2, args.get(4).is_some());
-        let exec = Executor::new(cfg)?;
-        let prog = std::fs::read(&args[2])?;
-        let reqs: Vec<_> = (0..n).map(|_| Request::new(prog.clone(), "4\n")).collect();
-        let t = std::time::Instant::now();
-        let outs = exec.run_all(&reqs);
-        let el = t.elapsed().as_secs_f64();
-        let ok = outs.iter().filter(|o| o.status == trace_train::sandbox::Status::Ok).count();
-        let wall: f64 = outs.iter().map(|o| o.wall_ms).sum::<f64>() / n as f64;
-        println!("{n} runs {ok} ok in {el:.3}s = {:.1}/s, mean zygote wall {wall:.2}ms", n as f64 / el);
-        return Ok(());
+}
+
+#[derive(Subcommand)]
+enum SandboxCommand {
+    /// Report which protections are in force on this machine.
+    Check(SandboxCommon),
+    /// Run one program and print its outcome as JSON.
+    #[command(rename_all = "snake_case")]
+    Run {
+        /// The Python program.
+        file: PathBuf,
+        /// File whose bytes are the program's stdin.
+        #[arg(long)]
+        stdin: Option<PathBuf>,
+        #[arg(long, default_value_t = 10)]
+        cpu_seconds: u64,
+        #[arg(long, default_value_t = 30_000)]
+        wall_ms: u64,
+        #[command(flatten)]
+        common: SandboxCommon,
+    },
+}
+
+#[derive(Args)]
+#[command(rename_all = "snake_case")]
+struct SandboxCommon {
+    #[arg(long, default_value = "/usr/bin/python3")]
+    python: PathBuf,
+    #[command(flatten)]
+    unsafe_flag: UnsafeFlag,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Programs/s and per-program overhead: our sandbox vs unsandboxed
+    /// subprocess.run in a thread pool, same cores, same programs.
+    #[command(rename_all = "snake_case")]
+    Sandbox {
+        #[arg(long, default_value = "/usr/bin/python3")]
+        python: PathBuf,
+        /// Workers on both sides (default: one a core).
+        #[arg(long)]
+        num_workers: Option<usize>,
+        /// Passes over the built-in corpus.
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        #[arg(long, default_value_t = 200)]
+        overhead_runs: usize,
+        /// Also write the result as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+#[derive(Args)]
+struct ConfigArgs {
+    /// Config files to check (default: every file in config/).
+    files: Vec<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    match run(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
     }
-    let prog = std::fs::read(&args[1]).context("read")?;
-    let stdin = args.get(2).map(std::fs::read).transpose()?.unwrap_or_default();
-    let out = exec.run(&Request::new(prog, stdin));
-    println!("{}", serde_json::to_string_pretty(&out.to_json())?);
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Generate(args) => generate_cmd(args),
+        Command::Sandbox(SandboxCommand::Check(c)) => {
+            let exec = executor(&c, 1)?;
+            let report = sandbox::check_protections(&exec);
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            for p in &report.protections {
+                eprintln!(
+                    "{:<22} {:<3} {}",
+                    p.name,
+                    if p.in_force { "yes" } else { "NO" },
+                    p.evidence
+                );
+            }
+            Ok(if report.all_in_force() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(3)
+            })
+        }
+        Command::Sandbox(SandboxCommand::Run {
+            file,
+            stdin,
+            cpu_seconds,
+            wall_ms,
+            common,
+        }) => {
+            let program = std::fs::read(&file)
+                .with_context(|| format!("cannot read `{}`", file.display()))?;
+            let input = match &stdin {
+                Some(p) => {
+                    std::fs::read(p).with_context(|| format!("cannot read `{}`", p.display()))?
+                }
+                None => Vec::new(),
+            };
+            let exec = executor(&common, 1)?;
+            let mut req = Request::new(program, input);
+            req.limits.cpu_seconds = cpu_seconds;
+            req.limits.wall_ms = wall_ms;
+            let out = exec.run(&req);
+            println!("{}", serde_json::to_string_pretty(&out.to_json())?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Sandbox {
+            python,
+            num_workers,
+            repeat,
+            overhead_runs,
+            json,
+        }) => {
+            let workers = num_workers
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            let r = trace_train::bench::bench_sandbox(&trace_train::bench::SandboxBenchOptions {
+                python,
+                workers,
+                repeat,
+                overhead_runs,
+            })?;
+            println!(
+                "sandbox bench: {} cores, {} workers, Python {}, {} corpus programs x {}",
+                r.cores, r.workers, r.python, r.corpus_programs, repeat
+            );
+            println!(
+                "  {:<44} {:>9} {:>8} {:>12}",
+                "", "programs", "ok", "programs/s"
+            );
+            println!(
+                "  {:<44} {:>9} {:>8} {:>12.1}",
+                "trace-train (sandboxed, pre-started zygotes)",
+                r.ours.programs,
+                r.ours.ok,
+                r.ours.programs_per_s
+            );
+            println!(
+                "  {:<44} {:>9} {:>8} {:>12.1}",
+                "peer (subprocess.run a program, unsandboxed)",
+                r.peer.programs,
+                r.peer.ok,
+                r.peer.programs_per_s
+            );
+            println!("  throughput ratio: {:.2}x", r.throughput_ratio);
+            println!(
+                "  per-program overhead (empty program, 1 worker): ours {:.2} ms, peer {:.2} ms ({:.1}x less)",
+                r.ours_overhead_ms,
+                r.peer_overhead_ms,
+                r.peer_overhead_ms / r.ours_overhead_ms
+            );
+            if let Some(path) = json {
+                trace_train::atomic::write(&path, serde_json::to_string_pretty(&r)?.as_bytes())?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config(ConfigArgs { files }) => {
+            let files = if files.is_empty() {
+                let mut v: Vec<PathBuf> = std::fs::read_dir("config")
+                    .context("cannot list `config/`")?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|e| e == "json"))
+                    .collect();
+                v.sort();
+                v
+            } else {
+                files
+            };
+            for f in files {
+                check_config_file(&f)?;
+                println!("ok  {}", f.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Parses a config file with the type its name says it holds.
+fn check_config_file(path: &Path) -> anyhow::Result<()> {
+    let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    match name {
+        "pipeline_config" => config::load::<PipelineConfig>(path).map(|_| ())?,
+        "generate" => config::load::<GenerateConfig>(path).map(|_| ())?,
+        "warmup" | "sft" => config::load::<config::SftConfig>(path).map(|_| ())?,
+        "ppo" => config::load::<config::RlConfig>(path).map(|_| ())?,
+        _ => anyhow::bail!(
+            "`{}`: unknown config file name\nhint: expected pipeline_config, generate, warmup, sft or ppo",
+            path.display()
+        ),
+    }
     Ok(())
 }
-#[allow(dead_code)]
-fn bench_quick() {}
+
+fn executor(c: &SandboxCommon, workers: usize) -> anyhow::Result<Executor> {
+    Ok(Executor::new(ExecutorConfig::new(
+        &c.python,
+        workers,
+        c.unsafe_flag.unsafe_no_sandbox,
+    ))?)
+}
+
+/// File values, then flags on top. Every flag is listed here.
+fn resolve_generate(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
+    let default_file = Path::new("config/generate.json");
+    let mut cfg = match &args.config {
+        Some(p) => config::load::<GenerateConfig>(p)?,
+        None if default_file.is_file() => config::load::<GenerateConfig>(default_file)?,
+        None => GenerateConfig::default(),
+    };
+    let GenerateArgs {
+        config: _,
+        dataset,
+        output_dir,
+        max_samples,
+        variants,
+        num_workers,
+        seed,
+        seed_scheme,
+        python,
+        skip_bad,
+        quick_test,
+        unsafe_flag: _,
+    } = args;
+    if *quick_test {
+        cfg.dataset = "builtin".into();
+    }
+    if let Some(v) = dataset {
+        cfg.dataset = v.clone();
+    }
+    if let Some(v) = output_dir {
+        cfg.output_dir = v.clone();
+    }
+    if let Some(v) = max_samples {
+        cfg.max_samples = Some(*v);
+    }
+    if let Some(v) = variants {
+        cfg.variants = *v;
+    }
+    if let Some(v) = num_workers {
+        cfg.num_workers = *v;
+    }
+    if let Some(v) = seed {
+        cfg.seed = *v;
+    }
+    if let Some(v) = seed_scheme {
+        cfg.seed_scheme = *v;
+    }
+    if let Some(v) = python {
+        cfg.python = v.clone();
+    }
+    if *skip_bad {
+        cfg.skip_bad = true;
+    }
+    let problems = config::Validate::problems(&cfg);
+    anyhow::ensure!(
+        problems.is_empty(),
+        "invalid settings:\n  - {}",
+        problems.join("\n  - ")
+    );
+    Ok(cfg)
+}
+
+fn generate_cmd(args: GenerateArgs) -> anyhow::Result<ExitCode> {
+    let cfg = resolve_generate(&args)?;
+    let opts = RunOptions {
+        unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
+    };
+    let bar = Bar::new();
+    let s = generate::run(&cfg, &opts, &bar)?;
+    let dropped = |m: &std::collections::BTreeMap<String, u64>| {
+        if m.is_empty() {
+            "none".to_owned()
+        } else {
+            m.iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    eprintln!(
+        "read {} rows from {} in {:.1}s ({} sandbox runs, {:.0} runs/s, Python {})",
+        s.rows_read,
+        s.dataset,
+        s.timings.seconds_total,
+        s.timings.sandbox_runs,
+        s.timings.runs_per_second,
+        s.python
+    );
+    eprintln!(
+        "stage 1 (original):    {} train, {} test; dropped: {}",
+        s.stage1.records_train,
+        s.stage1.records_test,
+        dropped(&s.stage1.dropped)
+    );
+    eprintln!(
+        "stage 2 (transformed): {} train, {} test; dropped: {}",
+        s.stage2.records_train,
+        s.stage2.records_test,
+        dropped(&s.stage2.dropped)
+    );
+    if s.malformed_lines > 0 {
+        eprintln!("skipped {} malformed lines", s.malformed_lines);
+    }
+    println!("{}", cfg.output_dir.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Progress on stderr; hidden when stderr is not a terminal.
+struct Bar(ProgressBar);
+
+impl Bar {
+    fn new() -> Self {
+        let pb = if std::io::stderr().is_terminal() {
+            ProgressBar::new(0)
+        } else {
+            ProgressBar::hidden()
+        };
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{spinner} rows {pos}/{len} [{elapsed_precise}] {bar:30} {per_sec} ETA {eta}",
+            )
+            .expect("valid template"),
+        );
+        Bar(pb)
+    }
+}
+
+impl Progress for Bar {
+    fn start(&self, total: Option<u64>) {
+        if let Some(t) = total {
+            self.0.set_length(t);
+        }
+    }
+    fn advance(&self, rows: u64) {
+        self.0.inc(rows);
+    }
+    fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+}

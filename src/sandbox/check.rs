@@ -131,9 +131,10 @@ pub fn check_protections(exec: &Executor) -> ProtectionReport {
     );
     add(
         "private /tmp",
-        r["tmp"]
-            .as_array()
-            .is_some_and(|m| m.iter().any(|x| x.as_str().is_some_and(|x| x.starts_with("tmpfs rw")))),
+        r["tmp"].as_array().is_some_and(|m| {
+            m.iter()
+                .any(|x| x.as_str().is_some_and(|x| x.starts_with("tmpfs rw")))
+        }),
         format!("/tmp mounts {}", s("tmp")),
     );
     add(
@@ -150,17 +151,15 @@ pub fn check_protections(exec: &Executor) -> ProtectionReport {
     let finite = |k: &str| lim[k].as_i64().is_some_and(|v| v >= 0);
     add(
         "rlimits",
-        ["CPU", "AS", "FSIZE", "NOFILE", "NPROC"].iter().all(|k| finite(k))
+        ["CPU", "AS", "FSIZE", "NOFILE", "NPROC"]
+            .iter()
+            .all(|k| finite(k))
             && lim["CORE"].as_i64() == Some(0),
         lim.to_string(),
     );
     let env_ok = r["env"].as_array().is_some_and(|e| {
-        e.iter().all(|k| {
-            matches!(
-                k.as_str(),
-                Some("PATH" | "PYTHONHASHSEED" | "LC_CTYPE")
-            )
-        })
+        e.iter()
+            .all(|k| matches!(k.as_str(), Some("PATH" | "PYTHONHASHSEED" | "LC_CTYPE")))
     });
     add("cleared environment", env_ok, s("env"));
     ProtectionReport {

@@ -230,7 +230,9 @@ fn hex(v: &[u8]) -> String {
 /// The sandbox itself could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
-    #[error("python interpreter `{path}` is not usable: {reason}\nhint: pass `--python PATH` with an interpreter every uid can read and run, such as /usr/bin/python3")]
+    #[error(
+        "python interpreter `{path}` is not usable: {reason}\nhint: pass `--python PATH` with an interpreter every uid can read and run, such as /usr/bin/python3"
+    )]
     Python { path: PathBuf, reason: String },
     #[error(
         "the sandbox needs root to drop each worker to its own uid and create namespaces (running as uid {uid})\nhint: run as root, or pass `--unsafe-no-sandbox` to run programs without isolation on a machine you trust"
@@ -354,7 +356,10 @@ impl Executor {
 
 fn check_python(path: &std::path::Path) -> Result<(), SandboxError> {
     let out = std::process::Command::new(path)
-        .args(["-c", "import sys; print(sys.version_info[0], sys.version_info[1])"])
+        .args([
+            "-c",
+            "import sys; print(sys.version_info[0], sys.version_info[1])",
+        ])
         .env_clear()
         .output()
         .map_err(|e| SandboxError::Python {
@@ -362,7 +367,9 @@ fn check_python(path: &std::path::Path) -> Result<(), SandboxError> {
             reason: e.to_string(),
         })?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let mut it = text.split_whitespace().map(|s| s.parse::<u32>().unwrap_or(0));
+    let mut it = text
+        .split_whitespace()
+        .map(|s| s.parse::<u32>().unwrap_or(0));
     let (major, minor) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
     if !out.status.success() || major != 3 || minor < 9 {
         return Err(SandboxError::Python {

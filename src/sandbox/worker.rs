@@ -357,7 +357,11 @@ impl NamespaceSetup {
         use std::io::Error;
         use std::ptr::null;
         fn ok(rc: libc::c_long) -> std::io::Result<()> {
-            if rc < 0 { Err(Error::last_os_error()) } else { Ok(()) }
+            if rc < 0 {
+                Err(Error::last_os_error())
+            } else {
+                Ok(())
+            }
         }
         // SAFETY: raw syscalls with valid NUL-terminated strings.
         unsafe {
@@ -462,8 +466,18 @@ impl Exec {
             argv_ptrs: Vec::new(),
             envp_ptrs: Vec::new(),
         };
-        e.argv_ptrs = e.argv.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect();
-        e.envp_ptrs = e.envp.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect();
+        e.argv_ptrs = e
+            .argv
+            .iter()
+            .map(|s| s.as_ptr())
+            .chain([std::ptr::null()])
+            .collect();
+        e.envp_ptrs = e
+            .envp
+            .iter()
+            .map(|s| s.as_ptr())
+            .chain([std::ptr::null()])
+            .collect();
         Ok(e)
     }
 
@@ -474,7 +488,11 @@ impl Exec {
             if libc::dup2(stdin, 0) < 0 || libc::dup2(stdout, 1) < 0 {
                 return 127;
             }
-            libc::execve(self.path.as_ptr(), self.argv_ptrs.as_ptr(), self.envp_ptrs.as_ptr());
+            libc::execve(
+                self.path.as_ptr(),
+                self.argv_ptrs.as_ptr(),
+                self.envp_ptrs.as_ptr(),
+            );
         }
         127
     }

