@@ -277,7 +277,7 @@ pub struct GenerateConfig {
     pub test_ratio: f64,
     /// Most injected prints a program. Default 6.
     pub max_injections: usize,
-    /// Sandbox worker slots (0: one a core). Default 0.
+    /// Sandbox worker slots (0: two a core). Default 0.
     pub num_workers: usize,
     /// Interpreter, readable by every uid. Default `/usr/bin/python3`.
     pub python: PathBuf,

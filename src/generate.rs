@@ -147,7 +147,7 @@ pub fn run(
         .map_or(rows_in_source, |m| (m as u64).min(rows_in_source));
 
     let workers = if cfg.num_workers == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        crate::sandbox::default_workers()
     } else {
         cfg.num_workers
     };

@@ -45,10 +45,6 @@ pub struct Limits {
     pub open_files: u64,
     /// Processes and threads of the slot's uid (RLIMIT_NPROC).
     pub processes: u64,
-    /// Size of the private `/tmp`.
-    pub tmp_bytes: u64,
-    /// Inodes of the private `/tmp`.
-    pub tmp_inodes: u64,
 }
 
 impl Default for Limits {
@@ -62,8 +58,6 @@ impl Default for Limits {
             file_size_bytes: 16 << 20,
             open_files: 256,
             processes: 32,
-            tmp_bytes: 64 << 20,
-            tmp_inodes: 4096,
         }
     }
 }
@@ -89,6 +83,10 @@ pub struct ExecutorConfig {
     /// Worker slots, hence programs run at once.
     pub workers: usize,
     pub isolation: Isolation,
+    /// Size of each slot's private `/tmp` (emptied after every program).
+    pub tmp_bytes: u64,
+    /// Inodes of each slot's private `/tmp`.
+    pub tmp_inodes: u64,
 }
 
 impl ExecutorConfig {
@@ -105,8 +103,17 @@ impl ExecutorConfig {
             python: python.into(),
             workers: workers.max(1),
             isolation,
+            tmp_bytes: 64 << 20,
+            tmp_inodes: 4096,
         }
     }
+}
+
+/// Worker slots when the user names none: two a core. A slot's zygote is
+/// idle for part of every program (while the kernel forks, tears down and
+/// the executor answers), so one slot a core leaves the cores partly idle.
+pub fn default_workers() -> usize {
+    2 * std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// First uid of the worker slots; slot i runs as `DEFAULT_UID_BASE + i`.
@@ -316,7 +323,16 @@ impl Executor {
             }
         };
         let outcome = match worker.run(req) {
-            Ok(o) => o,
+            Ok(o) if !worker.retired => o,
+            Ok(o) => {
+                // The zygote could not clean up after the program: start a
+                // fresh one rather than let anything reach the next program.
+                let slot = worker.slot;
+                drop(worker);
+                worker = Worker::spawn(slot, &self.config, &self.seccomp)
+                    .unwrap_or_else(|_| Worker::dead(slot));
+                o
+            }
             Err(detail) => {
                 // The worker is in an unknown state: replace it.
                 let slot = worker.slot;

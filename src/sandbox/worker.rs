@@ -27,6 +27,8 @@ const GRACE: Duration = Duration::from_secs(5);
 pub(super) struct Worker {
     pub slot: usize,
     pub python_version: String,
+    /// The zygote asked to be replaced after its last program.
+    pub retired: bool,
     proc: Option<Proc>,
 }
 
@@ -54,6 +56,7 @@ impl Worker {
         Worker {
             slot,
             python_version: String::new(),
+            retired: false,
             proc: None,
         }
     }
@@ -71,6 +74,8 @@ impl Worker {
                     "uid": uid,
                     "gid": uid,
                     "seccomp": seccomp.iter().map(|p| super::hex(p)).collect::<Vec<_>>(),
+                    "tmp_bytes": config.tmp_bytes,
+                    "tmp_inodes": config.tmp_inodes,
                 });
                 let flags = CloneFlags::CLONE_NEWPID
                     | CloneFlags::CLONE_NEWNS
@@ -115,6 +120,7 @@ impl Worker {
         let mut w = Worker {
             slot,
             python_version: String::new(),
+            retired: false,
             proc: Some(Proc {
                 pid,
                 stdin: File::from(in_w),
@@ -164,6 +170,7 @@ impl Worker {
         let stderr = read_frame(&mut p.stdout, deadline)?;
         let report: Report =
             serde_json::from_slice(&report).map_err(|e| format!("bad report from zygote: {e}"))?;
+        self.retired = report.retire;
         Ok(report.into_outcome(req, stdout, stderr))
     }
 }
@@ -177,6 +184,8 @@ struct Report {
     #[serde(default)]
     stderr_truncated: bool,
     killed_for: Option<String>,
+    #[serde(default)]
+    retire: bool,
     child: Option<ChildReport>,
     zygote_error: Option<String>,
 }

@@ -33,6 +33,7 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import struct
 import sys
@@ -67,7 +68,6 @@ import threading
 import traceback
 import typing  # noqa: F401
 
-MNT_DETACH = 2
 MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
@@ -78,7 +78,6 @@ SECCOMP_MODE_FILTER = 2
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
 
@@ -127,14 +126,22 @@ CONFIG = json.loads(read_frame(0))
 SANDBOXED = CONFIG["mode"] == "sandbox"
 UID = CONFIG.get("uid", 0)
 GID = CONFIG.get("gid", 0)
-FILTERS = []
-for hexprog in CONFIG.get("seccomp", []):
-    raw = bytes.fromhex(hexprog)
-    buf = ctypes.create_string_buffer(raw, len(raw))
-    FILTERS.append((buf, SockFprog(len(raw) // 8, ctypes.addressof(buf))))
-if SANDBOXED and os.getpid() != 1:
-    # kill(-1) below is only safe from a namespace's init.
-    raise SystemExit("trace-train sandbox: zygote must be pid 1 of its namespace")
+if SANDBOXED:
+    if os.getpid() != 1:
+        # kill(-1) below is only safe from a namespace's init.
+        raise SystemExit("trace-train sandbox: zygote must be pid 1 of its namespace")
+    # One size-capped tmpfs for the slot's programs, emptied after each.
+    TMP_OPTS = "size=%d,nr_inodes=%d,mode=1777" % (CONFIG["tmp_bytes"], CONFIG["tmp_inodes"])
+    check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, TMP_OPTS.encode()), "mount /tmp")
+    # Lock the zygote itself down: every program inherits the seccomp filters
+    # and no_new_privs through fork. The zygote needs none of what they deny
+    # (it mounted everything it ever will just above).
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    for hexprog in CONFIG.get("seccomp", []):
+        raw = bytes.fromhex(hexprog)
+        buf = ctypes.create_string_buffer(raw, len(raw))
+        prog = SockFprog(len(raw) // 8, ctypes.addressof(buf))
+        check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0), "prctl(SECCOMP)")
 
 # Frozen objects are never touched by the collector, so forked children
 # share the zygote's pages instead of copying them on the first gc pass.
@@ -155,7 +162,8 @@ def program_main(limits, program, work):
     # its encoding, error handlers and buffering.
     sys.argv = ["main.py"]
     sys.path[0] = work
-    random.seed()  # imported warm above: a fresh interpreter would seed it anew
+    # `random` was imported warm, but its own at-fork hook reseeded it from
+    # os.urandom in this process, as a fresh interpreter would seed it.
     module = types.ModuleType("__main__")
     module.__file__ = path
     module.__builtins__ = builtins
@@ -248,11 +256,6 @@ def become_program(limits, program, stdin_fd, out_w, err_w, work):
         else:
             os.setsid()
         set_limits(limits)
-        if SANDBOXED:
-            check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-            for _buf, prog in FILTERS:
-                rc = libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0)
-                check(rc, "prctl(SECCOMP)")
     except BaseException as e:
         try:
             os.write(2, ("trace-train sandbox: setup failed: %r\n" % (e,)).encode())
@@ -292,8 +295,6 @@ def serve_one(limits, program, stdin_data):
     err_r, err_w = os.pipe()
     if SANDBOXED:
         work = "/tmp"
-        opts = "size=%d,nr_inodes=%d,mode=1777" % (limits["tmp_bytes"], limits["tmp_inodes"])
-        check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, opts.encode()), "mount /tmp")
     else:
         import tempfile
 
@@ -351,11 +352,21 @@ def serve_one(limits, program, stdin_data):
     kill_leftovers(child)
     for fd in (out_r, err_r, child_fd):
         os.close(fd)
+    retire = False
     if SANDBOXED:
-        check(libc.umount2(b"/tmp", MNT_DETACH), "umount /tmp")
+        # Nothing of this program may reach the next: empty /tmp. Should that
+        # fail, the executor replaces this worker (and its tmpfs) instead.
+        try:
+            for name in os.listdir(work):
+                path = os.path.join(work, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
+            retire = bool(os.listdir(work))
+        except OSError:
+            retire = True
     else:
-        import shutil
-
         shutil.rmtree(work, ignore_errors=True)
     report = {
         "wall_ms": (time.monotonic() - t0) * 1000.0,
@@ -363,6 +374,7 @@ def serve_one(limits, program, stdin_data):
         "stderr_truncated": truncated[err_r],
         "killed_for": killed_for,
         "child": status,
+        "retire": retire,
     }
     return report, b"".join(bufs[out_r]), b"".join(bufs[err_r])
 
