@@ -5,5 +5,6 @@
 //! `config`). See ARCHITECTURE.md.
 
 pub mod config;
+pub mod model;
 pub mod reward;
 pub mod sandbox;
