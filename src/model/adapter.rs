@@ -60,6 +60,8 @@ pub struct AdapterConfig {
     #[serde(default)]
     pub use_dora: bool,
     #[serde(default)]
+    pub lora_bias: bool,
+    #[serde(default)]
     pub modules_to_save: Option<Vec<String>>,
     #[serde(default)]
     pub layers_to_transform: Option<serde_json::Value>,
@@ -97,6 +99,7 @@ impl AdapterConfig {
             fan_in_fan_out: false,
             use_rslora: false,
             use_dora: false,
+            lora_bias: false,
             modules_to_save: None,
             layers_to_transform: None,
             rank_pattern: BTreeMap::new(),
@@ -130,6 +133,7 @@ impl AdapterConfig {
             ("fan_in_fan_out", self.fan_in_fan_out),
             ("use_rslora", self.use_rslora),
             ("use_dora", self.use_dora),
+            ("lora_bias", self.lora_bias),
         ] {
             if on {
                 unsupported(

@@ -92,7 +92,7 @@ impl Config {
             ));
         }
         let kv = self.num_key_value_heads();
-        if kv == 0 || self.num_attention_heads % kv != 0 {
+        if kv == 0 || !self.num_attention_heads.is_multiple_of(kv) {
             out.push(Unsupported::new(
                 "num_key_value_heads",
                 kv,

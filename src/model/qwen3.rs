@@ -67,7 +67,10 @@ impl Config {
                 "sliding-window attention is not implemented",
             ));
         }
-        if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0
+        if self.num_key_value_heads == 0
+            || !self
+                .num_attention_heads
+                .is_multiple_of(self.num_key_value_heads)
         {
             out.push(Unsupported::new(
                 "num_key_value_heads",
