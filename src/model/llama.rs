@@ -359,6 +359,9 @@ impl Model {
         cache: &mut Cache,
     ) -> Result<Tensor> {
         let (_, l) = ids.dims2()?;
+        if l == 0 {
+            candle_core::bail!("forward_with_cache needs at least one token");
+        }
         if cache.len() != offset {
             candle_core::bail!(
                 "cache holds {} positions but offset is {offset}",
