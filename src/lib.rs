@@ -2,7 +2,7 @@
 //!
 //! Data flows one way: the binary's `main` (command line) → stages
 //! (`generate`; training and eval stages join them) → parts (`sandbox`,
-//! `transform`, `reward`, `prompt`, `dataset`, `config`, `atomic`).
+//! `transform`, `reward`, `prompt`, `dataset`, `config`, `atomic`, `model`).
 //! See ARCHITECTURE.md.
 
 pub mod atomic;
@@ -10,6 +10,7 @@ pub mod bench;
 pub mod config;
 pub mod dataset;
 pub mod generate;
+pub mod model;
 pub mod prompt;
 pub mod reward;
 pub mod sandbox;

@@ -1,0 +1,159 @@
+//! Rotary position embedding (Su et al. 2021, "RoFormer", eq. (34)) in the
+//! HF layout: the head dimension is split in halves, not interleaved.
+//!
+//! Like [`super::norm`], it uses candle's fused kernel (no backward) only
+//! for inputs that carry no gradient.
+
+use candle_core::{D, DType, Device, Result, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::Unsupported;
+
+/// The RoPE fields of a `config.json`: `rope_theta` and `rope_scaling`
+/// (transformers 4) or `rope_parameters` (transformers 5).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RopeFields {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_parameters: Option<serde_json::Value>,
+}
+
+impl RopeFields {
+    /// The base frequency, or `default` (the architecture's) when unstated.
+    pub fn theta(&self, default: f64) -> f64 {
+        let from_parameters = || {
+            self.rope_parameters
+                .as_ref()
+                .and_then(|p| p.get("rope_theta"))
+                .and_then(|t| t.as_f64())
+        };
+        self.rope_theta.or_else(from_parameters).unwrap_or(default)
+    }
+
+    /// Scaled variants (linear, dynamic, yarn, llama3) are not implemented.
+    pub fn unsupported(&self) -> Vec<Unsupported> {
+        [
+            ("rope_scaling", &self.rope_scaling),
+            ("rope_parameters", &self.rope_parameters),
+        ]
+        .into_iter()
+        .filter_map(|(field, value)| {
+            let value = value.as_ref().filter(|v| !v.is_null())?;
+            let kind = value
+                .get("rope_type")
+                .or_else(|| value.get("type"))
+                .and_then(|t| t.as_str())
+                .unwrap_or("default");
+            (kind != "default").then(|| Unsupported {
+                field: field.to_owned(),
+                value: value.to_string(),
+                hint: "only unscaled RoPE (`rope_type` \"default\") is implemented".to_owned(),
+            })
+        })
+        .collect()
+    }
+}
+
+/// Precomputed `cos` and `sin` tables.
+#[derive(Debug, Clone)]
+pub struct RotaryEmbedding {
+    /// `(max_positions, head_dim / 2)`, in the model's dtype.
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl RotaryEmbedding {
+    /// Tables for positions `0..max_positions` with frequencies
+    /// `theta^(-2i / head_dim)`, computed in f32.
+    pub fn new(
+        head_dim: usize,
+        theta: f64,
+        max_positions: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let inv_freq: Vec<f32> = (0..head_dim)
+            .step_by(2)
+            .map(|i| (1.0 / theta.powf(i as f64 / head_dim as f64)) as f32)
+            .collect();
+        let half = inv_freq.len();
+        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?; // (1, D/2)
+        let positions = Tensor::arange(0u32, max_positions as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((max_positions, 1))?; // (P, 1)
+        let freqs = positions.matmul(&inv_freq)?; // (P, D/2)
+        Ok(Self {
+            cos: freqs.cos()?.to_dtype(dtype)?,
+            sin: freqs.sin()?.to_dtype(dtype)?,
+        })
+    }
+
+    /// Rotates `x: (B, H, L, D)` whose first position is `offset`.
+    pub fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
+        let (_, _, len, _) = x.dims4()?;
+        let cos = self.cos.narrow(0, offset, len)?; // (L, D/2)
+        let sin = self.sin.narrow(0, offset, len)?;
+        if x.track_op() {
+            // x * [cos, cos] + rotate_half(x) * [sin, sin]
+            let cos = Tensor::cat(&[&cos, &cos], D::Minus1)?.reshape((1, 1, len, ()))?; // (1, 1, L, D)
+            let sin = Tensor::cat(&[&sin, &sin], D::Minus1)?.reshape((1, 1, len, ()))?;
+            let half = x.dim(D::Minus1)? / 2;
+            let x1 = x.narrow(D::Minus1, 0, half)?;
+            let x2 = x.narrow(D::Minus1, half, half)?;
+            let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+            x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
+        } else {
+            candle_nn::rotary_emb::rope(&x.contiguous()?, &cos.contiguous()?, &sin.contiguous()?)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Var;
+
+    use super::*;
+
+    #[test]
+    fn fused_and_differentiable_paths_agree() {
+        let dev = Device::Cpu;
+        let rope = RotaryEmbedding::new(8, 10_000.0, 32, DType::F32, &dev).unwrap();
+        let x = Tensor::arange(0f32, 2. * 3. * 5. * 8., &dev)
+            .unwrap()
+            .reshape((2, 3, 5, 8))
+            .unwrap()
+            .affine(0.01, -1.0)
+            .unwrap();
+        let fused = rope.apply(&x, 7).unwrap();
+        let var = Var::from_tensor(&x).unwrap();
+        let slow = rope.apply(var.as_tensor(), 7).unwrap();
+        assert!(slow.track_op());
+        let diff: f32 = (fused - slow)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar()
+            .unwrap();
+        assert!(diff < 1e-5, "{diff}");
+    }
+
+    #[test]
+    fn position_zero_is_the_identity() {
+        let dev = Device::Cpu;
+        let rope = RotaryEmbedding::new(4, 10_000.0, 4, DType::F32, &dev).unwrap();
+        let x = Tensor::arange(1f32, 5., &dev)
+            .unwrap()
+            .reshape((1, 1, 1, 4))
+            .unwrap();
+        let y = rope.apply(&x, 0).unwrap();
+        assert_eq!(
+            y.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            [1., 2., 3., 4.]
+        );
+    }
+}
