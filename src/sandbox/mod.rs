@@ -65,9 +65,12 @@ impl Default for Limits {
 /// How programs are isolated.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Isolation {
-    /// Full isolation (needs root). Slot `i` runs as uid/gid `uid_base + i`.
+    /// Full isolation (needs root). Slot `i` runs as uid/gid `uid_base + i`;
+    /// `None` claims a free block of uids for the executor's lifetime, so
+    /// that executors running at once never share a uid (RLIMIT_NPROC is
+    /// counted per uid, machine-wide).
     Sandbox {
-        uid_base: u32,
+        uid_base: Option<u32>,
         /// Paths hidden behind an empty read-only tmpfs.
         hide: Vec<PathBuf>,
     },
@@ -95,7 +98,7 @@ impl ExecutorConfig {
             Isolation::Unsafe
         } else {
             Isolation::Sandbox {
-                uid_base: DEFAULT_UID_BASE,
+                uid_base: None,
                 hide: vec![PathBuf::from("/root"), PathBuf::from("/home")],
             }
         };
@@ -116,8 +119,47 @@ pub fn default_workers() -> usize {
     2 * std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// First uid of the worker slots; slot i runs as `DEFAULT_UID_BASE + i`.
+/// Fixed uid bases (`Isolation::Sandbox { uid_base: Some(..) }`) belong in
+/// `DEFAULT_UID_BASE..AUTO_UID_FIRST`; claimed blocks start at `AUTO_UID_FIRST`.
 pub const DEFAULT_UID_BASE: u32 = 61_000;
+const AUTO_UID_FIRST: u32 = 62_000;
+const UID_BLOCK: u32 = 256;
+const UID_BLOCKS: u32 = 16;
+
+/// Claims the first free block of slot uids: a lock file per block, held
+/// (flock) for as long as the returned guard lives, released by the kernel
+/// even if the process dies.
+fn claim_uid_block(
+    workers: usize,
+) -> Result<(u32, nix::fcntl::Flock<std::fs::File>), SandboxError> {
+    use nix::fcntl::{Flock, FlockArg};
+    if workers as u32 > UID_BLOCK {
+        return Err(SandboxError::Setup(format!(
+            "{workers} workers is more than the {UID_BLOCK} a sandbox supports"
+        )));
+    }
+    let dir = ["/run/lock", "/run"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|d| d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    for k in 0..UID_BLOCKS {
+        let base = AUTO_UID_FIRST + k * UID_BLOCK;
+        let path = dir.join(format!("trace-train-uids-{base}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| SandboxError::Setup(format!("cannot open `{}`: {e}", path.display())))?;
+        if let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            return Ok((base, lock));
+        }
+    }
+    Err(SandboxError::Setup(format!(
+        "all {UID_BLOCKS} sandbox uid blocks are in use by other executors\nhint: wait for other trace-train runs to finish"
+    )))
+}
 
 /// One program to run.
 #[derive(Debug, Clone, Default)]
@@ -254,6 +296,8 @@ pub enum SandboxError {
 /// A pool of isolated workers that runs programs.
 pub struct Executor {
     config: ExecutorConfig,
+    /// Holds this executor's block of slot uids (see `claim_uid_block`).
+    _uid_block: Option<nix::fcntl::Flock<std::fs::File>>,
     seccomp: Vec<Vec<u8>>,
     idle: Mutex<Vec<Worker>>,
     freed: Condvar,
@@ -263,11 +307,17 @@ pub struct Executor {
 
 impl Executor {
     /// Starts every worker slot now, so set-up problems surface before work.
-    pub fn new(config: ExecutorConfig) -> Result<Self, SandboxError> {
-        if let Isolation::Sandbox { .. } = config.isolation {
+    pub fn new(mut config: ExecutorConfig) -> Result<Self, SandboxError> {
+        let mut uid_block = None;
+        if let Isolation::Sandbox { uid_base, .. } = &mut config.isolation {
             let uid = nix::unistd::geteuid().as_raw();
             if uid != 0 {
                 return Err(SandboxError::NotRoot { uid });
+            }
+            if uid_base.is_none() {
+                let (base, guard) = claim_uid_block(config.workers)?;
+                *uid_base = Some(base);
+                uid_block = Some(guard);
             }
         }
         check_python(&config.python)?;
@@ -289,6 +339,7 @@ impl Executor {
             .map_err(|e| SandboxError::Setup(format!("thread pool: {e}")))?;
         Ok(Executor {
             config,
+            _uid_block: uid_block,
             seccomp,
             idle: Mutex::new(workers),
             freed: Condvar::new(),

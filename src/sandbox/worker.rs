@@ -68,7 +68,10 @@ impl Worker {
     ) -> Result<Self, SandboxError> {
         let (init, setup, flags) = match &config.isolation {
             Isolation::Sandbox { uid_base, hide } => {
-                let uid = uid_base + slot as u32;
+                let base = uid_base.ok_or_else(|| {
+                    SandboxError::Setup("no uid block claimed for the sandbox".into())
+                })?;
+                let uid = base + slot as u32;
                 let init = serde_json::json!({
                     "mode": "sandbox",
                     "uid": uid,
@@ -197,6 +200,8 @@ struct ChildReport {
     cpu: f64,
     #[serde(default)]
     maxrss_kb: u64,
+    /// Why P could not be set up, from a pipe the program never holds: a
+    /// program cannot make its own failure look like the sandbox's.
     error: Option<String>,
 }
 
@@ -251,17 +256,23 @@ impl Report {
         }
         out.status = match (out.exit_code, out.signal) {
             (Some(0), _) => Status::Ok,
-            (Some(125), _) if out.stderr.starts_with(b"trace-train sandbox: setup failed") => {
-                out.detail = Some(String::from_utf8_lossy(&out.stderr).trim().to_owned());
-                Status::SandboxFailure
-            }
+            // Read from the program's own stderr, so a program can claim it;
+            // either way it is the program's failure, never the sandbox's.
             (Some(_), _) if last_line_starts_with(&out.stderr, b"MemoryError") => {
                 Status::MemoryLimit
             }
             (Some(_), _) => Status::ErrorExit,
             (None, Some(sig)) => {
+                // SIGXCPU comes at the soft CPU limit, SIGKILL one second
+                // later at the hard one. CPU time is sampled by the kernel and
+                // reads low on a loaded machine, so a SIGKILL counts as the
+                // CPU limit once either clock has reached most of it (the
+                // zygote's own kills are `killed_for` above).
                 let cpu_limit_ms = (req.limits.cpu_seconds * 1000) as f64;
-                if sig == libc::SIGXCPU || (sig == libc::SIGKILL && out.cpu_ms >= cpu_limit_ms) {
+                let near = |ms: f64| ms >= 0.9 * cpu_limit_ms;
+                if sig == libc::SIGXCPU
+                    || (sig == libc::SIGKILL && (near(out.cpu_ms) || near(out.wall_ms)))
+                {
                     Status::CpuTimeout
                 } else {
                     Status::Signal

@@ -240,13 +240,18 @@ def set_limits(limits):
         resource.setrlimit(resource.RLIMIT_NPROC, (limits["processes"], limits["processes"]))
 
 
-def become_program(limits, program, stdin_fd, out_w, err_w, work):
-    """In P: wire fds, drop privileges, lock down, run. Never returns."""
+def become_program(limits, program, stdin_fd, out_w, err_w, setup_w, work):
+    """In P: wire fds, drop privileges, set limits, run. Never returns.
+
+    A set-up failure is reported on `setup_w`, which is closed before the
+    program runs: a program cannot forge one (its exit code and stderr are
+    its own), so it can never pass its failure off as the sandbox's."""
     try:
         os.dup2(stdin_fd, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        os.closerange(3, 1 << 16)
+        os.closerange(3, setup_w)
+        os.closerange(setup_w + 1, 1 << 16)
         os.chdir(work)
         if SANDBOXED:
             os.setgroups([])
@@ -258,9 +263,10 @@ def become_program(limits, program, stdin_fd, out_w, err_w, work):
         set_limits(limits)
     except BaseException as e:
         try:
-            os.write(2, ("trace-train sandbox: setup failed: %r\n" % (e,)).encode())
+            os.write(setup_w, ("setup failed: %r" % (e,)).encode())
         finally:
             os._exit(125)
+    os.close(setup_w)
     program_main(limits, program, work)
 
 
@@ -293,6 +299,7 @@ def serve_one(limits, program, stdin_data):
     os.lseek(stdin_fd, 0, os.SEEK_SET)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    setup_r, setup_w = os.pipe()
     if SANDBOXED:
         work = "/tmp"
     else:
@@ -304,10 +311,11 @@ def serve_one(limits, program, stdin_data):
         try:
             os.close(out_r)
             os.close(err_r)
-            become_program(limits, program, stdin_fd, out_w, err_w, work)
+            os.close(setup_r)
+            become_program(limits, program, stdin_fd, out_w, err_w, setup_w, work)
         finally:
             os._exit(127)
-    for fd in (stdin_fd, out_w, err_w):
+    for fd in (stdin_fd, out_w, err_w, setup_w):
         os.close(fd)
     child_fd = os.pidfd_open(child)
 
@@ -350,7 +358,11 @@ def serve_one(limits, program, stdin_data):
         _, st, ru = os.wait4(child, 0)
         status = {"wait": st, "cpu": ru.ru_utime + ru.ru_stime, "maxrss_kb": ru.ru_maxrss}
     kill_leftovers(child)
-    for fd in (out_r, err_r, child_fd):
+    # Every process that could hold setup_w is gone: this read cannot block.
+    setup_error = os.read(setup_r, 4096)
+    if setup_error:
+        status["error"] = setup_error.decode("utf-8", "replace")
+    for fd in (out_r, err_r, child_fd, setup_r):
         os.close(fd)
     retire = False
     if SANDBOXED:

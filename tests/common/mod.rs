@@ -1,5 +1,8 @@
-//! Helpers shared by the integration tests.
-#![allow(dead_code)]
+//! Helpers shared by the integration tests: the binary, a shared sandbox,
+//! and what the host can see of the sandbox (processes, fds, temp entries,
+//! mounts) before and after runs. The sandbox tests need root, as CI has.
+
+#![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -31,4 +34,188 @@ pub fn repo() -> PathBuf {
 
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::ops::Range;
+use std::os::unix::fs::MetadataExt;
+
+use trace_train::sandbox::{DEFAULT_UID_BASE, Isolation, Limits};
+
+/// Debian's interpreter: readable and runnable by the sandbox uids.
+pub const PYTHON: &str = "/usr/bin/python3";
+
+/// A sandboxed executor whose slot `i` runs as uid `uid_base + i`.
+///
+/// Each test binary takes its own uids inside the sandbox range, clear of
+/// `DEFAULT_UID_BASE`: other executors on a shared machine (a benchmark, a
+/// generation run) use the default uids, and both RLIMIT_NPROC and the
+/// leftover census below count per uid, machine-wide.
+pub fn sandbox_config(workers: usize, uid_base: u32) -> ExecutorConfig {
+    assert!(uid_base > DEFAULT_UID_BASE && uid_base + (workers as u32) < DEFAULT_UID_BASE + 100);
+    let mut config = ExecutorConfig::new(PYTHON, workers, false);
+    match &mut config.isolation {
+        Isolation::Sandbox { uid_base: base, .. } => *base = Some(uid_base),
+        Isolation::Unsafe => unreachable!("asked for a sandbox"),
+    }
+    config
+}
+
+/// Small limits, so hostile programs end quickly.
+pub fn small_limits() -> Limits {
+    Limits {
+        cpu_seconds: 2,
+        wall_ms: 3_000,
+        memory_bytes: 256 << 20,
+        stdout_bytes: 1 << 20,
+        stderr_bytes: 1 << 20,
+        file_size_bytes: 8 << 20,
+        open_files: 64,
+        processes: 16,
+    }
+}
+
+/// A field of `/proc/<pid>/status` (`Uid`, `PPid`, `NSpid`, `VmHWM`, ...).
+pub fn status_field(pid: i32, name: &str) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+}
+
+/// Pids of every process on the host (the host's /proc sees into every pid
+/// namespace).
+pub fn all_pids() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Every live process with any of its uids (real, effective, saved, fs) in
+/// `uids`, described as `pid name uid`. A process that exits while we look
+/// is skipped.
+pub fn processes_of(uids: &Range<u32>) -> Vec<String> {
+    all_pids()
+        .into_iter()
+        .filter_map(|pid| {
+            let ids = status_field(pid, "Uid")?;
+            let uid = ids
+                .split_whitespace()
+                .filter_map(|u| u.parse::<u32>().ok())
+                .find(|u| uids.contains(u))?;
+            let name = status_field(pid, "Name").unwrap_or_default();
+            Some(format!("{pid} {name} uid {uid}"))
+        })
+        .collect()
+}
+
+/// Direct children of `pid` (from each process's parent pid).
+pub fn children_of(pid: i32) -> Vec<i32> {
+    all_pids()
+        .into_iter()
+        .filter(|&p| status_field(p, "PPid").and_then(|v| v.parse().ok()) == Some(pid))
+        .collect()
+}
+
+/// Every process below `pid`.
+pub fn descendants_of(pid: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        let kids = children_of(p);
+        found.extend(&kids);
+        todo.extend(kids);
+    }
+    found
+}
+
+/// Whether `pid` is the init of a pid namespace below ours, as a worker's
+/// zygote is (its last `NSpid` is 1).
+pub fn is_namespace_init(pid: i32) -> bool {
+    status_field(pid, "NSpid").is_some_and(|v| {
+        let ids: Vec<&str> = v.split_whitespace().collect();
+        ids.len() >= 2 && ids.last() == Some(&"1")
+    })
+}
+
+/// Asserts that nothing a program started is still alive: no process of the
+/// slot uids `uids` anywhere, and below this test process only idle zygotes
+/// (namespace inits without children).
+pub fn assert_nothing_left(what: &str, uids: &Range<u32>) {
+    let left = processes_of(uids);
+    assert!(left.is_empty(), "{what}: sandbox processes left: {left:?}");
+    let me = std::process::id() as i32;
+    for child in children_of(me) {
+        let name = status_field(child, "Name").unwrap_or_default();
+        assert!(
+            is_namespace_init(child),
+            "{what}: child {child} ({name}) of the test process is not a worker zygote"
+        );
+        let grandchildren = descendants_of(child);
+        assert!(
+            grandchildren.is_empty(),
+            "{what}: zygote {child} still has processes {grandchildren:?}"
+        );
+    }
+}
+
+/// Number of open file descriptors of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("read /proc/self/fd")
+        .count()
+}
+
+/// Entries of the host's `/tmp` that programs run as `uids` could have left
+/// (owned by one of them, or named with `prefix`). Other builds share this
+/// machine's /tmp, so unrelated entries are not counted.
+pub fn tmp_entries_of(uids: &Range<u32>, prefix: &str) -> BTreeSet<OsString> {
+    std::fs::read_dir("/tmp")
+        .expect("read /tmp")
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let meta = e.metadata().ok()?;
+            let name = e.file_name();
+            let ours = uids.contains(&meta.uid())
+                || uids.contains(&meta.gid())
+                || name.to_string_lossy().starts_with(prefix);
+            ours.then_some(name)
+        })
+        .collect()
+}
+
+/// All entry names of a host folder.
+pub fn dir_entries(dir: &Path) -> BTreeSet<OsString> {
+    std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| Some(e.ok()?.file_name())).collect())
+        .unwrap_or_default()
+}
+
+/// Mount points at `/tmp` in the mount namespace of `pid`.
+pub fn tmp_mounts_of(pid: i32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .map(|t| {
+            t.lines()
+                .filter(|l| l.split_whitespace().nth(4) == Some("/tmp"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Open fds of another process (root may look).
+pub fn fds_of(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|rd| rd.count())
+        .unwrap_or(0)
+}
+
+/// Peak resident memory of this process, in KiB.
+pub fn peak_rss_kib() -> u64 {
+    let v = status_field(std::process::id() as i32, "VmHWM").expect("VmHWM");
+    v.trim_end_matches("kB")
+        .trim()
+        .parse()
+        .expect("VmHWM in kB")
 }
