@@ -145,6 +145,9 @@ enum BenchCommand {
         repeat: usize,
         #[arg(long, default_value_t = 200)]
         overhead_runs: usize,
+        /// Interleaved rounds of each side; medians are reported.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
         /// Also write the result as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -235,6 +238,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             num_workers,
             repeat,
             overhead_runs,
+            rounds,
             json,
         }) => {
             let workers = num_workers.unwrap_or_else(sandbox::default_workers);
@@ -243,10 +247,11 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 workers,
                 repeat,
                 overhead_runs,
+                rounds,
             })?;
             println!(
-                "sandbox bench: {} cores, Python {}, {} corpus programs x {}",
-                r.cores, r.python, r.corpus_programs, repeat
+                "sandbox bench: {} cores, Python {}, {} corpus programs x {}, median of {} rounds",
+                r.cores, r.python, r.corpus_programs, repeat, rounds
             );
             println!(
                 "  {:<44} {:>9} {:>8} {:>12}",

@@ -325,9 +325,19 @@ impl Executor {
             Isolation::Sandbox { .. } => seccomp::filters()?,
             Isolation::Unsafe => Vec::new(),
         };
-        let workers = (0..config.workers)
-            .map(|slot| Worker::spawn(slot, &config, &seccomp))
-            .collect::<Result<Vec<_>, _>>()?;
+        // Zygotes start in parallel: each spends ~60 ms importing.
+        let workers = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..config.workers)
+                .map(|slot| {
+                    let (config, seccomp) = (&config, &seccomp);
+                    s.spawn(move || Worker::spawn(slot, config, seccomp))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("worker start-up thread panicked"))
+                .collect::<Result<Vec<_>, _>>()
+        })?;
         let python_version = workers
             .first()
             .map(|w| w.python_version.clone())
