@@ -14,4 +14,5 @@ pub mod model;
 pub mod prompt;
 pub mod reward;
 pub mod sandbox;
+pub mod train;
 pub mod transform;

@@ -1104,6 +1104,7 @@ fn failed_program_setup_is_a_sandbox_failure_with_its_reason() {
 
 #[test]
 fn executors_running_at_once_get_their_own_uids() {
+    let _g = serial();
     // RLIMIT_NPROC counts per uid machine-wide: a fork bomb under one
     // executor must not starve another, so their uids never overlap.
     let a = Executor::new(ExecutorConfig::new(PYTHON, 2, false)).expect("executor a");

@@ -12,6 +12,8 @@
 //! AdamW updates do not round away in bf16. They are named after the HF
 //! module, e.g. `model.layers.0.self_attn.q_proj.lora_A.weight`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use candle_core::{DType, Result, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
@@ -168,6 +170,30 @@ impl BaseLinear {
     }
 }
 
+/// The dropout stream of the current training step. Set by the trainer
+/// before each forward pass ([`set_dropout_seed`]); masks are drawn from it
+/// and the layer's name, so a step's masks are the same in a run and in its
+/// resumption, whatever the device (candle's own generator cannot be seeded).
+static DROPOUT_SEED: AtomicU64 = AtomicU64::new(0);
+
+/// Seeds the LoRA dropout masks of the next forward passes.
+pub fn set_dropout_seed(seed: u64) {
+    DROPOUT_SEED.store(seed, Ordering::Relaxed);
+}
+
+/// Inverted dropout mask shaped like `x`: 0 with probability `p`, else
+/// `1 / (1 - p)`. Drawn on the host from the step's seed and `name`.
+fn dropout_mask(x: &Tensor, p: f32, name: &str) -> Result<Tensor> {
+    let seed = DROPOUT_SEED.load(Ordering::Relaxed);
+    let u = Rng::for_tensor(seed, name).uniform(x.elem_count(), 0.0, 1.0);
+    let keep = 1.0 / (1.0 - p);
+    let mask: Vec<f32> = u
+        .into_iter()
+        .map(|u| if u < p { 0.0 } else { keep })
+        .collect();
+    Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())
+}
+
 /// The trainable factors of one projection.
 #[derive(Debug, Clone)]
 pub struct LoraAdapter {
@@ -272,7 +298,7 @@ impl LoraLinear {
         let a = a.to_dtype(x.dtype())?; // (r, in)
         let b = b.to_dtype(x.dtype())?; // (out, r)
         let x = if train && ad.dropout > 0.0 {
-            candle_nn::ops::dropout(x, ad.dropout)?
+            (x * dropout_mask(x, ad.dropout, &self.name)?)?
         } else {
             x.clone()
         };

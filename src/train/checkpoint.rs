@@ -1,0 +1,354 @@
+//! Periodic training checkpoints that resume exactly, and survive kills.
+//!
+//! A checkpoint is a folder `checkpoint-<step>` under the stage's output
+//! folder holding the trainable tensors, the optimizer's moments, the
+//! trainer state (step, data position, what the run was started with) and a
+//! manifest of SHA-256 hashes written last. It is built in a temp folder on
+//! the same filesystem, every file fsynced, then renamed into place and the
+//! parent fsynced; older checkpoints beyond the limit are removed only after
+//! that. On resume the newest checkpoint whose manifest verifies is used;
+//! temp folders (a save killed midway) are removed and a checkpoint whose
+//! files do not match their hashes is skipped with a warning.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+const PARAMS: &str = "trainable.safetensors";
+const OPTIM: &str = "optimizer.safetensors";
+const STATE: &str = "trainer_state.json";
+const MANIFEST: &str = "manifest.json";
+
+/// What a run depends on; a resume with any of it changed is refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fingerprint {
+    /// The resolved stage config.
+    pub config: serde_json::Value,
+    pub base_model: String,
+    pub train_data_sha256: String,
+    pub tokenizer_sha256: String,
+}
+
+impl Fingerprint {
+    /// The fields that differ from `other`, for an error message.
+    pub fn differences(&self, other: &Fingerprint) -> Vec<String> {
+        let mut d = Vec::new();
+        if self.base_model != other.base_model {
+            d.push(format!(
+                "base model: `{}` then, `{}` now",
+                other.base_model, self.base_model
+            ));
+        }
+        if self.train_data_sha256 != other.train_data_sha256 {
+            d.push("training data: its contents changed".into());
+        }
+        if self.tokenizer_sha256 != other.tokenizer_sha256 {
+            d.push("tokenizer: tokenizer.json or tokenizer_config.json changed".into());
+        }
+        if let (Some(a), Some(b)) = (self.config.as_object(), other.config.as_object()) {
+            for k in a
+                .keys()
+                .chain(b.keys())
+                .collect::<std::collections::BTreeSet<_>>()
+            {
+                if a.get(k) != b.get(k) {
+                    d.push(format!(
+                        "config `{k}`: {} then, {} now",
+                        b.get(k).map_or("absent".into(), |v| v.to_string()),
+                        a.get(k).map_or("absent".into(), |v| v.to_string())
+                    ));
+                }
+            }
+        } else if self.config != other.config {
+            d.push("config changed".into());
+        }
+        d
+    }
+}
+
+/// Where a run stands; saved with every checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// Optimizer steps done.
+    pub step: u64,
+    /// Data position: the next micro-batch is `batch` of `epoch`.
+    pub epoch: usize,
+    pub batch: usize,
+    pub tokens_seen: u64,
+    pub skipped_steps: u64,
+    pub fingerprint: Fingerprint,
+}
+
+/// Saves a checkpoint of `params` and `optim` at `state.step`; keeps the
+/// newest `keep` checkpoints. Returns its folder.
+pub fn save(
+    out_dir: &Path,
+    state: &TrainerState,
+    params: &BTreeMap<String, Tensor>,
+    optim: &BTreeMap<String, Tensor>,
+    keep: usize,
+) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(out_dir)
+        .with_context(|| format!("cannot create `{}`", out_dir.display()))?;
+    let tmp = tempfile::Builder::new()
+        .prefix(".tmp-checkpoint-")
+        .tempdir_in(out_dir)
+        .with_context(|| format!("cannot create a checkpoint in `{}`", out_dir.display()))?;
+    let write = || -> anyhow::Result<()> {
+        let as_map = |m: &BTreeMap<String, Tensor>| -> std::collections::HashMap<String, Tensor> {
+            m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        };
+        candle_core::safetensors::save(&as_map(params), tmp.path().join(PARAMS))?;
+        candle_core::safetensors::save(&as_map(optim), tmp.path().join(OPTIM))?;
+        std::fs::write(tmp.path().join(STATE), serde_json::to_vec_pretty(state)?)?;
+        let mut files = BTreeMap::new();
+        for name in [PARAMS, OPTIM, STATE] {
+            let p = tmp.path().join(name);
+            File::open(&p)?.sync_all()?;
+            files.insert(name.to_owned(), sha256_file(&p)?);
+        }
+        // The manifest last: a checkpoint without it is not one.
+        let m = tmp.path().join(MANIFEST);
+        std::fs::write(
+            &m,
+            serde_json::to_vec_pretty(&serde_json::json!({ "step": state.step, "files": files }))?,
+        )?;
+        File::open(&m)?.sync_all()?;
+        File::open(tmp.path())?.sync_all()?;
+        Ok(())
+    };
+    write().with_context(|| {
+        format!(
+            "saving the checkpoint of step {} in `{}` failed; earlier checkpoints are untouched",
+            state.step,
+            out_dir.display()
+        )
+    })?;
+    let dest = out_dir.join(format!("checkpoint-{}", state.step));
+    if dest.exists() {
+        std::fs::remove_dir_all(&dest)?;
+    }
+    let tmp_path = tmp.keep();
+    std::fs::rename(&tmp_path, &dest)
+        .with_context(|| format!("cannot move the checkpoint to `{}`", dest.display()))?;
+    File::open(out_dir)?.sync_all()?;
+    rotate(out_dir, keep)?;
+    Ok(dest)
+}
+
+fn sha256_file(p: &Path) -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut h = Sha256::new();
+    let mut f = File::open(p)?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// `checkpoint-<step>` folders, newest first.
+fn list(out_dir: &Path) -> anyhow::Result<Vec<(u64, PathBuf)>> {
+    let mut v = Vec::new();
+    let Ok(entries) = std::fs::read_dir(out_dir) else {
+        return Ok(v);
+    };
+    for e in entries {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(step) = name
+            .strip_prefix("checkpoint-")
+            .and_then(|s| s.parse().ok())
+        {
+            v.push((step, e.path()));
+        }
+    }
+    v.sort_by_key(|e| std::cmp::Reverse(e.0));
+    Ok(v)
+}
+
+fn rotate(out_dir: &Path, keep: usize) -> anyhow::Result<()> {
+    for (_, path) in list(out_dir)?.into_iter().skip(keep.max(1)) {
+        std::fs::remove_dir_all(&path)
+            .with_context(|| format!("cannot remove old checkpoint `{}`", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Whether every file of a checkpoint matches its manifest.
+fn verify(dir: &Path) -> anyhow::Result<()> {
+    let m: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.join(MANIFEST)).context("no manifest (save was interrupted)")?,
+    )
+    .context("unreadable manifest")?;
+    let files = m["files"].as_object().context("manifest without files")?;
+    for name in [PARAMS, OPTIM, STATE] {
+        let want = files
+            .get(name)
+            .and_then(|v| v.as_str())
+            .with_context(|| format!("manifest lacks {name}"))?;
+        let got = sha256_file(&dir.join(name)).with_context(|| format!("cannot read {name}"))?;
+        if got != want {
+            bail!("{name} does not match its hash (truncated or corrupted)");
+        }
+    }
+    Ok(())
+}
+
+/// A checkpoint found on resume.
+pub struct Loaded {
+    pub dir: PathBuf,
+    pub state: TrainerState,
+    pub params: BTreeMap<String, Tensor>,
+    pub optim: BTreeMap<String, Tensor>,
+}
+
+/// The newest valid checkpoint, after removing interrupted saves.
+pub fn latest(out_dir: &Path, device: &Device) -> anyhow::Result<Option<Loaded>> {
+    if let Ok(entries) = std::fs::read_dir(out_dir) {
+        for e in entries.flatten() {
+            if e.file_name()
+                .to_string_lossy()
+                .starts_with(".tmp-checkpoint-")
+            {
+                tracing::warn!(
+                    "removing interrupted checkpoint save `{}`",
+                    e.path().display()
+                );
+                std::fs::remove_dir_all(e.path())?;
+            }
+        }
+    }
+    for (_, dir) in list(out_dir)? {
+        if let Err(e) = verify(&dir) {
+            tracing::warn!("skipping checkpoint `{}`: {e:#}", dir.display());
+            continue;
+        }
+        let state: TrainerState = serde_json::from_slice(&std::fs::read(dir.join(STATE))?)
+            .with_context(|| format!("`{}`: unreadable trainer state", dir.display()))?;
+        let load = |name: &str| -> anyhow::Result<BTreeMap<String, Tensor>> {
+            Ok(candle_core::safetensors::load(dir.join(name), device)?
+                .into_iter()
+                .collect())
+        };
+        let (params, optim) = (load(PARAMS)?, load(OPTIM)?);
+        return Ok(Some(Loaded {
+            dir,
+            state,
+            params,
+            optim,
+        }));
+    }
+    Ok(None)
+}
+
+/// An exclusive hold on a stage's output folder for one run.
+pub struct RunLock(#[allow(dead_code)] nix::fcntl::Flock<File>);
+
+impl RunLock {
+    pub fn acquire(out_dir: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(out_dir)
+            .with_context(|| format!("cannot create `{}`", out_dir.display()))?;
+        let path = out_dir.join(".lock");
+        let f =
+            File::create(&path).with_context(|| format!("cannot create `{}`", path.display()))?;
+        match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(l) => Ok(RunLock(l)),
+            Err(_) => bail!(
+                "another run is using `{}`\nhint: wait for it to finish, or choose another output folder",
+                out_dir.display()
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(step: u64) -> TrainerState {
+        TrainerState {
+            step,
+            epoch: 0,
+            batch: step as usize,
+            tokens_seen: 0,
+            skipped_steps: 0,
+            fingerprint: Fingerprint {
+                config: serde_json::json!({"lr": 1}),
+                base_model: "m".into(),
+                train_data_sha256: "d".into(),
+                tokenizer_sha256: "t".into(),
+            },
+        }
+    }
+
+    fn tensors(v: f32) -> BTreeMap<String, Tensor> {
+        let mut m = BTreeMap::new();
+        m.insert(
+            "w".to_owned(),
+            Tensor::new(&[v, v + 1.0], &Device::Cpu).unwrap(),
+        );
+        m
+    }
+
+    #[test]
+    fn newest_valid_wins_and_damage_falls_back() {
+        let d = tempfile::tempdir().unwrap();
+        for s in 1..=3 {
+            save(d.path(), &state(s), &tensors(s as f32), &tensors(0.0), 2).unwrap();
+        }
+        // Rotation kept the newest two.
+        assert!(!d.path().join("checkpoint-1").exists());
+        let l = latest(d.path(), &Device::Cpu).unwrap().unwrap();
+        assert_eq!(l.state.step, 3);
+        assert_eq!(l.params["w"].to_vec1::<f32>().unwrap(), vec![3.0, 4.0]);
+
+        // A flipped byte in the newest: fall back to the previous one.
+        let p = d.path().join("checkpoint-3").join(PARAMS);
+        let mut bytes = std::fs::read(&p).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&p, bytes).unwrap();
+        assert_eq!(
+            latest(d.path(), &Device::Cpu).unwrap().unwrap().state.step,
+            2
+        );
+
+        // An interrupted save (no manifest, temp name) is removed.
+        std::fs::create_dir(d.path().join(".tmp-checkpoint-x")).unwrap();
+        std::fs::write(d.path().join(".tmp-checkpoint-x").join(PARAMS), b"half").unwrap();
+        latest(d.path(), &Device::Cpu).unwrap();
+        assert!(!d.path().join(".tmp-checkpoint-x").exists());
+    }
+
+    #[test]
+    fn fingerprint_differences_are_named() {
+        let a = state(1).fingerprint;
+        let mut b = a.clone();
+        b.config = serde_json::json!({"lr": 2});
+        b.train_data_sha256 = "other".into();
+        let d = b.differences(&a);
+        assert!(
+            d.iter().any(|x| x.contains("config `lr`: 1 then, 2 now")),
+            "{d:?}"
+        );
+        assert!(d.iter().any(|x| x.contains("training data")), "{d:?}");
+    }
+
+    #[test]
+    fn second_run_on_a_folder_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let _a = RunLock::acquire(d.path()).unwrap();
+        let e = RunLock::acquire(d.path()).err().unwrap().to_string();
+        assert!(e.contains("another run"), "{e}");
+    }
+}
