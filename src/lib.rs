@@ -8,6 +8,7 @@
 pub mod atomic;
 pub mod bench;
 pub mod config;
+pub mod data;
 pub mod dataset;
 pub mod generate;
 pub mod model;

@@ -1,0 +1,398 @@
+//! A deterministic, resumable, length-bucketed batcher.
+//!
+//! Owns the order in which examples are trained on. For epoch `e`:
+//! 1. shuffle all example indices with an RNG seeded from `(seed, e)`;
+//! 2. cut the order into pools of [`POOL_BATCHES`] batches and sort each
+//!    pool by length (stable), so a batch holds examples of similar length
+//!    and little compute goes to padding;
+//! 3. cut into batches of `batch_size` (only the epoch's last batch may be
+//!    smaller: every example is used exactly once an epoch);
+//! 4. shuffle the batch order with the same RNG, so lengths do not drift
+//!    through the epoch.
+//!
+//! The order is a pure function of `(seed, epoch, batch_size, lengths)`,
+//! so training resumes exactly at a [`Position`]. The RNG is SplitMix64
+//! (Steele, Lea and Flood, 2014) with Lemire's unbiased bounded sampling,
+//! written here rather than taken from `rand`, whose shuffles may change
+//! between versions and would silently change a resumed run's order.
+//!
+//! Batches are plain row-major `(B, L)` vectors, right-padded with the
+//! tokenizer's pad id; padding is marked by `attention_mask = 0` and
+//! [`IGNORE_INDEX`] labels, by position, never by comparing ids.
+
+use serde::{Deserialize, Serialize};
+
+use super::example::{Example, IGNORE_INDEX};
+use super::{DataError, Result};
+
+/// Batches whose examples are sorted by length together.
+pub const POOL_BATCHES: usize = 32;
+
+/// The next batch to train on: resuming at it yields exactly the batches
+/// an uninterrupted run would have seen from there.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct Position {
+    pub epoch: u64,
+    /// Index of the batch within the epoch.
+    pub batch: usize,
+}
+
+/// Padded tensors' contents, row-major `(batch, seq_len)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// Token ids, pad id after each example's end.
+    pub input_ids: Vec<u32>,
+    /// 1 on real tokens, 0 on padding.
+    pub attention_mask: Vec<u32>,
+    /// Answer token ids; [`IGNORE_INDEX`] on prompt and padding (unshifted:
+    /// `labels[i]` is the token at position `i`).
+    pub labels: Vec<i64>,
+    pub batch: usize,
+    pub seq_len: usize,
+    /// Non-pad tokens.
+    pub tokens: usize,
+    /// Positions with a label.
+    pub answer_tokens: usize,
+    /// Indices of the examples, row by row.
+    pub examples: Vec<usize>,
+}
+
+/// Plans and builds batches over a fixed set of examples.
+#[derive(Debug, Clone)]
+pub struct Batcher<'a> {
+    examples: &'a [Example],
+    batch_size: usize,
+    seed: u64,
+    pad_id: u32,
+}
+
+impl<'a> Batcher<'a> {
+    pub fn new(examples: &'a [Example], batch_size: usize, seed: u64, pad_id: u32) -> Result<Self> {
+        if batch_size == 0 {
+            return Err(DataError::Batch(
+                "batch size 0\nhint: use a batch size of at least 1".into(),
+            ));
+        }
+        if examples.is_empty() {
+            return Err(DataError::Batch(
+                "no training examples\nhint: check the dataset and `max_length` (over-long examples are dropped)".into(),
+            ));
+        }
+        Ok(Batcher {
+            examples,
+            batch_size,
+            seed,
+            pad_id,
+        })
+    }
+
+    pub fn batches_per_epoch(&self) -> usize {
+        self.examples.len().div_ceil(self.batch_size)
+    }
+
+    /// A hash of what the order depends on (seed, batch size, example
+    /// lengths): store it with a checkpoint and compare before resuming.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = mix(self.seed ^ mix(self.batch_size as u64));
+        for e in self.examples {
+            h = mix(h ^ e.len() as u64);
+        }
+        h
+    }
+
+    /// The example indices of every batch of `epoch`, in training order.
+    pub fn plan(&self, epoch: u64) -> Vec<Vec<usize>> {
+        let mut rng = SplitMix64::new(mix(self.seed ^ mix(epoch.wrapping_add(1))));
+        let mut order: Vec<usize> = (0..self.examples.len()).collect();
+        rng.shuffle(&mut order);
+        for pool in order.chunks_mut(self.batch_size * POOL_BATCHES) {
+            pool.sort_by_key(|&i| self.examples[i].len());
+        }
+        let mut batches: Vec<Vec<usize>> = order
+            .chunks(self.batch_size)
+            .map(<[usize]>::to_vec)
+            .collect();
+        rng.shuffle(&mut batches);
+        batches
+    }
+
+    /// Pads `indices`' examples to the longest of them.
+    pub fn batch(&self, indices: &[usize]) -> Batch {
+        let seq_len = indices
+            .iter()
+            .map(|&i| self.examples[i].len())
+            .max()
+            .unwrap_or(0);
+        let n = indices.len() * seq_len;
+        let mut input_ids = vec![self.pad_id; n];
+        let mut attention_mask = vec![0u32; n];
+        let mut labels = vec![IGNORE_INDEX; n];
+        let (mut tokens, mut answer_tokens) = (0, 0);
+        for (row, &i) in indices.iter().enumerate() {
+            let e = &self.examples[i];
+            let at = row * seq_len;
+            input_ids[at..at + e.len()].copy_from_slice(&e.input_ids);
+            attention_mask[at..at + e.len()].fill(1);
+            labels[at..at + e.len()].copy_from_slice(&e.labels());
+            tokens += e.len();
+            answer_tokens += e.answer_len();
+        }
+        Batch {
+            input_ids,
+            attention_mask,
+            labels,
+            batch: indices.len(),
+            seq_len,
+            tokens,
+            answer_tokens,
+            examples: indices.to_vec(),
+        }
+    }
+
+    /// The position after `pos` (the next epoch's first batch after an
+    /// epoch's last).
+    pub fn next_position(&self, pos: Position) -> Position {
+        if pos.batch + 1 >= self.batches_per_epoch() {
+            Position {
+                epoch: pos.epoch + 1,
+                batch: 0,
+            }
+        } else {
+            Position {
+                epoch: pos.epoch,
+                batch: pos.batch + 1,
+            }
+        }
+    }
+
+    /// Every batch from `start` on, epoch after epoch, without end (stop
+    /// with `take` or on the position's epoch), each with its position.
+    /// A start past the epoch's end means the data changed: an error.
+    pub fn batches_from(
+        &self,
+        start: Position,
+    ) -> Result<impl Iterator<Item = (Position, Batch)> + '_> {
+        let per_epoch = self.batches_per_epoch();
+        if start.batch > per_epoch {
+            return Err(DataError::Batch(format!(
+                "cannot resume at batch {} of epoch {}: an epoch has {per_epoch} batches\nhint: resume with the same data, batch size and max_length as the checkpoint",
+                start.batch, start.epoch
+            )));
+        }
+        let start = if start.batch == per_epoch {
+            Position {
+                epoch: start.epoch + 1,
+                batch: 0,
+            }
+        } else {
+            start
+        };
+        Ok((start.epoch..).flat_map(move |epoch| {
+            let skip = if epoch == start.epoch { start.batch } else { 0 };
+            self.plan(epoch)
+                .into_iter()
+                .enumerate()
+                .skip(skip)
+                .map(move |(batch, idx)| (Position { epoch, batch }, self.batch(&idx)))
+        }))
+    }
+}
+
+/// SplitMix64's output function.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// SplitMix64: a 64-bit state stepped by the golden ratio, then mixed.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        mix(self.0)
+    }
+
+    /// Uniform in `0..n` (Lemire 2019, "Fast random integer generation in
+    /// an interval", with rejection so there is no bias).
+    fn below(&mut self, n: u64) -> u64 {
+        let mut m = u128::from(self.next_u64()) * u128::from(n);
+        if (m as u64) < n {
+            let threshold = n.wrapping_neg() % n;
+            while (m as u64) < threshold {
+                m = u128::from(self.next_u64()) * u128::from(n);
+            }
+        }
+        (m >> 64) as u64
+    }
+
+    /// Fisher–Yates.
+    fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.below(i as u64 + 1) as usize;
+            items.swap(i, j);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Examples of the given lengths: prompt ids 1.., answer the last 2.
+    fn examples(lengths: &[usize]) -> Vec<Example> {
+        lengths
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| Example {
+                input_ids: (0..n as u32).map(|t| 1000 * k as u32 + t + 1).collect(),
+                prompt_len: n.saturating_sub(2),
+                line: k as u64 + 1,
+            })
+            .collect()
+    }
+
+    fn lengths(n: usize) -> Vec<usize> {
+        (0..n).map(|i| 3 + (i * 37) % 50).collect()
+    }
+
+    #[test]
+    fn rng_is_stable_across_versions() {
+        // Pinned outputs: a change here changes every resumed run's order.
+        let mut r = SplitMix64::new(0);
+        assert_eq!(r.next_u64(), 0xE220_A839_7B1D_CDAF);
+        assert_eq!(r.next_u64(), 0x6E78_9E6A_A1B9_65F4);
+        let mut r = SplitMix64::new(7);
+        let mut v: Vec<u32> = (0..10).collect();
+        r.shuffle(&mut v);
+        let mut sorted = v.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+        assert_ne!(v, sorted);
+    }
+
+    #[test]
+    fn below_is_in_range_and_roughly_uniform() {
+        let mut r = SplitMix64::new(1);
+        let mut counts = [0u32; 6];
+        for _ in 0..60_000 {
+            counts[r.below(6) as usize] += 1;
+        }
+        assert!(
+            counts.iter().all(|&c| (9_000..11_000).contains(&c)),
+            "{counts:?}"
+        );
+    }
+
+    #[test]
+    fn deterministic_and_epochs_differ() {
+        let ex = examples(&lengths(100));
+        let a = Batcher::new(&ex, 8, 42, 0).unwrap();
+        let b = Batcher::new(&ex, 8, 42, 0).unwrap();
+        assert_eq!(a.plan(0), b.plan(0));
+        assert_ne!(a.plan(0), a.plan(1));
+        let c = Batcher::new(&ex, 8, 43, 0).unwrap();
+        assert_ne!(a.plan(0), c.plan(0));
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        assert_ne!(a.fingerprint(), c.fingerprint());
+    }
+
+    #[test]
+    fn every_example_once_per_epoch() {
+        let ex = examples(&lengths(101));
+        let b = Batcher::new(&ex, 8, 1, 0).unwrap();
+        assert_eq!(b.batches_per_epoch(), 13);
+        for epoch in 0..3 {
+            let plan = b.plan(epoch);
+            assert_eq!(plan.len(), 13);
+            assert_eq!(plan.iter().filter(|p| p.len() < 8).count(), 1);
+            let mut all: Vec<usize> = plan.concat();
+            all.sort();
+            assert_eq!(all, (0..101).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn batches_group_similar_lengths() {
+        // One pool: batches are consecutive runs of the length-sorted order.
+        let ex = examples(&lengths(64));
+        let b = Batcher::new(&ex, 4, 5, 0).unwrap();
+        let mut sorted: Vec<usize> = (0..64).map(|i| ex[i].len()).collect();
+        sorted.sort();
+        let mut got: Vec<Vec<usize>> = b
+            .plan(0)
+            .iter()
+            .map(|p| p.iter().map(|&i| ex[i].len()).collect())
+            .collect();
+        got.sort();
+        let want: Vec<Vec<usize>> = sorted.chunks(4).map(<[usize]>::to_vec).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn padding_is_masked_by_position() {
+        let mut ex = examples(&[5, 3]);
+        // An answer that contains the pad id itself stays a label.
+        ex[1].input_ids[2] = 0;
+        let b = Batcher::new(&ex, 2, 0, 0).unwrap();
+        let batch = b.batch(&[0, 1]);
+        assert_eq!((batch.batch, batch.seq_len), (2, 5));
+        assert_eq!(batch.tokens, 8);
+        assert_eq!(batch.answer_tokens, 4);
+        assert_eq!(&batch.input_ids[5..], &[1001, 1002, 0, 0, 0]);
+        assert_eq!(batch.attention_mask, [1, 1, 1, 1, 1, 1, 1, 1, 0, 0]);
+        assert_eq!(
+            batch.labels,
+            [-100, -100, -100, 4, 5, -100, 1002, 0, -100, -100]
+        );
+    }
+
+    #[test]
+    fn resume_yields_the_remaining_batches() {
+        let ex = examples(&lengths(50));
+        let b = Batcher::new(&ex, 4, 9, 0).unwrap();
+        let per = b.batches_per_epoch();
+        let full: Vec<_> = b
+            .batches_from(Position::default())
+            .unwrap()
+            .take(3 * per)
+            .collect();
+        for cut in [0, 1, 5, per - 1, per, per + 3, 2 * per + 1] {
+            let resume = full[cut].0;
+            let rest: Vec<_> = b
+                .batches_from(resume)
+                .unwrap()
+                .take(3 * per - cut)
+                .collect();
+            assert_eq!(rest, full[cut..], "resuming at {resume:?}");
+            if cut > 0 {
+                assert_eq!(b.next_position(full[cut - 1].0), resume);
+            }
+        }
+        // The end of an epoch resumes at the next one.
+        let end = Position {
+            epoch: 0,
+            batch: per,
+        };
+        assert_eq!(b.batches_from(end).unwrap().next().unwrap().0.epoch, 1);
+        let past = Position {
+            epoch: 0,
+            batch: per + 1,
+        };
+        assert!(b.batches_from(past).is_err());
+    }
+
+    #[test]
+    fn bad_settings() {
+        let ex = examples(&[3]);
+        assert!(Batcher::new(&ex, 0, 0, 0).is_err());
+        assert!(Batcher::new(&[], 1, 0, 0).is_err());
+    }
+}
