@@ -6,3 +6,4 @@ pub mod checkpoint;
 pub mod loss;
 pub mod optim;
 pub mod schedule;
+pub mod sft;

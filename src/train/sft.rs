@@ -1,0 +1,468 @@
+//! The LoRA SFT recipe, used by Stage 1 (`warmup`, original programs) and
+//! Stage 2 (`sft`, transformed programs). One loop, read top to bottom:
+//!
+//! 1. lock the output folder, load tokenizer and model (LoRA on the targets),
+//!    tokenize the training set (loss on the answer and its end-of-turn token);
+//! 2. resume from the newest valid checkpoint when asked (refused, with the
+//!    differences, if config, data or tokenizer changed, unless forced);
+//! 3. for each optimizer step: `accum` micro-batches, token-weighted mean
+//!    cross-entropy, backward, gradients summed; a non-finite loss or gradient
+//!    skips the step (counted; too many in a row stops the run); clip; AdamW
+//!    at the cosine schedule's rate;
+//! 4. metrics as JSONL, eval loss every `eval_steps`, a checkpoint every
+//!    `save_steps` and on SIGTERM/SIGINT (then a clean exit);
+//! 5. at the end, the adapter in PEFT's layout in `final/` and the merged
+//!    model (with the tokenizer files) in `merged/`.
+//!
+//! Everything that decides the numbers (data order, dropout masks, init) is
+//! seeded, so a resumed run repeats the uninterrupted one exactly on CPU.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use candle_core::{DType, Device, Tensor};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::config::{ModelConfig, SftConfig};
+use crate::data::batch::{Batch, Batcher};
+use crate::data::example::{BuildStats, Example, build_examples};
+use crate::data::records::read_records;
+use crate::data::tokenizer::ChatTokenizer;
+use crate::model::lora::{LoraConfig, TargetModule, set_dropout_seed};
+use crate::model::{self, LoadedModel};
+use crate::train::checkpoint::{self, Fingerprint, RunLock, TrainerState};
+use crate::train::loss::cross_entropy_sum;
+use crate::train::optim::AdamW;
+use crate::train::schedule::Cosine;
+
+/// Where SFT reports progress; the CLI draws a bar, tests ignore it.
+pub trait Progress: Sync {
+    fn start(&self, total_steps: u64, done: u64);
+    fn step(&self, step: u64, loss: f64, tokens_per_s: f64);
+    fn finish(&self);
+}
+
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn start(&self, _: u64, _: u64) {}
+    fn step(&self, _: u64, _: f64, _: f64) {}
+    fn finish(&self) {}
+}
+
+/// One SFT run.
+pub struct SftJob {
+    /// `warmup` or `sft`: names the run in messages.
+    pub stage: String,
+    pub config: SftConfig,
+    pub model: ModelConfig,
+    /// The base model folder (Stage 2: Stage 1's merged model).
+    pub base_dir: PathBuf,
+    pub train_file: PathBuf,
+    pub eval_file: Option<PathBuf>,
+    pub output_dir: PathBuf,
+    pub device: Device,
+    pub resume: bool,
+    /// Resume even if config, data or tokenizer changed.
+    pub force: bool,
+    /// Stop after this many optimizer steps (tests, quick runs).
+    pub max_steps: Option<u64>,
+}
+
+/// What a finished run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct SftSummary {
+    pub steps: u64,
+    pub resumed_from: Option<u64>,
+    pub first_loss: Option<f64>,
+    pub last_loss: Option<f64>,
+    pub eval_loss: Option<f64>,
+    pub skipped_steps: u64,
+    pub examples: BuildStats,
+    pub tokens_per_s: f64,
+    pub final_dir: PathBuf,
+    pub merged_dir: PathBuf,
+    /// Stopped by a signal, after saving a checkpoint.
+    pub interrupted: bool,
+}
+
+/// Consecutive non-finite steps tolerated before the run stops.
+const MAX_BAD_STEPS: u64 = 10;
+
+pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> {
+    let cfg = &job.config;
+    let _lock = RunLock::acquire(&job.output_dir)?;
+    let stop = stop_flag()?;
+
+    // 1. Tokenizer, model, data.
+    let tok = ChatTokenizer::from_dir(&job.base_dir)?;
+    let dtype = train_dtype(&job.model.dtype, &job.device);
+    let lora = LoraConfig {
+        r: cfg.lora_r,
+        alpha: cfg.lora_alpha,
+        dropout: cfg.lora_dropout as f32,
+        target_modules: cfg
+            .target_modules
+            .iter()
+            .map(|m| {
+                TargetModule::parse(m).with_context(|| {
+                    format!("target module `{m}` is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj")
+                })
+            })
+            .collect::<anyhow::Result<_>>()?,
+        seed: cfg.seed,
+    };
+    let loaded = model::load(&job.base_dir, Some(&lora), dtype, &job.device)?;
+    tok.check_against_vocab(loaded.model.vocab_size())?;
+    let records = read_records(&job.train_file)?;
+    let (examples, stats) = build_examples(&tok, &records, job.model.max_length)?;
+    if examples.is_empty() {
+        bail!(
+            "no training examples in `{}` ({} records, {} too long for max_length {})\nhint: raise model.max_length or check the file",
+            job.train_file.display(),
+            records.len(),
+            stats.dropped_too_long,
+            job.model.max_length
+        );
+    }
+    let eval_examples = match &job.eval_file {
+        Some(p) if p.exists() => build_examples(&tok, &read_records(p)?, job.model.max_length)?.0,
+        _ => Vec::new(),
+    };
+    let pad = tok.pad().id;
+    let batcher = Batcher::new(&examples, cfg.batch_size, cfg.seed, pad)?;
+    let per_epoch = batcher.batches_per_epoch();
+    let accum = cfg.gradient_accumulation_steps;
+    let steps_per_epoch = per_epoch.div_ceil(accum) as u64;
+    let mut total_steps = steps_per_epoch * cfg.epochs as u64;
+    if let Some(m) = job.max_steps {
+        total_steps = total_steps.min(m);
+    }
+    let schedule = Cosine::new(
+        cfg.learning_rate,
+        total_steps as usize,
+        cfg.warmup_ratio,
+        cfg.min_lr_ratio,
+    );
+
+    // 2. Fresh start or resume.
+    let fingerprint = Fingerprint {
+        config: serde_json::to_value(cfg)?,
+        base_model: job.base_dir.display().to_string(),
+        train_data_sha256: sha256_of(&[&job.train_file])?,
+        tokenizer_sha256: sha256_of(&[
+            &job.base_dir.join("tokenizer.json"),
+            &job.base_dir.join("tokenizer_config.json"),
+        ])?,
+    };
+    let vars = named_vars(&loaded);
+    let mut opt = AdamW::new(vars.clone(), cfg.weight_decay)?;
+    let mut state = TrainerState {
+        step: 0,
+        epoch: 0,
+        batch: 0,
+        tokens_seen: 0,
+        skipped_steps: 0,
+        fingerprint: fingerprint.clone(),
+    };
+    let metrics_path = job.output_dir.join("metrics.jsonl");
+    let mut resumed_from = None;
+    match (job.resume, checkpoint::latest(&job.output_dir, &job.device)?) {
+        (true, Some(ck)) => {
+            let diff = fingerprint.differences(&ck.state.fingerprint);
+            if !diff.is_empty() && !job.force {
+                bail!(
+                    "cannot resume {} from `{}`: the run changed:\n  - {}\nhint: restore the original settings, or pass --force to resume anyway",
+                    job.stage,
+                    ck.dir.display(),
+                    diff.join("\n  - ")
+                );
+            }
+            for (name, var) in &vars {
+                let t = ck
+                    .params
+                    .get(name)
+                    .with_context(|| format!("checkpoint `{}` lacks `{name}`", ck.dir.display()))?;
+                var.set(&t.to_dtype(var.dtype())?)?;
+            }
+            opt.load_state(&ck.optim, ck.state.step)?;
+            resumed_from = Some(ck.state.step);
+            state = TrainerState {
+                fingerprint: fingerprint.clone(),
+                ..ck.state
+            };
+            truncate_metrics(&metrics_path, state.step)?;
+            tracing::info!("resuming {} at step {}", job.stage, state.step);
+        }
+        (false, Some(ck)) => bail!(
+            "`{}` holds checkpoints of an earlier run (latest `{}`)\nhint: pass --resume to continue it, or choose another output folder",
+            job.output_dir.display(),
+            ck.dir.display()
+        ),
+        (_, None) => {
+            let _ = std::fs::remove_file(&metrics_path);
+        }
+    }
+    let mut metrics = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&metrics_path)
+        .with_context(|| format!("cannot write `{}`", metrics_path.display()))?;
+
+    // 3-4. The loop.
+    progress.start(total_steps, state.step);
+    let (mut first_loss, mut last_loss, mut eval_loss) = (None, None, None);
+    let mut bad_in_a_row = 0u64;
+    let mut interrupted = false;
+    let started = Instant::now();
+    let tokens_at_start = state.tokens_seen;
+    let mut plan = batcher.plan(state.epoch as u64);
+    while state.step < total_steps {
+        let t0 = Instant::now();
+        // This step's micro-batches, from the saved data position.
+        let mut micro: Vec<Batch> = Vec::with_capacity(accum);
+        while micro.len() < accum {
+            if state.batch >= per_epoch {
+                if !micro.is_empty() {
+                    break; // the epoch's last, shorter step
+                }
+                state.epoch += 1;
+                state.batch = 0;
+                plan = batcher.plan(state.epoch as u64);
+            }
+            micro.push(batcher.batch(&plan[state.batch]));
+            state.batch += 1;
+        }
+        let answer_tokens: usize = micro.iter().map(|b| b.answer_tokens).sum();
+        let mut grads: Option<Vec<Tensor>> = None;
+        let mut loss_sum = 0f64;
+        for (i, b) in micro.iter().enumerate() {
+            set_dropout_seed(mix(cfg.seed, state.step, i as u64));
+            let (ids, mask, labels) = tensors(b, &job.device)?;
+            let logits = loaded.model.forward(&ids, Some(&mask), true)?;
+            let (sum, _) = cross_entropy_sum(&logits, &labels)?;
+            let loss = (sum / answer_tokens.max(1) as f64)?;
+            loss_sum += loss.to_scalar::<f32>()? as f64;
+            let g = loss.backward()?;
+            let step_grads = vars
+                .iter()
+                .map(|(name, v)| {
+                    g.get(v.as_tensor())
+                        .cloned()
+                        .with_context(|| format!("no gradient reached `{name}`: the loss does not depend on it"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            grads = Some(match grads {
+                None => step_grads,
+                Some(acc) => acc
+                    .iter()
+                    .zip(&step_grads)
+                    .map(|(a, b)| a + b)
+                    .collect::<candle_core::Result<_>>()?,
+            });
+            state.tokens_seen += b.tokens as u64;
+        }
+        let grads = grads.expect("at least one micro-batch");
+        let norm = AdamW::grad_norm(&grads)?;
+        let lr = schedule.lr(state.step as usize);
+        if !loss_sum.is_finite() || !norm.is_finite() {
+            state.skipped_steps += 1;
+            bad_in_a_row += 1;
+            tracing::warn!("step {}: non-finite loss or gradient, skipped", state.step + 1);
+            if bad_in_a_row >= MAX_BAD_STEPS {
+                bail!(
+                    "{} stopped: {bad_in_a_row} steps in a row had a non-finite loss or gradient (last checkpoint is intact)\nhint: lower the learning rate",
+                    job.stage
+                );
+            }
+        } else {
+            bad_in_a_row = 0;
+            let scale = if norm > cfg.max_grad_norm { cfg.max_grad_norm / norm } else { 1.0 };
+            opt.step(&grads, lr, scale)?;
+        }
+        state.step += 1;
+        let secs = t0.elapsed().as_secs_f64();
+        let step_tokens: usize = micro.iter().map(|b| b.tokens).sum();
+        first_loss.get_or_insert(loss_sum);
+        last_loss = Some(loss_sum);
+        let mut line = serde_json::json!({
+            "step": state.step,
+            "epoch": state.epoch,
+            "loss": loss_sum,
+            "lr": lr,
+            "grad_norm": norm,
+            "answer_tokens": answer_tokens,
+            "tokens_per_s": step_tokens as f64 / secs.max(1e-9),
+            "skipped_steps": state.skipped_steps,
+        });
+        if cfg.eval_steps > 0 && state.step % cfg.eval_steps as u64 == 0 && !eval_examples.is_empty() {
+            let e = evaluate_loss(&loaded, &eval_examples, cfg.batch_size, pad, &job.device)?;
+            line["eval_loss"] = serde_json::json!(e);
+            eval_loss = Some(e);
+        }
+        writeln!(metrics, "{line}")?;
+        metrics.flush()?;
+        progress.step(state.step, loss_sum, step_tokens as f64 / secs.max(1e-9));
+
+        let stopping = stop.load(Ordering::Relaxed);
+        let periodic = cfg.save_steps > 0 && state.step % cfg.save_steps as u64 == 0;
+        if (periodic || stopping) && state.step < total_steps {
+            save_checkpoint(&job.output_dir, &state, &opt, cfg.save_total_limit)?;
+        }
+        if stopping {
+            interrupted = true;
+            break;
+        }
+    }
+    progress.finish();
+
+    // 5. Outputs of the stage.
+    let final_dir = job.output_dir.join("final");
+    let merged_dir = job.output_dir.join("merged");
+    if !interrupted {
+        save_checkpoint(&job.output_dir, &state, &opt, cfg.save_total_limit)?;
+        model::adapter::save(&loaded, &final_dir, &job.base_dir.display().to_string())?;
+        model::adapter::merge(&loaded, &merged_dir)?;
+        for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json"] {
+            let src = job.base_dir.join(f);
+            if src.exists() {
+                std::fs::copy(&src, merged_dir.join(f))
+                    .with_context(|| format!("cannot copy `{}`", src.display()))?;
+            }
+        }
+        crate::atomic::write(
+            &job.output_dir.join("train_config.json"),
+            serde_json::to_string_pretty(&serde_json::json!({
+                "stage": job.stage, "config": cfg, "model": job.model,
+                "base_dir": job.base_dir, "train_file": job.train_file,
+            }))?
+            .as_bytes(),
+        )?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    Ok(SftSummary {
+        steps: state.step,
+        resumed_from,
+        first_loss,
+        last_loss,
+        eval_loss,
+        skipped_steps: state.skipped_steps,
+        examples: stats,
+        tokens_per_s: (state.tokens_seen - tokens_at_start) as f64 / secs.max(1e-9),
+        final_dir,
+        merged_dir,
+        interrupted,
+    })
+}
+
+/// bf16 where the device does it well; f32 on CPU.
+fn train_dtype(name: &str, device: &Device) -> DType {
+    match (name, device.is_cpu()) {
+        (_, true) | ("f32", _) => DType::F32,
+        ("f16", _) => DType::F16,
+        _ => DType::BF16,
+    }
+}
+
+fn named_vars(m: &LoadedModel) -> Vec<(String, candle_core::Var)> {
+    let data = m.varmap.data().lock().expect("varmap lock");
+    let mut v: Vec<_> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+fn save_checkpoint(out: &Path, state: &TrainerState, opt: &AdamW, keep: usize) -> anyhow::Result<()> {
+    let params: BTreeMap<String, Tensor> = opt
+        .vars()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+        .collect();
+    let dir = checkpoint::save(out, state, &params, &opt.state(), keep)?;
+    tracing::info!("saved `{}`", dir.display());
+    Ok(())
+}
+
+/// Input ids, attention mask and labels of a batch, as (B, L) tensors.
+fn tensors(b: &Batch, dev: &Device) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+    let shape = (b.batch, b.seq_len);
+    Ok((
+        Tensor::from_slice(&b.input_ids, shape, dev)?,
+        Tensor::from_slice(&b.attention_mask, shape, dev)?,
+        Tensor::from_slice(&b.labels, shape, dev)?,
+    ))
+}
+
+/// Mean cross-entropy over the eval set's answer tokens (no gradients).
+fn evaluate_loss(
+    m: &LoadedModel,
+    examples: &[Example],
+    batch_size: usize,
+    pad: u32,
+    dev: &Device,
+) -> anyhow::Result<f64> {
+    let batcher = Batcher::new(examples, batch_size, 0, pad)?;
+    let (mut sum, mut n) = (0f64, 0usize);
+    for ids in batcher.plan(0) {
+        let b = batcher.batch(&ids);
+        let (ids, mask, labels) = tensors(&b, dev)?;
+        let logits = m.model.forward(&ids, Some(&mask), false)?;
+        let (s, c) = cross_entropy_sum(&logits, &labels)?;
+        sum += s.to_scalar::<f32>()? as f64;
+        n += c;
+    }
+    Ok(sum / n.max(1) as f64)
+}
+
+/// A seed for (run seed, step, micro-batch): dropout masks differ per step
+/// and repeat exactly on resume.
+fn mix(seed: u64, step: u64, micro: u64) -> u64 {
+    let mut h = seed ^ 0x9e37_79b9_7f4a_7c15;
+    for x in [step, micro] {
+        h = (h ^ x).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^= h >> 31;
+    }
+    h
+}
+
+fn sha256_of(paths: &[&Path]) -> anyhow::Result<String> {
+    let mut h = Sha256::new();
+    for p in paths {
+        if p.exists() {
+            h.update(std::fs::read(p).with_context(|| format!("cannot read `{}`", p.display()))?);
+        }
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Drops metric lines past `step` (they belong to work the resume redoes).
+fn truncate_metrics(path: &Path, step: u64) -> anyhow::Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s <= step)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    crate::atomic::write(path, kept.as_bytes())
+}
+
+/// Set on SIGTERM or SIGINT: checkpoint, then exit cleanly.
+fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, Arc::clone(&flag)).context("cannot install signal handler")?;
+    }
+    Ok(flag)
+}
