@@ -208,12 +208,18 @@ fn tiny_gguf_tensors(hf_dir: &Path) -> Vec<(String, Tensor)> {
         .collect()
 }
 
-/// A tiny HF Llama and the GGUF made from it, in `tmp`.
-fn tiny_gguf(tmp: &Path) -> (PathBuf, PathBuf) {
+/// A tiny HF Llama and the GGUF made from it, in `tmp`; `untied` adds an
+/// `output.weight` of its own.
+fn tiny_gguf(tmp: &Path, untied: bool) -> (PathBuf, PathBuf) {
     let hf_dir = tmp.join("hf");
     tiny::write_tiny_llama(&hf_dir, 7).unwrap();
+    let mut tensors = tiny_gguf_tensors(&hf_dir);
+    if untied {
+        let output = tensors[0].1.affine(-0.7, 0.01).unwrap();
+        tensors.push(("output.weight".into(), output));
+    }
     let file = tmp.join("tiny.gguf");
-    write_gguf(&file, &tiny_metadata("llama"), &tiny_gguf_tensors(&hf_dir));
+    write_gguf(&file, &tiny_metadata("llama"), &tensors);
     (hf_dir, file)
 }
 
@@ -224,7 +230,7 @@ fn load(dir: &Path) -> LoadedModel {
 #[test]
 fn tiny_llama_round_trips_through_gguf_exactly() {
     let tmp = tempfile::tempdir().unwrap();
-    let (hf_dir, file) = tiny_gguf(tmp.path());
+    let (hf_dir, file) = tiny_gguf(tmp.path(), false);
     let (_out_tmp, out, report) = import(&file);
     assert_eq!(report.tensors, 20);
     assert!(report.tie_word_embeddings);
@@ -280,28 +286,38 @@ fn tiny_llama_round_trips_through_gguf_exactly() {
 /// (half-split RoPE on un-permuted rows). Same numbers, up to f32 rounding.
 #[test]
 fn tiny_import_matches_candle_quantized_llama() {
+    for untied in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (_, file) = tiny_gguf(tmp.path(), untied);
+        let (_out_tmp, out, report) = import(&file);
+        assert_eq!(report.tie_word_embeddings, !untied);
+        let ids: Vec<u32> = (0..12u32).map(|i| (i * 37 + 5) % 512).collect();
+        let ours = our_logits(&load(&out), &ids);
+        let reference = reference_logits(&file, &ids, false);
+        let diff = max_diff(&ours, &reference);
+        eprintln!("tiny (untied {untied}): max |ours - candle quantized_llama| = {diff:e}");
+        assert!(diff < 1e-4, "{diff}");
+    }
+}
+
+#[test]
+fn cli_imports_and_prints_the_report() {
     let tmp = tempfile::tempdir().unwrap();
-    let (_, file) = tiny_gguf(tmp.path());
-    let (_out_tmp, out, _) = import(&file);
-    let ours = load(&out);
-    let ids: Vec<u32> = (0..12u32).map(|i| (i * 37 + 5) % 512).collect();
-    let logits = ours
-        .model
-        .forward(
-            &Tensor::new(ids.as_slice(), &Device::Cpu)
-                .unwrap()
-                .unsqueeze(0)
-                .unwrap(),
-            None,
-            false,
-        )
-        .unwrap()
-        .squeeze(0)
-        .unwrap(); // (L, vocab)
-    let reference = reference_logits(&file, &ids, false);
-    let diff = max_diff(&logits, &reference);
-    eprintln!("tiny: max |ours - candle quantized_llama| = {diff:e}");
-    assert!(diff < 1e-4, "{diff}");
+    let (_, file) = tiny_gguf(tmp.path(), false);
+    let out = tmp.path().join("imported");
+    let o = common::trace_train(
+        tmp.path(),
+        &["model", "import-gguf", "tiny.gguf", "imported"],
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["files"].as_array().unwrap().len(), 5);
+    assert_eq!(report["pad_token"], "<|endoftext|>");
+    assert!(common::stderr(&o).contains("note: the GGUF pads with its eos"));
+    for name in ["config.json", "model.safetensors", "tokenizer.json"] {
+        assert!(out.join(name).is_file(), "{name}");
+    }
+    assert!(file.is_file());
 }
 
 /// Logits `(L, vocab)` of candle's quantized Llama on `file`, one position at

@@ -37,7 +37,7 @@
 //! split). Control tokens (`token_type` 3) become special added tokens.
 //! The padding token is never the eos: a trainer that masks padding by id
 //! would otherwise stop teaching the model to end its turn (see
-//! [`choose_pad`]).
+//! `vocab::choose_pad`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -46,18 +46,17 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::Content;
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 use serde_json::json;
-use tokenizers::models::bpe::{BPE, Vocab};
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::{AddedToken, Tokenizer};
 
 use super::{CONFIG_FILE, WEIGHTS_FILE};
+use meta::{Hparams, Meta, read_hparams};
+use vocab::{GgufVocab, build_tokenizer, read_vocab};
+
+mod meta;
+mod vocab;
 
 /// The tokenizer file of a model folder.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -65,12 +64,6 @@ pub const TOKENIZER_FILE: &str = "tokenizer.json";
 pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 /// Default generation ids (bos, eos, pad), as transformers reads them.
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
-
-/// llama.cpp's `token_type` values.
-const TOKEN_NORMAL: i64 = 1;
-const TOKEN_UNKNOWN: i64 = 2;
-const TOKEN_CONTROL: i64 = 3;
-const TOKEN_USER_DEFINED: i64 = 4;
 
 /// A GGUF that cannot be imported. Paths are the GGUF's unless the variant
 /// says otherwise.
@@ -193,7 +186,11 @@ pub fn import_gguf(file: &Path, out: &Path) -> anyhow::Result<ImportReport> {
     crate::atomic::write(&out.join(TOKENIZER_FILE), tokenizer_json.as_bytes())?;
     files.push(TOKENIZER_FILE.to_owned());
     for (name, value) in [
-        (TOKENIZER_CONFIG_FILE, plan.tokenizer_config()),
+        (
+            TOKENIZER_CONFIG_FILE,
+            plan.vocab
+                .tokenizer_config(plan.hparams.max_position_embeddings),
+        ),
         (GENERATION_CONFIG_FILE, plan.generation_config()),
         (CONFIG_FILE, plan.config()),
     ] {
@@ -371,169 +368,6 @@ fn swap_rope_axes(w: &Tensor, heads: usize, to_gguf: bool) -> candle_core::Resul
         .reshape(dims)
 }
 
-/// The shortest decimal that reads back as `v`, as f64: an f32 `1e-5` is
-/// written as `1e-5`, not `9.999999747378752e-6`.
-fn shortest_f64(v: f32) -> f64 {
-    v.to_string().parse().expect("a printed f32 parses")
-}
-
-/// The GGUF's metadata, read leniently: integers of any width, floats of
-/// either width.
-struct Meta<'a>(&'a HashMap<String, Value>);
-
-impl Meta<'_> {
-    fn uint(&self, key: &str) -> Option<u64> {
-        self.0.get(key).and_then(as_uint)
-    }
-
-    fn float(&self, key: &str) -> Option<f64> {
-        match self.0.get(key)? {
-            Value::F32(v) => Some(shortest_f64(*v)),
-            Value::F64(v) => Some(*v),
-            v => as_uint(v).map(|u| u as f64),
-        }
-    }
-
-    fn string(&self, key: &str) -> Option<&str> {
-        match self.0.get(key)? {
-            Value::String(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    fn boolean(&self, key: &str) -> Option<bool> {
-        match self.0.get(key)? {
-            Value::Bool(b) => Some(*b),
-            v => as_uint(v).map(|u| u != 0),
-        }
-    }
-
-    fn strings(&self, key: &str) -> Option<Vec<String>> {
-        match self.0.get(key)? {
-            Value::Array(items) => items
-                .iter()
-                .map(|v| match v {
-                    Value::String(s) => Some(s.clone()),
-                    _ => None,
-                })
-                .collect(),
-            _ => None,
-        }
-    }
-
-    fn ints(&self, key: &str) -> Option<Vec<i64>> {
-        match self.0.get(key)? {
-            Value::Array(items) => items.iter().map(as_int).collect(),
-            _ => None,
-        }
-    }
-}
-
-fn as_int(v: &Value) -> Option<i64> {
-    Some(match *v {
-        Value::U8(x) => x.into(),
-        Value::I8(x) => x.into(),
-        Value::U16(x) => x.into(),
-        Value::I16(x) => x.into(),
-        Value::U32(x) => x.into(),
-        Value::I32(x) => x.into(),
-        Value::U64(x) => i64::try_from(x).ok()?,
-        Value::I64(x) => x,
-        _ => return None,
-    })
-}
-
-fn as_uint(v: &Value) -> Option<u64> {
-    as_int(v).and_then(|i| u64::try_from(i).ok())
-}
-
-/// The model's shape, from `llama.*` metadata.
-struct Hparams {
-    vocab_size: usize,
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    num_key_value_heads: usize,
-    head_dim: usize,
-    max_position_embeddings: usize,
-    rms_norm_eps: f64,
-    rope_theta: f64,
-}
-
-/// The vocabulary and the tokenizer settings.
-struct GgufVocab {
-    tokens: Vec<String>,
-    /// llama.cpp `token_type` per token.
-    types: Vec<i64>,
-    merges: Vec<(String, String)>,
-    /// Whether digits are split off one by one before the byte-level split.
-    split_digits: bool,
-    bos: Option<u32>,
-    eos: Option<u32>,
-    unk: Option<u32>,
-    pad: Pad,
-    add_bos: bool,
-    add_eos: bool,
-    chat_template: Option<String>,
-}
-
-/// The padding token and why it was chosen.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Pad {
-    pub id: Option<u32>,
-    /// Set when the choice differs from the GGUF's `padding_token_id`.
-    pub note: Option<String>,
-}
-
-/// Picks the padding token: the GGUF's own unless it is the eos, else the
-/// unknown token if it is a control token, else the first control token
-/// that is neither bos nor eos, else none (pad by attention mask only).
-///
-/// Why not the eos: SmolLM2's GGUF pads with `<|im_end|>`, its eos. A
-/// trainer that masks padding out of the loss by id would then mask every
-/// real end of turn, and the model would learn never to stop.
-pub fn choose_pad(
-    tokens: &[String],
-    types: &[i64],
-    gguf_pad: Option<u32>,
-    bos: Option<u32>,
-    eos: Option<u32>,
-    unk: Option<u32>,
-) -> Pad {
-    if let Some(p) = gguf_pad
-        && Some(p) != eos
-    {
-        return Pad {
-            id: Some(p),
-            note: None,
-        };
-    }
-    let control = |id: u32| types.get(id as usize) == Some(&TOKEN_CONTROL);
-    let usable = |id: u32| control(id) && Some(id) != eos && Some(id) != bos;
-    let chosen = unk
-        .filter(|&u| usable(u))
-        .or_else(|| (0..types.len() as u32).find(|&i| usable(i)));
-    let name = |id: u32| format!("`{}` (id {id})", tokens[id as usize]);
-    let why = match gguf_pad {
-        Some(p) => format!("the GGUF pads with its eos {}", name(p)),
-        None => "the GGUF names no padding token".to_owned(),
-    };
-    let note = match chosen {
-        Some(id) => format!(
-            "{why}; padding with {} instead, so that masking padding never masks the eos",
-            name(id)
-        ),
-        None => format!(
-            "{why} and has no other control token; no pad token is set: pad by attention mask, never by the eos id"
-        ),
-    };
-    Pad {
-        id: chosen,
-        note: Some(note),
-    }
-}
-
 /// One tensor to convert.
 struct TensorPlan {
     gguf: String,
@@ -636,231 +470,6 @@ impl Plan {
             "pad_token_id": self.vocab.pad.id,
         })
     }
-
-    /// `tokenizer_config.json`: special tokens, the chat template, and the
-    /// generic fast tokenizer class, which uses `tokenizer.json` as it is.
-    fn tokenizer_config(&self) -> serde_json::Value {
-        let v = &self.vocab;
-        let token = |id: Option<u32>| id.map(|i| v.tokens[i as usize].clone());
-        let added: serde_json::Map<String, serde_json::Value> = added_tokens(v)
-            .into_iter()
-            .map(|(id, t)| {
-                (
-                    id.to_string(),
-                    json!({
-                        "content": t.content,
-                        "lstrip": t.lstrip,
-                        "normalized": t.normalized,
-                        "rstrip": t.rstrip,
-                        "single_word": t.single_word,
-                        "special": t.special,
-                    }),
-                )
-            })
-            .collect();
-        let mut config = json!({
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "add_bos_token": v.add_bos,
-            "add_eos_token": v.add_eos,
-            "added_tokens_decoder": added,
-            "bos_token": token(v.bos),
-            "eos_token": token(v.eos),
-            "unk_token": token(v.unk),
-            "pad_token": token(v.pad.id),
-            "clean_up_tokenization_spaces": false,
-            "model_max_length": self.hparams.max_position_embeddings,
-        });
-        if let Some(t) = &v.chat_template {
-            config["chat_template"] = json!(t);
-        }
-        config
-    }
-}
-
-fn read_hparams(
-    meta: &Meta,
-    vocab_size: Option<usize>,
-    problems: &mut Vec<String>,
-) -> Option<Hparams> {
-    let mut required = |key: &str| {
-        let v = meta.uint(key).map(|v| v as usize);
-        if v.is_none() {
-            problems.push(format!("missing or non-integer metadata `{key}`"));
-        }
-        v
-    };
-    let hidden = required("llama.embedding_length");
-    let intermediate = required("llama.feed_forward_length");
-    let layers = required("llama.block_count");
-    let heads = required("llama.attention.head_count");
-    let context = required("llama.context_length");
-    let kv_heads = meta
-        .uint("llama.attention.head_count_kv")
-        .map(|v| v as usize)
-        .or(heads);
-    let eps = meta.float("llama.attention.layer_norm_rms_epsilon");
-    if eps.is_none() {
-        problems.push("missing metadata `llama.attention.layer_norm_rms_epsilon`".to_owned());
-    }
-    // llama.cpp's default base frequency.
-    let theta = meta.float("llama.rope.freq_base").unwrap_or(10_000.0);
-    if let Some(kind) = meta.string("llama.rope.scaling.type")
-        && kind != "none"
-    {
-        problems.push(format!(
-            "RoPE scaling `{kind}` (`llama.rope.scaling.type`) is not supported; only unscaled RoPE is"
-        ));
-    }
-    if meta.uint("llama.expert_count").unwrap_or(0) > 0 {
-        problems.push(
-            "mixture-of-experts models (`llama.expert_count` > 0) are not supported".to_owned(),
-        );
-    }
-    let (hidden, intermediate, layers, heads, kv_heads, context, eps, vocab_size) = (
-        hidden?,
-        intermediate?,
-        layers?,
-        heads?,
-        kv_heads?,
-        context?,
-        eps?,
-        vocab_size?,
-    );
-    if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-        problems.push(format!(
-            "{kv_heads} key/value heads do not divide {heads} attention heads"
-        ));
-        return None;
-    }
-    let head_dim = meta
-        .uint("llama.attention.key_length")
-        .map(|v| v as usize)
-        .unwrap_or(hidden / heads);
-    if let Some(v) = meta.uint("llama.attention.value_length")
-        && v as usize != head_dim
-    {
-        problems.push(format!(
-            "value head size {v} differs from key head size {head_dim}; HF Llama needs them equal"
-        ));
-    }
-    if let Some(r) = meta.uint("llama.rope.dimension_count")
-        && r as usize != head_dim
-    {
-        problems.push(format!(
-            "RoPE covers {r} of {head_dim} head channels (`llama.rope.dimension_count`); only full-head RoPE is supported"
-        ));
-    }
-    if !head_dim.is_multiple_of(2) {
-        problems.push(format!("head size {head_dim} is odd; RoPE needs pairs"));
-    }
-    if let Some(v) = meta.uint("llama.vocab_size")
-        && v as usize != vocab_size
-    {
-        problems.push(format!(
-            "`llama.vocab_size` is {v} but `tokenizer.ggml.tokens` has {vocab_size} tokens"
-        ));
-    }
-    Some(Hparams {
-        vocab_size,
-        hidden_size: hidden,
-        intermediate_size: intermediate,
-        num_hidden_layers: layers,
-        num_attention_heads: heads,
-        num_key_value_heads: kv_heads,
-        head_dim,
-        max_position_embeddings: context,
-        rms_norm_eps: eps,
-        rope_theta: theta,
-    })
-}
-
-fn read_vocab(meta: &Meta, problems: &mut Vec<String>) -> Option<GgufVocab> {
-    let start = problems.len();
-    match meta.string("tokenizer.ggml.model") {
-        Some("gpt2") => {}
-        Some(other) => problems.push(format!(
-            "tokenizer model `{other}` (`tokenizer.ggml.model`) is not supported; only `gpt2` (byte-level BPE) is"
-        )),
-        None => problems.push("missing metadata `tokenizer.ggml.model`".to_owned()),
-    }
-    // The regex lists llama.cpp's `llama_vocab::impl::load` gives each
-    // pre-tokenizer: a `\p{N}` split first, or GPT-2's regex alone.
-    let split_digits = match meta.string("tokenizer.ggml.pre") {
-        Some("smollm" | "starcoder" | "refact" | "codeshell") => true,
-        Some("gpt2" | "mpt" | "olmo") => false,
-        other => {
-            problems.push(format!(
-                "pre-tokenizer {} (`tokenizer.ggml.pre`) is not supported; supported: smollm, starcoder, refact, codeshell, gpt2, mpt, olmo",
-                other.map_or("absent".to_owned(), |p| format!("`{p}`"))
-            ));
-            false
-        }
-    };
-    let tokens = meta.strings("tokenizer.ggml.tokens");
-    if tokens.is_none() {
-        problems.push("missing metadata `tokenizer.ggml.tokens` (a string array)".to_owned());
-    }
-    let tokens = tokens.unwrap_or_default();
-    let n = tokens.len();
-    let types = meta
-        .ints("tokenizer.ggml.token_type")
-        .unwrap_or_else(|| vec![TOKEN_NORMAL; n]);
-    if types.len() != n {
-        problems.push(format!(
-            "`tokenizer.ggml.token_type` has {} entries for {n} tokens",
-            types.len()
-        ));
-    }
-    let merges = meta
-        .strings("tokenizer.ggml.merges")
-        .unwrap_or_default()
-        .into_iter()
-        .map(|m| {
-            // Byte-level symbols never hold a space, so one space separates
-            // the pair.
-            let pair = m.split_once(' ').filter(|(_, b)| !b.contains(' '));
-            pair.map(|(a, b)| (a.to_owned(), b.to_owned())).ok_or(m)
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap_or_else(|m| {
-            problems.push(format!(
-                "merge `{m}` in `tokenizer.ggml.merges` is not two symbols separated by one space"
-            ));
-            Vec::new()
-        });
-    let id = |key: &str, problems: &mut Vec<String>| {
-        let id = meta.uint(key)?;
-        if id as usize >= n {
-            problems.push(format!("`{key}` {id} is outside the {n}-token vocabulary"));
-            return None;
-        }
-        Some(id as u32)
-    };
-    let bos = id("tokenizer.ggml.bos_token_id", problems);
-    let eos = id("tokenizer.ggml.eos_token_id", problems);
-    let unk = id("tokenizer.ggml.unknown_token_id", problems);
-    let gguf_pad = id("tokenizer.ggml.padding_token_id", problems);
-    if problems.len() > start {
-        return None;
-    }
-    let pad = choose_pad(&tokens, &types, gguf_pad, bos, eos, unk);
-    Some(GgufVocab {
-        tokens,
-        types,
-        merges,
-        split_digits,
-        bos,
-        eos,
-        unk,
-        pad,
-        add_bos: meta
-            .boolean("tokenizer.ggml.add_bos_token")
-            .unwrap_or(false),
-        add_eos: meta
-            .boolean("tokenizer.ggml.add_eos_token")
-            .unwrap_or(false),
-        chat_template: meta.string("tokenizer.chat_template").map(str::to_owned),
-    })
 }
 
 /// Maps every tensor, checks its shape against the metadata, and finds the
@@ -930,62 +539,6 @@ fn plan_tensors(
         problems.push(format!("tensor `{name}` is missing"));
     }
     (plan, tied)
-}
-
-/// The added tokens, by id: control and unknown tokens as special, user
-/// defined ones as plain added tokens. None is normalized or stripped.
-fn added_tokens(v: &GgufVocab) -> Vec<(u32, AddedToken)> {
-    v.types
-        .iter()
-        .enumerate()
-        .filter_map(|(id, &ty)| {
-            let special = match ty {
-                TOKEN_CONTROL | TOKEN_UNKNOWN => true,
-                TOKEN_USER_DEFINED => false,
-                _ => return None,
-            };
-            let token = AddedToken::from(v.tokens[id].clone(), special).normalized(false);
-            Some((id as u32, token))
-        })
-        .collect()
-}
-
-/// The byte-level BPE tokenizer of the vocabulary, as llama.cpp runs it.
-fn build_tokenizer(v: &GgufVocab) -> Result<Tokenizer, String> {
-    let ids: Vocab = v
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), i as u32))
-        .collect();
-    if ids.len() != v.tokens.len() {
-        return Err("`tokenizer.ggml.tokens` holds the same token twice".to_owned());
-    }
-    let bpe = BPE::builder()
-        .vocab_and_merges(ids, v.merges.clone())
-        .build()
-        .map_err(|e| e.to_string())?;
-    let byte_level = ByteLevel::new(false, true, true);
-    let pre: PreTokenizerWrapper = if v.split_digits {
-        Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()
-    } else {
-        byte_level.into()
-    };
-    let mut tokenizer = Tokenizer::new(bpe);
-    tokenizer
-        .with_pre_tokenizer(Some(pre))
-        .with_decoder(Some(ByteLevel::default()))
-        // Offsets only: the byte-level post-processor adds no tokens.
-        .with_post_processor(Some(ByteLevel::new(true, false, true)));
-    let (special, plain): (Vec<_>, Vec<_>) =
-        added_tokens(v).into_iter().partition(|(_, t)| t.special);
-    tokenizer
-        .add_special_tokens(special.into_iter().map(|(_, t)| t))
-        .map_err(|e| e.to_string())?;
-    tokenizer
-        .add_tokens(plain.into_iter().map(|(_, t)| t))
-        .map_err(|e| e.to_string())?;
-    Ok(tokenizer)
 }
 
 /// Writes `model.safetensors` atomically: candle writes a hidden partial
@@ -1233,41 +786,6 @@ mod tests {
         ] {
             assert_eq!(hf_name(unknown), None, "{unknown}");
         }
-    }
-
-    #[test]
-    fn f32_metadata_reads_as_its_shortest_decimal() {
-        assert_eq!(shortest_f64(1e-5), 1e-5);
-        assert_eq!(shortest_f64(100_000.0), 100_000.0);
-        assert_eq!(shortest_f64(1e-6), 1e-6);
-    }
-
-    #[test]
-    fn pad_is_never_the_eos() {
-        let tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<x>", "a"]
-            .map(String::from)
-            .to_vec();
-        let types = [3, 3, 3, 3, 1];
-        // SmolLM2: pad = eos = 2, unk = 0.
-        let pad = choose_pad(&tokens, &types, Some(2), Some(1), Some(2), Some(0));
-        assert_eq!(pad.id, Some(0));
-        assert!(pad.note.unwrap().contains("`<|im_end|>` (id 2)"));
-        // A distinct pad is kept, silently.
-        let pad = choose_pad(&tokens, &types, Some(3), Some(1), Some(2), Some(0));
-        assert_eq!(
-            pad,
-            Pad {
-                id: Some(3),
-                note: None
-            }
-        );
-        // No pad, no unk: the first control token that is neither bos nor eos.
-        let pad = choose_pad(&tokens, &types, None, Some(0), Some(2), None);
-        assert_eq!(pad.id, Some(1));
-        // Nothing usable: no pad at all, never the eos.
-        let pad = choose_pad(&tokens, &[1, 3, 3, 1, 1], Some(2), Some(1), Some(2), None);
-        assert_eq!(pad.id, None);
-        assert!(pad.note.unwrap().contains("no pad token is set"));
     }
 
     #[test]
