@@ -8,11 +8,12 @@
 //! `generation_config.json` and, written last so that a half-written folder
 //! never loads, `config.json`.
 //!
-//! Weights are dequantized with candle and written as f32. f32 holds every
-//! dequantized value exactly (a Q4_1 value is an f16 scale times a 4-bit
-//! integer plus an f16 minimum, computed in f32), so the folder is the GGUF's
-//! model and nothing else; bf16 would round it a second time. SmolLM2-135M is
-//! 540 MB in f32, and `load` casts to bf16 when asked.
+//! Weights are dequantized with candle and written as f32: candle
+//! dequantizes to f32 (a Q4_1 value is an f16 scale times a 4-bit integer
+//! plus an f16 minimum), so f32 keeps every value as dequantized and the
+//! folder is the GGUF's model and nothing else; bf16 would round the weights
+//! a second time. SmolLM2-135M is 540 MB in f32, and `load` casts to bf16
+//! when asked.
 //!
 //! Names map block by block (`blk.N.attn_q` → `model.layers.N.self_attn.q_proj`,
 //! see [`hf_name`]); a GGUF without `output.weight` ties `lm_head` to the
@@ -410,8 +411,7 @@ impl Plan {
         };
         match (hparams, vocab) {
             (Some(hparams), Some(vocab)) if problems.is_empty() => {
-                let notes = vocab.pad.note.iter().cloned().collect::<Vec<_>>();
-                let mut notes = notes;
+                let mut notes: Vec<String> = vocab.pad.note.iter().cloned().collect();
                 if vocab.chat_template.is_none() {
                     notes.push("the GGUF has no `tokenizer.chat_template`".to_owned());
                 }
