@@ -40,6 +40,22 @@ enum Command {
     Bench(BenchCommand),
     /// Check config files: parse and validate, print the resolved values.
     Config(ConfigArgs),
+    /// Prepare model folders.
+    #[command(subcommand)]
+    Model(ModelCommand),
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// Turn a llama.cpp GGUF (Llama architecture, e.g. SmolLM2) into a
+    /// Hugging Face model folder: f32 safetensors, config, tokenizer, chat
+    /// template. Prints the import report as JSON.
+    ImportGguf {
+        /// The `.gguf` file.
+        file: PathBuf,
+        /// The folder to write (created if needed).
+        out: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -289,6 +305,22 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             if let Some(path) = json {
                 trace_train::atomic::write(&path, serde_json::to_string_pretty(&r)?.as_bytes())?;
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Model(ModelCommand::ImportGguf { file, out }) => {
+            let report = trace_train::model::gguf::import_gguf(&file, &out)?;
+            for note in &report.notes {
+                eprintln!("note: {note}");
+            }
+            eprintln!(
+                "imported {} tensors ({} parameters, {}) from `{}` into `{}`",
+                report.tensors,
+                report.parameters,
+                report.dtype,
+                file.display(),
+                out.display()
+            );
+            println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Config(ConfigArgs { files }) => {

@@ -7,13 +7,15 @@
 //! only parameters an optimizer should see). Building blocks live one a
 //! file: [`lora`], [`attention`], [`norm`], [`rope`]. [`adapter`] saves,
 //! loads and merges adapters in PEFT's format, [`resolve`] finds a model
-//! folder, [`tiny`] writes small random models for tests.
+//! folder, [`tiny`] writes small random models for tests, [`gguf`] imports
+//! a llama.cpp GGUF as a model folder.
 //!
 //! Tensor code takes its device from the weights or a `&Device`, so the same
 //! code runs on CPU and CUDA. Nothing here knows about datasets or training.
 
 pub mod adapter;
 pub mod attention;
+pub mod gguf;
 mod init;
 pub mod llama;
 pub mod lora;
