@@ -9,6 +9,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
+mod cli;
+
 use trace_train::config::{self, GenerateConfig, PipelineConfig, SeedScheme};
 use trace_train::generate::{self, Progress, RunOptions};
 use trace_train::sandbox::{self, Executor, ExecutorConfig, Request};
@@ -40,6 +42,11 @@ enum Command {
     Bench(BenchCommand),
     /// Check config files: parse and validate, print the resolved values.
     Config(ConfigArgs),
+    /// Stage 1: LoRA SFT on the original programs.
+    Warmup(cli::train::TrainArgs),
+    /// Stage 2: LoRA SFT on the transformed programs, from Stage 1's merged
+    /// model.
+    Sft(cli::train::TrainArgs),
     /// Prepare model folders.
     #[command(subcommand)]
     Model(ModelCommand),
@@ -55,6 +62,13 @@ enum ModelCommand {
         file: PathBuf,
         /// The folder to write (created if needed).
         out: PathBuf,
+    },
+    /// Write a tiny random Qwen3 chat model (byte-level tokenizer, ChatML
+    /// template) that trains in seconds: for quick runs and tests.
+    Tiny {
+        out: PathBuf,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
     },
 }
 
@@ -207,6 +221,14 @@ fn init_logging(verbose: u8) {
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
+        Command::Warmup(args) => {
+            cli::train::run_stage("warmup", &args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Sft(args) => {
+            cli::train::run_stage("sft", &args)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Generate(args) => generate_cmd(args),
         Command::Sandbox(SandboxCommand::Check(c)) => {
             let exec = executor(&c, 1)?;
@@ -305,6 +327,11 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             if let Some(path) = json {
                 trace_train::atomic::write(&path, serde_json::to_string_pretty(&r)?.as_bytes())?;
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Model(ModelCommand::Tiny { out, seed }) => {
+            trace_train::model::tiny::write_tiny_chat_model(&out, seed)?;
+            println!("{}", out.display());
             Ok(ExitCode::SUCCESS)
         }
         Command::Model(ModelCommand::ImportGguf { file, out }) => {

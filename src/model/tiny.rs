@@ -160,3 +160,110 @@ fn write(
         source,
     })
 }
+
+/// A tiny Qwen3 with a real (byte-level) tokenizer and a ChatML template:
+/// a complete chat model folder that trains and generates end to end in
+/// seconds, for `pipeline --quick_test` and the recipe tests. The tokenizer
+/// has the 256 byte tokens (GPT-2's byte-to-unicode alphabet, no merges) and
+/// three specials: `<|endoftext|>` (256, padding), `<|im_start|>` (257) and
+/// `<|im_end|>` (258, end of turn and eos).
+pub fn write_tiny_chat_model(dir: &Path, seed: u64) -> Result<()> {
+    write_tiny_qwen3(dir, seed)?;
+    // LoRA leaves lm_head frozen, and with PyTorch's default scale its logits
+    // stay too flat for a few answers to be learned confidently: widen it.
+    let weights = dir.join(WEIGHTS_FILE);
+    let wrap = |e: candle_core::Error| ModelError::Tensor {
+        context: format!("rewriting `{}`", weights.display()),
+        source: e,
+    };
+    let mut tensors = candle_core::safetensors::load(&weights, &Device::Cpu).map_err(wrap)?;
+    let head = tensors
+        .remove("lm_head.weight")
+        .expect("tiny Qwen3 has lm_head");
+    tensors.insert("lm_head.weight".into(), (head * 16.0).map_err(wrap)?);
+    candle_core::safetensors::save(&tensors, &weights).map_err(wrap)?;
+    let path = dir.join(CONFIG_FILE);
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).map_err(|source| ModelError::Read {
+            path: path.clone(),
+            source,
+        })?)
+        .expect("config we wrote");
+    config["max_position_embeddings"] = json!(8192);
+    config["bos_token_id"] = json!(257);
+    config["eos_token_id"] = json!(258);
+    std::fs::write(&path, serde_json::to_vec_pretty(&config).expect("json")).map_err(|source| {
+        ModelError::Write {
+            path: path.clone(),
+            source,
+        }
+    })?;
+
+    let mut vocab = serde_json::Map::new();
+    for (byte, ch) in byte_alphabet().into_iter().enumerate() {
+        vocab.insert(ch.to_string(), json!(byte));
+    }
+    let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+    let added: Vec<_> = specials
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": vocab, "merges": []},
+    });
+    let template = "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}";
+    let tokenizer_config = json!({
+        "chat_template": template,
+        "bos_token": null,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 8192,
+    });
+    for (name, value) in [
+        ("tokenizer.json", tokenizer),
+        ("tokenizer_config.json", tokenizer_config),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, serde_json::to_vec_pretty(&value).expect("json")).map_err(|source| {
+            ModelError::Write {
+                path: p.clone(),
+                source,
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// GPT-2's printable stand-in for each byte, so byte-level BPE vocabularies
+/// are plain strings: printable Latin-1 bytes stand for themselves, the rest
+/// map to U+0100 onwards in byte order.
+fn byte_alphabet() -> Vec<char> {
+    let keeps =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut next = 256u32;
+    (0u32..256)
+        .map(|b| {
+            if keeps(b) {
+                char::from_u32(b).expect("latin-1")
+            } else {
+                let c = char::from_u32(next).expect("valid");
+                next += 1;
+                c
+            }
+        })
+        .collect()
+}

@@ -173,7 +173,10 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
     };
     let metrics_path = job.output_dir.join("metrics.jsonl");
     let mut resumed_from = None;
-    match (job.resume, checkpoint::latest(&job.output_dir, &job.device)?) {
+    match (
+        job.resume,
+        checkpoint::latest(&job.output_dir, &job.device)?,
+    ) {
         (true, Some(ck)) => {
             let diff = fingerprint.differences(&ck.state.fingerprint);
             if !diff.is_empty() && !job.force {
@@ -253,9 +256,9 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             let step_grads = vars
                 .iter()
                 .map(|(name, v)| {
-                    g.get(v.as_tensor())
-                        .cloned()
-                        .with_context(|| format!("no gradient reached `{name}`: the loss does not depend on it"))
+                    g.get(v.as_tensor()).cloned().with_context(|| {
+                        format!("no gradient reached `{name}`: the loss does not depend on it")
+                    })
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             grads = Some(match grads {
@@ -274,7 +277,10 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         if !loss_sum.is_finite() || !norm.is_finite() {
             state.skipped_steps += 1;
             bad_in_a_row += 1;
-            tracing::warn!("step {}: non-finite loss or gradient, skipped", state.step + 1);
+            tracing::warn!(
+                "step {}: non-finite loss or gradient, skipped",
+                state.step + 1
+            );
             if bad_in_a_row >= MAX_BAD_STEPS {
                 bail!(
                     "{} stopped: {bad_in_a_row} steps in a row had a non-finite loss or gradient (last checkpoint is intact)\nhint: lower the learning rate",
@@ -283,7 +289,11 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             }
         } else {
             bad_in_a_row = 0;
-            let scale = if norm > cfg.max_grad_norm { cfg.max_grad_norm / norm } else { 1.0 };
+            let scale = if norm > cfg.max_grad_norm {
+                cfg.max_grad_norm / norm
+            } else {
+                1.0
+            };
             opt.step(&grads, lr, scale)?;
         }
         state.step += 1;
@@ -301,7 +311,10 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             "tokens_per_s": step_tokens as f64 / secs.max(1e-9),
             "skipped_steps": state.skipped_steps,
         });
-        if cfg.eval_steps > 0 && state.step % cfg.eval_steps as u64 == 0 && !eval_examples.is_empty() {
+        if cfg.eval_steps > 0
+            && state.step % cfg.eval_steps as u64 == 0
+            && !eval_examples.is_empty()
+        {
             let e = evaluate_loss(&loaded, &eval_examples, cfg.batch_size, pad, &job.device)?;
             line["eval_loss"] = serde_json::json!(e);
             eval_loss = Some(e);
@@ -329,7 +342,12 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         save_checkpoint(&job.output_dir, &state, &opt, cfg.save_total_limit)?;
         model::adapter::save(&loaded, &final_dir, &job.base_dir.display().to_string())?;
         model::adapter::merge(&loaded, &merged_dir)?;
-        for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json"] {
+        for f in [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "generation_config.json",
+            "special_tokens_map.json",
+        ] {
             let src = job.base_dir.join(f);
             if src.exists() {
                 std::fs::copy(&src, merged_dir.join(f))
@@ -377,7 +395,12 @@ fn named_vars(m: &LoadedModel) -> Vec<(String, candle_core::Var)> {
     v
 }
 
-fn save_checkpoint(out: &Path, state: &TrainerState, opt: &AdamW, keep: usize) -> anyhow::Result<()> {
+fn save_checkpoint(
+    out: &Path,
+    state: &TrainerState,
+    opt: &AdamW,
+    keep: usize,
+) -> anyhow::Result<()> {
     let params: BTreeMap<String, Tensor> = opt
         .vars()
         .iter()
@@ -462,7 +485,8 @@ fn truncate_metrics(path: &Path, step: u64) -> anyhow::Result<()> {
 fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, Arc::clone(&flag)).context("cannot install signal handler")?;
+        signal_hook::flag::register(sig, Arc::clone(&flag))
+            .context("cannot install signal handler")?;
     }
     Ok(flag)
 }

@@ -1,0 +1,4 @@
+//! Subcommands whose settings need more than a few lines of glue, one
+//! module each (the binary's own; the library knows nothing of them).
+
+pub mod train;

@@ -1,0 +1,210 @@
+//! `pipeline`: Stage 0 (generate), 1 (warmup), 2 (sft) and eval in order,
+//! from `config/pipeline_config.json`, each stage's output the next one's
+//! input. The pipeline records the stages it finished in
+//! `<checkpoints>/pipeline_state.json`; `--resume` skips those and resumes
+//! the interrupted one from its checkpoint.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use trace_train::config::{self, PipelineConfig};
+use trace_train::generate::{self, RunOptions};
+
+use super::eval::{EvalArgs, run_eval};
+use super::train::{TrainArgs, run_stage};
+
+#[derive(Args)]
+#[command(rename_all = "snake_case")]
+pub struct PipelineArgs {
+    #[arg(long, default_value = "config/pipeline_config.json")]
+    pub config: PathBuf,
+    /// First stage to run (0 generate, 1 warmup, 2 sft, 3 eval).
+    #[arg(long, default_value_t = 0)]
+    pub start_stage: u8,
+    /// Minutes on a laptop CPU: the built-in corpus, a tiny model the
+    /// pipeline makes itself, a few steps a stage.
+    #[arg(long)]
+    pub quick_test: bool,
+    /// Presets for one B200-class GPU (large batches, bf16).
+    #[arg(long)]
+    pub b200: bool,
+    /// Keep the base weights in 16 bits instead of 4.
+    #[arg(long)]
+    pub no_4bit: bool,
+    /// Continue an interrupted pipeline: skip finished stages, resume the
+    /// interrupted one from its checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+    /// Where stage outputs go (default `checkpoints`, `checkpoints/quick` for
+    /// the quick test).
+    #[arg(long)]
+    pub checkpoints: Option<PathBuf>,
+    /// `cpu`, `cuda`, `cuda:N` or `auto`.
+    #[arg(long)]
+    pub device: Option<String>,
+    #[command(flatten)]
+    pub unsafe_flag: super::UnsafeFlag,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct PipelineState {
+    finished: Vec<u8>,
+}
+
+pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
+    let mut cfg: PipelineConfig = if args.config.is_file() {
+        config::load(&args.config)?
+    } else if args.quick_test {
+        PipelineConfig::default()
+    } else {
+        anyhow::bail!(
+            "pipeline config `{}` not found\nhint: run from the repository root, or pass --config",
+            args.config.display()
+        );
+    };
+    let root = args.checkpoints.clone().unwrap_or_else(|| {
+        PathBuf::from(if args.quick_test { "checkpoints/quick" } else { "checkpoints" })
+    });
+    std::fs::create_dir_all(&root).with_context(|| format!("cannot create `{}`", root.display()))?;
+    if args.no_4bit {
+        cfg.model.load_in_4bit = false;
+    }
+    if args.b200 {
+        cfg.model.dtype = "bf16".into();
+        cfg.hardware.gradient_checkpointing = false;
+        for s in [&mut cfg.stage1, &mut cfg.stage2] {
+            s.batch_size = 16;
+            s.gradient_accumulation_steps = 2;
+        }
+    }
+    let data_dir = if args.quick_test {
+        root.join("data")
+    } else {
+        cfg.stage0.output_dir.clone()
+    };
+    let mut max_steps = None;
+    let mut eval_limit = None;
+    let mut max_new_tokens = 2048;
+    if args.quick_test {
+        cfg.stage0.dataset = "builtin".into();
+        cfg.stage0.max_samples = Some(32);
+        cfg.stage0.variants = 1;
+        let base = root.join("base-model");
+        trace_train::model::tiny::write_tiny_chat_model(&base, 7)?;
+        cfg.model.name = base.display().to_string();
+        cfg.model.max_length = 1024;
+        for s in [&mut cfg.stage1, &mut cfg.stage2] {
+            s.batch_size = 2;
+            s.gradient_accumulation_steps = 1;
+            s.epochs = 1;
+            s.save_steps = 4;
+            s.eval_steps = 0;
+            s.learning_rate = 1e-3;
+            s.warmup_ratio = 0.0;
+        }
+        max_steps = Some(6);
+        eval_limit = Some(4);
+        max_new_tokens = 24;
+    }
+    if cfg.model.load_in_4bit {
+        tracing::warn!("4-bit base weights are not implemented yet: loading them in {}", cfg.model.dtype);
+    }
+    cfg.stage0.output_dir = data_dir.clone();
+
+    let state_path = root.join("pipeline_state.json");
+    let mut state: PipelineState = if args.resume {
+        std::fs::read(&state_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    } else {
+        PipelineState::default()
+    };
+    let mut finish = |stage: u8, state: &mut PipelineState| -> anyhow::Result<()> {
+        state.finished.push(stage);
+        trace_train::atomic::write(&state_path, &serde_json::to_vec_pretty(state)?)
+    };
+    let todo = |stage: u8, state: &PipelineState| stage >= args.start_stage && !state.finished.contains(&stage);
+
+    if todo(0, &state) {
+        eprintln!("== stage 0: generate");
+        let s = generate::run(
+            &cfg.stage0,
+            &RunOptions {
+                unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
+            },
+            &generate::NoProgress,
+        )?;
+        eprintln!(
+            "stage 0: {} original and {} transformed training records",
+            s.stage1.records_train, s.stage2.records_train
+        );
+        finish(0, &mut state)?;
+    }
+    let stage_args = |stage: u8| -> TrainArgs {
+        let (train, test, out, sft) = match stage {
+            1 => ("stage1_original_train.jsonl", "stage1_original_test.jsonl", "warmup", &cfg.stage1),
+            _ => ("stage2_transformed_train.jsonl", "stage2_transformed_test.jsonl", "sft", &cfg.stage2),
+        };
+        TrainArgs {
+            model: Some(if stage == 1 {
+                cfg.model.name.clone()
+            } else {
+                root.join("warmup/merged").display().to_string()
+            }),
+            train_file: Some(data_dir.join(train)),
+            eval_file: Some(data_dir.join(test)),
+            output_dir: Some(root.join(out)),
+            epochs: Some(sft.epochs),
+            batch_size: Some(sft.batch_size),
+            gradient_accumulation_steps: Some(sft.gradient_accumulation_steps),
+            learning_rate: Some(sft.learning_rate),
+            lora_r: Some(sft.lora_r),
+            max_length: Some(cfg.model.max_length),
+            save_steps: Some(sft.save_steps),
+            seed: Some(sft.seed),
+            max_steps,
+            device: args.device.clone(),
+            resume: args.resume && root.join(out).exists(),
+            config: None,
+            pipeline_config: Some(args.config.clone()).filter(|p| p.is_file()),
+            force: false,
+        }
+    };
+    for (stage, name) in [(1u8, "warmup"), (2u8, "sft")] {
+        if todo(stage, &state) {
+            eprintln!("== stage {stage}: {name}");
+            let s = run_stage(name, &stage_args(stage))?;
+            if s.interrupted {
+                anyhow::bail!("pipeline stopped during {name}; continue with --resume");
+            }
+            finish(stage, &mut state)?;
+        }
+    }
+    if todo(3, &state) {
+        eprintln!("== eval");
+        let report = run_eval(&EvalArgs {
+            model: root.join("sft/merged"),
+            adapter: None,
+            data: Some(data_dir.join("stage2_transformed_test.jsonl")),
+            output: Some(root.join("eval/report.json")),
+            limit: eval_limit,
+            max_new_tokens,
+            batch_size: 8,
+            device: args.device.clone(),
+        })?;
+        eprintln!("eval: {}", report_line(&report));
+        finish(3, &mut state)?;
+    }
+    Ok(())
+}
+
+fn report_line(r: &trace_train::eval::Report) -> String {
+    format!(
+        "accuracy {:.3} ({} of {}), 80% interval [{:.3}, {:.3}]",
+        r.accuracy, r.correct, r.n, r.interval.0, r.interval.1
+    )
+}

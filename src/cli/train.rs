@@ -1,0 +1,257 @@
+//! `warmup` (Stage 1) and `sft` (Stage 2): settings from the stage's config
+//! file, the pipeline config's model section and flags, then the SFT recipe.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use trace_train::config::{self, ModelConfig, PipelineConfig, SftConfig};
+use trace_train::train::sft::{self, SftJob, SftSummary};
+
+#[derive(Args, Clone, Default)]
+#[command(rename_all = "snake_case")]
+pub struct TrainArgs {
+    /// Stage config (default: config/<stage>.json when present).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Pipeline config whose `model` section applies (default:
+    /// config/pipeline_config.json when present).
+    #[arg(long)]
+    pub pipeline_config: Option<PathBuf>,
+    /// Base model: a local HF folder or a hub id (Stage 2 default: Stage 1's
+    /// merged model).
+    #[arg(long)]
+    pub model: Option<String>,
+    #[arg(long)]
+    pub train_file: Option<PathBuf>,
+    #[arg(long)]
+    pub eval_file: Option<PathBuf>,
+    #[arg(long)]
+    pub output_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    #[arg(long)]
+    pub gradient_accumulation_steps: Option<usize>,
+    #[arg(long)]
+    pub learning_rate: Option<f64>,
+    #[arg(long)]
+    pub lora_r: Option<usize>,
+    #[arg(long)]
+    pub max_length: Option<usize>,
+    #[arg(long)]
+    pub save_steps: Option<usize>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop after this many optimizer steps.
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    /// `cpu`, `cuda`, `cuda:N` or `auto`.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Continue from the newest valid checkpoint in the output folder.
+    #[arg(long)]
+    pub resume: bool,
+    /// Resume even though config, data or tokenizer changed.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// The stage's defaults: (config file, training file, eval file, output).
+fn defaults(stage: &str) -> (&'static str, &'static str, &'static str, &'static str) {
+    match stage {
+        "warmup" => (
+            "config/warmup.json",
+            "datasets/trace_training/stage1_original_train.jsonl",
+            "datasets/trace_training/stage1_original_test.jsonl",
+            "checkpoints/warmup",
+        ),
+        _ => (
+            "config/sft.json",
+            "datasets/trace_training/stage2_transformed_train.jsonl",
+            "datasets/trace_training/stage2_transformed_test.jsonl",
+            "checkpoints/sft",
+        ),
+    }
+}
+
+/// File values, then flags. Every flag is handled here.
+pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
+    let (cfg_file, train_default, eval_default, out_default) = defaults(stage);
+    let mut cfg: SftConfig = match &args.config {
+        Some(p) => config::load(p)?,
+        None if Path::new(cfg_file).is_file() => config::load(Path::new(cfg_file))?,
+        None => SftConfig::default(),
+    };
+    let mut model: ModelConfig = match &args.pipeline_config {
+        Some(p) => config::load::<PipelineConfig>(p)?.model,
+        None if Path::new("config/pipeline_config.json").is_file() => {
+            config::load::<PipelineConfig>(Path::new("config/pipeline_config.json"))?.model
+        }
+        None => ModelConfig::default(),
+    };
+    let TrainArgs {
+        config: _,
+        pipeline_config: _,
+        model: model_flag,
+        train_file,
+        eval_file,
+        output_dir,
+        epochs,
+        batch_size,
+        gradient_accumulation_steps,
+        learning_rate,
+        lora_r,
+        max_length,
+        save_steps,
+        seed,
+        max_steps,
+        device,
+        resume,
+        force,
+    } = args.clone();
+    macro_rules! set {
+        ($flag:expr, $field:expr) => {
+            if let Some(v) = $flag {
+                $field = v;
+            }
+        };
+    }
+    set!(epochs, cfg.epochs);
+    set!(batch_size, cfg.batch_size);
+    set!(gradient_accumulation_steps, cfg.gradient_accumulation_steps);
+    set!(learning_rate, cfg.learning_rate);
+    set!(lora_r, cfg.lora_r);
+    set!(save_steps, cfg.save_steps);
+    set!(seed, cfg.seed);
+    set!(max_length, model.max_length);
+    if let Some(p) = train_file {
+        cfg.train_file = Some(p);
+    }
+    if let Some(p) = eval_file {
+        cfg.eval_file = Some(p);
+    }
+    if let Some(p) = output_dir {
+        cfg.output_dir = Some(p);
+    }
+    let problems = config::Validate::problems(&cfg);
+    anyhow::ensure!(
+        problems.is_empty(),
+        "invalid settings:\n  - {}",
+        problems.join("\n  - ")
+    );
+
+    let base_spec = match (model_flag, stage) {
+        (Some(m), _) => m,
+        (None, "warmup") => model.name.clone(),
+        (None, _) => "checkpoints/warmup/merged".into(),
+    };
+    let base_dir = trace_train::model::resolve::resolve(&base_spec).with_context(|| {
+        if stage == "sft" {
+            format!("no base model for Stage 2 at `{base_spec}`\nhint: run `trace-train warmup` first, or pass --model")
+        } else {
+            format!("base model `{base_spec}` not found")
+        }
+    })?;
+    let device = pick_device(device.as_deref().unwrap_or("auto"))?;
+    Ok(SftJob {
+        stage: stage.into(),
+        train_file: cfg
+            .train_file
+            .clone()
+            .unwrap_or_else(|| train_default.into()),
+        eval_file: Some(cfg.eval_file.clone().unwrap_or_else(|| eval_default.into())),
+        output_dir: cfg.output_dir.clone().unwrap_or_else(|| out_default.into()),
+        config: cfg,
+        model,
+        base_dir,
+        device,
+        resume,
+        force,
+        max_steps,
+    })
+}
+
+pub fn pick_device(name: &str) -> anyhow::Result<candle_core::Device> {
+    use candle_core::Device;
+    Ok(match name {
+        "cpu" => Device::Cpu,
+        "auto" => Device::cuda_if_available(0)?,
+        "cuda" => Device::new_cuda(0)
+            .context("no CUDA device\nhint: build with --features cuda, or pass --device cpu")?,
+        other => match other.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
+            Some(n) => Device::new_cuda(n).context("no such CUDA device")?,
+            None => anyhow::bail!("device `{other}` is not cpu, cuda, cuda:N or auto"),
+        },
+    })
+}
+
+pub fn run_stage(stage: &str, args: &TrainArgs) -> anyhow::Result<SftSummary> {
+    let job = resolve(stage, args)?;
+    let s = sft::run(&job, &Bar::new())?;
+    eprintln!(
+        "{stage}: {} steps{}, loss {} -> {}, eval loss {}, {:.0} tokens/s; {} examples ({} records, {} longer than max_length dropped)",
+        s.steps,
+        s.resumed_from
+            .map(|r| format!(" (resumed at {r})"))
+            .unwrap_or_default(),
+        fmt_opt(s.first_loss),
+        fmt_opt(s.last_loss),
+        fmt_opt(s.eval_loss),
+        s.tokens_per_s,
+        s.examples.examples,
+        s.examples.records,
+        s.examples.dropped_too_long,
+    );
+    if s.interrupted {
+        eprintln!("{stage}: stopped by a signal after saving a checkpoint; continue with --resume");
+    } else {
+        eprintln!(
+            "adapter: {}\nmerged model: {}",
+            s.final_dir.display(),
+            s.merged_dir.display()
+        );
+    }
+    Ok(s)
+}
+
+fn fmt_opt(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.4}"))
+}
+
+struct Bar(ProgressBar);
+
+impl Bar {
+    fn new() -> Self {
+        let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            ProgressBar::new(0)
+        } else {
+            ProgressBar::hidden()
+        };
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{spinner} step {pos}/{len} [{elapsed_precise}] {bar:30} ETA {eta} {msg}",
+            )
+            .expect("valid template"),
+        );
+        Bar(pb)
+    }
+}
+
+impl sft::Progress for Bar {
+    fn start(&self, total: u64, done: u64) {
+        self.0.set_length(total);
+        self.0.set_position(done);
+    }
+    fn step(&self, step: u64, loss: f64, tokens_per_s: f64) {
+        self.0.set_position(step);
+        self.0
+            .set_message(format!("loss {loss:.4} {tokens_per_s:.0} tok/s"));
+    }
+    fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+}
