@@ -1,7 +1,7 @@
 //! trace-train: post-training language models on the Trace task.
 //!
 //! Data flows one way: the binary's `main` (command line) → stages
-//! (`generate`; training and eval stages join them) → parts (`sandbox`,
+//! (`generate`, `eval`; training stages join them) → parts (`sandbox`,
 //! `transform`, `reward`, `prompt`, `dataset`, `config`, `atomic`, `model`).
 //! See ARCHITECTURE.md.
 
@@ -9,6 +9,7 @@ pub mod atomic;
 pub mod bench;
 pub mod config;
 pub mod dataset;
+pub mod eval;
 pub mod generate;
 pub mod model;
 pub mod prompt;
