@@ -1,7 +1,7 @@
 //! trace-train: post-training language models on the Trace task.
 //!
 //! Data flows one way: the binary's `main` (command line) → stages
-//! (`generate`; training and eval stages join them) → parts (`sandbox`,
+//! (`generate`, `eval`; training stages join them) → parts (`sandbox`,
 //! `transform`, `reward`, `prompt`, `dataset`, `config`, `atomic`, `model`).
 //! See ARCHITECTURE.md.
 
@@ -10,6 +10,7 @@ pub mod bench;
 pub mod config;
 pub mod data;
 pub mod dataset;
+pub mod eval;
 pub mod generate;
 pub mod model;
 pub mod prompt;

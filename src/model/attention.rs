@@ -7,15 +7,69 @@
 
 use candle_core::{D, DType, Device, Result, Tensor};
 
+use super::rope::Positions;
+
 /// Added to the score of a key a query must not see. Finite, so a row with
 /// no visible key (a padding query) gives a uniform row rather than NaN.
 const MASKED: f32 = -1e30;
 
-/// Keys and values of earlier positions, one entry a layer.
-#[derive(Debug, Clone)]
+/// Keys and values of earlier positions, one entry a layer, for one
+/// sequence or a batch of left-padded ones.
+///
+/// Each layer's keys and values live in a buffer `(B, H_kv, capacity, D)`
+/// written in place ([`Tensor::slice_set`]); attention reads the filled
+/// prefix as a strided view, which both CPU gemm and cuBLAS take without a
+/// copy. A decoding step thus copies only its own `L` new positions. When
+/// the buffer is full it grows to twice the needed length (one copy of the
+/// cache, amortised O(1) a position, at most 2x the memory in use); callers
+/// that know the final length set it with [`Cache::with_capacity`] and
+/// allocate once.
+///
+/// Rows of different prompt lengths decode together when left-padded
+/// ([`Cache::with_left_padding`]): the cache then carries each row's number
+/// of leading padding columns, hides those keys from every query, and gives
+/// a row's column `j` the position `j - pads[row]`, so a padded row sees the
+/// same keys at the same positions as it would alone.
+#[derive(Debug)]
 pub struct Cache {
-    /// Per layer: `k, v: (B, H_kv, T, D)`.
+    /// Per layer: `k, v: (B, H_kv, capacity, D)`; `None` until the first step.
     layers: Vec<Option<(Tensor, Tensor)>>,
+    /// Filled columns.
+    len: usize,
+    /// Columns to allocate at the first step, if more than it needs.
+    capacity: usize,
+    /// Leading padding columns of each row; empty when no row is padded.
+    pads: Vec<usize>,
+    /// `(B, 1, 1, W)` f32: `MASKED` on padding columns, 0 elsewhere, `W` at
+    /// least the filled length; built on first use.
+    pad_mask: Option<Tensor>,
+}
+
+/// What one cached forward pass needs besides the cache: where its queries
+/// sit and what they must not see.
+#[derive(Debug)]
+pub(crate) struct Frame {
+    pub(crate) positions: Positions,
+    /// Additive, `(1 or B, 1, L, T)`; `None` when nothing is hidden.
+    pub(crate) mask: Option<Tensor>,
+}
+
+impl Clone for Cache {
+    /// A deep copy: the buffers are written in place, so a clone that shared
+    /// them would see (and overwrite) the other's later positions.
+    fn clone(&self) -> Self {
+        let copy = |l: &Option<(Tensor, Tensor)>| {
+            l.as_ref()
+                .map(|(k, v)| (k.copy().expect("copy k"), v.copy().expect("copy v")))
+        };
+        Self {
+            layers: self.layers.iter().map(copy).collect(),
+            len: self.len,
+            capacity: self.capacity,
+            pads: self.pads.clone(),
+            pad_mask: self.pad_mask.clone(),
+        }
+    }
 }
 
 impl Cache {
@@ -23,42 +77,206 @@ impl Cache {
     pub fn new(num_layers: usize) -> Self {
         Self {
             layers: vec![None; num_layers],
+            len: 0,
+            capacity: 0,
+            pads: Vec::new(),
+            pad_mask: None,
         }
     }
 
-    /// Number of cached positions.
+    /// Allocates room for `positions` columns at the first step, so that a
+    /// generation of known length never grows the buffers.
+    pub fn with_capacity(mut self, positions: usize) -> Self {
+        self.capacity = positions;
+        self
+    }
+
+    /// Row `b` starts with `pads[b]` padding columns (left padding).
+    pub fn with_left_padding(mut self, pads: Vec<usize>) -> Self {
+        self.pads = pads;
+        self.pad_mask = None;
+        self
+    }
+
+    /// Number of cached positions (columns, padding included).
     pub fn len(&self) -> usize {
-        match &self.layers.first() {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Columns the buffers hold before they must grow (0 before the first step).
+    pub fn capacity(&self) -> usize {
+        match self.layers.first() {
             Some(Some((k, _))) => k.dim(2).unwrap_or(0),
             _ => 0,
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// Leading padding columns of each row; empty when none is padded.
+    pub fn pads(&self) -> &[usize] {
+        &self.pads
     }
 
-    /// Forgets every position.
+    /// Forgets every position and the padding.
     pub fn clear(&mut self) {
         self.layers.iter_mut().for_each(|l| *l = None);
+        self.len = 0;
+        self.pads.clear();
+        self.pad_mask = None;
     }
 
-    /// Appends `k, v: (B, H_kv, L, D)` to layer `layer` and returns all of
-    /// that layer's keys and values, `(B, H_kv, T + L, D)`.
+    /// Keeps only the batch rows `rows` (in that order): finished rows leave
+    /// the batch so that later steps stop computing them. Copies the cache
+    /// once.
+    pub fn retain_rows(&mut self, rows: &[usize]) -> Result<()> {
+        let Some(Some((k, _))) = self.layers.first() else {
+            self.pads = rows
+                .iter()
+                .map(|&r| self.pads.get(r).copied().unwrap_or(0))
+                .collect();
+            return Ok(());
+        };
+        let index = Tensor::from_vec(
+            rows.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+            rows.len(),
+            k.device(),
+        )?;
+        for (k, v) in self.layers.iter_mut().flatten() {
+            *k = k.index_select(&index, 0)?;
+            *v = v.index_select(&index, 0)?;
+        }
+        if !self.pads.is_empty() {
+            self.pads = rows.iter().map(|&r| self.pads[r]).collect();
+        }
+        self.pad_mask = None;
+        Ok(())
+    }
+
+    /// Checks a step of `(B, L)` ids at `offset` against the cache and
+    /// returns its positions and mask.
+    pub(crate) fn frame(
+        &mut self,
+        b: usize,
+        l: usize,
+        offset: usize,
+        device: &Device,
+    ) -> Result<Frame> {
+        if l == 0 {
+            candle_core::bail!("forward_with_cache needs at least one token");
+        }
+        if self.len != offset {
+            candle_core::bail!("cache holds {} positions but offset is {offset}", self.len);
+        }
+        if !self.pads.is_empty() && self.pads.len() != b {
+            candle_core::bail!(
+                "the cache is padded for {} rows but the step has {b}",
+                self.pads.len()
+            );
+        }
+        let causal = causal(l, offset, device)?;
+        if !self.pads.iter().any(|&p| p > 0) {
+            return Ok(Frame {
+                positions: Positions::Offset(offset),
+                mask: causal,
+            });
+        }
+        let total = offset + l;
+        let positions: Vec<u32> = self
+            .pads
+            .iter()
+            .flat_map(|&p| (offset..total).map(move |j| j.saturating_sub(p) as u32))
+            .collect();
+        let positions = Tensor::from_vec(positions, (b, l), device)?;
+        let hidden = self.pad_mask(total, device)?.narrow(3, 0, total)?; // (B, 1, 1, T)
+        let mask = match causal {
+            Some(causal) => causal.broadcast_add(&hidden)?, // (B, 1, L, T)
+            None => hidden,
+        };
+        Ok(Frame {
+            positions: Positions::PerRow(positions),
+            mask: Some(mask),
+        })
+    }
+
+    /// The padding mask, at least `width` columns wide.
+    fn pad_mask(&mut self, width: usize, device: &Device) -> Result<&Tensor> {
+        let stale = match &self.pad_mask {
+            Some(m) => m.dim(3)? < width,
+            None => true,
+        };
+        if stale {
+            let width = width.max(self.capacity).max(self.capacity());
+            let values: Vec<f32> = self
+                .pads
+                .iter()
+                .flat_map(|&p| (0..width).map(move |j| if j < p { MASKED } else { 0.0 }))
+                .collect();
+            self.pad_mask = Some(Tensor::from_vec(
+                values,
+                (self.pads.len(), 1, 1, width),
+                device,
+            )?);
+        }
+        Ok(self.pad_mask.as_ref().expect("just built"))
+    }
+
+    /// Writes `k, v: (B, H_kv, L, D)` into layer `layer` at the filled
+    /// length and returns all of that layer's keys and values,
+    /// `(B, H_kv, T + L, D)` views of the buffers. [`Cache::advance`] moves
+    /// the filled length once every layer has written.
     pub(crate) fn append(
         &mut self,
         layer: usize,
         k: &Tensor,
         v: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
+        let (b, h, l, d) = k.dims4()?;
+        let needed = self.len + l;
         let slot = &mut self.layers[layer];
-        let (k, v) = match slot.take() {
-            Some((pk, pv)) => (Tensor::cat(&[&pk, k], 2)?, Tensor::cat(&[&pv, v], 2)?),
-            None => (k.clone(), v.clone()),
-        };
-        *slot = Some((k.clone(), v.clone()));
-        Ok((k, v))
+        match slot {
+            None => {
+                let cap = needed.max(self.capacity);
+                let zeros = || Tensor::zeros((b, h, cap, d), k.dtype(), k.device());
+                *slot = Some((zeros()?, zeros()?));
+            }
+            Some((pk, pv)) if pk.dim(2)? < needed => {
+                // Doubling keeps the copies amortised O(1) a position.
+                let extra = (2 * needed).max(64) - pk.dim(2)?;
+                let grow = |t: &Tensor| -> Result<Tensor> {
+                    let zeros = Tensor::zeros((b, h, extra, d), t.dtype(), t.device())?;
+                    Tensor::cat(&[t, &zeros], 2)
+                };
+                *pk = grow(pk)?;
+                *pv = grow(pv)?;
+            }
+            Some(_) => {}
+        }
+        let (pk, pv) = slot.as_ref().expect("allocated above");
+        pk.slice_set(&k.contiguous()?, 2, self.len)?;
+        pv.slice_set(&v.contiguous()?, 2, self.len)?;
+        Ok((pk.narrow(2, 0, needed)?, pv.narrow(2, 0, needed)?))
     }
+
+    /// Marks `l` more columns filled, after every layer appended them.
+    pub(crate) fn advance(&mut self, l: usize) {
+        self.len += l;
+    }
+}
+
+/// The additive causal mask `(1, 1, L, T)` of `len` queries at positions
+/// `offset..` over keys `0..offset + len`; `None` for one query.
+fn causal(len: usize, offset: usize, device: &Device) -> Result<Option<Tensor>> {
+    if len <= 1 {
+        return Ok(None);
+    }
+    let total = offset + len;
+    let values: Vec<f32> = (0..len)
+        .flat_map(|i| (0..total).map(move |j| if j <= offset + i { 0.0 } else { MASKED }))
+        .collect();
+    Ok(Some(Tensor::from_vec(values, (1, 1, len, total), device)?))
 }
 
 /// The additive mask for `len` queries at positions `offset..offset + len`
@@ -72,14 +290,7 @@ pub fn mask(
     device: &Device,
 ) -> Result<Option<Tensor>> {
     let total = offset + len;
-    let causal = if len > 1 {
-        let values: Vec<f32> = (0..len)
-            .flat_map(|i| (0..total).map(move |j| if j <= offset + i { 0.0 } else { MASKED }))
-            .collect();
-        Some(Tensor::from_vec(values, (1, 1, len, total), device)?)
-    } else {
-        None
-    };
+    let causal = causal(len, offset, device)?;
     let Some(padding) = padding else {
         return Ok(causal);
     };
@@ -107,7 +318,7 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Resu
     let (_, h_kv, t, _) = k.dims4()?;
     let groups = h / h_kv;
     let q = q.contiguous()?.reshape((b, h_kv, groups * l, d))?; // (B, H_kv, G*L, D)
-    let scores = q.matmul(&k.contiguous()?.t()?)?; // (B, H_kv, G*L, T)
+    let scores = q.matmul(&gemm_ready(k)?.t()?)?; // (B, H_kv, G*L, T)
     let scores =
         (scores.to_dtype(DType::F32)? * (1.0 / (d as f64).sqrt()))?.reshape((b, h, l, t))?;
     let scores = match mask {
@@ -123,6 +334,20 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Resu
         .to_dtype(v.dtype())?
         .reshape((b, h_kv, groups * l, t))?;
     probs.matmul(&v.contiguous()?)?.reshape((b, h, l, d)) // (B, H_kv, G*L, D) -> (B, H, L, D)
+}
+
+/// `x: (B, H, T, D)` as a batched matmul can read it in place: rows of `D`
+/// contiguous, `T` rows a stride `D` apart, and `(B, H)` one batch stride.
+/// A prefix view of the cache's buffers is such a tensor; anything else is
+/// copied.
+fn gemm_ready(x: &Tensor) -> Result<Tensor> {
+    let (_, h, _, d) = x.dims4()?;
+    let s = x.stride();
+    if s[3] == 1 && s[2] == d && s[0] == s[1] * h {
+        Ok(x.clone())
+    } else {
+        x.contiguous()
+    }
 }
 
 #[cfg(test)]
@@ -153,6 +378,102 @@ mod tests {
             hidden,
             [false, true, true, false, false, true, false, false, true]
         );
+    }
+
+    #[test]
+    fn left_padding_gives_rows_their_own_positions_and_hides_pads() {
+        let dev = Device::Cpu;
+        let per_row = |f: &Frame| match &f.positions {
+            Positions::PerRow(p) => p.to_vec2::<u32>().unwrap(),
+            Positions::Offset(o) => panic!("offset {o}"),
+        };
+        let hidden = |f: &Frame| -> Vec<bool> {
+            values(f.mask.as_ref().unwrap())
+                .iter()
+                .map(|x| *x < -1e29)
+                .collect()
+        };
+        let mut cache = Cache::new(1).with_left_padding(vec![2, 0]);
+        let prefill = cache.frame(2, 3, 0, &dev).unwrap();
+        assert_eq!(per_row(&prefill), [[0, 0, 0], [0, 1, 2]]);
+        assert_eq!(prefill.mask.as_ref().unwrap().dims(), &[2, 1, 3, 3]);
+        #[rustfmt::skip]
+        let expected = [
+            true, true, true,  true, true, true,  true, true, false, // row 0: keys 0, 1 are padding
+            false, true, true,  false, false, true,  false, false, false, // row 1: causal only
+        ];
+        assert_eq!(hidden(&prefill), expected);
+        cache.advance(3);
+        let step = cache.frame(2, 1, 3, &dev).unwrap();
+        assert_eq!(per_row(&step), [[1], [3]]);
+        assert_eq!(
+            hidden(&step),
+            [true, true, false, false, false, false, false, false]
+        );
+        assert!(cache.frame(2, 1, 2, &dev).is_err(), "wrong offset");
+        assert!(cache.frame(3, 1, 3, &dev).is_err(), "wrong batch");
+        // Unpadded rows keep the plain offset and need no mask for one query.
+        let mut plain = Cache::new(1).with_left_padding(vec![0, 0]);
+        let f = plain.frame(2, 1, 0, &dev).unwrap();
+        assert!(matches!(f.positions, Positions::Offset(0)) && f.mask.is_none());
+    }
+
+    #[test]
+    fn buffers_grow_keep_their_contents_and_clones_are_deep() {
+        let dev = Device::Cpu;
+        let col = |x: f32| Tensor::full(x, (1, 1, 1, 2), &dev).unwrap();
+        let mut cache = Cache::new(1);
+        let mut seen = Vec::new();
+        for t in 0..70 {
+            let (k, _) = cache.append(0, &col(t as f32), &col(-(t as f32))).unwrap();
+            cache.advance(1);
+            seen.push(t as f32);
+            assert_eq!(k.dims(), &[1, 1, t + 1, 2]);
+            let keys: Vec<f32> = k.flatten_all().unwrap().to_vec1().unwrap();
+            assert_eq!(keys.iter().step_by(2).copied().collect::<Vec<_>>(), seen);
+        }
+        // 1 column, then 64, then 2 * 65.
+        assert_eq!(cache.capacity(), 130);
+        let mut copy = cache.clone();
+        copy.append(0, &col(100.0), &col(0.0)).unwrap();
+        let (k, _) = cache.append(0, &col(7.0), &col(0.0)).unwrap();
+        let last: Vec<f32> = k
+            .narrow(2, 70, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(last, [7.0, 7.0]);
+        // A preallocated cache never grows.
+        let mut sized = Cache::new(1).with_capacity(10);
+        sized.append(0, &col(1.0), &col(1.0)).unwrap();
+        assert_eq!(sized.capacity(), 10);
+    }
+
+    #[test]
+    fn retained_rows_keep_their_keys_and_padding() {
+        let dev = Device::Cpu;
+        let k = Tensor::arange(0f32, 3. * 2., &dev)
+            .unwrap()
+            .reshape((3, 1, 1, 2))
+            .unwrap();
+        let mut cache = Cache::new(1).with_left_padding(vec![0, 1, 0]);
+        cache.append(0, &k, &k).unwrap();
+        cache.advance(1);
+        cache.retain_rows(&[2, 1]).unwrap();
+        assert_eq!(cache.pads(), [0, 1]);
+        let (k, _) = cache
+            .append(0, &k.narrow(0, 0, 2).unwrap(), &k.narrow(0, 0, 2).unwrap())
+            .unwrap();
+        let first: Vec<f32> = k
+            .narrow(2, 0, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(first, [4.0, 5.0, 2.0, 3.0]);
     }
 
     #[test]

@@ -1,7 +1,9 @@
-//! Seeded, device-independent random numbers for weight initialisation.
+//! Seeded, device-independent random numbers for weight initialisation and
+//! sampling.
 //!
-//! candle cannot seed its CPU generator, so the tiny test models and the
-//! LoRA `A` factors draw from this small generator instead (SplitMix64,
+//! candle cannot seed its CPU generator, so the tiny test models, the LoRA
+//! `A` factors and [`super::generate::sample`] draw from this small
+//! generator instead (SplitMix64,
 //! Steele et al. 2014) on the host and move the result to the device. Each
 //! tensor gets its own stream, derived from the run's seed and the tensor's
 //! name, so a value does not depend on the order in which layers are built.
@@ -27,6 +29,11 @@ impl Rng {
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
+    }
+
+    /// A value uniform in `[0, 1)` with 53 random bits.
+    pub(crate) fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// A value uniform in `[0, 1)`.

@@ -14,7 +14,7 @@ use super::Unsupported;
 use super::attention::{self, Cache};
 use super::lora::{BaseLinear, LoraInit, LoraLinear, TargetModule};
 use super::norm::RmsNorm;
-use super::rope::{RopeFields, RotaryEmbedding};
+use super::rope::{Positions, RopeFields, RotaryEmbedding, Rotation};
 
 /// The fields of a Llama `config.json` this code reads; others are ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -158,7 +158,7 @@ impl Attention {
         })
     }
 
-    /// `x: (B, L, hidden)` at positions `offset..` -> `(B, L, hidden)`.
+    /// `x: (B, L, hidden)` at the step's positions -> `(B, L, hidden)`.
     fn forward(&self, x: &Tensor, ctx: &mut Step, layer: usize) -> Result<Tensor> {
         let (b, l, _) = x.dims3()?;
         let d = self.head_dim;
@@ -178,8 +178,8 @@ impl Attention {
             .forward(x, ctx.train)?
             .reshape((b, l, self.num_kv_heads, d))?
             .transpose(1, 2)?;
-        let q = ctx.rope.apply(&q, ctx.offset)?;
-        let k = ctx.rope.apply(&k, ctx.offset)?;
+        let q = ctx.rotation.apply(&q)?;
+        let k = ctx.rotation.apply(&k)?;
         let (k, v) = match ctx.cache.as_deref_mut() {
             Some(cache) => cache.append(layer, &k, &v)?, // (B, H_kv, T, D)
             None => (k, v),
@@ -262,8 +262,7 @@ impl DecoderLayer {
 
 /// What one forward pass shares across layers.
 struct Step<'a> {
-    rope: &'a RotaryEmbedding,
-    offset: usize,
+    rotation: &'a Rotation,
     mask: Option<&'a Tensor>,
     cache: Option<&'a mut Cache>,
     train: bool,
@@ -338,9 +337,9 @@ impl Model {
     ) -> Result<Tensor> {
         let (_, l) = ids.dims2()?;
         let mask = attention::mask(l, 0, attention_mask, self.device())?;
+        let rotation = self.rope.at(&Positions::Offset(0), l)?;
         let mut step = Step {
-            rope: &self.rope,
-            offset: 0,
+            rotation: &rotation,
             mask: mask.as_ref(),
             cache: None,
             train,
@@ -349,34 +348,28 @@ impl Model {
         self.lm_head.forward(&x) // (B, L, vocab)
     }
 
-    /// Decoding forward: `ids: (B, L)` at positions `offset..offset + L`,
-    /// attending to the `offset` positions in `cache` and appending to it.
-    /// Returns the logits of the last position, `(B, vocab)`. Eval mode.
+    /// Decoding forward: `ids: (B, L)` in columns `offset..offset + L`,
+    /// attending to the `offset` columns in `cache` and appending to it.
+    /// Returns the logits of the last column, `(B, vocab)`. Eval mode.
+    /// Positions are the columns, or, in a left-padded cache, the columns
+    /// less each row's padding.
     pub fn forward_with_cache(
         &self,
         ids: &Tensor,
         offset: usize,
         cache: &mut Cache,
     ) -> Result<Tensor> {
-        let (_, l) = ids.dims2()?;
-        if l == 0 {
-            candle_core::bail!("forward_with_cache needs at least one token");
-        }
-        if cache.len() != offset {
-            candle_core::bail!(
-                "cache holds {} positions but offset is {offset}",
-                cache.len()
-            );
-        }
-        let mask = attention::mask(l, offset, None, self.device())?;
+        let (b, l) = ids.dims2()?;
+        let frame = cache.frame(b, l, offset, self.device())?;
+        let rotation = self.rope.at(&frame.positions, l)?;
         let mut step = Step {
-            rope: &self.rope,
-            offset,
-            mask: mask.as_ref(),
+            rotation: &rotation,
+            mask: frame.mask.as_ref(),
             cache: Some(cache),
             train: false,
         };
         let x = self.hidden(ids, &mut step)?; // (B, L, hidden)
+        cache.advance(l);
         let last = x.narrow(1, l - 1, 1)?.squeeze(1)?; // (B, hidden)
         self.lm_head.forward(&last) // (B, vocab)
     }

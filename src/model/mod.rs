@@ -5,16 +5,18 @@
 //! [`LoadedModel`]: the architecture ([`qwen3`], [`llama`]) with frozen,
 //! mmapped base weights and, optionally, LoRA factors in a `VarMap` (the
 //! only parameters an optimizer should see). Building blocks live one a
-//! file: [`lora`], [`attention`], [`norm`], [`rope`]. [`adapter`] saves,
-//! loads and merges adapters in PEFT's format, [`resolve`] finds a model
-//! folder, [`tiny`] writes small random models for tests, [`gguf`] imports
-//! a llama.cpp GGUF as a model folder.
+//! file: [`lora`], [`attention`] (with the KV cache), [`norm`], [`rope`].
+//! [`generate`] decodes batches of prompts (greedy or sampled), [`adapter`]
+//! saves, loads and merges adapters in PEFT's format, [`resolve`] finds a
+//! model folder, [`tiny`] writes small random models for tests, [`gguf`]
+//! imports a llama.cpp GGUF as a model folder.
 //!
 //! Tensor code takes its device from the weights or a `&Device`, so the same
 //! code runs on CPU and CUDA. Nothing here knows about datasets or training.
 
 pub mod adapter;
 pub mod attention;
+pub mod generate;
 pub mod gguf;
 mod init;
 pub mod llama;
@@ -33,6 +35,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 
 pub use attention::Cache;
+pub use generate::{Generation, Sampling, greedy, sample};
 pub use lora::{BaseLinear, LoraAdapter, LoraConfig, LoraInit, LoraLinear, TargetModule};
 pub use resolve::resolve;
 
@@ -200,8 +203,10 @@ impl Model {
         }
     }
 
-    /// `ids: (B, L)` at positions `offset..`, reading and extending `cache`
-    /// -> last-position logits `(B, vocab)`.
+    /// `ids: (B, L)` in columns `offset..`, reading and extending `cache`
+    /// -> last-column logits `(B, vocab)`. A cache made with
+    /// [`Cache::with_left_padding`] runs left-padded rows at their own
+    /// positions.
     pub fn forward_with_cache(
         &self,
         ids: &Tensor,
@@ -214,6 +219,8 @@ impl Model {
         }
     }
 
+    /// An empty KV cache for this model; see [`Cache`] for capacity and
+    /// padding.
     pub fn new_cache(&self) -> Cache {
         match self {
             Self::Qwen3(m) => m.new_cache(),

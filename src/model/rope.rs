@@ -94,19 +94,75 @@ impl RotaryEmbedding {
     /// Rotates `x: (B, H, L, D)` whose first position is `offset`.
     pub fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         let (_, _, len, _) = x.dims4()?;
-        let cos = self.cos.narrow(0, offset, len)?; // (L, D/2)
-        let sin = self.sin.narrow(0, offset, len)?;
+        self.at(&Positions::Offset(offset), len)?.apply(x)
+    }
+
+    /// The rows of the tables for `len` positions: `(L, D/2)` from an offset
+    /// (a view, no copy), `(B, L, D/2)` gathered for per-row positions.
+    pub fn at(&self, positions: &Positions, len: usize) -> Result<Rotation> {
+        match positions {
+            Positions::Offset(offset) => Ok(Rotation {
+                cos: self.cos.narrow(0, *offset, len)?,
+                sin: self.sin.narrow(0, *offset, len)?,
+            }),
+            Positions::PerRow(p) => {
+                let (b, l) = p.dims2()?;
+                if l != len {
+                    candle_core::bail!("{l} positions a row for {len} queries");
+                }
+                let flat = p.flatten_all()?;
+                let gather = |t: &Tensor| t.index_select(&flat, 0)?.reshape((b, l, ()));
+                Ok(Rotation {
+                    cos: gather(&self.cos)?,
+                    sin: gather(&self.sin)?,
+                })
+            }
+        }
+    }
+}
+
+/// Where one forward pass's queries sit.
+#[derive(Debug, Clone)]
+pub enum Positions {
+    /// Every row at `offset..offset + L`.
+    Offset(usize),
+    /// `(B, L)` u32, a row each: left-padded rows of a batch start late.
+    PerRow(Tensor),
+}
+
+/// The cos and sin rows of one forward pass: `(L, D/2)`, shared by every
+/// row, or `(B, L, D/2)`. Computed once a pass, applied to every layer's
+/// queries and keys.
+#[derive(Debug, Clone)]
+pub struct Rotation {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rotation {
+    /// Rotates `x: (B, H, L, D)`.
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         if x.track_op() {
             // x * [cos, cos] + rotate_half(x) * [sin, sin]
-            let cos = Tensor::cat(&[&cos, &cos], D::Minus1)?.reshape((1, 1, len, ()))?; // (1, 1, L, D)
-            let sin = Tensor::cat(&[&sin, &sin], D::Minus1)?.reshape((1, 1, len, ()))?;
+            let full = |t: &Tensor| -> Result<Tensor> {
+                let t = Tensor::cat(&[t, t], D::Minus1)?;
+                match t.rank() {
+                    2 => t.unsqueeze(0)?.unsqueeze(0), // (1, 1, L, D)
+                    _ => t.unsqueeze(1),               // (B, 1, L, D)
+                }
+            };
+            let (cos, sin) = (full(&self.cos)?, full(&self.sin)?);
             let half = x.dim(D::Minus1)? / 2;
             let x1 = x.narrow(D::Minus1, 0, half)?;
             let x2 = x.narrow(D::Minus1, half, half)?;
             let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
             x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
         } else {
-            candle_nn::rotary_emb::rope(&x.contiguous()?, &cos.contiguous()?, &sin.contiguous()?)
+            candle_nn::rotary_emb::rope(
+                &x.contiguous()?,
+                &self.cos.contiguous()?,
+                &self.sin.contiguous()?,
+            )
         }
     }
 }
@@ -140,6 +196,38 @@ mod tests {
             .to_scalar()
             .unwrap();
         assert!(diff < 1e-5, "{diff}");
+    }
+
+    #[test]
+    fn per_row_positions_rotate_each_row_as_its_offset_would() {
+        let dev = Device::Cpu;
+        let rope = RotaryEmbedding::new(8, 10_000.0, 32, DType::F32, &dev).unwrap();
+        let x = Tensor::arange(0f32, 2. * 3. * 2. * 8., &dev)
+            .unwrap()
+            .reshape((2, 3, 2, 8))
+            .unwrap()
+            .affine(0.01, -0.3)
+            .unwrap();
+        let positions = Tensor::new(&[[5u32, 6], [0, 1]], &dev).unwrap();
+        let rotation = rope.at(&Positions::PerRow(positions), 2).unwrap();
+        let var = Var::from_tensor(&x).unwrap();
+        for (out, path) in [
+            (rotation.apply(&x).unwrap(), "fused"),
+            (rotation.apply(var.as_tensor()).unwrap(), "differentiable"),
+        ] {
+            for (row, offset) in [(0, 5), (1, 0)] {
+                let alone = rope.apply(&x.narrow(0, row, 1).unwrap(), offset).unwrap();
+                let diff: f32 = (out.narrow(0, row, 1).unwrap() - alone)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar()
+                    .unwrap();
+                assert!(diff < 1e-6, "{path} row {row}: {diff}");
+            }
+        }
     }
 
     #[test]
