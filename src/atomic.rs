@@ -17,6 +17,8 @@ pub struct AtomicFile {
 impl AtomicFile {
     pub fn create(target: &Path) -> anyhow::Result<Self> {
         let dir = parent(target);
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create folder `{}`", dir.display()))?;
         // Ordinary file permissions (tempfile's default is owner-only).
         let tmp = tempfile::Builder::new()
             .prefix(".tmp-")

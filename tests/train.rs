@@ -240,3 +240,95 @@ fn bad_inputs_name_the_file_and_field() {
         stderr(&o)
     );
 }
+
+#[test]
+fn a_small_set_is_learned_to_full_exact_match_as_eval_measures_it() {
+    let dir = setup();
+    // Four short records in `generate`'s layout (eval reads the metadata).
+    let mut text = String::new();
+    for (i, answer) in ["7", "42", "ok", "no"].iter().enumerate() {
+        let rec = serde_json::json!({
+            "messages": [
+                {"role": "user", "content": format!("q{i}")},
+                {"role": "assistant", "content": answer},
+            ],
+            "program": format!("q{i}"), "input": "", "expected_output": answer,
+            "metadata": {"row_index": i, "seed": null, "output_lines": 1,
+                         "features": {"lines": 1, "loop_depth": 0}},
+        });
+        text.push_str(&format!("{rec}\n"));
+    }
+    std::fs::write(dir.path().join("small.jsonl"), text).unwrap();
+    let before = trace_train(
+        dir.path(),
+        &[
+            "eval",
+            "--model",
+            "tiny",
+            "--data",
+            "small.jsonl",
+            "--output",
+            "before.json",
+            "--max_new_tokens",
+            "8",
+            "--device",
+            "cpu",
+        ],
+    );
+    assert!(before.status.success(), "{}", stderr(&before));
+    let o = trace_train(
+        dir.path(),
+        &warmup_args(
+            "out",
+            "60",
+            &["--train_file", "small.jsonl", "--learning_rate", "0.01"],
+        ),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let after = trace_train(
+        dir.path(),
+        &[
+            "eval",
+            "--model",
+            "out/merged",
+            "--data",
+            "small.jsonl",
+            "--output",
+            "after.json",
+            "--max_new_tokens",
+            "8",
+            "--device",
+            "cpu",
+        ],
+    );
+    assert!(after.status.success(), "{}", stderr(&after));
+    let read = |f: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(dir.path().join(f)).unwrap()).unwrap()
+    };
+    let (b, a) = (read("before.json"), read("after.json"));
+    assert_eq!(b["n"], 4);
+    assert_eq!(b["correct"], 0, "{b}");
+    assert_eq!(a["correct"], 4, "{a}");
+    assert_eq!(a["accuracy"], 1.0);
+    // The adapter applied to the base gives the same predictions as the merge.
+    let via_adapter = trace_train(
+        dir.path(),
+        &[
+            "eval",
+            "--model",
+            "tiny",
+            "--adapter",
+            "out/final",
+            "--data",
+            "small.jsonl",
+            "--output",
+            "adapter.json",
+            "--max_new_tokens",
+            "8",
+            "--device",
+            "cpu",
+        ],
+    );
+    assert!(via_adapter.status.success(), "{}", stderr(&via_adapter));
+    assert_eq!(read("adapter.json")["correct"], 4);
+}

@@ -46,7 +46,7 @@ pub struct PipelineArgs {
     #[arg(long)]
     pub device: Option<String>,
     #[command(flatten)]
-    pub unsafe_flag: super::UnsafeFlag,
+    pub unsafe_flag: crate::UnsafeFlag,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -66,9 +66,14 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         );
     };
     let root = args.checkpoints.clone().unwrap_or_else(|| {
-        PathBuf::from(if args.quick_test { "checkpoints/quick" } else { "checkpoints" })
+        PathBuf::from(if args.quick_test {
+            "checkpoints/quick"
+        } else {
+            "checkpoints"
+        })
     });
-    std::fs::create_dir_all(&root).with_context(|| format!("cannot create `{}`", root.display()))?;
+    std::fs::create_dir_all(&root)
+        .with_context(|| format!("cannot create `{}`", root.display()))?;
     if args.no_4bit {
         cfg.model.load_in_4bit = false;
     }
@@ -95,7 +100,9 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         let base = root.join("base-model");
         trace_train::model::tiny::write_tiny_chat_model(&base, 7)?;
         cfg.model.name = base.display().to_string();
-        cfg.model.max_length = 1024;
+        // Byte-level tokens: a corpus prompt is one to three thousand.
+        cfg.model.max_length = 4096;
+        cfg.model.load_in_4bit = false;
         for s in [&mut cfg.stage1, &mut cfg.stage2] {
             s.batch_size = 2;
             s.gradient_accumulation_steps = 1;
@@ -110,7 +117,10 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         max_new_tokens = 24;
     }
     if cfg.model.load_in_4bit {
-        tracing::warn!("4-bit base weights are not implemented yet: loading them in {}", cfg.model.dtype);
+        tracing::warn!(
+            "4-bit base weights are not implemented yet: loading them in {}",
+            cfg.model.dtype
+        );
     }
     cfg.stage0.output_dir = data_dir.clone();
 
@@ -123,11 +133,13 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     } else {
         PipelineState::default()
     };
-    let mut finish = |stage: u8, state: &mut PipelineState| -> anyhow::Result<()> {
+    let finish = |stage: u8, state: &mut PipelineState| -> anyhow::Result<()> {
         state.finished.push(stage);
         trace_train::atomic::write(&state_path, &serde_json::to_vec_pretty(state)?)
     };
-    let todo = |stage: u8, state: &PipelineState| stage >= args.start_stage && !state.finished.contains(&stage);
+    let todo = |stage: u8, state: &PipelineState| {
+        stage >= args.start_stage && !state.finished.contains(&stage)
+    };
 
     if todo(0, &state) {
         eprintln!("== stage 0: generate");
@@ -146,8 +158,18 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     }
     let stage_args = |stage: u8| -> TrainArgs {
         let (train, test, out, sft) = match stage {
-            1 => ("stage1_original_train.jsonl", "stage1_original_test.jsonl", "warmup", &cfg.stage1),
-            _ => ("stage2_transformed_train.jsonl", "stage2_transformed_test.jsonl", "sft", &cfg.stage2),
+            1 => (
+                "stage1_original_train.jsonl",
+                "stage1_original_test.jsonl",
+                "warmup",
+                &cfg.stage1,
+            ),
+            _ => (
+                "stage2_transformed_train.jsonl",
+                "stage2_transformed_test.jsonl",
+                "sft",
+                &cfg.stage2,
+            ),
         };
         TrainArgs {
             model: Some(if stage == 1 {
@@ -186,7 +208,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     }
     if todo(3, &state) {
         eprintln!("== eval");
-        let report = run_eval(&EvalArgs {
+        run_eval(&EvalArgs {
             model: root.join("sft/merged"),
             adapter: None,
             data: Some(data_dir.join("stage2_transformed_test.jsonl")),
@@ -196,15 +218,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             batch_size: 8,
             device: args.device.clone(),
         })?;
-        eprintln!("eval: {}", report_line(&report));
         finish(3, &mut state)?;
     }
     Ok(())
-}
-
-fn report_line(r: &trace_train::eval::Report) -> String {
-    format!(
-        "accuracy {:.3} ({} of {}), 80% interval [{:.3}, {:.3}]",
-        r.accuracy, r.correct, r.n, r.interval.0, r.interval.1
-    )
 }

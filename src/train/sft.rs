@@ -312,7 +312,7 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             "skipped_steps": state.skipped_steps,
         });
         if cfg.eval_steps > 0
-            && state.step % cfg.eval_steps as u64 == 0
+            && state.step.is_multiple_of(cfg.eval_steps as u64)
             && !eval_examples.is_empty()
         {
             let e = evaluate_loss(&loaded, &eval_examples, cfg.batch_size, pad, &job.device)?;
@@ -324,7 +324,7 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         progress.step(state.step, loss_sum, step_tokens as f64 / secs.max(1e-9));
 
         let stopping = stop.load(Ordering::Relaxed);
-        let periodic = cfg.save_steps > 0 && state.step % cfg.save_steps as u64 == 0;
+        let periodic = cfg.save_steps > 0 && state.step.is_multiple_of(cfg.save_steps as u64);
         if (periodic || stopping) && state.step < total_steps {
             save_checkpoint(&job.output_dir, &state, &opt, cfg.save_total_limit)?;
         }

@@ -1,0 +1,140 @@
+//! `eval`: batched greedy generation over a test JSONL, the environment's
+//! extraction and scoring, accuracy with its Jeffreys interval, a breakdown
+//! by difficulty, and a JSON report with every prediction.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use candle_core::DType;
+use clap::Args;
+
+use trace_train::data::{ChatTokenizer, Message, Role};
+use trace_train::eval::{DEFAULT_LEVEL, EvalItem, Prediction, Report};
+use trace_train::model;
+
+#[derive(Args, Clone)]
+#[command(rename_all = "snake_case")]
+pub struct EvalArgs {
+    /// Model folder (a merged model, or the base model with --adapter).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// A LoRA adapter folder (PEFT layout) to apply to --model.
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
+    /// Test records (default: the Stage 2 test set).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Report file (default: eval_report.json beside the model folder).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Evaluate only the first N records.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    #[arg(long, default_value_t = 2048)]
+    pub max_new_tokens: usize,
+    /// Prompts decoded together.
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: usize,
+    /// `cpu`, `cuda`, `cuda:N` or `auto`.
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
+    let device = super::train::pick_device(args.device.as_deref().unwrap_or("auto"))?;
+    let dtype = if device.is_cpu() {
+        DType::F32
+    } else {
+        DType::BF16
+    };
+    let tok = ChatTokenizer::from_dir(&args.model)?;
+    let loaded = match &args.adapter {
+        Some(a) => model::adapter::load(&args.model, a, dtype, &device)?,
+        None => model::load(&args.model, None, dtype, &device)?,
+    };
+    tok.check_against_vocab(loaded.model.vocab_size())?;
+
+    let data = args
+        .data
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("datasets/trace_training/stage2_transformed_test.jsonl"));
+    let items = read_items(&data, args.limit)?;
+    anyhow::ensure!(
+        !items.is_empty(),
+        "no records in `{}`\nhint: run `trace-train generate` first, or pass --data",
+        data.display()
+    );
+    let prompts = items
+        .iter()
+        .map(|it| tok.encode_prompt(&[Message::new(Role::User, it.prompt.clone())]))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Similar lengths decode together: less padding.
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| prompts[i].len());
+    let stop = tok.stop_ids();
+    let mut completions: Vec<Option<(String, bool)>> = vec![None; items.len()];
+    for chunk in order.chunks(args.batch_size.max(1)) {
+        let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| prompts[i].clone()).collect();
+        let gens = model::generate::greedy(
+            &loaded.model,
+            &batch,
+            args.max_new_tokens,
+            &stop,
+            tok.pad().id,
+            &device,
+        )?;
+        for (&i, g) in chunk.iter().zip(gens) {
+            completions[i] = Some((tok.decode(&g.tokens, true)?, g.stopped));
+        }
+    }
+    let predictions = items
+        .iter()
+        .zip(completions)
+        .map(|(it, c)| {
+            let (text, stopped) = c.expect("every prompt decoded");
+            Prediction::new(it, text, stopped)
+        })
+        .collect();
+    let report = Report::new(predictions, DEFAULT_LEVEL);
+    let out = args.output.clone().unwrap_or_else(|| {
+        args.adapter
+            .as_ref()
+            .unwrap_or(&args.model)
+            .parent()
+            .map_or_else(
+                || PathBuf::from("eval_report.json"),
+                |p| p.join("eval_report.json"),
+            )
+    });
+    report.write(&out)?;
+    eprintln!("{}", report.summary());
+    eprintln!("report: {}", out.display());
+    Ok(report)
+}
+
+fn read_items(path: &std::path::Path, limit: Option<usize>) -> anyhow::Result<Vec<EvalItem>> {
+    let f =
+        std::fs::File::open(path).with_context(|| format!("cannot open `{}`", path.display()))?;
+    let mut items = Vec::new();
+    for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
+        if limit.is_some_and(|l| items.len() >= l) {
+            break;
+        }
+        let line =
+            line.with_context(|| format!("`{}`: line {}: unreadable", path.display(), n + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(&line)
+            .with_context(|| format!("`{}`: line {}: invalid JSON", path.display(), n + 1))?;
+        items.push(EvalItem::from_record(&v).with_context(|| {
+            format!(
+                "`{}`: line {}: not a trace record\nhint: eval reads the JSONL that `generate` writes",
+                path.display(),
+                n + 1
+            )
+        })?);
+    }
+    Ok(items)
+}
