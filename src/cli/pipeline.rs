@@ -97,6 +97,8 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         cfg.stage0.dataset = "builtin".into();
         cfg.stage0.max_samples = Some(32);
         cfg.stage0.variants = 1;
+        // Enough held-out programs for eval to have something to score.
+        cfg.stage0.test_ratio = 0.25;
         let base = root.join("base-model");
         trace_train::model::tiny::write_tiny_chat_model(&base, 7)?;
         cfg.model.name = base.display().to_string();
