@@ -72,6 +72,12 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             "checkpoints"
         })
     });
+    if args.quick_test && !args.resume && root.exists() {
+        // The quick test's folder is scratch: a new quick test starts afresh.
+        eprintln!("removing the previous quick test in `{}`", root.display());
+        std::fs::remove_dir_all(&root)
+            .with_context(|| format!("cannot remove `{}`", root.display()))?;
+    }
     std::fs::create_dir_all(&root)
         .with_context(|| format!("cannot create `{}`", root.display()))?;
     if args.no_4bit {
