@@ -46,7 +46,7 @@ enum Command {
     /// Measure against the peer approach, in one run.
     #[command(subcommand)]
     Bench(BenchCommand),
-    /// Check config files: parse and validate, print the resolved values.
+    /// Check config files: parse and validate each, naming what is wrong.
     Config(ConfigArgs),
     /// Stage 1: LoRA SFT on the original programs.
     Warmup(cli::train::TrainArgs),
