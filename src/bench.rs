@@ -1,3 +1,5 @@
+//! Benchmarks against the peer, each side measured in the same run.
+//!
 //! `bench sandbox`: our executor against the peer approach, in one run, on
 //! the same cores and the same programs.
 //!
@@ -6,6 +8,8 @@
 //! fresh `subprocess.run([python, file])` a program, with no isolation. We
 //! measure programs per second over the built-in corpus, and the per-program
 //! overhead on a program that does nothing, for both, and report ratios.
+
+pub mod train;
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -184,12 +184,7 @@ impl Default for HardwareConfig {
 impl Validate for HardwareConfig {
     fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
-        let ok = matches!(self.device.as_str(), "auto" | "cpu" | "cuda")
-            || self
-                .device
-                .strip_prefix("cuda:")
-                .is_some_and(|n| n.parse::<usize>().is_ok());
-        if !ok {
+        if DeviceSpec::parse(&self.device).is_none() {
             p.push(format!(
                 "device: `{}` is not auto, cpu, cuda or cuda:N",
                 self.device
@@ -199,6 +194,45 @@ impl Validate for HardwareConfig {
             p.push("num_gpus: must be at least 1".into());
         }
         p
+    }
+}
+
+/// A `device` setting: `auto`, `cpu`, `cuda` (the first GPU) or `cuda:N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// CUDA device 0 when the binary was built with CUDA and one is present,
+    /// else the CPU.
+    Auto,
+    Cpu,
+    Cuda(usize),
+}
+
+impl DeviceSpec {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "auto" => Some(Self::Auto),
+            "cpu" => Some(Self::Cpu),
+            "cuda" => Some(Self::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Self::Cuda),
+        }
+    }
+
+    /// Opens the device, with a hint when CUDA is asked for and missing.
+    pub fn open(self) -> anyhow::Result<candle_core::Device> {
+        use anyhow::Context;
+        use candle_core::Device;
+        Ok(match self {
+            Self::Cpu => Device::Cpu,
+            Self::Auto => Device::cuda_if_available(0)?,
+            Self::Cuda(n) => Device::new_cuda(n).with_context(|| {
+                format!(
+                    "cannot open CUDA device {n}\nhint: build with `--features cuda` on a machine with that GPU, or pass --device cpu"
+                )
+            })?,
+        })
     }
 }
 

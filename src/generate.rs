@@ -407,7 +407,7 @@ pub fn is_test_program(normalized: &str, seed: u64, test_ratio: f64) -> bool {
 
 fn program_id(normalized: &str) -> String {
     let d = Sha256::digest(normalized.as_bytes());
-    d[..8].iter().map(|b| format!("{b:02x}")).collect()
+    crate::hex(&d[..8])
 }
 
 /// Why an output fails the filters, if it does.

@@ -18,3 +18,8 @@ pub mod reward;
 pub mod sandbox;
 pub mod train;
 pub mod transform;
+
+/// Lowercase hex of `bytes` (digests, ids, raw bytes in reports).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -193,6 +193,41 @@ enum BenchCommand {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// LoRA SFT tokens/s on random weights of a model's shape (run the
+    /// peer's `hf_peer.py sft` with the same flags in the same call).
+    #[command(rename_all = "snake_case")]
+    Train {
+        /// smollm2-135m, qwen3-0.6b, qwen3-1.7b or qwen3-4b.
+        #[arg(long, default_value = "smollm2-135m")]
+        model: String,
+        #[arg(long, default_value_t = 4)]
+        batch: usize,
+        #[arg(long, default_value_t = 1024)]
+        seq: usize,
+        #[arg(long, default_value_t = 16)]
+        rank: usize,
+        /// Timed steps, after two untimed ones.
+        #[arg(long, default_value_t = 10)]
+        steps: usize,
+        /// `cpu`, `cuda`, `cuda:N` or `auto`.
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
+    /// Batched sampling (temperature 0.7, KV cache) new tokens/s on random
+    /// weights (run the peer's `hf_peer.py gen` with the same flags).
+    #[command(rename_all = "snake_case")]
+    Gen {
+        #[arg(long, default_value = "smollm2-135m")]
+        model: String,
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+        #[arg(long, default_value_t = 256)]
+        prompt: usize,
+        #[arg(long, default_value_t = 256)]
+        new: usize,
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
 }
 
 #[derive(Args)]
@@ -288,6 +323,31 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             req.limits.wall_ms = wall_ms;
             let out = exec.run(&req);
             println!("{}", serde_json::to_string_pretty(&out.to_json())?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Train {
+            model,
+            batch,
+            seq,
+            rank,
+            steps,
+            device,
+        }) => {
+            let device = cli::train::pick_device(&device)?;
+            let r = trace_train::bench::train::train(&model, batch, seq, rank, steps, &device)?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Gen {
+            model,
+            batch,
+            prompt,
+            new,
+            device,
+        }) => {
+            let device = cli::train::pick_device(&device)?;
+            let r = trace_train::bench::train::sample(&model, batch, prompt, new, &device)?;
+            println!("{}", serde_json::to_string(&r)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(BenchCommand::Sandbox {

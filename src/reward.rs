@@ -61,9 +61,35 @@ pub fn score(completion: &str, ground_truth: &str) -> f64 {
     }
 }
 
+/// Partial credit, for diagnostics only (the reward is [`score`]): how many
+/// lines of the ground truth the answer reproduces at the same position,
+/// each line compared as [`score`] compares whole answers, and how many
+/// lines the ground truth has. Lines are those of the stripped texts.
+pub fn lines_matched(answer: &str, ground_truth: &str) -> (usize, usize) {
+    let expected: Vec<String> = python_strip(ground_truth).lines().map(normalize).collect();
+    let matched = python_strip(answer)
+        .lines()
+        .zip(&expected)
+        .filter(|(a, e)| normalize(a) == **e)
+        .count();
+    (matched, expected.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_are_matched_by_position() {
+        assert_eq!(lines_matched("a\nb\nc", "a\nb\nc"), (3, 3));
+        assert_eq!(lines_matched("A \nx\nc\nextra", "a\nb\nc"), (2, 3));
+        assert_eq!(
+            lines_matched("b\nc", "a\nb\nc"),
+            (0, 3),
+            "a shifted line is wrong"
+        );
+        assert_eq!(lines_matched("", "a\nb"), (0, 2));
+    }
 
     #[test]
     fn exact_answer_scores_one() {

@@ -3,6 +3,10 @@
 //! cached decode follows the full forward's argmax, stop ids and
 //! `max_new_tokens` end rows, and sampling is reproducible.
 
+mod common;
+
+use common::max_diff;
+
 use std::path::Path;
 
 use candle_core::{D, DType, Device, Tensor};
@@ -39,17 +43,6 @@ fn prompts() -> Vec<Vec<u32>> {
 
 fn greedy(m: &LoadedModel, prompts: &[Vec<u32>], max_new: usize, stop: &[u32]) -> Vec<Generation> {
     generate::greedy(&m.model, prompts, max_new, stop, PAD, &Device::Cpu).unwrap()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar()
-        .unwrap()
 }
 
 /// The key property. The tiny Qwen3's next-token distribution is near

@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::max_diff;
+
 use std::collections::HashMap;
 use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
@@ -42,17 +44,6 @@ fn import(file: &Path) -> (TempDir, PathBuf, gguf::ImportReport) {
     let out = tmp.path().join("model");
     let report = gguf::import_gguf(file, &out).unwrap();
     (tmp, out, report)
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar()
-        .unwrap()
 }
 
 fn rms(x: &Tensor) -> f32 {

@@ -2,6 +2,10 @@
 //! equivalences (B = 0, merge, adapter round trip), the KV cache, a few
 //! training steps, and loader errors.
 
+mod common;
+
+use common::max_diff;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -42,17 +46,6 @@ fn load(dir: &Path, lora: Option<&LoraConfig>) -> LoadedModel {
 fn ids() -> Tensor {
     let v: Vec<u32> = (0..18u32).map(|i| (i * 37 + 11) % 512).collect();
     Tensor::from_vec(v, (2, 9), &Device::Cpu).unwrap()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar()
-        .unwrap()
 }
 
 /// Gives every `lora_B` a non-zero, deterministic value.

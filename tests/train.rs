@@ -1,87 +1,20 @@
-//! The SFT recipe through the real binary, on a tiny chat model the project
-//! makes itself: learning, exact resume after kill -9, damaged checkpoints,
-//! refusals.
+//! The SFT recipe through the real binary: learning, exact resume after
+//! kill -9, damaged checkpoints, refusals. On the tiny chat model the
+//! project makes itself and, where the recipe's guarantees must hold for a
+//! real pretrained model too, on SmolLM2-135M-Instruct (fetched by
+//! `.ci/run`; without it those tests say SKIPPED).
 
 mod common;
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::train::{Base, losses, setup, warmup_args};
 use common::{stderr, trace_train};
-
-/// A few short chat records, like `generate` writes them.
-fn write_records(path: &Path, n: usize) {
-    let mut text = String::new();
-    for i in 0..n {
-        let prompt = format!("print({i} * 3)");
-        let rec = serde_json::json!({
-            "messages": [
-                {"role": "user", "content": prompt},
-                {"role": "assistant", "content": format!("{}", i * 3)},
-            ],
-            "program": prompt,
-            "input": "",
-            "expected_output": format!("{}", i * 3),
-            "metadata": {"row_index": i},
-        });
-        text.push_str(&format!("{rec}\n"));
-    }
-    std::fs::write(path, text).unwrap();
-}
-
-fn setup() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let o = trace_train(dir.path(), &["model", "tiny", "tiny"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    write_records(&dir.path().join("train.jsonl"), 8);
-    dir
-}
-
-/// `warmup` with the test's defaults; `extra` flags replace a default of
-/// the same name or are added.
-fn warmup_args<'a>(out: &'a str, steps: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let defaults = [
-        ("--model", "tiny"),
-        ("--train_file", "train.jsonl"),
-        ("--eval_file", "none.jsonl"),
-        ("--output_dir", out),
-        ("--batch_size", "4"),
-        ("--gradient_accumulation_steps", "1"),
-        ("--learning_rate", "0.003"),
-        ("--max_steps", steps),
-        ("--save_steps", "3"),
-        ("--device", "cpu"),
-        ("--epochs", "100"),
-    ];
-    let mut v = vec!["warmup"];
-    for (flag, value) in defaults {
-        if !extra.contains(&flag) {
-            v.extend([flag, value]);
-        }
-    }
-    v.extend_from_slice(extra);
-    v
-}
-
-fn losses(path: &Path) -> Vec<(u64, f64, f64)> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (
-                v["step"].as_u64().unwrap(),
-                v["loss"].as_f64().unwrap(),
-                v["grad_norm"].as_f64().unwrap(),
-            )
-        })
-        .collect()
-}
 
 #[test]
 fn loss_falls_and_the_stage_writes_adapter_and_merged_model() {
-    let dir = setup();
+    let dir = setup(Base::Tiny, "").unwrap();
     let o = trace_train(
         dir.path(),
         &warmup_args("out", "40", &["--learning_rate", "0.02"]),
@@ -106,7 +39,24 @@ fn loss_falls_and_the_stage_writes_adapter_and_merged_model() {
 
 #[test]
 fn kill_9_then_resume_repeats_the_uninterrupted_run_bit_for_bit() {
-    let dir = setup();
+    kill_9_then_resume_repeats_the_uninterrupted_run_bit_for_bit_on(
+        Base::Tiny,
+        "kill_9_then_resume_repeats_the_uninterrupted_run_bit_for_bit",
+    );
+}
+
+#[test]
+fn smollm2_kill_9_then_resume_repeats_the_uninterrupted_run_bit_for_bit() {
+    kill_9_then_resume_repeats_the_uninterrupted_run_bit_for_bit_on(
+        Base::SmolLM2,
+        "smollm2_kill_9_then_resume_repeats_the_uninterrupted_run_bit_for_bit",
+    );
+}
+
+fn kill_9_then_resume_repeats_the_uninterrupted_run_bit_for_bit_on(base: Base, test: &str) {
+    let Some(dir) = setup(base, test) else {
+        return;
+    };
     let o = trace_train(dir.path(), &warmup_args("full", "10", &[]));
     assert!(o.status.success(), "{}", stderr(&o));
 
@@ -121,7 +71,10 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run_bit_for_bit() {
     let t = Instant::now();
     // Past the step-6 checkpoint, before the end.
     while std::fs::read_to_string(&metrics).map_or(0, |s| s.lines().count()) < 7 {
-        assert!(t.elapsed() < Duration::from_secs(120), "run too slow");
+        assert!(
+            t.elapsed() < Duration::from_secs(600),
+            "{base:?}: run too slow"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     child.kill().unwrap(); // SIGKILL
@@ -147,7 +100,24 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run_bit_for_bit() {
 
 #[test]
 fn damaged_and_half_written_checkpoints_are_skipped_on_resume() {
-    let dir = setup();
+    damaged_and_half_written_checkpoints_are_skipped_on_resume_on(
+        Base::Tiny,
+        "damaged_and_half_written_checkpoints_are_skipped_on_resume",
+    );
+}
+
+#[test]
+fn smollm2_damaged_and_half_written_checkpoints_are_skipped_on_resume() {
+    damaged_and_half_written_checkpoints_are_skipped_on_resume_on(
+        Base::SmolLM2,
+        "smollm2_damaged_and_half_written_checkpoints_are_skipped_on_resume",
+    );
+}
+
+fn damaged_and_half_written_checkpoints_are_skipped_on_resume_on(base: Base, test: &str) {
+    let Some(dir) = setup(base, test) else {
+        return;
+    };
     // Two checkpoints (steps 3 and 6), then stop.
     let o = trace_train(dir.path(), &warmup_args("out", "7", &["--save_steps", "3"]));
     assert!(o.status.success(), "{}", stderr(&o));
@@ -173,7 +143,7 @@ fn damaged_and_half_written_checkpoints_are_skipped_on_resume() {
 
 #[test]
 fn resume_with_a_changed_config_is_refused_with_the_difference() {
-    let dir = setup();
+    let dir = setup(Base::Tiny, "").unwrap();
     let o = trace_train(dir.path(), &warmup_args("out", "4", &[]));
     assert!(o.status.success(), "{}", stderr(&o));
     let o = trace_train(
@@ -187,11 +157,22 @@ fn resume_with_a_changed_config_is_refused_with_the_difference() {
     let o = trace_train(dir.path(), &warmup_args("out", "6", &[]));
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--resume"), "{}", stderr(&o));
+    // The base model rewritten in place (as a re-run Stage 1 merge does):
+    // same path, other weights.
+    let o = trace_train(dir.path(), &["model", "tiny", "base", "--seed", "8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = trace_train(dir.path(), &warmup_args("out", "6", &["--resume"]));
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("base model: its config or weights changed"),
+        "{e}"
+    );
 }
 
 #[test]
 fn bad_inputs_name_the_file_and_field() {
-    let dir = setup();
+    let dir = setup(Base::Tiny, "").unwrap();
     // A row without an answer.
     std::fs::write(
         dir.path().join("noanswer.jsonl"),
@@ -210,7 +191,7 @@ fn bad_inputs_name_the_file_and_field() {
     // A model folder without weights.
     std::fs::create_dir(dir.path().join("empty")).unwrap();
     std::fs::copy(
-        dir.path().join("tiny/config.json"),
+        dir.path().join("base/config.json"),
         dir.path().join("empty/config.json"),
     )
     .unwrap();
@@ -221,7 +202,7 @@ fn bad_inputs_name_the_file_and_field() {
         "{e}"
     );
     // A tokenizer with ids beyond the model's vocabulary (512).
-    let tok_path = dir.path().join("tiny/tokenizer.json");
+    let tok_path = dir.path().join("base/tokenizer.json");
     let mut tok: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&tok_path).unwrap()).unwrap();
     tok["added_tokens"]
@@ -243,7 +224,7 @@ fn bad_inputs_name_the_file_and_field() {
 
 #[test]
 fn a_small_set_is_learned_to_full_exact_match_as_eval_measures_it() {
-    let dir = setup();
+    let dir = setup(Base::Tiny, "").unwrap();
     // Four short records in `generate`'s layout (eval reads the metadata).
     let mut text = String::new();
     for (i, answer) in ["7", "42", "ok", "no"].iter().enumerate() {
@@ -264,7 +245,7 @@ fn a_small_set_is_learned_to_full_exact_match_as_eval_measures_it() {
         &[
             "eval",
             "--model",
-            "tiny",
+            "base",
             "--data",
             "small.jsonl",
             "--output",
@@ -316,7 +297,7 @@ fn a_small_set_is_learned_to_full_exact_match_as_eval_measures_it() {
         &[
             "eval",
             "--model",
-            "tiny",
+            "base",
             "--adapter",
             "out/final",
             "--data",

@@ -83,7 +83,10 @@ pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
             &stop,
             tok.pad().id,
             &device,
-        )?;
+        )
+        .map_err(|e| {
+            super::out_of_memory_hint(e.into(), "lower --batch_size or --max_new_tokens")
+        })?;
         for (&i, g) in chunk.iter().zip(gens) {
             completions[i] = Some((tok.decode(&g.tokens, true)?, g.stopped));
         }

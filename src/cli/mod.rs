@@ -4,3 +4,13 @@
 pub mod eval;
 pub mod pipeline;
 pub mod train;
+
+/// Adds what to do to a device out-of-memory error; other errors pass.
+pub fn out_of_memory_hint(e: anyhow::Error, what_to_do: &str) -> anyhow::Error {
+    let text = format!("{e:#}");
+    if text.contains("OUT_OF_MEMORY") || text.contains("out of memory") {
+        e.context(format!("the device ran out of memory\nhint: {what_to_do}"))
+    } else {
+        e
+    }
+}

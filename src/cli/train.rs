@@ -176,22 +176,19 @@ pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
 }
 
 pub fn pick_device(name: &str) -> anyhow::Result<candle_core::Device> {
-    use candle_core::Device;
-    Ok(match name {
-        "cpu" => Device::Cpu,
-        "auto" => Device::cuda_if_available(0)?,
-        "cuda" => Device::new_cuda(0)
-            .context("no CUDA device\nhint: build with --features cuda, or pass --device cpu")?,
-        other => match other.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
-            Some(n) => Device::new_cuda(n).context("no such CUDA device")?,
-            None => anyhow::bail!("device `{other}` is not cpu, cuda, cuda:N or auto"),
-        },
-    })
+    trace_train::config::DeviceSpec::parse(name)
+        .with_context(|| format!("device `{name}` is not cpu, cuda, cuda:N or auto"))?
+        .open()
 }
 
 pub fn run_stage(stage: &str, args: &TrainArgs) -> anyhow::Result<SftSummary> {
     let job = resolve(stage, args)?;
-    let s = sft::run(&job, &Bar::new())?;
+    let s = sft::run(&job, &Bar::new()).map_err(|e| {
+        super::out_of_memory_hint(
+            e,
+            "lower batch_size (raise gradient_accumulation_steps to keep the effective batch) or max_length; checkpoints written so far are intact, continue with --resume",
+        )
+    })?;
     eprintln!(
         "{stage}: {} steps{}, loss {} -> {}, eval loss {}, {:.0} tokens/s; {} examples ({} records, {} longer than max_length dropped)",
         s.steps,

@@ -115,6 +115,12 @@ pub struct Prediction {
     pub expected: String,
     /// The environment's reward: 1.0 on a match, else 0.0.
     pub score: f64,
+    /// Lines of `expected` that `answer` reproduces at their position
+    /// (partial credit for diagnostics; the reward is `score`).
+    #[serde(default)]
+    pub lines_matched: usize,
+    #[serde(default)]
+    pub lines_expected: usize,
     /// Whether the completion ended on a stop token; false when the token
     /// budget cut it.
     pub stopped: bool,
@@ -124,9 +130,13 @@ pub struct Prediction {
 impl Prediction {
     /// Scores `completion` against `item`.
     pub fn new(item: &EvalItem, completion: String, stopped: bool) -> Self {
+        let answer = reward::extract_answer(&completion);
+        let (lines_matched, lines_expected) = reward::lines_matched(&answer, &item.expected);
         Self {
             id: item.id.clone(),
-            answer: reward::extract_answer(&completion),
+            answer,
+            lines_matched,
+            lines_expected,
             score: reward::score(&completion, &item.expected),
             completion,
             expected: item.expected.clone(),

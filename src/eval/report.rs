@@ -47,6 +47,11 @@ pub struct Report {
     /// Completions the token budget cut (no stop token): a budget too small
     /// for the model's answers, or its thinking, shows here first.
     pub truncated: usize,
+    /// Partial credit, a diagnostic that moves before exact matches do:
+    /// expected lines reproduced at their position over all expected lines.
+    pub line_accuracy: f64,
+    /// Items whose first answer line is the expected first line, over `n`.
+    pub first_line_accuracy: f64,
     /// Per difficulty feature (`loop_depth`, `lines`, `injections`,
     /// `output_lines`), its buckets in increasing order. An item whose
     /// record lacks a feature is left out of that feature's buckets.
@@ -81,6 +86,20 @@ fn bucket(value: u32, edges: &[u32]) -> (u32, String) {
         lo = hi + 1;
     }
     (lo, format!("{lo}+"))
+}
+
+fn ratio(a: usize, b: usize) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
+
+fn first_line_matches(p: &Prediction) -> bool {
+    let first = |s: &str| {
+        crate::reward::python_strip(s)
+            .lines()
+            .next()
+            .map(crate::reward::normalize)
+    };
+    first(&p.answer) == first(&p.expected)
 }
 
 impl Report {
@@ -123,22 +142,36 @@ impl Report {
             },
             interval: Interval::jeffreys(correct, n, level),
             truncated: predictions.iter().filter(|p| !p.stopped).count(),
+            line_accuracy: ratio(
+                predictions.iter().map(|p| p.lines_matched).sum(),
+                predictions.iter().map(|p| p.lines_expected).sum(),
+            ),
+            first_line_accuracy: ratio(
+                predictions
+                    .iter()
+                    .filter(|p| p.lines_expected > 0 && first_line_matches(p))
+                    .count(),
+                n,
+            ),
             by,
             predictions,
         }
     }
 
-    /// One line for a log: `accuracy 37.0% (80% interval 31.0-43.3%), n 100, truncated 3`.
+    /// One line for a log: `accuracy 37.0% (80% interval 31.0-43.3%), n 100,
+    /// truncated 3; partial credit: lines 61.2%, first lines 80.0%`.
     pub fn summary(&self) -> String {
         let i = &self.interval;
         format!(
-            "accuracy {:.1}% ({:.0}% interval {:.1}-{:.1}%), n {}, truncated {}",
+            "accuracy {:.1}% ({:.0}% interval {:.1}-{:.1}%), n {}, truncated {}; partial credit: lines {:.1}%, first lines {:.1}%",
             100.0 * self.accuracy,
             100.0 * i.level,
             100.0 * i.lo,
             100.0 * i.hi,
             self.n,
-            self.truncated
+            self.truncated,
+            100.0 * self.line_accuracy,
+            100.0 * self.first_line_accuracy,
         )
     }
 
@@ -163,6 +196,30 @@ mod tests {
         };
         let completion = if correct { "42" } else { "41" };
         Prediction::new(&item, completion.into(), !i.is_multiple_of(4))
+    }
+
+    #[test]
+    fn partial_credit_counts_lines_at_their_position() {
+        let item = |expected: &str| EvalItem {
+            id: "x".into(),
+            prompt: String::new(),
+            expected: expected.into(),
+            difficulty: Difficulty::default(),
+        };
+        let preds = vec![
+            Prediction::new(&item("a\nb\nc"), "a\nb\nc".into(), true),
+            Prediction::new(&item("a\nb\nc"), "a\nx\nc\nd".into(), true),
+            Prediction::new(&item("p\nq"), "q".into(), false),
+        ];
+        let r = Report::new(preds, DEFAULT_LEVEL);
+        assert_eq!(r.correct, 1);
+        assert!(
+            (r.line_accuracy - 5.0 / 8.0).abs() < 1e-12,
+            "{}",
+            r.line_accuracy
+        );
+        assert!((r.first_line_accuracy - 2.0 / 3.0).abs() < 1e-12);
+        assert!(r.summary().contains("lines 62.5%"), "{}", r.summary());
     }
 
     fn labels(buckets: &[Bucket]) -> Vec<(&str, usize, usize)> {
@@ -238,7 +295,7 @@ mod tests {
         assert_eq!(
             r.summary(),
             format!(
-                "accuracy 60.0% (80% interval {:.1}-{:.1}%), n 10, truncated 3",
+                "accuracy 60.0% (80% interval {:.1}-{:.1}%), n 10, truncated 3; partial credit: lines 60.0%, first lines 60.0%",
                 100.0 * lo,
                 100.0 * hi
             )

@@ -513,14 +513,7 @@ mod tests {
             .unwrap()
             .matmul(&v2)
             .unwrap();
-        let diff: f32 = (out - expected)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar()
-            .unwrap();
+        let diff: f32 = crate::model::max_abs_diff(&out, &expected);
         assert!(diff < 1e-6, "{diff}");
     }
 }

@@ -683,25 +683,11 @@ mod tests {
         let q_hf = candle_nn::rotary_emb::rope(&project(&w_hf), &cos, &sin).unwrap();
         // q.q^T per head: the scores attention sees.
         let scores = |q: &Tensor| q.matmul(&q.t().unwrap()).unwrap();
-        let diff: f32 = (scores(&q_gguf) - scores(&q_hf))
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar()
-            .unwrap();
+        let diff: f32 = crate::model::max_abs_diff(&scores(&q_gguf), &scores(&q_hf));
         assert!(diff < 1e-4, "{diff}");
         // Not vacuous: the permuted weights with half-split RoPE differ.
         let wrong = candle_nn::rotary_emb::rope(&project(&w_gguf), &cos, &sin).unwrap();
-        let off: f32 = (scores(&wrong) - scores(&q_hf))
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar()
-            .unwrap();
+        let off: f32 = crate::model::max_abs_diff(&scores(&wrong), &scores(&q_hf));
         assert!(off > 1e-2, "{off}");
         // The rotated vectors themselves are the HF ones, channel-permuted.
         let q_gguf_as_hf = unpermute_rope_rows(

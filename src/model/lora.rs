@@ -182,16 +182,29 @@ pub fn set_dropout_seed(seed: u64) {
 }
 
 /// Inverted dropout mask shaped like `x`: 0 with probability `p`, else
-/// `1 / (1 - p)`. Drawn on the host from the step's seed and `name`.
+/// `1 / (1 - p)`, drawn from the step's seed and `name`.
+///
+/// On the CPU the draws come from the host generator, so a run and its
+/// resumption see the same masks bit for bit. On an accelerator the device's
+/// own generator, re-seeded from the same two values, draws them in place
+/// (the same masks run to run on that device, different numbers from the
+/// CPU's): drawing millions of values a layer on the host and copying them
+/// over would cost more than the layer itself.
 fn dropout_mask(x: &Tensor, p: f32, name: &str) -> Result<Tensor> {
     let seed = DROPOUT_SEED.load(Ordering::Relaxed);
-    let u = Rng::for_tensor(seed, name).uniform(x.elem_count(), 0.0, 1.0);
     let keep = 1.0 / (1.0 - p);
+    let device = x.device();
+    if !device.is_cpu() {
+        device.set_seed(Rng::for_tensor(seed, name).next_u64())?;
+        let u = Tensor::rand(0f32, 1f32, x.shape(), device)?;
+        return (u.ge(p as f64)?.to_dtype(DType::F32)? * keep as f64)?.to_dtype(x.dtype());
+    }
+    let u = Rng::for_tensor(seed, name).uniform(x.elem_count(), 0.0, 1.0);
     let mask: Vec<f32> = u
         .into_iter()
         .map(|u| if u < p { 0.0 } else { keep })
         .collect();
-    Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())
+    Tensor::from_vec(mask, x.shape(), device)?.to_dtype(x.dtype())
 }
 
 /// The trainable factors of one projection.
@@ -385,16 +398,7 @@ mod tests {
         Tensor::from_vec(v, (2, 3, 6), &Device::Cpu).unwrap()
     }
 
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar()
-            .unwrap()
-    }
+    use crate::model::max_abs_diff as max_diff;
 
     #[test]
     fn zero_b_gives_the_base_output() {

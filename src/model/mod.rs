@@ -290,13 +290,7 @@ pub fn load(
     if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
         return Err(ModelError::Dtype { dtype });
     }
-    if let Some(cfg) = lora {
-        let problems = cfg.problems();
-        if !problems.is_empty() {
-            return Err(ModelError::InvalidLora { problems });
-        }
-    }
-    let (architecture, config) = read_config(dir)?;
+    let (_, config) = read_config(dir)?;
     let files = weight_files(dir)?;
     // SAFETY: the files are mapped read-only; they must not change while the
     // model lives, as with any mmapped checkpoint.
@@ -306,6 +300,28 @@ pub fn load(
             source,
         },
     )?;
+    build(config, vb, lora, dtype, device, dir)
+}
+
+/// Builds a model from a parsed `config.json` and the weights `vb` serves
+/// (a checkpoint's, or random ones for benchmarks), with fresh LoRA
+/// factors on the projections `lora` targets. `dir` names the model in
+/// errors and in the result.
+pub fn build(
+    config: serde_json::Value,
+    vb: VarBuilder,
+    lora: Option<&LoraConfig>,
+    dtype: DType,
+    device: &Device,
+    dir: &Path,
+) -> Result<LoadedModel> {
+    if let Some(problems) = lora.map(LoraConfig::problems).filter(|p| !p.is_empty()) {
+        return Err(ModelError::InvalidLora { problems });
+    }
+    let architecture = Architecture::detect(&config).map_err(|p| ModelError::Unsupported {
+        path: dir.join(CONFIG_FILE),
+        problems: vec![p],
+    })?;
     let varmap = VarMap::new();
     let init = lora.map(|config| LoraInit {
         config,
@@ -421,6 +437,15 @@ pub(crate) fn read_json(path: &Path, missing_hint: &str) -> Result<serde_json::V
 
 /// The safetensors files of the checkpoint in `dir`: the shards its index
 /// names, else `model.safetensors`.
+/// The largest absolute elementwise difference of two same-shaped tensors
+/// (tests).
+#[cfg(test)]
+pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .and_then(|d| d.abs()?.max_all()?.to_dtype(DType::F32)?.to_scalar())
+        .expect("tensors of the same shape")
+}
+
 pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index_path = dir.join(WEIGHTS_INDEX_FILE);
     if index_path.exists() {

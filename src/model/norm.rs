@@ -64,14 +64,7 @@ mod tests {
         let var = Var::from_tensor(&x).unwrap();
         let slow = norm.forward(var.as_tensor()).unwrap();
         assert!(slow.track_op());
-        let diff: f32 = (fused - slow)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar()
-            .unwrap();
+        let diff: f32 = crate::model::max_abs_diff(&fused, &slow);
         assert!(diff < 1e-5, "{diff}");
     }
 }

@@ -187,14 +187,7 @@ mod tests {
         let var = Var::from_tensor(&x).unwrap();
         let slow = rope.apply(var.as_tensor(), 7).unwrap();
         assert!(slow.track_op());
-        let diff: f32 = (fused - slow)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar()
-            .unwrap();
+        let diff: f32 = crate::model::max_abs_diff(&fused, &slow);
         assert!(diff < 1e-5, "{diff}");
     }
 
@@ -217,14 +210,7 @@ mod tests {
         ] {
             for (row, offset) in [(0, 5), (1, 0)] {
                 let alone = rope.apply(&x.narrow(0, row, 1).unwrap(), offset).unwrap();
-                let diff: f32 = (out.narrow(0, row, 1).unwrap() - alone)
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar()
-                    .unwrap();
+                let diff = crate::model::max_abs_diff(&out.narrow(0, row, 1).unwrap(), &alone);
                 assert!(diff < 1e-6, "{path} row {row}: {diff}");
             }
         }

@@ -252,7 +252,7 @@ impl Outcome {
         fn bytes(v: &[u8]) -> serde_json::Value {
             match std::str::from_utf8(v) {
                 Ok(s) => serde_json::Value::String(s.to_owned()),
-                Err(_) => serde_json::json!({ "hex": hex(v) }),
+                Err(_) => serde_json::json!({ "hex": crate::hex(v) }),
             }
         }
         serde_json::json!({
@@ -270,10 +270,6 @@ impl Outcome {
             "detail": self.detail,
         })
     }
-}
-
-fn hex(v: &[u8]) -> String {
-    v.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The sandbox itself could not be set up.

@@ -76,7 +76,7 @@ impl Worker {
                     "mode": "sandbox",
                     "uid": uid,
                     "gid": uid,
-                    "seccomp": seccomp.iter().map(|p| super::hex(p)).collect::<Vec<_>>(),
+                    "seccomp": seccomp.iter().map(|p| crate::hex(p)).collect::<Vec<_>>(),
                     "tmp_bytes": config.tmp_bytes,
                     "tmp_inodes": config.tmp_inodes,
                 });

@@ -30,6 +30,11 @@ pub struct Fingerprint {
     /// The resolved stage config.
     pub config: serde_json::Value,
     pub base_model: String,
+    /// [`crate::train::sft`]'s quick fingerprint of the base weights (config
+    /// and samples of every weight file), so a base folder rewritten in
+    /// place (a re-run Stage 1 merge) is noticed. Empty when unknown.
+    #[serde(default)]
+    pub base_weights: String,
     pub train_data_sha256: String,
     pub tokenizer_sha256: String,
 }
@@ -43,6 +48,12 @@ impl Fingerprint {
                 "base model: `{}` then, `{}` now",
                 other.base_model, self.base_model
             ));
+        }
+        if !self.base_weights.is_empty()
+            && !other.base_weights.is_empty()
+            && self.base_weights != other.base_weights
+        {
+            d.push("base model: its config or weights changed".into());
         }
         if self.train_data_sha256 != other.train_data_sha256 {
             d.push("training data: its contents changed".into());
@@ -153,7 +164,7 @@ fn sha256_file(p: &Path) -> anyhow::Result<String> {
         }
         h.update(&buf[..n]);
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::hex(&h.finalize()))
 }
 
 /// `checkpoint-<step>` folders, newest first.
@@ -285,6 +296,7 @@ mod tests {
             fingerprint: Fingerprint {
                 config: serde_json::json!({"lr": 1}),
                 base_model: "m".into(),
+                base_weights: "w".into(),
                 train_data_sha256: "d".into(),
                 tokenizer_sha256: "t".into(),
             },

@@ -155,6 +155,7 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
     let fingerprint = Fingerprint {
         config: serde_json::to_value(cfg)?,
         base_model: job.base_dir.display().to_string(),
+        base_weights: weights_fingerprint(&job.base_dir)?,
         train_data_sha256: sha256_of(&[&job.train_file])?,
         tokenizer_sha256: sha256_of(&[
             &job.base_dir.join("tokenizer.json"),
@@ -460,7 +461,37 @@ fn sha256_of(paths: &[&Path]) -> anyhow::Result<String> {
             h.update(std::fs::read(p).with_context(|| format!("cannot read `{}`", p.display()))?);
         }
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::hex(&h.finalize()))
+}
+
+/// A quick fingerprint of a model folder: `config.json`, and each weight
+/// file's name, length and 32 samples of 4 KiB spread over it. Hashing all
+/// of a 4B model's 8 GB would cost seconds on every start; merging an
+/// adapter rewrites most projection bytes, which the samples see.
+fn weights_fingerprint(dir: &Path) -> anyhow::Result<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    const SAMPLES: u64 = 32;
+    const CHUNK: u64 = 4096;
+    let mut h = Sha256::new();
+    let config = dir.join("config.json");
+    h.update(
+        std::fs::read(&config).with_context(|| format!("cannot read `{}`", config.display()))?,
+    );
+    for path in model::weight_files(dir)? {
+        let mut f = std::fs::File::open(&path)
+            .with_context(|| format!("cannot read `{}`", path.display()))?;
+        let len = f.metadata()?.len();
+        h.update(path.file_name().unwrap_or_default().as_encoded_bytes());
+        h.update(len.to_le_bytes());
+        let mut buf = vec![0u8; CHUNK as usize];
+        for i in 0..SAMPLES {
+            let at = (len.saturating_sub(CHUNK)) * i / (SAMPLES - 1);
+            f.seek(SeekFrom::Start(at))?;
+            let n = f.read(&mut buf)?;
+            h.update(&buf[..n]);
+        }
+    }
+    Ok(crate::hex(&h.finalize()))
 }
 
 /// Drops metric lines past `step` (they belong to work the resume redoes).

@@ -10,6 +10,8 @@ use std::sync::OnceLock;
 
 use trace_train::sandbox::{Executor, ExecutorConfig};
 
+pub mod train;
+
 /// One sandbox for a whole test binary (2 workers).
 pub fn exec() -> &'static Executor {
     static EXEC: OnceLock<Executor> = OnceLock::new();
@@ -26,6 +28,13 @@ pub fn trace_train(dir: &Path, args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run trace-train")
+}
+
+/// The largest absolute elementwise difference of two same-shaped tensors.
+pub fn max_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
+    (a - b)
+        .and_then(|d| d.abs()?.max_all()?.to_scalar())
+        .expect("tensors of the same shape")
 }
 
 pub fn repo() -> PathBuf {

@@ -1,0 +1,285 @@
+//! `bench train` and `bench gen` ([`train`], [`sample`]): trace-train's LoRA SFT step and batched
+//! sampling on random weights of a real model's shape, measured the way the
+//! peer script (transformers + PEFT) measures them, so the two can run in
+//! one call on one card and be compared as a ratio.
+//!
+//! Random weights measure speed and memory, not quality: a normal(0, 0.02)
+//! draw for every matrix and ones for the norms, built on the device
+//! without touching the disk.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use candle_core::{DType, Device, Shape, Tensor};
+use candle_nn::VarBuilder;
+use candle_nn::var_builder::SimpleBackend;
+use serde::Serialize;
+
+use crate::model::{self, LoadedModel, LoraConfig, TargetModule, generate};
+use crate::train::{loss, optim::AdamW};
+
+/// Model shapes the peer script knows, by its names.
+pub const SHAPES: [&str; 4] = ["smollm2-135m", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b"];
+
+/// `config.json` of a shape: the same hyper-parameters as the peer's.
+pub fn shape_config(name: &str) -> anyhow::Result<serde_json::Value> {
+    // (hidden, intermediate, layers, heads, kv heads, head dim, vocab)
+    let (h, i, l, a, kv, hd, v) = match name {
+        "qwen3-0.6b" => (1024, 3072, 28, 16, 8, 128, 151_936),
+        "qwen3-1.7b" => (2048, 6144, 28, 16, 8, 128, 151_936),
+        "qwen3-4b" => (2560, 9728, 36, 32, 8, 128, 151_936),
+        "smollm2-135m" => (576, 1536, 30, 9, 3, 64, 49_152),
+        other => anyhow::bail!(
+            "unknown model shape `{other}`\nhint: one of {}",
+            SHAPES.join(", ")
+        ),
+    };
+    let qwen = name.starts_with("qwen3");
+    Ok(serde_json::json!({
+        "model_type": if qwen { "qwen3" } else { "llama" },
+        "hidden_size": h,
+        "intermediate_size": i,
+        "num_hidden_layers": l,
+        "num_attention_heads": a,
+        "num_key_value_heads": kv,
+        "head_dim": hd,
+        "vocab_size": v,
+        "tie_word_embeddings": true,
+        "rope_theta": if qwen { 1e6 } else { 1e5 },
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": if qwen { 40960 } else { 8192 },
+        "hidden_act": "silu",
+    }))
+}
+
+/// Random weights: normal(0, 0.02) matrices, unit norms.
+struct RandomWeights;
+
+impl SimpleBackend for RandomWeights {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        _: candle_nn::Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        if name.ends_with("norm.weight") {
+            Tensor::ones(s, dtype, dev)
+        } else {
+            Tensor::randn(0f32, 0.02, s, dev)?.to_dtype(dtype)
+        }
+    }
+
+    fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
+        candle_core::bail!("random weights have no shape for `{name}`")
+    }
+
+    fn contains_tensor(&self, _: &str) -> bool {
+        true
+    }
+}
+
+/// A model of `shape` with random weights and, with `rank`, LoRA on all
+/// seven projections (alpha = 2 rank, no dropout: the peer's settings).
+pub fn random_model(
+    shape: &str,
+    rank: Option<usize>,
+    dtype: DType,
+    device: &Device,
+) -> anyhow::Result<LoadedModel> {
+    let config = shape_config(shape)?;
+    let lora = rank.map(|r| LoraConfig {
+        r,
+        alpha: 2.0 * r as f64,
+        dropout: 0.0,
+        target_modules: TargetModule::ALL.to_vec(),
+        seed: 0,
+    });
+    device.set_seed(0).ok(); // the CPU generator cannot be seeded; speed does not care
+    let vb = VarBuilder::from_backend(Box::new(RandomWeights), dtype, device.clone());
+    model::build(
+        config,
+        vb,
+        lora.as_ref(),
+        dtype,
+        device,
+        std::path::Path::new(shape),
+    )
+    .with_context(|| format!("cannot build a random `{shape}`"))
+}
+
+/// What `bench train` measured.
+#[derive(Debug, Serialize)]
+pub struct TrainResult {
+    pub ours: &'static str,
+    pub job: &'static str,
+    pub model: String,
+    pub batch: usize,
+    pub seq: usize,
+    pub rank: usize,
+    pub steps: usize,
+    pub tokens_per_s: f64,
+    pub step_ms: f64,
+    pub loss: f64,
+}
+
+/// LoRA SFT steps on `batch x seq` random tokens (loss on every token, as
+/// the peer): two untimed warm-up steps, then `steps` timed ones.
+pub fn train(
+    shape: &str,
+    batch: usize,
+    seq: usize,
+    rank: usize,
+    steps: usize,
+    device: &Device,
+) -> anyhow::Result<TrainResult> {
+    let dtype = if device.is_cpu() {
+        DType::F32
+    } else {
+        DType::BF16
+    };
+    let m = random_model(shape, Some(rank), dtype, device)?;
+    let vocab = m.model.vocab_size() as u32;
+    let ids: Vec<u32> = (0..batch * seq)
+        .map(|i| ((i as u64 * 2_654_435_761) % vocab as u64) as u32)
+        .collect();
+    let ids = Tensor::from_vec(ids, (batch, seq), device)?;
+    let labels = ids.to_dtype(DType::I64)?;
+    let vars = {
+        let data = m.varmap.data().lock().expect("varmap lock");
+        let mut v: Vec<_> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    let mut opt = AdamW::new(vars.clone(), 0.0)?;
+    let mut last_loss = f64::NAN;
+    let step = |opt: &mut AdamW| -> anyhow::Result<f64> {
+        let logits = m.model.forward(&ids, None, true)?;
+        let (sum, n) = loss::cross_entropy_sum(&logits, &labels)?;
+        let loss = (sum / n.max(1) as f64)?;
+        let g = loss.backward()?;
+        let grads = vars
+            .iter()
+            .map(|(name, v)| {
+                g.get(v.as_tensor())
+                    .cloned()
+                    .with_context(|| format!("no gradient reached `{name}`"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        opt.step(&grads, 1e-4, 1.0)?;
+        Ok(loss.to_scalar::<f32>()? as f64)
+    };
+    for _ in 0..2 {
+        last_loss = step(&mut opt)?;
+    }
+    device.synchronize()?;
+    let t = Instant::now();
+    for _ in 0..steps {
+        last_loss = step(&mut opt)?;
+    }
+    device.synchronize()?;
+    let s = t.elapsed().as_secs_f64();
+    anyhow::ensure!(last_loss.is_finite(), "the loss is not finite: {last_loss}");
+    Ok(TrainResult {
+        ours: "trace-train",
+        job: "lora_sft",
+        model: shape.to_owned(),
+        batch,
+        seq,
+        rank,
+        steps,
+        tokens_per_s: (batch * seq * steps) as f64 / s,
+        step_ms: 1e3 * s / steps as f64,
+        loss: last_loss,
+    })
+}
+
+/// What `bench gen` measured.
+#[derive(Debug, Serialize)]
+pub struct GenResult {
+    pub ours: &'static str,
+    pub job: &'static str,
+    pub model: String,
+    pub batch: usize,
+    pub prompt: usize,
+    pub new: usize,
+    pub new_tokens_per_s: f64,
+    pub seconds: f64,
+}
+
+/// Sampling at temperature 0.7 with the KV cache: `batch` random prompts of
+/// `prompt` tokens, `new` tokens each (no stop token), after an untimed
+/// 8-token warm-up.
+pub fn sample(
+    shape: &str,
+    batch: usize,
+    prompt: usize,
+    new: usize,
+    device: &Device,
+) -> anyhow::Result<GenResult> {
+    let dtype = if device.is_cpu() {
+        DType::F32
+    } else {
+        DType::BF16
+    };
+    let m = random_model(shape, None, dtype, device)?;
+    let vocab = m.model.vocab_size() as u32;
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|b| {
+            (0..prompt)
+                .map(|i| {
+                    (((b * prompt + i) as u64 * 2_654_435_761) % (vocab as u64 - 1)) as u32 + 1
+                })
+                .collect()
+        })
+        .collect();
+    let sampling = generate::Sampling {
+        temperature: 0.7,
+        top_p: 1.0,
+        seed: 0,
+    };
+    let run = |n: usize| -> anyhow::Result<usize> {
+        let out = generate::sample(&m.model, &prompts, n, &[], 0, &sampling, device)?;
+        Ok(out.iter().map(|g| g.tokens.len()).sum())
+    };
+    run(8)?;
+    device.synchronize()?;
+    let t = Instant::now();
+    let produced = run(new)?;
+    device.synchronize()?;
+    let s = t.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        produced == batch * new,
+        "expected {} new tokens, got {produced}",
+        batch * new
+    );
+    Ok(GenResult {
+        ours: "trace-train",
+        job: "sample",
+        model: shape.to_owned(),
+        batch,
+        prompt,
+        new,
+        new_tokens_per_s: produced as f64 / s,
+        seconds: s,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_random_model_trains_and_samples_on_the_cpu() {
+        let cpu = Device::Cpu;
+        let r = train("smollm2-135m", 1, 16, 4, 1, &cpu).unwrap();
+        // Near-zero random logits: the loss is about ln(vocab).
+        let uniform = (49_152f64).ln();
+        assert!((r.loss - uniform).abs() < 0.1, "{} vs {uniform}", r.loss);
+        assert!(r.tokens_per_s > 0.0);
+        let g = sample("smollm2-135m", 2, 4, 3, &cpu).unwrap();
+        assert_eq!((g.batch, g.new), (2, 3));
+        assert!(shape_config("gpt2").is_err());
+    }
+}
