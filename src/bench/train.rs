@@ -16,7 +16,7 @@ use candle_nn::var_builder::SimpleBackend;
 use serde::Serialize;
 
 use crate::model::{self, LoadedModel, LoraConfig, TargetModule, generate};
-use crate::train::{loss, optim::AdamW};
+use crate::train::{loss, optim::AdamW, sft};
 
 /// Model shapes the peer script knows, by its names.
 pub const SHAPES: [&str; 4] = ["smollm2-135m", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b"];
@@ -134,11 +134,7 @@ pub fn train(
     steps: usize,
     device: &Device,
 ) -> anyhow::Result<TrainResult> {
-    let dtype = if device.is_cpu() {
-        DType::F32
-    } else {
-        DType::BF16
-    };
+    let dtype = sft::train_dtype("bf16", device);
     let m = random_model(shape, Some(rank), dtype, device)?;
     let vocab = m.model.vocab_size() as u32;
     let ids: Vec<u32> = (0..batch * seq)
@@ -146,27 +142,13 @@ pub fn train(
         .collect();
     let ids = Tensor::from_vec(ids, (batch, seq), device)?;
     let labels = ids.to_dtype(DType::I64)?;
-    let vars = {
-        let data = m.varmap.data().lock().expect("varmap lock");
-        let mut v: Vec<_> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
-    };
-    let mut opt = AdamW::new(vars.clone(), 0.0)?;
+    let mut opt = AdamW::new(m.named_trainable_vars(), 0.0)?;
     let mut last_loss = f64::NAN;
     let step = |opt: &mut AdamW| -> anyhow::Result<f64> {
         let logits = m.model.forward(&ids, None, true)?;
         let (sum, n) = loss::cross_entropy_sum(&logits, &labels)?;
         let loss = (sum / n.max(1) as f64)?;
-        let g = loss.backward()?;
-        let grads = vars
-            .iter()
-            .map(|(name, v)| {
-                g.get(v.as_tensor())
-                    .cloned()
-                    .with_context(|| format!("no gradient reached `{name}`"))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let grads = opt.gradients(&loss.backward()?)?;
         opt.step(&grads, 1e-4, 1.0)?;
         Ok(loss.to_scalar::<f32>()? as f64)
     };
@@ -218,11 +200,7 @@ pub fn sample(
     new: usize,
     device: &Device,
 ) -> anyhow::Result<GenResult> {
-    let dtype = if device.is_cpu() {
-        DType::F32
-    } else {
-        DType::BF16
-    };
+    let dtype = sft::train_dtype("bf16", device);
     let m = random_model(shape, None, dtype, device)?;
     let vocab = m.model.vocab_size() as u32;
     let prompts: Vec<Vec<u32>> = (0..batch)

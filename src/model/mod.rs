@@ -270,12 +270,21 @@ impl fmt::Debug for LoadedModel {
 }
 
 impl LoadedModel {
-    /// The LoRA factors, sorted by name: what the optimizer trains.
-    pub fn trainable_vars(&self) -> Vec<Var> {
+    /// The LoRA factors with their names, sorted by name: what the
+    /// optimizer trains.
+    pub fn named_trainable_vars(&self) -> Vec<(String, Var)> {
         let vars = self.varmap.data().lock().expect("VarMap lock poisoned");
-        let mut named: Vec<_> = vars.iter().collect();
-        named.sort_by(|a, b| a.0.cmp(b.0));
-        named.into_iter().map(|(_, v)| v.clone()).collect()
+        let mut named: Vec<_> = vars.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        named
+    }
+
+    /// [`Self::named_trainable_vars`] without the names.
+    pub fn trainable_vars(&self) -> Vec<Var> {
+        self.named_trainable_vars()
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect()
     }
 }
 

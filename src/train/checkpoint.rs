@@ -153,18 +153,24 @@ pub fn save(
 }
 
 fn sha256_file(p: &Path) -> anyhow::Result<String> {
-    use std::io::Read;
     let mut h = Sha256::new();
+    hash_file(&mut h, p)?;
+    Ok(crate::hex(&h.finalize()))
+}
+
+/// Feeds the file at `p` to `h`, a megabyte at a time (datasets may be
+/// larger than memory is willing to hold twice).
+pub(crate) fn hash_file(h: &mut Sha256, p: &Path) -> std::io::Result<()> {
+    use std::io::Read;
     let mut f = File::open(p)?;
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = f.read(&mut buf)?;
         if n == 0 {
-            break;
+            return Ok(());
         }
         h.update(&buf[..n]);
     }
-    Ok(crate::hex(&h.finalize()))
 }
 
 /// `checkpoint-<step>` folders, newest first.

@@ -45,6 +45,21 @@ impl AdamW {
         &self.vars
     }
 
+    /// Each variable's gradient in `grads`, in `vars` order; an error names
+    /// a variable the loss does not reach.
+    pub fn gradients(&self, grads: &candle_core::backprop::GradStore) -> Result<Vec<Tensor>> {
+        self.vars
+            .iter()
+            .map(|(name, v)| {
+                grads.get(v.as_tensor()).cloned().ok_or_else(|| {
+                    candle_core::Error::Msg(format!(
+                        "no gradient reached `{name}`: the loss does not depend on it"
+                    ))
+                })
+            })
+            .collect()
+    }
+
     /// The L2 norm of all gradients together; `grads` are in `vars` order.
     pub fn grad_norm(grads: &[Tensor]) -> Result<f64> {
         let mut sq = 0f64;

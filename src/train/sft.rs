@@ -162,7 +162,7 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             &job.base_dir.join("tokenizer_config.json"),
         ])?,
     };
-    let vars = named_vars(&loaded);
+    let vars = loaded.named_trainable_vars();
     let mut opt = AdamW::new(vars.clone(), cfg.weight_decay)?;
     let mut state = TrainerState {
         step: 0,
@@ -254,14 +254,7 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             let loss = (sum / answer_tokens.max(1) as f64)?;
             loss_sum += loss.to_scalar::<f32>()? as f64;
             let g = loss.backward()?;
-            let step_grads = vars
-                .iter()
-                .map(|(name, v)| {
-                    g.get(v.as_tensor()).cloned().with_context(|| {
-                        format!("no gradient reached `{name}`: the loss does not depend on it")
-                    })
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
+            let step_grads = opt.gradients(&g)?;
             grads = Some(match grads {
                 None => step_grads,
                 Some(acc) => acc
@@ -380,20 +373,14 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
     })
 }
 
-/// bf16 where the device does it well; f32 on CPU.
-fn train_dtype(name: &str, device: &Device) -> DType {
+/// The dtype a run computes in: the configured one (`bf16`, `f16` or
+/// `f32`) on an accelerator, f32 on the CPU.
+pub fn train_dtype(name: &str, device: &Device) -> DType {
     match (name, device.is_cpu()) {
         (_, true) | ("f32", _) => DType::F32,
         ("f16", _) => DType::F16,
         _ => DType::BF16,
     }
-}
-
-fn named_vars(m: &LoadedModel) -> Vec<(String, candle_core::Var)> {
-    let data = m.varmap.data().lock().expect("varmap lock");
-    let mut v: Vec<_> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    v
 }
 
 fn save_checkpoint(
@@ -458,7 +445,8 @@ fn sha256_of(paths: &[&Path]) -> anyhow::Result<String> {
     let mut h = Sha256::new();
     for p in paths {
         if p.exists() {
-            h.update(std::fs::read(p).with_context(|| format!("cannot read `{}`", p.display()))?);
+            checkpoint::hash_file(&mut h, p)
+                .with_context(|| format!("cannot read `{}`", p.display()))?;
         }
     }
     Ok(crate::hex(&h.finalize()))
