@@ -18,7 +18,7 @@ pub mod adapter;
 pub mod attention;
 pub mod generate;
 pub mod gguf;
-mod init;
+pub(crate) mod init;
 pub mod llama;
 pub mod lora;
 pub mod norm;
