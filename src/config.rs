@@ -224,7 +224,7 @@ impl DeviceSpec {
     pub fn open(self) -> anyhow::Result<candle_core::Device> {
         use anyhow::Context;
         use candle_core::Device;
-        Ok(match self {
+        let device = match self {
             Self::Cpu => Device::Cpu,
             Self::Auto => Device::cuda_if_available(0)?,
             Self::Cuda(n) => Device::new_cuda(n).with_context(|| {
@@ -232,7 +232,9 @@ impl DeviceSpec {
                     "cannot open CUDA device {n}\nhint: build with `--features cuda` on a machine with that GPU, or pass --device cpu"
                 )
             })?,
-        })
+        };
+        crate::gpu::keep_freed_memory(&device)?;
+        Ok(device)
     }
 }
 

@@ -12,6 +12,7 @@ pub mod data;
 pub mod dataset;
 pub mod eval;
 pub mod generate;
+pub mod gpu;
 pub mod model;
 pub mod prompt;
 pub mod reward;

@@ -197,7 +197,8 @@ enum BenchCommand {
     /// peer's `hf_peer.py sft` with the same flags in the same call).
     #[command(rename_all = "snake_case")]
     Train {
-        /// smollm2-135m, qwen3-0.6b, qwen3-1.7b or qwen3-4b.
+        /// smollm2-135m, qwen3-0.6b, qwen3-1.7b or qwen3-4b (random
+        /// weights), or a model folder (its own weights).
         #[arg(long, default_value = "smollm2-135m")]
         model: String,
         #[arg(long, default_value_t = 4)]
@@ -209,6 +210,9 @@ enum BenchCommand {
         /// Timed steps, after two untimed ones.
         #[arg(long, default_value_t = 10)]
         steps: usize,
+        /// Recompute each layer in the backward pass (the peer's `--gc`).
+        #[arg(long)]
+        gc: bool,
         /// `cpu`, `cuda`, `cuda:N` or `auto`.
         #[arg(long, default_value = "auto")]
         device: String,
@@ -331,10 +335,19 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             seq,
             rank,
             steps,
+            gc,
             device,
         }) => {
             let device = cli::train::pick_device(&device)?;
-            let r = trace_train::bench::train::train(&model, batch, seq, rank, steps, &device)?;
+            let bench = trace_train::bench::train::TrainBench {
+                model,
+                batch,
+                seq,
+                rank,
+                steps,
+                gradient_checkpointing: gc,
+            };
+            let r = trace_train::bench::train::train(&bench, &device)?;
             println!("{}", serde_json::to_string(&r)?);
             Ok(ExitCode::SUCCESS)
         }

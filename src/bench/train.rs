@@ -95,13 +95,7 @@ pub fn random_model(
     device: &Device,
 ) -> anyhow::Result<LoadedModel> {
     let config = shape_config(shape)?;
-    let lora = rank.map(|r| LoraConfig {
-        r,
-        alpha: 2.0 * r as f64,
-        dropout: 0.0,
-        target_modules: TargetModule::ALL.to_vec(),
-        seed: 0,
-    });
+    let lora = rank.map(peer_lora);
     if !device.is_cpu() {
         device.set_seed(0)?;
     }
@@ -117,6 +111,31 @@ pub fn random_model(
     .with_context(|| format!("cannot build a random `{shape}`"))
 }
 
+/// The peer's LoRA: rank `r` on all seven projections, alpha 2r, no
+/// dropout.
+fn peer_lora(r: usize) -> LoraConfig {
+    LoraConfig {
+        r,
+        alpha: 2.0 * r as f64,
+        dropout: 0.0,
+        target_modules: TargetModule::ALL.to_vec(),
+        seed: 0,
+    }
+}
+
+/// What `bench train` measures.
+#[derive(Debug, Clone)]
+pub struct TrainBench {
+    /// A shape of [`SHAPES`] (random weights), or a model folder.
+    pub model: String,
+    pub batch: usize,
+    pub seq: usize,
+    pub rank: usize,
+    pub steps: usize,
+    /// Per-layer gradient checkpointing.
+    pub gradient_checkpointing: bool,
+}
+
 /// What `bench train` measured.
 #[derive(Debug, Serialize)]
 pub struct TrainResult {
@@ -126,24 +145,42 @@ pub struct TrainResult {
     pub batch: usize,
     pub seq: usize,
     pub rank: usize,
+    pub grad_ckpt: bool,
     pub steps: usize,
     pub tokens_per_s: f64,
     pub step_ms: f64,
+    /// Peak device memory in use during the steps (weights included), from
+    /// the device's memory pool; absent on the CPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_mem_gib: Option<f64>,
     pub loss: f64,
 }
 
-/// LoRA SFT steps on `batch x seq` random tokens (loss on every token, as
-/// the peer): two untimed warm-up steps, then `steps` timed ones.
-pub fn train(
-    shape: &str,
-    batch: usize,
-    seq: usize,
-    rank: usize,
-    steps: usize,
-    device: &Device,
-) -> anyhow::Result<TrainResult> {
+/// LoRA SFT steps on `batch x seq` tokens (loss on every token, as the
+/// peer): two untimed warm-up steps, then `steps` timed ones. A shape name
+/// gets random weights; a folder is loaded as a real model.
+pub fn train(b: &TrainBench, device: &Device) -> anyhow::Result<TrainResult> {
+    let TrainBench {
+        model: shape,
+        batch,
+        seq,
+        rank,
+        steps,
+        gradient_checkpointing,
+    } = b.clone();
     let dtype = sft::train_dtype("bf16", device);
-    let m = random_model(shape, Some(rank), dtype, device)?;
+    let mut m = if std::path::Path::new(&shape).is_dir() {
+        model::load(
+            std::path::Path::new(&shape),
+            Some(&peer_lora(rank)),
+            dtype,
+            device,
+        )?
+    } else {
+        random_model(&shape, Some(rank), dtype, device)?
+    };
+    m.model.set_gradient_checkpointing(gradient_checkpointing);
+    crate::gpu::reset_peak_memory(device)?;
     let vocab = m.model.vocab_size() as u32;
     let ids: Vec<u32> = (0..batch * seq)
         .map(|i| ((i as u64 * 2_654_435_761) % vocab as u64) as u32)
@@ -153,10 +190,10 @@ pub fn train(
     let mut opt = AdamW::new(m.named_trainable_vars(), 0.0)?;
     let mut last_loss = f64::NAN;
     let step = |opt: &mut AdamW| -> anyhow::Result<f64> {
-        let logits = m.model.forward(&ids, None, true)?;
-        let (sum, n) = loss::cross_entropy_sum(&logits, &labels)?;
+        let hidden = m.model.forward_hidden(&ids, None, true)?;
+        let (sum, n) = loss::lm_head_cross_entropy(&hidden, m.model.lm_head().weight(), &labels)?;
         let loss = (sum / n.max(1) as f64)?;
-        let grads = opt.gradients(&loss.backward()?)?;
+        let grads = opt.gradients(&m.model.backward(&loss)?)?;
         opt.step(&grads, 1e-4, 1.0)?;
         Ok(loss.to_scalar::<f32>()? as f64)
     };
@@ -171,14 +208,17 @@ pub fn train(
     device.synchronize()?;
     let s = t.elapsed().as_secs_f64();
     anyhow::ensure!(last_loss.is_finite(), "the loss is not finite: {last_loss}");
+    let peak = crate::gpu::peak_memory(device)?;
     Ok(TrainResult {
         ours: "trace-train",
         job: "lora_sft",
-        model: shape.to_owned(),
+        model: shape,
         batch,
         seq,
         rank,
+        grad_ckpt: gradient_checkpointing,
         steps,
+        peak_mem_gib: peak.map(|b| (b as f64 / (1u64 << 30) as f64 * 100.0).round() / 100.0),
         tokens_per_s: (batch * seq * steps) as f64 / s,
         step_ms: 1e3 * s / steps as f64,
         loss: last_loss,
@@ -259,15 +299,28 @@ mod tests {
     #[test]
     fn a_random_model_trains_and_samples_on_the_cpu() {
         let cpu = Device::Cpu;
-        let r = train("smollm2-135m", 1, 16, 4, 1, &cpu).unwrap();
+        let bench = TrainBench {
+            model: "smollm2-135m".into(),
+            batch: 1,
+            seq: 16,
+            rank: 4,
+            steps: 1,
+            gradient_checkpointing: false,
+        };
+        let r = train(&bench, &cpu).unwrap();
         // Small random logits (the final norm gives the hidden state unit
         // scale, so each logit has standard deviation about
         // 0.02 * sqrt(576) = 0.5): the loss is ln(vocab) give or take a
         // few tenths; a broken forward or loss lands far from it.
         let uniform = (49_152f64).ln();
         assert!((r.loss - uniform).abs() < 0.3, "{} vs {uniform}", r.loss);
-        let again = train("smollm2-135m", 1, 16, 4, 1, &cpu).unwrap();
+        let again = train(&bench, &cpu).unwrap();
         assert_eq!(r.loss, again.loss, "CPU runs repeat exactly");
+        let checkpointed = TrainBench {
+            gradient_checkpointing: true,
+            ..bench
+        };
+        assert_eq!(train(&checkpointed, &cpu).unwrap().loss, r.loss);
         assert!(r.tokens_per_s > 0.0);
         let g = sample("smollm2-135m", 2, 4, 3, &cpu).unwrap();
         assert_eq!((g.batch, g.new), (2, 3));

@@ -202,6 +202,8 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             config: None,
             pipeline_config: Some(args.config.clone()).filter(|p| p.is_file()),
             force: false,
+            // On (the default) means "on a GPU"; the stage decides.
+            gradient_checkpointing: (!cfg.hardware.gradient_checkpointing).then_some(false),
         }
     };
     for (stage, name) in [(1u8, "warmup"), (2u8, "sft")] {

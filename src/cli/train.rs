@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use trace_train::config::{self, ModelConfig, PipelineConfig, SftConfig};
+use trace_train::config::{self, HardwareConfig, ModelConfig, PipelineConfig, SftConfig};
 use trace_train::train::sft::{self, SftJob, SftSummary};
 
 #[derive(Args, Clone, Default)]
@@ -58,6 +58,11 @@ pub struct TrainArgs {
     /// Resume even though config, data or tokenizer changed.
     #[arg(long)]
     pub force: bool,
+    /// Recompute each layer in the backward pass to save memory (default:
+    /// the pipeline config's `hardware.gradient_checkpointing`, applied on
+    /// a GPU; `true` forces it on the CPU too).
+    #[arg(long)]
+    pub gradient_checkpointing: Option<bool>,
 }
 
 /// The stage's defaults: (config file, training file, eval file, output).
@@ -86,12 +91,16 @@ pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
         None if Path::new(cfg_file).is_file() => config::load(Path::new(cfg_file))?,
         None => SftConfig::default(),
     };
-    let mut model: ModelConfig = match &args.pipeline_config {
-        Some(p) => config::load::<PipelineConfig>(p)?.model,
-        None if Path::new("config/pipeline_config.json").is_file() => {
-            config::load::<PipelineConfig>(Path::new("config/pipeline_config.json"))?.model
+    let (mut model, hardware): (ModelConfig, HardwareConfig) = match &args.pipeline_config {
+        Some(p) => {
+            let c = config::load::<PipelineConfig>(p)?;
+            (c.model, c.hardware)
         }
-        None => ModelConfig::default(),
+        None if Path::new("config/pipeline_config.json").is_file() => {
+            let c = config::load::<PipelineConfig>(Path::new("config/pipeline_config.json"))?;
+            (c.model, c.hardware)
+        }
+        None => Default::default(),
     };
     let TrainArgs {
         config: _,
@@ -112,6 +121,7 @@ pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
         device,
         resume,
         force,
+        gradient_checkpointing,
     } = args.clone();
     macro_rules! set {
         ($flag:expr, $field:expr) => {
@@ -157,6 +167,8 @@ pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
         }
     })?;
     let device = pick_device(device.as_deref().unwrap_or("auto"))?;
+    let gradient_checkpointing = gradient_checkpointing
+        .unwrap_or(hardware.gradient_checkpointing && !device.is_cpu());
     Ok(SftJob {
         stage: stage.into(),
         train_file: cfg
@@ -172,6 +184,7 @@ pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
         resume,
         force,
         max_steps,
+        gradient_checkpointing,
     })
 }
 

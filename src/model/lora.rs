@@ -12,6 +12,7 @@
 //! AdamW updates do not round away in bf16. They are named after the HF
 //! module, e.g. `model.layers.0.self_attn.q_proj.lora_A.weight`.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{DType, Result, Tensor, Var};
@@ -19,6 +20,7 @@ use candle_nn::{VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
 
 use super::init::Rng;
+use super::ops::{self, FrozenWeight};
 
 /// A projection LoRA may adapt, named as in HF checkpoints and PEFT configs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -131,6 +133,11 @@ pub enum BaseLinear {
 }
 
 impl BaseLinear {
+    /// A dense base from its tensors.
+    pub fn dense(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self::Dense { weight, bias }
+    }
+
     /// Reads `weight` (and `bias`) of an `in_dim -> out_dim` projection.
     pub fn load(in_dim: usize, out_dim: usize, bias: bool, vb: &VarBuilder) -> Result<Self> {
         let weight = vb.get((out_dim, in_dim), "weight")?;
@@ -156,18 +163,48 @@ impl BaseLinear {
         }
     }
 
-    /// `(.., in) -> (.., out)`: `x W^T + bias`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn bias(&self) -> Option<&Tensor> {
         match self {
-            Self::Dense { weight, bias } => {
-                let y = matmul_t(x, weight)?;
-                match bias {
-                    Some(bias) => y.broadcast_add(bias),
-                    None => Ok(y),
-                }
-            }
+            Self::Dense { bias, .. } => bias.as_ref(),
         }
     }
+
+    /// The weight as the fused ops take it.
+    fn frozen(&self) -> Arc<dyn FrozenWeight> {
+        match self {
+            Self::Dense { weight, .. } => Arc::new(weight.clone()),
+        }
+    }
+
+    /// `(.., in) -> (.., out)`: `x W^T + bias`, differentiable with respect
+    /// to `x` only.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (x2, out_shape) = flatten(x, self.dims()?.0)?;
+        let y = if x.track_op() {
+            ops::frozen_matmul(&x2, self.weight())?
+        } else {
+            x2.matmul(&self.weight().t()?)?
+        };
+        self.finish(y, out_shape)
+    }
+
+    /// Adds the bias to `y: (N, out)` and gives it the shape `out_shape`.
+    fn finish(&self, y: Tensor, out_shape: Vec<usize>) -> Result<Tensor> {
+        let y = match self.bias() {
+            Some(bias) => y.broadcast_add(bias)?,
+            None => y,
+        };
+        y.reshape(out_shape)
+    }
+}
+
+/// `(.., in)` as a contiguous `(N, in)` matrix, and the output shape
+/// `(.., out)`.
+fn flatten(x: &Tensor, out_dim: usize) -> Result<(Tensor, Vec<usize>)> {
+    let in_dim = x.dim(candle_core::D::Minus1)?;
+    let mut out_shape = x.dims().to_vec();
+    *out_shape.last_mut().expect("x has at least one dim") = out_dim;
+    Ok((x.reshape(((), in_dim))?.contiguous()?, out_shape))
 }
 
 /// The dropout stream of the current training step. Set by the trainer
@@ -179,6 +216,11 @@ static DROPOUT_SEED: AtomicU64 = AtomicU64::new(0);
 /// Seeds the LoRA dropout masks of the next forward passes.
 pub fn set_dropout_seed(seed: u64) {
     DROPOUT_SEED.store(seed, Ordering::Relaxed);
+}
+
+/// The seed [`set_dropout_seed`] set last.
+pub fn dropout_seed() -> u64 {
+    DROPOUT_SEED.load(Ordering::Relaxed)
 }
 
 /// Inverted dropout mask shaped like `x`: 0 with probability `p`, else
@@ -294,15 +336,17 @@ impl LoraLinear {
         self.adapter.as_ref()
     }
 
-    /// `(.., in) -> (.., out)`: `x W^T (+ bias) + scale * dropout(x) A^T B^T`.
+    /// `(.., in) -> (.., out)`: `x W^T (+ bias) + scale * dropout(x) A^T B^T`,
+    /// one node of the graph whose backward gives the input and factor
+    /// gradients only ([`ops::lora_matmul`]).
     ///
     /// With `train` false the factors are detached (no graph is built, so
     /// fused inference kernels apply downstream) and dropout is off.
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let y = self.base.forward(x)?; // (.., out)
         let Some(ad) = &self.adapter else {
-            return Ok(y);
+            return self.base.forward(x);
         };
+        let (x2, out_shape) = flatten(x, self.base.dims()?.0)?;
         let (a, b) = if train {
             (ad.a.as_tensor().clone(), ad.b.as_tensor().clone())
         } else {
@@ -310,14 +354,13 @@ impl LoraLinear {
         };
         let a = a.to_dtype(x.dtype())?; // (r, in)
         let b = b.to_dtype(x.dtype())?; // (out, r)
-        let x = if train && ad.dropout > 0.0 {
-            (x * dropout_mask(x, ad.dropout, &self.name)?)?
+        let mask = if train && ad.dropout > 0.0 {
+            Some(dropout_mask(&x2, ad.dropout, &self.name)?)
         } else {
-            x.clone()
+            None
         };
-        let h = matmul_t(&x, &a)?; // (.., r)
-        let delta = matmul_t(&h, &b)?; // (.., out)
-        y + (delta * ad.scale)?
+        let y = ops::lora_matmul(&x2, &a, &b, self.base.frozen(), ad.scale, mask)?;
+        self.base.finish(y, out_shape)
     }
 
     /// `scale * B A`, `(out, in)` in f32; `None` without an adapter.
@@ -340,16 +383,6 @@ impl LoraLinear {
             None => Ok(w.clone()),
         }
     }
-}
-
-/// `(.., in) x (out, in) -> (.., out)`, i.e. `x w^T`.
-fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let in_dim = x.dim(candle_core::D::Minus1)?;
-    let mut out_shape = x.dims().to_vec();
-    let (out_dim, _) = w.dims2()?;
-    *out_shape.last_mut().expect("x has at least one dim") = out_dim;
-    let x2 = x.reshape(((), in_dim))?; // (N, in)
-    x2.matmul(&w.t()?)?.reshape(out_shape) // (N, out) -> (.., out)
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@
 //! [`LoadedModel`]: the architecture ([`qwen3`], [`llama`]) with frozen,
 //! mmapped base weights and, optionally, LoRA factors in a `VarMap` (the
 //! only parameters an optimizer should see). Building blocks live one a
-//! file: [`lora`], [`attention`] (with the KV cache), [`norm`], [`rope`].
+//! file: [`lora`], [`attention`] (with the KV cache), [`norm`], [`rope`],
+//! [`ops`] (linear layers with hand-written backward passes); [`decoder`] is
+//! the decoder both architectures share (with gradient checkpointing).
 //! [`generate`] decodes batches of prompts (greedy or sampled), [`adapter`]
 //! saves, loads and merges adapters in PEFT's format, [`resolve`] finds a
 //! model folder, [`tiny`] writes small random models for tests, [`gguf`]
@@ -16,12 +18,14 @@
 
 pub mod adapter;
 pub mod attention;
+pub mod decoder;
 pub mod generate;
 pub mod gguf;
 pub(crate) mod init;
 pub mod llama;
 pub mod lora;
 pub mod norm;
+pub mod ops;
 pub mod qwen3;
 pub mod resolve;
 pub mod rope;
@@ -31,6 +35,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 
@@ -188,6 +193,21 @@ pub enum Model {
 }
 
 impl Model {
+    /// The decoder both architectures share.
+    pub fn decoder(&self) -> &decoder::Decoder {
+        match self {
+            Self::Qwen3(m) => m.decoder(),
+            Self::Llama(m) => m.decoder(),
+        }
+    }
+
+    pub fn decoder_mut(&mut self) -> &mut decoder::Decoder {
+        match self {
+            Self::Qwen3(m) => m.decoder_mut(),
+            Self::Llama(m) => m.decoder_mut(),
+        }
+    }
+
     /// `ids: (B, L)` u32, `attention_mask: (B, L)` (1 = token, 0 = right
     /// padding) -> logits `(B, L, vocab)`. `train` turns on LoRA dropout and
     /// gradient tracking of the factors.
@@ -197,10 +217,35 @@ impl Model {
         attention_mask: Option<&Tensor>,
         train: bool,
     ) -> candle_core::Result<Tensor> {
-        match self {
-            Self::Qwen3(m) => m.forward(ids, attention_mask, train),
-            Self::Llama(m) => m.forward(ids, attention_mask, train),
-        }
+        self.decoder().forward(ids, attention_mask, train)
+    }
+
+    /// As [`Self::forward`], stopping before `lm_head`: final-normed hidden
+    /// states `(B, L, hidden)`, for losses that apply the head themselves
+    /// (`train::loss::lm_head_cross_entropy`).
+    pub fn forward_hidden(
+        &self,
+        ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        train: bool,
+    ) -> candle_core::Result<Tensor> {
+        self.decoder().forward_hidden(ids, attention_mask, train)
+    }
+
+    /// The output projection `hidden -> vocab`.
+    pub fn lm_head(&self) -> &BaseLinear {
+        self.decoder().lm_head()
+    }
+
+    /// Backward pass from `loss`: every trainable tensor's gradient,
+    /// including those computed inside checkpointed layers.
+    pub fn backward(&self, loss: &Tensor) -> candle_core::Result<GradStore> {
+        self.decoder().backward(loss)
+    }
+
+    /// Turns per-layer gradient checkpointing on or off for training.
+    pub fn set_gradient_checkpointing(&mut self, on: bool) {
+        self.decoder_mut().set_checkpointing(on);
     }
 
     /// `ids: (B, L)` in columns `offset..`, reading and extending `cache`
@@ -213,27 +258,18 @@ impl Model {
         offset: usize,
         cache: &mut Cache,
     ) -> candle_core::Result<Tensor> {
-        match self {
-            Self::Qwen3(m) => m.forward_with_cache(ids, offset, cache),
-            Self::Llama(m) => m.forward_with_cache(ids, offset, cache),
-        }
+        self.decoder().forward_with_cache(ids, offset, cache)
     }
 
     /// An empty KV cache for this model; see [`Cache`] for capacity and
     /// padding.
     pub fn new_cache(&self) -> Cache {
-        match self {
-            Self::Qwen3(m) => m.new_cache(),
-            Self::Llama(m) => m.new_cache(),
-        }
+        self.decoder().new_cache()
     }
 
     /// Every q/k/v/o/gate/up/down projection, in checkpoint order.
     pub fn projections(&self) -> Vec<&LoraLinear> {
-        match self {
-            Self::Qwen3(m) => m.projections(),
-            Self::Llama(m) => m.projections(),
-        }
+        self.decoder().projections()
     }
 
     pub fn vocab_size(&self) -> usize {

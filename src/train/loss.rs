@@ -4,7 +4,12 @@
 //! `t`, or -100 where it must not be learned); the logits at `t` predict the
 //! token at `t + 1`, so both are shifted by one here.
 
-use candle_core::{D, DType, Result, Tensor};
+use std::sync::Mutex;
+
+use candle_core::backend::BackendStorage;
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp1, D, DType, Layout, Result, Shape, Storage, Tensor,
+};
 
 /// Label value that is never learned (prompt tokens, padding).
 pub const IGNORE: i64 = -100;
@@ -28,6 +33,142 @@ pub fn cross_entropy_sum(logits: &Tensor, labels: &Tensor) -> Result<(Tensor, us
     Ok((nll.sum_all()?, count))
 }
 
+/// Rows of logits materialised at once by [`lm_head_cross_entropy`]: about
+/// 256 MiB of f32 whatever the vocabulary.
+const LOGIT_CHUNK_BYTES: usize = 1 << 28;
+
+/// [`cross_entropy_sum`] of `lm_head(hidden)`, computed without the logits
+/// of the whole batch: `hidden: (B, L, H)`, `head: (V, H)` (frozen),
+/// `labels: (B, L)` i64 aligned with the inputs.
+///
+/// Only the positions whose next token is learned go through the head, a
+/// chunk of rows at a time, in f32 after a GEMM in the model's dtype. The
+/// gradient with respect to `hidden` is computed in the same pass (the
+/// softmax less the one-hot target, times the head: Liger-Kernel's fused
+/// linear cross-entropy does the same) and kept, `(B, L, H)` in the model's
+/// dtype, until the backward asks for it; no gradient reaches the head. The
+/// returned sum is attached to `hidden` in the graph when `hidden` tracks.
+pub fn lm_head_cross_entropy(
+    hidden: &Tensor,
+    head: &Tensor,
+    labels: &Tensor,
+) -> Result<(Tensor, usize)> {
+    let vocab = head.dim(0)?;
+    chunked_cross_entropy(hidden, head, labels, (LOGIT_CHUNK_BYTES / (4 * vocab)).max(1))
+}
+
+/// [`lm_head_cross_entropy`] with `chunk` rows of logits at a time.
+fn chunked_cross_entropy(
+    hidden: &Tensor,
+    head: &Tensor,
+    labels: &Tensor,
+    chunk: usize,
+) -> Result<(Tensor, usize)> {
+    let (b, l, h) = hidden.dims3()?;
+    let (_, h2) = head.dims2()?;
+    if h != h2 {
+        candle_core::bail!("lm_head expects {h2} features, hidden states have {h}");
+    }
+    let device = hidden.device();
+    // Flat positions t of (B*L) whose target labels[t + 1] is learned.
+    let rows = labels.to_dtype(DType::I64)?.to_vec2::<i64>()?;
+    let (mut at, mut targets) = (Vec::new(), Vec::new());
+    for (r, row) in rows.iter().enumerate() {
+        for t in 0..l.saturating_sub(1) {
+            if row[t + 1] >= 0 {
+                at.push((r * l + t) as u32);
+                targets.push(row[t + 1] as u32);
+            }
+        }
+    }
+    let n = at.len();
+    if n == 0 {
+        let zero = (hidden.sum_all()?.to_dtype(DType::F32)? * 0.0)?;
+        return Ok((zero, 0));
+    }
+    let want_grad = hidden.track_op();
+    let flat = hidden.detach().reshape((b * l, h))?;
+    let at = Tensor::from_vec(at, n, device)?;
+    let targets = Tensor::from_vec(targets, n, device)?;
+    let picked_rows = flat.index_select(&at, 0)?; // (n, H)
+    let mut loss = Tensor::zeros((), DType::F32, device)?;
+    let mut grads = Vec::new();
+    for start in (0..n).step_by(chunk) {
+        let len = chunk.min(n - start);
+        let x = picked_rows.narrow(0, start, len)?; // (c, H)
+        let tgt = targets.narrow(0, start, len)?.unsqueeze(1)?; // (c, 1)
+        let logits = x.matmul(&head.t()?)?.to_dtype(DType::F32)?; // (c, V)
+        let max = logits.max_keepdim(1)?; // (c, 1)
+        let shifted = logits.broadcast_sub(&max)?;
+        let lse = shifted.exp()?.sum_keepdim(1)?.log()?; // (c, 1), less max
+        let picked = shifted.gather(&tgt, 1)?; // (c, 1)
+        loss = (loss + (lse.clone() - picked)?.sum_all()?)?;
+        if want_grad {
+            // softmax - onehot(target), then back through the head.
+            let p = shifted.broadcast_sub(&lse)?.exp()?; // (c, V)
+            let minus_one = Tensor::full(-1f32, (len, 1), device)?;
+            p.scatter_add_set(&tgt, &minus_one, 1)?;
+            grads.push(p.to_dtype(hidden.dtype())?.matmul(head)?); // (c, H)
+        }
+    }
+    if !want_grad {
+        return Ok((loss, n));
+    }
+    let grad = Tensor::zeros((b * l, h), hidden.dtype(), device)?
+        .index_add(&at, &Tensor::cat(&grads, 0)?, 0)?
+        .reshape((b, l, h))?;
+    let node = hidden.apply_op1(Precomputed {
+        value: Mutex::new(Some(loss)),
+        grad,
+    })?;
+    Ok((node, n))
+}
+
+/// A scalar computed outside the graph, attached to its input with the
+/// input's gradient (per unit of the scalar) computed beforehand.
+struct Precomputed {
+    value: Mutex<Option<Tensor>>,
+    grad: Tensor,
+}
+
+impl Precomputed {
+    fn take(&self) -> Result<Tensor> {
+        match self.value.lock().expect("loss node poisoned").take() {
+            Some(v) => Ok(v),
+            None => candle_core::bail!("loss node evaluated twice"),
+        }
+    }
+}
+
+impl CustomOp1 for Precomputed {
+    fn name(&self) -> &'static str {
+        "lm-head-cross-entropy"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        let v = self.take()?;
+        let (s, l) = v.storage_and_layout();
+        match &*s {
+            Storage::Cpu(s) => Ok((s.try_clone(l)?, Shape::from(()))),
+            _ => candle_core::bail!("loss node: device mismatch"),
+        }
+    }
+
+    fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
+        let v = self.take()?;
+        let (s, l) = v.storage_and_layout();
+        match &*s {
+            Storage::Cuda(s) => Ok((s.try_clone(l)?, Shape::from(()))),
+            _ => candle_core::bail!("loss node: device mismatch"),
+        }
+    }
+
+    fn bwd(&self, _: &Tensor, _: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let g = g.to_dtype(self.grad.dtype())?;
+        Ok(Some(self.grad.broadcast_mul(&g)?))
+    }
+}
+
 /// Log-probabilities of the given next tokens: (B, L-1) from logits (B, L, V)
 /// and ids (B, L). The RL objectives build on this.
 pub fn next_token_logprobs(logits: &Tensor, ids: &Tensor) -> Result<Tensor> {
@@ -45,7 +186,51 @@ pub fn next_token_logprobs(logits: &Tensor, ids: &Tensor) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
+    use candle_core::{Device, Var};
+
+    #[test]
+    fn chunked_lm_head_loss_matches_the_full_logits_forward_and_backward() {
+        use crate::model::init::Rng;
+        let dev = Device::Cpu;
+        let (b, l, h, v) = (2, 7, 16, 1000);
+        let rand = |n: usize, name: &str| Rng::for_tensor(5, name).uniform(n, -1.0, 1.0);
+        let hidden = Var::from_tensor(
+            &Tensor::from_vec(rand(b * l * h, "h"), (b, l, h), &dev).unwrap(),
+        )
+        .unwrap();
+        let head = Tensor::from_vec(rand(v * h, "w"), (v, h), &dev).unwrap();
+        let labels = Tensor::new(
+            &[
+                [IGNORE, IGNORE, 5, 999, 0, 17, IGNORE],
+                [IGNORE, 3, 4, 500, 2, 1, 7],
+            ],
+            &dev,
+        )
+        .unwrap();
+        let logits = hidden.as_tensor().broadcast_matmul(&head.t().unwrap()).unwrap();
+        let (full, n_full) = cross_entropy_sum(&logits, &labels).unwrap();
+        // Three rows a chunk: the ten learned positions take four chunks.
+        let (chunked, n) = chunked_cross_entropy(hidden.as_tensor(), &head, &labels, 3).unwrap();
+        assert_eq!((n, n_full), (10, 10));
+        let (a, e) = (
+            chunked.to_scalar::<f32>().unwrap(),
+            full.to_scalar::<f32>().unwrap(),
+        );
+        assert!((a - e).abs() / e.abs() < 1e-5, "{a} vs {e}");
+        let g1 = (chunked * 0.5).unwrap().backward().unwrap();
+        let g2 = (full * 0.5).unwrap().backward().unwrap();
+        let (d1, d2) = (
+            g1.get(hidden.as_tensor()).unwrap(),
+            g2.get(hidden.as_tensor()).unwrap(),
+        );
+        let err = crate::model::max_abs_diff(d1, d2);
+        let scale: f32 = d2.abs().unwrap().max_all().unwrap().to_scalar().unwrap();
+        assert!(err / scale < 1e-4, "grad error {err} (max {scale})");
+        // Positions whose next token is not learned get exactly zero.
+        let row0: Vec<f32> = d1.get(0).unwrap().get(0).unwrap().to_vec1().unwrap();
+        assert!(row0.iter().all(|x| *x == 0.0));
+        assert!(g1.get(&head).is_none());
+    }
 
     #[test]
     fn matches_a_hand_computation_and_ignores_masked_positions() {

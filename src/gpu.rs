@@ -1,0 +1,89 @@
+//! What a CUDA device needs beyond candle: a memory pool that keeps what it
+//! frees, and the pool's high-water mark for benchmarks.
+//!
+//! cudarc allocates with `cuMemAllocAsync` from the device's default pool,
+//! whose release threshold is 0: every synchronisation hands freed memory
+//! back to the driver, and the next step asks for it again. Raising the
+//! threshold keeps it in the pool (what PyTorch's caching allocator does).
+//! The pool's `USED_MEM_HIGH` attribute is the peak of memory in use, read
+//! from the device rather than from nvidia-smi. On a CPU build or device
+//! these are no-ops.
+
+use candle_core::Device;
+
+/// Keep freed device memory in the pool instead of returning it to the
+/// driver at each synchronisation.
+pub fn keep_freed_memory(device: &Device) -> anyhow::Result<()> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        pool::set(d, pool::Attr::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX)?;
+    }
+    let _ = device;
+    Ok(())
+}
+
+/// Peak bytes in use in the device's pool since the last
+/// [`reset_peak_memory`]; `None` off CUDA.
+pub fn peak_memory(device: &Device) -> anyhow::Result<Option<u64>> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        device.synchronize()?;
+        return Ok(Some(pool::get(d, pool::Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?));
+    }
+    let _ = device;
+    Ok(None)
+}
+
+/// Starts a new peak measurement at the memory in use now.
+pub fn reset_peak_memory(device: &Device) -> anyhow::Result<()> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        device.synchronize()?;
+        pool::set(d, pool::Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0)?;
+    }
+    let _ = device;
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+mod pool {
+    use anyhow::Context;
+    use candle_core::cuda::cudarc::driver::sys;
+    use candle_core::CudaDevice;
+
+    pub use sys::CUmemPool_attribute as Attr;
+
+    fn default_pool(d: &CudaDevice) -> anyhow::Result<sys::CUmemoryPool> {
+        let stream = d.cuda_stream();
+        let ctx = stream.context();
+        ctx.bind_to_thread()?;
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: a valid device of a context bound to this thread; the
+        // out-pointer is a local.
+        let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
+        check(r).context("cannot get the device's memory pool")?;
+        Ok(pool)
+    }
+
+    fn check(r: sys::CUresult) -> anyhow::Result<()> {
+        anyhow::ensure!(r == sys::CUresult::CUDA_SUCCESS, "CUDA driver error {r:?}");
+        Ok(())
+    }
+
+    pub fn set(d: &CudaDevice, attr: Attr, value: u64) -> anyhow::Result<()> {
+        let pool = default_pool(d)?;
+        let mut v = value;
+        // SAFETY: both attributes used here take a cuuint64_t.
+        let r = unsafe { sys::cuMemPoolSetAttribute(pool, attr, (&mut v as *mut u64).cast()) };
+        check(r).with_context(|| format!("cannot set the memory pool's {attr:?}"))
+    }
+
+    pub fn get(d: &CudaDevice, attr: Attr) -> anyhow::Result<u64> {
+        let pool = default_pool(d)?;
+        let mut v = 0u64;
+        // SAFETY: as in `set`.
+        let r = unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut v as *mut u64).cast()) };
+        check(r).with_context(|| format!("cannot read the memory pool's {attr:?}"))?;
+        Ok(v)
+    }
+}
