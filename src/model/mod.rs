@@ -19,8 +19,11 @@ pub mod attention;
 pub mod generate;
 pub mod gguf;
 pub(crate) mod init;
+#[cfg(feature = "cuda")]
+pub mod kernels;
 pub mod llama;
 pub mod lora;
+pub mod nf4;
 pub mod norm;
 pub mod qwen3;
 pub mod resolve;
