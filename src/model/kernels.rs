@@ -48,7 +48,7 @@ pub fn nf4_dequantize<T: DeviceRepr>(
     out: &mut CudaViewMut<'_, T>,
 ) -> Result<()> {
     let numel = args.numel;
-    if numel % 64 != 0
+    if !numel.is_multiple_of(64)
         || args.packed.len() != numel / 2
         || args.absmax_codes.len() != numel / 64
         || args.nested_absmax.len() != (numel / 64).div_ceil(256)
