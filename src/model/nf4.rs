@@ -631,7 +631,7 @@ mod cuda {
             bail!("nf4: dequantize_into needs a contiguous tensor")
         };
         let dev = storage.device().clone();
-        if start * storage.dtype().size_in_bytes() % 16 != 0 {
+        if !(start * storage.dtype().size_in_bytes()).is_multiple_of(16) {
             bail!("nf4: dequantize_into needs a tensor starting on a 16-byte boundary")
         }
         match &mut storage.slice {
