@@ -22,8 +22,11 @@ pub mod decoder;
 pub mod generate;
 pub mod gguf;
 pub(crate) mod init;
+#[cfg(feature = "cuda")]
+pub mod kernels;
 pub mod llama;
 pub mod lora;
+pub mod nf4;
 pub mod norm;
 pub mod ops;
 pub mod qwen3;
