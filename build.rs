@@ -36,7 +36,11 @@ mod cudnn {
 
     pub fn build() {
         println!("cargo:rerun-if-changed={SOURCE}");
-        let cudnn = dir("CUDNN_INCLUDE_DIR", "/opt/cudnn/cudnn/include", "cudnn_graph.h");
+        let cudnn = dir(
+            "CUDNN_INCLUDE_DIR",
+            "/opt/cudnn/cudnn/include",
+            "cudnn_graph.h",
+        );
         let frontend = dir(
             "CUDNN_FRONTEND_INCLUDE_DIR",
             "/opt/cudnn/frontend/include",

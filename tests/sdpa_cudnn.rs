@@ -76,7 +76,13 @@ fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
         .to_scalar::<f32>()
         .unwrap();
-    let den = b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+    let den = b
+        .sqr()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
     assert!(den > 0.0, "reference is all zeros");
     (num / den).sqrt()
 }
@@ -138,13 +144,7 @@ fn check(test: &str, c: &Case) {
     let bhld = |t: &Tensor| t.transpose(1, 2).unwrap();
 
     // Fused forward and backward through candle's autograd.
-    let out = causal_sdpa(
-        &bhld(&q_blhd),
-        &bhld(&k_blhd),
-        &bhld(&v_blhd),
-        scale as f32,
-    )
-    .unwrap();
+    let out = causal_sdpa(&bhld(&q_blhd), &bhld(&k_blhd), &bhld(&v_blhd), scale as f32).unwrap();
     assert_eq!(out.dims(), &[b, h, l, d]);
     assert_eq!(out.dtype(), dtype);
     let loss = (out.to_dtype(DType::F32).unwrap() * grad.to_dtype(DType::F32).unwrap())
@@ -186,7 +186,13 @@ fn check(test: &str, c: &Case) {
     // The same attention from contiguous inputs and without gradient
     // tracking (a forward without softmax stats).
     let plain = |v: &Var| bhld(v.as_tensor()).contiguous().unwrap();
-    let out_plain = causal_sdpa(&plain(&q_blhd), &plain(&k_blhd), &plain(&v_blhd), scale as f32).unwrap();
+    let out_plain = causal_sdpa(
+        &plain(&q_blhd),
+        &plain(&k_blhd),
+        &plain(&v_blhd),
+        scale as f32,
+    )
+    .unwrap();
     let plain_err = rel_err(&out_plain, &out);
     say(&format!(
         "{test}: {shape}: contiguous-input, no-grad forward vs strided: relative difference {plain_err:.2e}"
@@ -195,7 +201,10 @@ fn check(test: &str, c: &Case) {
     timing(test, &shape, c, &dev, scale as f32);
 
     for (name, err, tol) in errors {
-        assert!(err.is_finite() && err < tol, "{shape}: {name} relative error {err} >= {tol}");
+        assert!(
+            err.is_finite() && err < tol,
+            "{shape}: {name} relative error {err} >= {tol}"
+        );
     }
     assert!(plain_err < 1e-3, "{shape}: layouts disagree by {plain_err}");
 }

@@ -198,12 +198,12 @@ fn check_shapes(q: &[usize], k: &[usize], v: &[usize]) -> Result<()> {
     if bk != b || lk != l || dk != d {
         bail!("cuDNN attention: q {q:?} and k {k:?} must agree in B, L and D");
     }
-    if b == 0 || h == 0 || l == 0 || h_kv == 0 || h % h_kv != 0 {
+    if b == 0 || h == 0 || l == 0 || h_kv == 0 || !h.is_multiple_of(h_kv) {
         bail!(
             "cuDNN attention: {h} query heads must be a positive multiple of {h_kv} key/value heads"
         );
     }
-    if d == 0 || d % 8 != 0 || d > 128 {
+    if d == 0 || !d.is_multiple_of(8) || d > 128 {
         bail!("cuDNN attention: head dimension {d} must be a multiple of 8, at most 128");
     }
     Ok(())
@@ -217,7 +217,7 @@ fn strides_for(layout: &Layout, dtype: DType) -> Option<[i64; 4]> {
     let &[b, x, l, d] = layout.dims() else {
         return None;
     };
-    if (layout.start_offset() * dtype.size_in_bytes()) % 16 != 0 {
+    if !(layout.start_offset() * dtype.size_in_bytes()).is_multiple_of(16) {
         return None;
     }
     let dims = [b, x, l, d];
@@ -321,7 +321,12 @@ impl CausalSdpa {
         let stream = stream_of(&dev)?;
         let ordinal = stream.context().ordinal() as c_int;
         let elem = std::mem::size_of::<T>();
-        let (b, h, l, d) = (dims.b as usize, dims.h as usize, dims.l as usize, dims.d as usize);
+        let (b, h, l, d) = (
+            dims.b as usize,
+            dims.h as usize,
+            dims.l as usize,
+            dims.d as usize,
+        );
 
         let mut ws_bytes = 0i64;
         // SAFETY: the shim reads `dims` and writes one i64 and the message.
