@@ -215,7 +215,8 @@ std::shared_ptr<fe::graph::Graph> new_graph(const TtSdpaDims &d) {
     return g;
 }
 
-std::shared_ptr<fe::graph::Graph> build(cudnnHandle_t handle, const TtSdpaDims &d, Direction direction) {
+// The (unbuilt) attention graph for `d` in one direction.
+std::shared_ptr<fe::graph::Graph> describe(const TtSdpaDims &d, Direction direction) {
     auto g = new_graph(d);
     std::vector<int64_t> q_dim{d.b, d.h, d.l, d.d};
     std::vector<int64_t> kv_dim{d.b, d.h_kv, d.l, d.d};
@@ -264,13 +265,25 @@ std::shared_ptr<fe::graph::Graph> build(cudnnHandle_t handle, const TtSdpaDims &
         dv->set_output(true).set_uid(UID_DV).set_dim(kv_dim).set_stride(packed(d.h_kv, d.l, d.d));
     }
 
+    return g;
+}
+
+// Builds the graph for `d` with the engines cuDNN's heuristics rank first
+// (mode A); if none builds, retries with its fallback list.
+std::shared_ptr<fe::graph::Graph> build(cudnnHandle_t handle, const TtSdpaDims &d, Direction direction) {
     const char *what = direction == Direction::Forward ? "building the cuDNN SDPA forward graph"
                                                        : "building the cuDNN SDPA backward graph";
-    auto e = g->build(handle, {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
-    if (e.is_bad()) {
-        throw std::runtime_error(fe_error(what, e));
+    auto g = describe(d, direction);
+    auto e = g->build(handle, {fe::HeurMode_t::A});
+    if (e.is_good()) {
+        return g;
     }
-    return g;
+    auto fallback = describe(d, direction);
+    auto e2 = fallback->build(handle, {fe::HeurMode_t::FALLBACK});
+    if (e2.is_good()) {
+        return fallback;
+    }
+    throw std::runtime_error(fe_error(what, e) + "; with the fallback engines: " + e2.get_message());
 }
 
 // The cached graph for `d`, built on first use; the mutex is held by the caller.
