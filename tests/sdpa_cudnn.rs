@@ -42,6 +42,8 @@ fn gpu(test: &str) -> Option<Device> {
     let device = match device {
         Ok(Ok(d)) => d,
         Ok(Err(e)) => {
+            let e = e.to_string();
+            let e = e.lines().next().unwrap_or_default();
             say(&format!("\n*** SKIPPED {test}: no CUDA device ({e}) ***\n"));
             return None;
         }
