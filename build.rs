@@ -1,12 +1,27 @@
-//! With the `cuda` feature, compiles every `src/kernels/*.cu` to PTX in
-//! `OUT_DIR` with nvcc (`$CUDA_HOME/bin/nvcc` when `CUDA_HOME` is set, else
-//! `nvcc` on the PATH) for `sm_$CUDA_COMPUTE_CAP` (default 90). Without it,
-//! does nothing.
+//! Build steps of the GPU features; without them, nothing.
+//!
+//! - `cuda`: compiles every `src/kernels/*.cu` to PTX in `OUT_DIR` with nvcc
+//!   (`$CUDA_HOME/bin/nvcc` when `CUDA_HOME` is set, else `nvcc` on the
+//!   PATH) for `sm_$CUDA_COMPUTE_CAP` (default 90).
+//! - `cudnn`: compiles the cuDNN attention shim (`csrc/sdpa_cudnn.cpp`).
+//!   Headers come from `scripts/fetch-cudnn-headers.sh`: cuDNN's
+//!   (`CUDNN_INCLUDE_DIR`, default `/opt/cudnn/cudnn/include`), the
+//!   cudnn-frontend's (`CUDNN_FRONTEND_INCLUDE_DIR`, default
+//!   `/opt/cudnn/frontend/include`) and CUDA's (`$CUDA_HOME/include`,
+//!   default `/opt/cuda13/include`). No cuDNN or CUDA runtime library is
+//!   linked: the shim opens `libcudnn.so.9` with `dlopen` when attention
+//!   first runs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
+    ptx_kernels();
+    #[cfg(feature = "cudnn")]
+    cudnn::build();
+}
+
+fn ptx_kernels() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/kernels");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
@@ -54,5 +69,71 @@ fn main() {
         if !status.success() {
             panic!("nvcc failed on {} ({status})", source.display());
         }
+    }
+}
+
+#[cfg(feature = "cudnn")]
+mod cudnn {
+    use std::path::PathBuf;
+
+    const SOURCE: &str = "csrc/sdpa_cudnn.cpp";
+
+    fn dir(var: &str, default: &str, marker: &str) -> PathBuf {
+        println!("cargo:rerun-if-env-changed={var}");
+        let path = std::env::var_os(var)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(default));
+        if !path.join(marker).is_file() {
+            panic!(
+                "the `cudnn` feature needs `{marker}` in `{}` ({var}); run `bash scripts/fetch-cudnn-headers.sh` \
+                 (CUDA's headers: set CUDA_HOME), or point {var} at the folder",
+                path.display()
+            );
+        }
+        path
+    }
+
+    pub fn build() {
+        println!("cargo:rerun-if-changed={SOURCE}");
+        let cudnn = dir(
+            "CUDNN_INCLUDE_DIR",
+            "/opt/cudnn/cudnn/include",
+            "cudnn_graph.h",
+        );
+        let frontend = dir(
+            "CUDNN_FRONTEND_INCLUDE_DIR",
+            "/opt/cudnn/frontend/include",
+            "cudnn_frontend.h",
+        );
+        let cuda_home = std::env::var("CUDA_HOME").unwrap_or_else(|_| "/opt/cuda13".to_owned());
+        let cuda = dir_of_cuda(&cuda_home);
+        let mut build = cc::Build::new();
+        build
+            .cpp(true)
+            .std("c++17")
+            .file(SOURCE)
+            .define("NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING", None)
+            .define("CUDNN_FRONTEND_SKIP_JSON_LIB", None)
+            .warnings(true)
+            .extra_warnings(true);
+        // System includes: the vendor headers' own warnings are not ours.
+        for include in [&frontend, &cudnn, &cuda] {
+            build.flag(format!("-isystem{}", include.display()));
+        }
+        build.compile("sdpa_cudnn");
+        println!("cargo:rustc-link-lib=dl");
+    }
+
+    fn dir_of_cuda(cuda_home: &str) -> PathBuf {
+        println!("cargo:rerun-if-env-changed=CUDA_HOME");
+        let include = PathBuf::from(cuda_home).join("include");
+        if !include.join("cuda_runtime_api.h").is_file() {
+            panic!(
+                "the `cudnn` feature needs CUDA's headers in `{}`; set CUDA_HOME to the CUDA toolkit \
+                 first",
+                include.display()
+            );
+        }
+        include
     }
 }

@@ -11,7 +11,8 @@
 //! [`generate`] decodes batches of prompts (greedy or sampled), [`adapter`]
 //! saves, loads and merges adapters in PEFT's format, [`resolve`] finds a
 //! model folder, [`tiny`] writes small random models for tests, [`gguf`]
-//! imports a llama.cpp GGUF as a model folder.
+//! imports a llama.cpp GGUF as a model folder. With the `cudnn` feature,
+//! `sdpa_cudnn` offers fused causal attention with a backward on CUDA.
 //!
 //! Tensor code takes its device from the weights or a `&Device`, so the same
 //! code runs on CPU and CUDA. Nothing here knows about datasets or training.
@@ -32,6 +33,8 @@ pub mod ops;
 pub mod qwen3;
 pub mod resolve;
 pub mod rope;
+#[cfg(feature = "cudnn")]
+pub mod sdpa_cudnn;
 pub mod tiny;
 
 use std::collections::BTreeSet;

@@ -1,0 +1,405 @@
+// Fused causal (grouped-query) attention, forward and backward, through
+// cuDNN's SDPA graphs built with the cudnn-frontend headers.
+//
+// A thin C ABI for src/model/sdpa_cudnn.rs: the Rust side owns every device
+// buffer (inputs, outputs, softmax stats and workspace) and the CUDA stream;
+// this file builds one cuDNN graph per shape, layout and direction, keeps it
+// for the life of the process, and enqueues it on the caller's stream.
+//
+// libcudnn.so.9 is opened with dlopen on first use (the frontend is compiled
+// with NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING), so the binary links without
+// cuDNN and needs it only where attention runs on a GPU. No C++ exception
+// crosses the C boundary: every entry point catches and returns a message.
+
+#include <dlfcn.h>
+
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <cudnn_frontend.h>
+
+namespace fe = cudnn_frontend;
+
+// The frontend, built for dynamic loading, resolves every cuDNN symbol
+// through this handle; the application opens the library and sets it.
+namespace cudnn_frontend {
+void *cudnn_dlhandle = nullptr;
+}
+
+extern "C" {
+
+// Shapes and layouts of one attention call. Strides are in elements and
+// follow the (B, H, L, D) order of the dims; the last stride must be 1.
+struct TtSdpaDims {
+    int64_t b;
+    int64_t h;
+    int64_t h_kv;
+    int64_t l;
+    int64_t d;
+    // 0 = bf16, 1 = f16.
+    int32_t dtype;
+    // Forward only: 1 = also write the softmax stats (needed by backward).
+    int32_t with_stats;
+    float scale;
+    int64_t q_stride[4];
+    int64_t k_stride[4];
+    int64_t v_stride[4];
+};
+
+}  // extern "C"
+
+namespace {
+
+// Tensor ids in the variant packs.
+enum : int64_t {
+    UID_Q = 1,
+    UID_K,
+    UID_V,
+    UID_O,
+    UID_STATS,
+    UID_DO,
+    UID_DQ,
+    UID_DK,
+    UID_DV,
+};
+
+enum class Direction : int64_t { Forward = 0, Backward = 1 };
+
+using Key = std::array<int64_t, 22>;
+
+struct State {
+    std::mutex mutex;
+    bool opened = false;
+    std::string open_error;
+    size_t version = 0;
+    std::map<int, cudnnHandle_t> handles;
+    std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;
+};
+
+State &state() {
+    static State s;
+    return s;
+}
+
+void write_error(char *err, size_t err_len, const std::string &message) {
+    if (err == nullptr || err_len == 0) {
+        return;
+    }
+    std::snprintf(err, err_len, "%s", message.c_str());
+}
+
+std::string fe_error(const char *what, fe::error_t e) {
+    return std::string(what) + ": " + e.get_message() + " (cudnn-frontend error code " +
+           std::to_string(static_cast<int>(e.get_code())) + ", cuDNN " +
+           fe::detail::get_backend_version_string() + ")";
+}
+
+std::string cudnn_error(const char *what, cudnnStatus_t status) {
+    return std::string(what) + " failed: " + fe::detail::get_error_string(status) + " (status " +
+           std::to_string(static_cast<int>(status)) + ")";
+}
+
+// Opens libcudnn.so.9 once; the mutex is held by the caller.
+void open_cudnn(State &s) {
+    if (s.opened) {
+        if (!s.open_error.empty()) {
+            throw std::runtime_error(s.open_error);
+        }
+        return;
+    }
+    s.opened = true;
+    dlerror();
+    void *lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+        const char *why = dlerror();
+        s.open_error = std::string("cannot load libcudnn.so.9 (") + (why ? why : "unknown error") +
+                       "); put the folder that holds it (for a PyTorch install: "
+                       "site-packages/nvidia/cudnn/lib) on LD_LIBRARY_PATH";
+        throw std::runtime_error(s.open_error);
+    }
+    fe::cudnn_dlhandle = lib;
+    s.version = fe::detail::get_backend_version();
+    if (s.version < 90000) {
+        s.open_error = "cuDNN " + fe::detail::get_backend_version_string() +
+                       " is too old for fused attention: need 9.x (libcudnn.so.9)";
+        throw std::runtime_error(s.open_error);
+    }
+}
+
+cudnnHandle_t handle_for(State &s, int device) {
+    auto it = s.handles.find(device);
+    if (it != s.handles.end()) {
+        return it->second;
+    }
+    cudnnHandle_t handle = nullptr;
+    cudnnStatus_t status = fe::detail::create_handle(&handle);
+    if (status != CUDNN_STATUS_SUCCESS) {
+        throw std::runtime_error(cudnn_error("cudnnCreate", status));
+    }
+    s.handles.emplace(device, handle);
+    return handle;
+}
+
+Key key_of(const TtSdpaDims &d, Direction direction, int device) {
+    int32_t scale_bits = 0;
+    std::memcpy(&scale_bits, &d.scale, sizeof scale_bits);
+    return Key{static_cast<int64_t>(direction),
+               device,
+               d.b,
+               d.h,
+               d.h_kv,
+               d.l,
+               d.d,
+               d.dtype,
+               d.with_stats,
+               scale_bits,
+               d.q_stride[0],
+               d.q_stride[1],
+               d.q_stride[2],
+               d.q_stride[3],
+               d.k_stride[0],
+               d.k_stride[1],
+               d.k_stride[2],
+               d.k_stride[3],
+               d.v_stride[0],
+               d.v_stride[1],
+               d.v_stride[2],
+               d.v_stride[3]};
+}
+
+std::vector<int64_t> strides(const int64_t (&s)[4]) {
+    return {s[0], s[1], s[2], s[3]};
+}
+
+void check_dims(const TtSdpaDims &d) {
+    if (d.b <= 0 || d.h <= 0 || d.h_kv <= 0 || d.l <= 0 || d.d <= 0) {
+        throw std::runtime_error("fused attention: every dimension must be positive");
+    }
+    if (d.h % d.h_kv != 0) {
+        throw std::runtime_error("fused attention: the number of query heads must be a multiple of the "
+                                 "number of key/value heads");
+    }
+    if (d.dtype != 0 && d.dtype != 1) {
+        throw std::runtime_error("fused attention: dtype must be bf16 or f16");
+    }
+    if (d.q_stride[3] != 1 || d.k_stride[3] != 1 || d.v_stride[3] != 1) {
+        throw std::runtime_error("fused attention: the head dimension must be contiguous (stride 1)");
+    }
+}
+
+// Contiguous (B, H, L, D) strides: the layout of O, dO, dQ, dK and dV.
+std::vector<int64_t> packed(int64_t h, int64_t l, int64_t d) {
+    return {h * l * d, l * d, d, 1};
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph &g,
+                                                    const char *name,
+                                                    int64_t uid,
+                                                    std::vector<int64_t> dim,
+                                                    std::vector<int64_t> stride) {
+    return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
+}
+
+std::shared_ptr<fe::graph::Graph> new_graph(const TtSdpaDims &d) {
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(d.dtype == 0 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    return g;
+}
+
+// The (unbuilt) attention graph for `d` in one direction.
+std::shared_ptr<fe::graph::Graph> describe(const TtSdpaDims &d, Direction direction) {
+    auto g = new_graph(d);
+    std::vector<int64_t> q_dim{d.b, d.h, d.l, d.d};
+    std::vector<int64_t> kv_dim{d.b, d.h_kv, d.l, d.d};
+    std::vector<int64_t> stats_dim{d.b, d.h, d.l, 1};
+    std::vector<int64_t> stats_stride{d.h * d.l, d.l, 1, 1};
+    auto q = input(*g, "Q", UID_Q, q_dim, strides(d.q_stride));
+    auto k = input(*g, "K", UID_K, kv_dim, strides(d.k_stride));
+    auto v = input(*g, "V", UID_V, kv_dim, strides(d.v_stride));
+
+    if (direction == Direction::Forward) {
+        auto options = fe::graph::SDPA_attributes()
+                           .set_name("causal_sdpa_fwd")
+                           .set_generate_stats(d.with_stats != 0)
+                           .set_attn_scale(d.scale)
+                           .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                           .set_diagonal_band_right_bound(0);
+        auto [o, stats] = g->sdpa(q, k, v, options);
+        o->set_output(true).set_uid(UID_O).set_dim(q_dim).set_stride(packed(d.h, d.l, d.d));
+        if (d.with_stats != 0) {
+            if (!stats) {
+                throw std::runtime_error("fused attention: the forward graph has no stats output");
+            }
+            stats->set_output(true)
+                .set_uid(UID_STATS)
+                .set_data_type(fe::DataType_t::FLOAT)
+                .set_dim(stats_dim)
+                .set_stride(stats_stride);
+        }
+    } else {
+        auto o = input(*g, "O", UID_O, q_dim, packed(d.h, d.l, d.d));
+        auto d_o = input(*g, "dO", UID_DO, q_dim, packed(d.h, d.l, d.d));
+        auto stats = g->tensor(fe::graph::Tensor_attributes()
+                                   .set_name("Stats")
+                                   .set_uid(UID_STATS)
+                                   .set_dim(stats_dim)
+                                   .set_stride(stats_stride)
+                                   .set_data_type(fe::DataType_t::FLOAT));
+        auto options = fe::graph::SDPA_backward_attributes()
+                           .set_name("causal_sdpa_bwd")
+                           .set_attn_scale(d.scale)
+                           .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                           .set_diagonal_band_right_bound(0);
+        auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
+        dq->set_output(true).set_uid(UID_DQ).set_dim(q_dim).set_stride(packed(d.h, d.l, d.d));
+        dk->set_output(true).set_uid(UID_DK).set_dim(kv_dim).set_stride(packed(d.h_kv, d.l, d.d));
+        dv->set_output(true).set_uid(UID_DV).set_dim(kv_dim).set_stride(packed(d.h_kv, d.l, d.d));
+    }
+
+    return g;
+}
+
+// Builds the graph for `d` with the engines cuDNN's heuristics rank first
+// (mode A); if none builds, retries with its fallback list.
+std::shared_ptr<fe::graph::Graph> build(cudnnHandle_t handle, const TtSdpaDims &d, Direction direction) {
+    const char *what = direction == Direction::Forward ? "building the cuDNN SDPA forward graph"
+                                                       : "building the cuDNN SDPA backward graph";
+    auto g = describe(d, direction);
+    auto e = g->build(handle, {fe::HeurMode_t::A});
+    if (e.is_good()) {
+        return g;
+    }
+    auto fallback = describe(d, direction);
+    auto e2 = fallback->build(handle, {fe::HeurMode_t::FALLBACK});
+    if (e2.is_good()) {
+        return fallback;
+    }
+    throw std::runtime_error(fe_error(what, e) + "; with the fallback engines: " + e2.get_message());
+}
+
+// The cached graph for `d`, built on first use; the mutex is held by the caller.
+std::shared_ptr<fe::graph::Graph> graph_for(State &s, const TtSdpaDims &d, Direction direction, int device,
+                                            cudnnHandle_t handle) {
+    Key key = key_of(d, direction, device);
+    auto it = s.graphs.find(key);
+    if (it != s.graphs.end()) {
+        return it->second;
+    }
+    auto g = build(handle, d, direction);
+    s.graphs.emplace(key, g);
+    return g;
+}
+
+template <typename F>
+int guarded(char *err, size_t err_len, F &&body) {
+    try {
+        body();
+        return 0;
+    } catch (const std::exception &e) {
+        write_error(err, err_len, e.what());
+    } catch (...) {
+        write_error(err, err_len, "fused attention: unknown C++ exception");
+    }
+    return 1;
+}
+
+int64_t workspace_size(const TtSdpaDims *dims, Direction direction, int device) {
+    State &s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    open_cudnn(s);
+    check_dims(*dims);
+    cudnnHandle_t handle = handle_for(s, device);
+    auto g = graph_for(s, *dims, direction, device, handle);
+    int64_t size = 0;
+    auto e = g->get_workspace_size(size);
+    if (e.is_bad()) {
+        throw std::runtime_error(fe_error("querying the cuDNN SDPA workspace size", e));
+    }
+    return size;
+}
+
+void execute(const TtSdpaDims *dims, Direction direction, int device, void *stream,
+             std::unordered_map<int64_t, void *> &pack, void *workspace) {
+    State &s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    open_cudnn(s);
+    check_dims(*dims);
+    cudnnHandle_t handle = handle_for(s, device);
+    auto g = graph_for(s, *dims, direction, device, handle);
+    cudnnStatus_t status = fe::detail::set_stream(handle, static_cast<cudaStream_t>(stream));
+    if (status != CUDNN_STATUS_SUCCESS) {
+        throw std::runtime_error(cudnn_error("cudnnSetStream", status));
+    }
+    auto e = g->execute(handle, pack, workspace);
+    if (e.is_bad()) {
+        throw std::runtime_error(fe_error(
+            direction == Direction::Forward ? "running the cuDNN SDPA forward" : "running the cuDNN SDPA backward",
+            e));
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+// The loaded cuDNN's version (e.g. 91900 for 9.19.0), loading it if needed.
+int tt_sdpa_cudnn_version(int64_t *version, char *err, size_t err_len) {
+    return guarded(err, err_len, [&] {
+        State &s = state();
+        std::lock_guard<std::mutex> lock(s.mutex);
+        open_cudnn(s);
+        *version = static_cast<int64_t>(s.version);
+    });
+}
+
+// Bytes of device workspace the forward needs; builds and caches its graph.
+int tt_sdpa_fwd_workspace(const TtSdpaDims *dims, int device, int64_t *size, char *err, size_t err_len) {
+    return guarded(err, err_len, [&] { *size = workspace_size(dims, Direction::Forward, device); });
+}
+
+// Enqueues the forward on `stream`: o (B, H, L, D) contiguous; stats
+// (B, H, L, 1) f32 contiguous, written only when dims->with_stats is set.
+int tt_sdpa_fwd(const TtSdpaDims *dims, int device, void *stream, const void *q, const void *k, const void *v,
+                void *o, void *stats, void *workspace, char *err, size_t err_len) {
+    return guarded(err, err_len, [&] {
+        std::unordered_map<int64_t, void *> pack{
+            {UID_Q, const_cast<void *>(q)}, {UID_K, const_cast<void *>(k)}, {UID_V, const_cast<void *>(v)},
+            {UID_O, o}};
+        if (dims->with_stats != 0) {
+            pack[UID_STATS] = stats;
+        }
+        execute(dims, Direction::Forward, device, stream, pack, workspace);
+    });
+}
+
+// Bytes of device workspace the backward needs; builds and caches its graph.
+int tt_sdpa_bwd_workspace(const TtSdpaDims *dims, int device, int64_t *size, char *err, size_t err_len) {
+    return guarded(err, err_len, [&] { *size = workspace_size(dims, Direction::Backward, device); });
+}
+
+// Enqueues the backward on `stream`. o, d_o, dq (B, H, L, D) and dk, dv
+// (B, H_kv, L, D) are contiguous; stats is the forward's.
+int tt_sdpa_bwd(const TtSdpaDims *dims, int device, void *stream, const void *q, const void *k, const void *v,
+                const void *o, const void *d_o, const void *stats, void *dq, void *dk, void *dv, void *workspace,
+                char *err, size_t err_len) {
+    return guarded(err, err_len, [&] {
+        std::unordered_map<int64_t, void *> pack{
+            {UID_Q, const_cast<void *>(q)},         {UID_K, const_cast<void *>(k)},
+            {UID_V, const_cast<void *>(v)},         {UID_O, const_cast<void *>(o)},
+            {UID_DO, const_cast<void *>(d_o)},      {UID_STATS, const_cast<void *>(stats)},
+            {UID_DQ, dq},                           {UID_DK, dk},
+            {UID_DV, dv}};
+        execute(dims, Direction::Backward, device, stream, pack, workspace);
+    });
+}
+
+}  // extern "C"
