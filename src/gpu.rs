@@ -28,7 +28,10 @@ pub fn peak_memory(device: &Device) -> anyhow::Result<Option<u64>> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = device {
         device.synchronize()?;
-        return Ok(Some(pool::get(d, pool::Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?));
+        return Ok(Some(pool::get(
+            d,
+            pool::Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+        )?));
     }
     let _ = device;
     Ok(None)
@@ -48,8 +51,8 @@ pub fn reset_peak_memory(device: &Device) -> anyhow::Result<()> {
 #[cfg(feature = "cuda")]
 mod pool {
     use anyhow::Context;
-    use candle_core::cuda::cudarc::driver::sys;
     use candle_core::CudaDevice;
+    use candle_core::cuda::cudarc::driver::sys;
 
     pub use sys::CUmemPool_attribute as Attr;
 

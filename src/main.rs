@@ -213,6 +213,10 @@ enum BenchCommand {
         /// Recompute each layer in the backward pass (the peer's `--gc`).
         #[arg(long)]
         gc: bool,
+        /// Frozen projections in NF4 with double quantisation (QLoRA; the
+        /// peer's `--4bit`).
+        #[arg(long = "4bit")]
+        four_bit: bool,
         /// `cpu`, `cuda`, `cuda:N` or `auto`.
         #[arg(long, default_value = "auto")]
         device: String,
@@ -336,6 +340,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             rank,
             steps,
             gc,
+            four_bit,
             device,
         }) => {
             let device = cli::train::pick_device(&device)?;
@@ -346,6 +351,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 rank,
                 steps,
                 gradient_checkpointing: gc,
+                four_bit,
             };
             let r = trace_train::bench::train::train(&bench, &device)?;
             println!("{}", serde_json::to_string(&r)?);

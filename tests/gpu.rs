@@ -26,7 +26,11 @@ fn cuda() -> Option<Device> {
 
 /// `‖a − b‖ / ‖b‖`, in f32 on b's device.
 fn rel(a: &Tensor, b: &Tensor) -> f32 {
-    let a = a.to_dtype(DType::F32).unwrap().to_device(b.device()).unwrap();
+    let a = a
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_device(b.device())
+        .unwrap();
     let b = b.to_dtype(DType::F32).unwrap();
     let d = (a - &b).unwrap().sqr().unwrap().sum_all().unwrap();
     let n = b.sqr().unwrap().sum_all().unwrap();
@@ -62,7 +66,12 @@ fn lora_matmul_matches_plain_ops() {
             None,
         )
         .unwrap();
-        let g = (fused.clone() * &up).unwrap().sum_all().unwrap().backward().unwrap();
+        let g = (fused.clone() * &up)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
         // Reference: f32 copies through candle's own ops and autograd.
         let f = |t: &Tensor| Var::from_tensor(&t.to_dtype(DType::F32).unwrap()).unwrap();
         let (xf, af, bf) = (f(x.as_tensor()), f(a.as_tensor()), f(b.as_tensor()));
@@ -78,12 +87,26 @@ fn lora_matmul_matches_plain_ops() {
                 .unwrap())
         .unwrap();
         let upf = up.to_dtype(DType::F32).unwrap();
-        let gp = (plain.clone() * upf).unwrap().sum_all().unwrap().backward().unwrap();
+        let gp = (plain.clone() * upf)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
         let errs = [
             rel(&fused, &plain),
-            rel(g.get(x.as_tensor()).unwrap(), gp.get(xf.as_tensor()).unwrap()),
-            rel(g.get(a.as_tensor()).unwrap(), gp.get(af.as_tensor()).unwrap()),
-            rel(g.get(b.as_tensor()).unwrap(), gp.get(bf.as_tensor()).unwrap()),
+            rel(
+                g.get(x.as_tensor()).unwrap(),
+                gp.get(xf.as_tensor()).unwrap(),
+            ),
+            rel(
+                g.get(a.as_tensor()).unwrap(),
+                gp.get(af.as_tensor()).unwrap(),
+            ),
+            rel(
+                g.get(b.as_tensor()).unwrap(),
+                gp.get(bf.as_tensor()).unwrap(),
+            ),
         ];
         println!(
             "lora_matmul n {n} in {i} out {o}: relative error y {:.2e}, dx {:.2e}, dA {:.2e}, dB {:.2e}",
@@ -133,8 +156,13 @@ fn chunked_lm_head_loss_matches_full_logits() {
         full.to_scalar::<f32>().unwrap(),
     );
     let loss_err = ((a - e) / e).abs();
-    let grad_err = rel(g.get(hidden.as_tensor()).unwrap(), gf.get(hf.as_tensor()).unwrap());
-    println!("lm_head cross-entropy ({n} tokens, vocab {v}): relative error loss {loss_err:.2e}, dhidden {grad_err:.2e}");
+    let grad_err = rel(
+        g.get(hidden.as_tensor()).unwrap(),
+        gf.get(hf.as_tensor()).unwrap(),
+    );
+    println!(
+        "lm_head cross-entropy ({n} tokens, vocab {v}): relative error loss {loss_err:.2e}, dhidden {grad_err:.2e}"
+    );
     assert!(loss_err < 1e-3, "loss {a} vs {e}");
     assert!(grad_err < 1e-2, "dhidden relative error {grad_err}");
 }
@@ -157,7 +185,8 @@ fn step(m: &LoadedModel, ids: &[u32], checkpoint: bool) -> (f32, Vec<(String, Te
     let labels = ids.to_dtype(DType::I64).unwrap();
     let hidden = m.model.forward_hidden(&ids, None, true).unwrap();
     let (sum, n) =
-        loss::lm_head_cross_entropy(&hidden, m.model.lm_head().weight(), &labels).unwrap();
+        loss::lm_head_cross_entropy(&hidden, &m.model.lm_head().weight().unwrap(), &labels)
+            .unwrap();
     let loss = (sum / n as f64).unwrap();
     let grads = m.model.backward(&loss).unwrap();
     let named = m
@@ -210,7 +239,10 @@ fn one_lora_step_on_the_gpu_matches_the_cpu_f32_step() {
     let Some(dev) = cuda() else { return };
     let tmp = tempfile::tempdir().unwrap();
     for (arch, write) in [
-        ("qwen3", tiny::write_tiny_qwen3 as fn(&std::path::Path, u64) -> model::Result<()>),
+        (
+            "qwen3",
+            tiny::write_tiny_qwen3 as fn(&std::path::Path, u64) -> model::Result<()>,
+        ),
         ("llama", tiny::write_tiny_llama),
     ] {
         let dir = tmp.path().join(arch);

@@ -134,6 +134,8 @@ pub struct TrainBench {
     pub steps: usize,
     /// Per-layer gradient checkpointing.
     pub gradient_checkpointing: bool,
+    /// Frozen projections in NF4 (QLoRA).
+    pub four_bit: bool,
 }
 
 /// What `bench train` measured.
@@ -146,6 +148,10 @@ pub struct TrainResult {
     pub seq: usize,
     pub rank: usize,
     pub grad_ckpt: bool,
+    #[serde(rename = "4bit")]
+    pub four_bit: bool,
+    /// Causal attention through the fused kernel.
+    pub fused_attention: bool,
     pub steps: usize,
     pub tokens_per_s: f64,
     pub step_ms: f64,
@@ -167,6 +173,7 @@ pub fn train(b: &TrainBench, device: &Device) -> anyhow::Result<TrainResult> {
         rank,
         steps,
         gradient_checkpointing,
+        four_bit,
     } = b.clone();
     let dtype = sft::train_dtype("bf16", device);
     let mut m = if std::path::Path::new(&shape).is_dir() {
@@ -180,6 +187,9 @@ pub fn train(b: &TrainBench, device: &Device) -> anyhow::Result<TrainResult> {
         random_model(&shape, Some(rank), dtype, device)?
     };
     m.model.set_gradient_checkpointing(gradient_checkpointing);
+    if four_bit {
+        m.model.quantize_base()?;
+    }
     crate::gpu::reset_peak_memory(device)?;
     let vocab = m.model.vocab_size() as u32;
     let ids: Vec<u32> = (0..batch * seq)
@@ -189,12 +199,28 @@ pub fn train(b: &TrainBench, device: &Device) -> anyhow::Result<TrainResult> {
     let labels = ids.to_dtype(DType::I64)?;
     let mut opt = AdamW::new(m.named_trainable_vars(), 0.0)?;
     let mut last_loss = f64::NAN;
+    // TRACE_TRAIN_PROFILE=1 prints the time of each phase of each step
+    // (synchronising the device between phases, so the total grows).
+    let profile = std::env::var_os("TRACE_TRAIN_PROFILE").is_some();
+    let phase = |t: &mut Instant, name: &str| -> anyhow::Result<()> {
+        if profile {
+            device.synchronize()?;
+            eprintln!("  {name}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+            *t = Instant::now();
+        }
+        Ok(())
+    };
     let step = |opt: &mut AdamW| -> anyhow::Result<f64> {
+        let mut t = Instant::now();
         let hidden = m.model.forward_hidden(&ids, None, true)?;
-        let (sum, n) = loss::lm_head_cross_entropy(&hidden, m.model.lm_head().weight(), &labels)?;
+        phase(&mut t, "forward")?;
+        let (sum, n) = loss::lm_head_cross_entropy(&hidden, &m.model.lm_head().weight()?, &labels)?;
         let loss = (sum / n.max(1) as f64)?;
+        phase(&mut t, "loss")?;
         let grads = opt.gradients(&m.model.backward(&loss)?)?;
+        phase(&mut t, "backward")?;
         opt.step(&grads, 1e-4, 1.0)?;
+        phase(&mut t, "optimizer")?;
         Ok(loss.to_scalar::<f32>()? as f64)
     };
     for _ in 0..2 {
@@ -217,6 +243,8 @@ pub fn train(b: &TrainBench, device: &Device) -> anyhow::Result<TrainResult> {
         seq,
         rank,
         grad_ckpt: gradient_checkpointing,
+        four_bit,
+        fused_attention: m.model.decoder().fused_attention(),
         steps,
         peak_mem_gib: peak.map(|b| (b as f64 / (1u64 << 30) as f64 * 100.0).round() / 100.0),
         tokens_per_s: (batch * seq * steps) as f64 / s,
@@ -306,6 +334,7 @@ mod tests {
             rank: 4,
             steps: 1,
             gradient_checkpointing: false,
+            four_bit: false,
         };
         let r = train(&bench, &cpu).unwrap();
         // Small random logits (the final norm gives the hidden state unit
@@ -318,9 +347,18 @@ mod tests {
         assert_eq!(r.loss, again.loss, "CPU runs repeat exactly");
         let checkpointed = TrainBench {
             gradient_checkpointing: true,
-            ..bench
+            ..bench.clone()
         };
         assert_eq!(train(&checkpointed, &cpu).unwrap().loss, r.loss);
+        let quantized = TrainBench {
+            four_bit: true,
+            ..bench
+        };
+        let q = train(&quantized, &cpu).unwrap();
+        // 4-bit weights change the numbers (each weight moves by about 9%
+        // of its block's scale), not the regime.
+        assert!(q.loss != r.loss, "NF4 weights left the loss unchanged");
+        assert!((q.loss - uniform).abs() < 0.3, "{} vs {uniform}", q.loss);
         assert!(r.tokens_per_s > 0.0);
         let g = sample("smollm2-135m", 2, 4, 3, &cpu).unwrap();
         assert_eq!((g.batch, g.new), (2, 3));

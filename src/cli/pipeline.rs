@@ -124,12 +124,6 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         eval_limit = Some(4);
         max_new_tokens = 24;
     }
-    if cfg.model.load_in_4bit {
-        tracing::warn!(
-            "4-bit base weights are not implemented yet: loading them in {}",
-            cfg.model.dtype
-        );
-    }
     cfg.stage0.output_dir = data_dir.clone();
 
     let state_path = root.join("pipeline_state.json");

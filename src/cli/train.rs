@@ -167,8 +167,8 @@ pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
         }
     })?;
     let device = pick_device(device.as_deref().unwrap_or("auto"))?;
-    let gradient_checkpointing = gradient_checkpointing
-        .unwrap_or(hardware.gradient_checkpointing && !device.is_cpu());
+    let gradient_checkpointing =
+        gradient_checkpointing.unwrap_or(hardware.gradient_checkpointing && !device.is_cpu());
     Ok(SftJob {
         stage: stage.into(),
         train_file: cfg

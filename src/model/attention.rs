@@ -336,6 +336,34 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Resu
     probs.matmul(&v.contiguous()?)?.reshape((b, h, l, d)) // (B, H_kv, G*L, D) -> (B, H, L, D)
 }
 
+/// Whether [`attend_causal_fused`] serves inputs of this dtype, device and
+/// head size: the `cudnn` build on a CUDA device, bf16 or f16, `D` a
+/// multiple of 8 up to 128.
+pub fn fused_available(dtype: DType, device: &Device, head_dim: usize) -> bool {
+    cfg!(feature = "cudnn")
+        && device.is_cuda()
+        && matches!(dtype, DType::BF16 | DType::F16)
+        && head_dim.is_multiple_of(8)
+        && head_dim <= 128
+}
+
+/// Causal attention without a score matrix, forward and backward (cuDNN's
+/// fused SDPA): `q: (B, H, L, D)`, `k, v: (B, H_kv, L, D)` -> `(B, H, L,
+/// D)`. Query `i` sees keys `0..=i`; no padding mask, which right padding
+/// does not need (a real token never sees a later column).
+pub fn attend_causal_fused(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let d = q.dim(3)?;
+    #[cfg(feature = "cudnn")]
+    {
+        super::sdpa_cudnn::causal_sdpa(q, k, v, (1.0 / (d as f64).sqrt()) as f32)
+    }
+    #[cfg(not(feature = "cudnn"))]
+    {
+        let _ = (k, v);
+        candle_core::bail!("fused attention (head size {d}) needs the `cudnn` build")
+    }
+}
+
 /// `x: (B, H, T, D)` as a batched matmul can read it in place: rows of `D`
 /// contiguous, `T` rows a stride `D` apart, and `(B, H)` one batch stride.
 /// A prefix view of the cache's buffers is such a tensor; anything else is

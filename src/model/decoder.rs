@@ -4,14 +4,25 @@
 //! norm and an optional tied `lm_head`. [`super::qwen3`] and
 //! [`super::llama`] read their `config.json` into a [`Spec`] and build one.
 //!
-//! Training can checkpoint each layer ([`Decoder::set_checkpointing`]): the
-//! forward keeps only the layer's input, and the backward runs the layer
-//! again under a fresh graph (Chen et al. 2016, "Training Deep Nets with
-//! Sublinear Memory Cost"). The recomputation is the same function of the
-//! same input, dropout masks included (they are keyed by step and layer
-//! name), so the gradients equal the non-checkpointed ones. The LoRA
-//! factors' gradients from the inner graphs gather in a [`GradSink`] that
-//! [`Decoder::backward`] merges into the outer gradient store.
+//! In training each layer is one node of candle's graph whose backward is
+//! written by hand ([`Layer::forward_saving`], [`Layer::backward_manual`]):
+//! the forward runs without a graph on the fused inference kernels (RMSNorm,
+//! RoPE, cuDNN attention where built) and keeps only the activations the
+//! backward reads; the backward chains the LoRA projections' own backward
+//! ([`super::ops::lora_backward`]: no frozen-weight gradients), attention's,
+//! SwiGLU's, RoPE's (the inverse rotation) and RMSNorm's. Op-by-op autograd
+//! kept every intermediate and paid a zero-fill and an add per node of the
+//! graph in the backward; the layer node pays none of it. The autograd path
+//! stays as the reference ([`Decoder::set_manual_backward`]) and for
+//! evaluation.
+//!
+//! Gradient checkpointing ([`Decoder::set_checkpointing`]) keeps only each
+//! layer's input and runs the layer's forward again in the backward (Chen
+//! et al. 2016, "Training Deep Nets with Sublinear Memory Cost"): the same
+//! function of the same input, dropout masks included (keyed by step and
+//! layer name), so the gradients equal the non-checkpointed ones bit for
+//! bit. The LoRA factors' gradients computed inside layer nodes gather in a
+//! [`GradSink`] that [`Decoder::backward`] merges into the gradient store.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,6 +36,7 @@ use candle_core::{
 use candle_nn::VarBuilder;
 
 use super::attention::{self, Cache};
+use super::fused;
 use super::lora::{self, BaseLinear, LoraInit, LoraLinear, TargetModule};
 use super::norm::RmsNorm;
 use super::rope::{Positions, RotaryEmbedding, Rotation};
@@ -114,7 +126,11 @@ impl Attention {
             Some(cache) => cache.append(layer, &k, &v)?, // (B, H_kv, T, D)
             None => (k, v),
         };
-        let y = attention::attend(&q, &k, &v, ctx.mask)?; // (B, H, L, D)
+        let y = if ctx.fused && ctx.cache.is_none() {
+            attention::attend_causal_fused(&q, &k, &v)?
+        } else {
+            attention::attend(&q, &k, &v, ctx.mask)?
+        }; // (B, H, L, D)
         let y = y.transpose(1, 2)?.reshape((b, l, self.num_heads * d))?; // (B, L, H*D)
         self.o_proj.forward(&y, ctx.train)
     }
@@ -176,6 +192,149 @@ impl Layer {
         x + h
     }
 
+    /// The forward with no graph, keeping what [`Self::backward_manual`]
+    /// needs. Ops take the fused inference kernels (norms, RoPE, and
+    /// attention when `ctx.fused`).
+    fn forward_saving(&self, x: &Tensor, ctx: &Ctx) -> Result<(Tensor, Acts)> {
+        let (b, l, _) = x.dims3()?;
+        let at = &self.self_attn;
+        let (hq, hkv, d) = (at.num_heads, at.num_kv_heads, at.head_dim);
+        let t = ctx.train;
+        let n1 = self.input_layernorm.forward_detached(x)?;
+        let q_pre = at
+            .q_proj
+            .forward_detached(&n1, t, ctx.dropout_seed)?
+            .reshape((b, l, hq, d))?;
+        let k_pre = at
+            .k_proj
+            .forward_detached(&n1, t, ctx.dropout_seed)?
+            .reshape((b, l, hkv, d))?;
+        let v = at
+            .v_proj
+            .forward_detached(&n1, t, ctx.dropout_seed)?
+            .reshape((b, l, hkv, d))?;
+        let (qn, kn) = match &at.qk_norm {
+            Some((qn, kn)) => (qn.forward_detached(&q_pre)?, kn.forward_detached(&k_pre)?),
+            None => (q_pre.clone(), k_pre.clone()),
+        };
+        let q = ctx.rotation.apply_thd(&qn)?; // (B, L, H, D)
+        let k = ctx.rotation.apply_thd(&kn)?;
+        let (qt, kt, vt) = (q.transpose(1, 2)?, k.transpose(1, 2)?, v.transpose(1, 2)?);
+        let (o, attn) = if ctx.fused {
+            fused_attention_saving(&qt, &kt, &vt)?
+        } else {
+            (
+                attention::attend(&qt, &kt, &vt, ctx.mask.as_ref())?,
+                AttnSaved::Plain,
+            )
+        }; // (B, H, L, D)
+        let o_flat = o.transpose(1, 2)?.reshape((b, l, hq * d))?;
+        let x2 = (x.detach() + at.o_proj.forward_detached(&o_flat, t, ctx.dropout_seed)?)?;
+        let n2 = self.post_attention_layernorm.forward_detached(&x2)?;
+        let gate = self
+            .mlp
+            .gate_proj
+            .forward_detached(&n2, t, ctx.dropout_seed)?;
+        let up = self
+            .mlp
+            .up_proj
+            .forward_detached(&n2, t, ctx.dropout_seed)?;
+        let h = fused::swiglu(&gate, &up)?;
+        let y = (&x2
+            + self
+                .mlp
+                .down_proj
+                .forward_detached(&h, t, ctx.dropout_seed)?)?;
+        let acts = Acts {
+            x: x.detach(),
+            q_pre,
+            k_pre,
+            q,
+            k,
+            v,
+            o,
+            attn,
+            x2,
+            gate,
+            up,
+        };
+        Ok((y, acts))
+    }
+
+    /// `dL/dx` and every LoRA factor's gradient for `dL/dy = dy`, from the
+    /// activations of [`Self::forward_saving`] (same dropout seed).
+    fn backward_manual(
+        &self,
+        acts: &Acts,
+        dy: &Tensor,
+        ctx: &Ctx,
+    ) -> Result<(Tensor, Vec<(Var, Tensor)>)> {
+        let t = ctx.train;
+        let at = &self.self_attn;
+        let (b, l, _) = acts.x.dims3()?;
+        let (hq, hkv, d) = (at.num_heads, at.num_kv_heads, at.head_dim);
+        let mut grads = Vec::new();
+        let mut keep = |p: &LoraLinear, g: Option<(Tensor, Tensor)>| {
+            if let (Some(ad), Some((da, db))) = (p.adapter(), g) {
+                grads.push((ad.a.clone(), da));
+                grads.push((ad.b.clone(), db));
+            }
+        };
+        let dy = dy.contiguous()?;
+        // MLP: y = x2 + down(silu(gate(n2)) * up(n2)), n2 = norm(x2).
+        let mlp = &self.mlp;
+        let h = fused::swiglu(&acts.gate, &acts.up)?;
+        let (dh, g) = mlp.down_proj.backward(&h, &dy, t, ctx.dropout_seed)?;
+        keep(&mlp.down_proj, g);
+        let (dgate, dup) = fused::swiglu_backward(&acts.gate, &acts.up, &dh)?;
+        let n2 = self.post_attention_layernorm.forward_detached(&acts.x2)?;
+        let (dn2, g) = mlp.gate_proj.backward(&n2, &dgate, t, ctx.dropout_seed)?;
+        keep(&mlp.gate_proj, g);
+        let (dn2_up, g) = mlp.up_proj.backward(&n2, &dup, t, ctx.dropout_seed)?;
+        keep(&mlp.up_proj, g);
+        let dx2 = (&dy
+            + self
+                .post_attention_layernorm
+                .backward(&acts.x2, &(dn2 + dn2_up)?)?)?;
+        // Attention: x2 = x + o_proj(attend(rope(q), rope(k), v)).
+        let o_flat = acts.o.transpose(1, 2)?.reshape((b, l, hq * d))?;
+        let (do_flat, g) = at.o_proj.backward(&o_flat, &dx2, t, ctx.dropout_seed)?;
+        keep(&at.o_proj, g);
+        let d_o = do_flat.reshape((b, l, hq, d))?.transpose(1, 2)?; // (B, H, L, D)
+        let (qt, kt, vt) = (
+            acts.q.transpose(1, 2)?,
+            acts.k.transpose(1, 2)?,
+            acts.v.transpose(1, 2)?,
+        );
+        let (dq, dk, dv) = attention_backward(&acts.attn, &qt, &kt, &vt, &acts.o, &d_o, ctx)?;
+        let dq = ctx.rotation.invert_thd(&dq.transpose(1, 2)?)?; // (B, L, H, D)
+        let dk = ctx.rotation.invert_thd(&dk.transpose(1, 2)?)?;
+        let (dq, dk) = match &at.qk_norm {
+            Some((qn, kn)) => (
+                qn.backward(&acts.q_pre, &dq)?,
+                kn.backward(&acts.k_pre, &dk)?,
+            ),
+            None => (dq, dk),
+        };
+        let dv = dv.transpose(1, 2)?.contiguous()?; // (B, L, H_kv, D)
+        let n1 = self.input_layernorm.forward_detached(&acts.x)?;
+        let (dn1, g) =
+            at.q_proj
+                .backward(&n1, &dq.reshape((b, l, hq * d))?, t, ctx.dropout_seed)?;
+        keep(&at.q_proj, g);
+        let (dn1_k, g) =
+            at.k_proj
+                .backward(&n1, &dk.reshape((b, l, hkv * d))?, t, ctx.dropout_seed)?;
+        keep(&at.k_proj, g);
+        let (dn1_v, g) =
+            at.v_proj
+                .backward(&n1, &dv.reshape((b, l, hkv * d))?, t, ctx.dropout_seed)?;
+        keep(&at.v_proj, g);
+        let dn1 = ((dn1 + dn1_k)? + dn1_v)?;
+        let dx = (dx2 + self.input_layernorm.backward(&acts.x, &dn1)?)?;
+        Ok((dx, grads))
+    }
+
     /// The layer's seven projections in checkpoint order.
     fn projections(&self) -> [&LoraLinear; 7] {
         let (a, m) = (&self.self_attn, &self.mlp);
@@ -189,15 +348,6 @@ impl Layer {
             &m.down_proj,
         ]
     }
-
-    /// The trainable factors of the layer.
-    fn trainable(&self) -> Vec<Var> {
-        self.projections()
-            .iter()
-            .filter_map(|p| p.adapter())
-            .flat_map(|ad| [ad.a.clone(), ad.b.clone()])
-            .collect()
-    }
 }
 
 /// What one forward pass shares across layers.
@@ -206,6 +356,9 @@ struct Step<'a> {
     mask: Option<&'a Tensor>,
     cache: Option<&'a mut Cache>,
     train: bool,
+    /// Causal attention through the fused kernel (right-padded batches
+    /// without a cache).
+    fused: bool,
 }
 
 /// Gradients of trainable tensors computed inside checkpointed layers'
@@ -238,8 +391,8 @@ impl GradSink {
         Ok(())
     }
 
-    fn clear(&self) {
-        self.0.lock().expect("grad sink poisoned").clear();
+    fn is_empty(&self) -> bool {
+        self.0.lock().expect("grad sink poisoned").is_empty()
     }
 }
 
@@ -254,6 +407,13 @@ pub struct Decoder {
     lm_head: BaseLinear,
     rope: RotaryEmbedding,
     checkpointing: bool,
+    /// Training forwards run each layer as one node with a hand-written
+    /// backward (the default); off, candle's autograd differentiates the
+    /// layer op by op (kept as the reference the tests compare against).
+    manual_backward: bool,
+    /// Training/scoring forwards use fused causal attention (set at build
+    /// when the device and build have it).
+    fused_attention: bool,
     sink: GradSink,
 }
 
@@ -288,6 +448,9 @@ impl Decoder {
             lm_head,
             rope,
             checkpointing: false,
+            manual_backward: true,
+            fused_attention: attention::fused_available(vb.dtype(), vb.device(), s.head_dim)
+                && std::env::var_os("TRACE_TRAIN_PLAIN_ATTENTION").is_none(),
             sink: GradSink::default(),
         })
     }
@@ -304,6 +467,38 @@ impl Decoder {
 
     pub fn checkpointing(&self) -> bool {
         self.checkpointing
+    }
+
+    /// Differentiate training forwards with the hand-written layer backward
+    /// (on, the default) or with candle's autograd op by op (the reference;
+    /// no checkpointing).
+    pub fn set_manual_backward(&mut self, on: bool) {
+        self.manual_backward = on;
+    }
+
+    /// Holds every projection's frozen weight in NF4 (QLoRA); embeddings,
+    /// norms and `lm_head` stay as they are.
+    pub fn quantize_projections(&mut self) -> Result<()> {
+        for layer in &mut self.layers {
+            let (a, m) = (&mut layer.self_attn, &mut layer.mlp);
+            for p in [
+                &mut a.q_proj,
+                &mut a.k_proj,
+                &mut a.v_proj,
+                &mut a.o_proj,
+                &mut m.gate_proj,
+                &mut m.up_proj,
+                &mut m.down_proj,
+            ] {
+                p.quantize_base()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether training forwards use fused attention.
+    pub fn fused_attention(&self) -> bool {
+        self.fused_attention
     }
 
     /// The output projection, `(vocab, hidden)`.
@@ -328,6 +523,7 @@ impl Decoder {
             mask: mask.as_ref(),
             cache: None,
             train,
+            fused: self.fused_attention,
         };
         self.hidden(ids, &mut step)
     }
@@ -363,6 +559,7 @@ impl Decoder {
             mask: frame.mask.as_ref(),
             cache: Some(cache),
             train: false,
+            fused: false,
         };
         let x = self.hidden(ids, &mut step)?; // (B, L, hidden)
         cache.advance(l);
@@ -378,8 +575,13 @@ impl Decoder {
             .index_select(&ids.flatten_all()?, 0)?
             .reshape((b, l, ()))?;
         let checkpoint = self.checkpointing && step.train && step.cache.is_none();
-        if checkpoint {
-            self.sink.clear();
+        if step.train && !self.sink.is_empty() {
+            // A backward pass that stopped at `loss.backward()` would leave
+            // the LoRA factors without gradients and training would go on
+            // learning nothing: say so instead.
+            candle_core::bail!(
+                "the LoRA gradients of the previous training step were never collected\nhint: run the backward pass with `Model::backward(&loss)`, not `loss.backward()`"
+            );
         }
         if step.train {
             // The first layer's input joins the graph as every later
@@ -389,9 +591,12 @@ impl Decoder {
             // the first layer too.
             x = Var::from_tensor(&x)?.as_tensor().clone();
         }
+        let manual = self.manual_backward && step.train && step.cache.is_none();
         for (i, layer) in self.layers.iter().enumerate() {
-            x = if checkpoint && !layer.trainable().is_empty() {
-                checkpointed(layer, i, &x, step, &self.sink)?
+            x = if manual {
+                manual_layer(layer, &x, step, self.checkpointing, &self.sink)?
+            } else if checkpoint {
+                candle_core::bail!("gradient checkpointing needs the hand-written layer backward")
             } else {
                 layer.forward(&x, step, i)?
             };
@@ -418,55 +623,146 @@ impl Decoder {
     }
 }
 
-/// Layer `index` applied to `x` keeping no activation: the output is
-/// computed under a graph that is dropped at once, and attached to `x` by a
-/// node whose backward recomputes it.
-fn checkpointed(
-    layer: &Layer,
-    index: usize,
-    x: &Tensor,
-    step: &mut Step,
-    sink: &GradSink,
-) -> Result<Tensor> {
-    // A tracked copy of the input, as the recomputation will have, so that
-    // every op takes the same path (fused kernels only serve untracked
-    // inputs) and the two passes compute the same values.
-    let input = Var::from_tensor(&x.detach())?;
-    let y = layer.forward(input.as_tensor(), step, index)?.detach();
-    x.apply_op1(Checkpoint {
-        layer: layer.clone(),
-        index,
-        rotation: step.rotation.clone(),
-        mask: step.mask.cloned(),
-        dropout_seed: lora::dropout_seed(),
-        output: Mutex::new(Some(y)),
-        sink: sink.clone(),
-    })
+/// What a layer's hand-written backward reads from its forward.
+struct Acts {
+    /// The layer's input `(B, L, hidden)`.
+    x: Tensor,
+    /// Query and key projections before the per-head norm, `(B, L, H, D)`.
+    q_pre: Tensor,
+    k_pre: Tensor,
+    /// Rotated queries and keys, and values, `(B, L, H, D)`.
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    /// Attention output `(B, H, L, D)`.
+    o: Tensor,
+    attn: AttnSaved,
+    /// The residual stream after attention.
+    x2: Tensor,
+    /// MLP gate and up projections `(B, L, I)`.
+    gate: Tensor,
+    up: Tensor,
 }
 
-struct Checkpoint {
-    layer: Layer,
-    index: usize,
-    rotation: Rotation,
-    mask: Option<Tensor>,
-    dropout_seed: u64,
-    /// The forward's result, handed to the graph once.
-    output: Mutex<Option<Tensor>>,
-    sink: GradSink,
+/// What the attention backward needs beyond q, k, v and the output.
+enum AttnSaved {
+    #[cfg(feature = "cudnn")]
+    Fused(super::sdpa_cudnn::SdpaSaved),
+    /// Recomputed under a small graph in the backward.
+    Plain,
 }
 
-impl Checkpoint {
-    fn take_output(&self) -> Result<Tensor> {
-        match self.output.lock().expect("checkpoint poisoned").take() {
-            Some(y) => Ok(y),
-            None => candle_core::bail!("checkpointed layer {} ran twice", self.index),
+#[cfg(feature = "cudnn")]
+fn fused_attention_saving(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, AttnSaved)> {
+    let scale = (1.0 / (q.dim(3)? as f64).sqrt()) as f32;
+    let (o, saved) = super::sdpa_cudnn::causal_sdpa_saving(q, k, v, scale)?;
+    Ok((o, AttnSaved::Fused(saved)))
+}
+
+#[cfg(not(feature = "cudnn"))]
+fn fused_attention_saving(_: &Tensor, _: &Tensor, _: &Tensor) -> Result<(Tensor, AttnSaved)> {
+    candle_core::bail!("fused attention needs the `cudnn` build")
+}
+
+/// `(dq, dk, dv)`, each `(B, H, L, D)`, of attention's output `o` for the
+/// output gradient `d_o`.
+fn attention_backward(
+    saved: &AttnSaved,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &Tensor,
+    d_o: &Tensor,
+    ctx: &Ctx,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    match saved {
+        #[cfg(feature = "cudnn")]
+        AttnSaved::Fused(s) => super::sdpa_cudnn::causal_sdpa_backward(s, o, d_o),
+        AttnSaved::Plain => {
+            let _ = o;
+            let (qv, kv, vv) = (
+                Var::from_tensor(q)?,
+                Var::from_tensor(k)?,
+                Var::from_tensor(v)?,
+            );
+            let out = attention::attend(
+                qv.as_tensor(),
+                kv.as_tensor(),
+                vv.as_tensor(),
+                ctx.mask.as_ref(),
+            )?;
+            let g = (out * d_o.contiguous()?)?.sum_all()?.backward()?;
+            let get = |v: &Var| {
+                g.get(v.as_tensor())
+                    .cloned()
+                    .ok_or_else(|| candle_core::Error::Msg("attention: no gradient".into()))
+            };
+            Ok((get(&qv)?, get(&kv)?, get(&vv)?))
         }
     }
 }
 
-impl CustomOp1 for Checkpoint {
+/// What a layer op needs of its training step, owned (it lives in the
+/// graph until the backward).
+#[derive(Clone)]
+struct Ctx {
+    rotation: Rotation,
+    mask: Option<Tensor>,
+    fused: bool,
+    train: bool,
+    dropout_seed: u64,
+}
+
+/// Layer `index` applied to `x` as one node of the graph whose backward is
+/// written by hand ([`Layer::backward_manual`]): the forward keeps the
+/// activations it needs, or, with `recompute`, only `x` (the layer runs
+/// again in the backward).
+fn manual_layer(
+    layer: &Layer,
+    x: &Tensor,
+    step: &Step,
+    recompute: bool,
+    sink: &GradSink,
+) -> Result<Tensor> {
+    let ctx = Ctx {
+        rotation: step.rotation.clone(),
+        mask: step.mask.cloned(),
+        fused: step.fused,
+        train: step.train,
+        dropout_seed: lora::dropout_seed(),
+    };
+    let (y, acts) = layer.forward_saving(x, &ctx)?;
+    x.apply_op1(LayerOp {
+        layer: layer.clone(),
+        ctx,
+        output: Mutex::new(Some(y)),
+        acts: Mutex::new((!recompute).then_some(acts)),
+        sink: sink.clone(),
+    })
+}
+
+struct LayerOp {
+    layer: Layer,
+    ctx: Ctx,
+    /// The forward's result, handed to the graph once.
+    output: Mutex<Option<Tensor>>,
+    /// Saved activations; `None` to recompute them.
+    acts: Mutex<Option<Acts>>,
+    sink: GradSink,
+}
+
+impl LayerOp {
+    fn take_output(&self) -> Result<Tensor> {
+        match self.output.lock().expect("layer op poisoned").take() {
+            Some(y) => Ok(y),
+            None => candle_core::bail!("a decoder layer node ran twice"),
+        }
+    }
+}
+
+impl CustomOp1 for LayerOp {
     fn name(&self) -> &'static str {
-        "checkpointed-layer"
+        "decoder-layer"
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
@@ -474,7 +770,7 @@ impl CustomOp1 for Checkpoint {
         let (s, l) = y.storage_and_layout();
         match &*s {
             Storage::Cpu(s) => Ok((s.try_clone(l)?, y.shape().clone())),
-            _ => candle_core::bail!("checkpoint: device mismatch"),
+            _ => candle_core::bail!("decoder layer: device mismatch"),
         }
     }
 
@@ -483,32 +779,20 @@ impl CustomOp1 for Checkpoint {
         let (s, l) = y.storage_and_layout();
         match &*s {
             Storage::Cuda(s) => Ok((s.try_clone(l)?, y.shape().clone())),
-            _ => candle_core::bail!("checkpoint: device mismatch"),
+            _ => candle_core::bail!("decoder layer: device mismatch"),
         }
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let input = Var::from_tensor(&x.detach())?;
-        let before = lora::dropout_seed();
-        lora::set_dropout_seed(self.dropout_seed);
-        let mut step = Step {
-            rotation: &self.rotation,
-            mask: self.mask.as_ref(),
-            cache: None,
-            train: true,
+        let saved = self.acts.lock().expect("layer op poisoned").take();
+        let acts = match saved {
+            Some(acts) => acts,
+            None => self.layer.forward_saving(x, &self.ctx)?.1,
         };
-        let y = self.layer.forward(input.as_tensor(), &mut step, self.index);
-        lora::set_dropout_seed(before);
-        let grads = (y? * g)?.sum_all()?.backward()?;
-        for var in self.layer.trainable() {
-            if let Some(grad) = grads.get(var.as_tensor()) {
-                self.sink.add(var.as_tensor(), grad.clone())?;
-            }
+        let (dx, grads) = self.layer.backward_manual(&acts, g, &self.ctx)?;
+        for (var, grad) in grads {
+            self.sink.add(var.as_tensor(), grad)?;
         }
-        Ok(if x.track_op() {
-            grads.get(input.as_tensor()).cloned()
-        } else {
-            None
-        })
+        Ok(x.track_op().then_some(dx))
     }
 }

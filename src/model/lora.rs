@@ -20,6 +20,7 @@ use candle_nn::{VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
 
 use super::init::Rng;
+use super::nf4::Nf4Weight;
 use super::ops::{self, FrozenWeight};
 
 /// A projection LoRA may adapt, named as in HF checkpoints and PEFT configs.
@@ -121,8 +122,10 @@ pub struct LoraInit<'a> {
     pub varmap: &'a VarMap,
 }
 
-/// The frozen weight of a projection. Dense now; a 4-bit quantised variant
-/// (QLoRA) is meant to join it without touching [`LoraLinear`].
+/// The frozen weight of a projection: dense as loaded, or held in 4 bits
+/// (QLoRA's NF4 with double quantisation) and dequantised into a fresh
+/// buffer (from the device's memory pool) each time a forward or backward
+/// pass needs it. [`LoraLinear`] sees both the same way.
 #[derive(Debug, Clone)]
 pub enum BaseLinear {
     /// `weight: (out, in)`, `bias: (out,)`, in the model's dtype.
@@ -130,6 +133,24 @@ pub enum BaseLinear {
         weight: Tensor,
         bias: Option<Tensor>,
     },
+    /// `weight` in NF4, used as `dtype`; `bias` dense.
+    Nf4 {
+        weight: Arc<Nf4Weight>,
+        dtype: DType,
+        bias: Option<Tensor>,
+    },
+}
+
+/// An NF4 weight as the fused ops take it: dequantised on each use.
+struct Nf4Dense {
+    weight: Arc<Nf4Weight>,
+    dtype: DType,
+}
+
+impl FrozenWeight for Nf4Dense {
+    fn dense(&self) -> Result<Tensor> {
+        self.weight.dequantize(self.dtype)
+    }
 }
 
 impl BaseLinear {
@@ -149,23 +170,46 @@ impl BaseLinear {
         Ok(Self::Dense { weight, bias })
     }
 
+    /// The same weight in NF4 (a no-op if it already is).
+    pub fn to_nf4(&self) -> Result<Self> {
+        match self {
+            Self::Dense { weight, bias } => Ok(Self::Nf4 {
+                weight: Arc::new(Nf4Weight::quantize(weight)?),
+                dtype: weight.dtype(),
+                bias: bias.clone(),
+            }),
+            Self::Nf4 { .. } => Ok(self.clone()),
+        }
+    }
+
     /// `(out, in)`.
     pub fn dims(&self) -> Result<(usize, usize)> {
         match self {
             Self::Dense { weight, .. } => weight.dims2(),
+            Self::Nf4 { weight, .. } => Ok(weight.shape()),
         }
     }
 
-    /// The weight as a dense `(out, in)` tensor in its stored dtype.
-    pub fn weight(&self) -> &Tensor {
+    /// The weight as a dense `(out, in)` tensor in the model's dtype (4-bit
+    /// weights dequantised).
+    pub fn weight(&self) -> Result<Tensor> {
         match self {
-            Self::Dense { weight, .. } => weight,
+            Self::Dense { weight, .. } => Ok(weight.clone()),
+            Self::Nf4 { weight, dtype, .. } => weight.dequantize(*dtype),
+        }
+    }
+
+    /// Bytes the frozen weight occupies.
+    pub fn storage_bytes(&self) -> usize {
+        match self {
+            Self::Dense { weight, .. } => weight.elem_count() * weight.dtype().size_in_bytes(),
+            Self::Nf4 { weight, .. } => weight.storage_bytes(),
         }
     }
 
     fn bias(&self) -> Option<&Tensor> {
         match self {
-            Self::Dense { bias, .. } => bias.as_ref(),
+            Self::Dense { bias, .. } | Self::Nf4 { bias, .. } => bias.as_ref(),
         }
     }
 
@@ -173,6 +217,10 @@ impl BaseLinear {
     fn frozen(&self) -> Arc<dyn FrozenWeight> {
         match self {
             Self::Dense { weight, .. } => Arc::new(weight.clone()),
+            Self::Nf4 { weight, dtype, .. } => Arc::new(Nf4Dense {
+                weight: Arc::clone(weight),
+                dtype: *dtype,
+            }),
         }
     }
 
@@ -180,10 +228,11 @@ impl BaseLinear {
     /// to `x` only.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (x2, out_shape) = flatten(x, self.dims()?.0)?;
+        let w = self.weight()?;
         let y = if x.track_op() {
-            ops::frozen_matmul(&x2, self.weight())?
+            ops::frozen_matmul(&x2, &w)?
         } else {
-            x2.matmul(&self.weight().t()?)?
+            x2.matmul(&w.t()?)?
         };
         self.finish(y, out_shape)
     }
@@ -232,8 +281,7 @@ pub fn dropout_seed() -> u64 {
 /// (the same masks run to run on that device, different numbers from the
 /// CPU's): drawing millions of values a layer on the host and copying them
 /// over would cost more than the layer itself.
-fn dropout_mask(x: &Tensor, p: f32, name: &str) -> Result<Tensor> {
-    let seed = DROPOUT_SEED.load(Ordering::Relaxed);
+fn dropout_mask(x: &Tensor, p: f32, name: &str, seed: u64) -> Result<Tensor> {
     let keep = 1.0 / (1.0 - p);
     let device = x.device();
     if !device.is_cpu() {
@@ -332,6 +380,12 @@ impl LoraLinear {
         &self.base
     }
 
+    /// Holds the frozen weight in NF4 from now on (QLoRA).
+    pub fn quantize_base(&mut self) -> Result<()> {
+        self.base = self.base.to_nf4()?;
+        Ok(())
+    }
+
     pub fn adapter(&self) -> Option<&LoraAdapter> {
         self.adapter.as_ref()
     }
@@ -354,13 +408,75 @@ impl LoraLinear {
         };
         let a = a.to_dtype(x.dtype())?; // (r, in)
         let b = b.to_dtype(x.dtype())?; // (out, r)
-        let mask = if train && ad.dropout > 0.0 {
-            Some(dropout_mask(&x2, ad.dropout, &self.name)?)
-        } else {
-            None
-        };
+        let mask = self.mask(&x2, train, dropout_seed())?;
         let y = ops::lora_matmul(&x2, &a, &b, self.base.frozen(), ad.scale, mask)?;
         self.base.finish(y, out_shape)
+    }
+
+    /// [`Self::forward`] building no graph whatever `x` and the factors
+    /// track, with training's dropout when `train`: the forward of a layer
+    /// whose backward is written by hand ([`Self::backward`]).
+    pub fn forward_detached(&self, x: &Tensor, train: bool, seed: u64) -> Result<Tensor> {
+        let x = x.detach();
+        let Some(ad) = &self.adapter else {
+            return self.base.forward(&x);
+        };
+        let (x2, out_shape) = flatten(&x, self.base.dims()?.0)?;
+        let a = ad.a.as_detached_tensor().to_dtype(x.dtype())?;
+        let b = ad.b.as_detached_tensor().to_dtype(x.dtype())?;
+        let mask = self.mask(&x2, train, seed)?;
+        let y = ops::lora_matmul(&x2, &a, &b, self.base.frozen(), ad.scale, mask)?;
+        self.base.finish(y, out_shape)
+    }
+
+    /// Gradients for `dL/dy = g` of [`Self::forward_detached`] at `x`
+    /// (same dropout seed): `dL/dx`, and `(dA, dB)` in f32 when the
+    /// projection has an adapter.
+    pub fn backward(
+        &self,
+        x: &Tensor,
+        g: &Tensor,
+        train: bool,
+        seed: u64,
+    ) -> Result<(Tensor, Option<(Tensor, Tensor)>)> {
+        let (out, in_dim) = self.base.dims()?;
+        let (x2, _) = flatten(&x.detach(), out)?;
+        let g2 = g.reshape(((), out))?;
+        let Some(ad) = &self.adapter else {
+            let dx = g2.contiguous()?.matmul(&self.base.weight()?)?;
+            return Ok((dx.reshape(x.shape())?, None));
+        };
+        let a = ad.a.as_detached_tensor().to_dtype(x.dtype())?;
+        let b = ad.b.as_detached_tensor().to_dtype(x.dtype())?;
+        let mask = self.mask(&x2, train, seed)?;
+        let base = self.base.frozen();
+        let (dx, da, db) = ops::lora_backward(
+            &x2,
+            &a,
+            &b,
+            base.as_ref(),
+            ad.scale,
+            mask.as_ref(),
+            &g2,
+            true,
+        )?;
+        let dx = dx.expect("asked for dx").reshape(x.shape())?;
+        debug_assert_eq!(dx.dim(candle_core::D::Minus1)?, in_dim);
+        Ok((
+            dx,
+            Some((da.to_dtype(DType::F32)?, db.to_dtype(DType::F32)?)),
+        ))
+    }
+
+    /// The dropout mask of the LoRA path for the flattened input `x2`, when
+    /// training with dropout, drawn from the step's `seed` and the name.
+    fn mask(&self, x2: &Tensor, train: bool, seed: u64) -> Result<Option<Tensor>> {
+        match &self.adapter {
+            Some(ad) if train && ad.dropout > 0.0 => {
+                Ok(Some(dropout_mask(x2, ad.dropout, &self.name, seed)?))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// `scale * B A`, `(out, in)` in f32; `None` without an adapter.
@@ -377,10 +493,10 @@ impl LoraLinear {
     /// `W + scale * B A` in the base weight's dtype: the weight of an
     /// equivalent plain linear layer.
     pub fn merge(&self) -> Result<Tensor> {
-        let w = self.base.weight();
+        let w = self.base.weight()?;
         match self.delta_weight()? {
             Some(delta) => (w.to_dtype(DType::F32)? + delta)?.to_dtype(w.dtype()),
-            None => Ok(w.clone()),
+            None => Ok(w),
         }
     }
 }
@@ -447,7 +563,7 @@ mod tests {
         let l = layer(2.0, 0.0, 0.3);
         let x = input();
         let ad = l.adapter().unwrap();
-        let w = l.base().weight();
+        let w = l.base().weight().unwrap();
         let x2 = x.reshape((6, 6)).unwrap();
         let expected = (x2
             .matmul(&w.t().unwrap())

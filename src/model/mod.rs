@@ -20,6 +20,7 @@
 pub mod adapter;
 pub mod attention;
 pub mod decoder;
+pub mod fused;
 pub mod generate;
 pub mod gguf;
 pub(crate) mod init;
@@ -247,6 +248,12 @@ impl Model {
     /// including those computed inside checkpointed layers.
     pub fn backward(&self, loss: &Tensor) -> candle_core::Result<GradStore> {
         self.decoder().backward(loss)
+    }
+
+    /// Holds every projection's frozen weight in 4 bits (NF4 with double
+    /// quantisation, as QLoRA); the adapters and everything else stay.
+    pub fn quantize_base(&mut self) -> candle_core::Result<()> {
+        self.decoder_mut().quantize_projections()
     }
 
     /// Turns per-layer gradient checkpointing on or off for training.

@@ -34,6 +34,16 @@ impl RmsNorm {
         }
     }
 
+    /// The fused forward, building no graph.
+    pub fn forward_detached(&self, x: &Tensor) -> Result<Tensor> {
+        candle_nn::ops::rms_norm(&x.detach().contiguous()?, &self.weight, self.eps as f32)
+    }
+
+    /// `dL/dx` for `dL/dy = dy` at input `x` ([`super::fused::rmsnorm_backward`]).
+    pub fn backward(&self, x: &Tensor, dy: &Tensor) -> Result<Tensor> {
+        super::fused::rmsnorm_backward(x, &self.weight, dy, self.eps)
+    }
+
     fn forward_differentiable(&self, x: &Tensor) -> Result<Tensor> {
         let dtype = x.dtype();
         let x = x.to_dtype(DType::F32)?;

@@ -36,12 +36,7 @@ impl FrozenWeight for Tensor {
 }
 
 /// `x (N, in) · w^T` at the storage level, `w: (out, in)`.
-fn matmul_t<S: BackendStorage>(
-    x: &S,
-    xl: &Layout,
-    w: &S,
-    wl: &Layout,
-) -> Result<(S, Shape)> {
+fn matmul_t<S: BackendStorage>(x: &S, xl: &Layout, w: &S, wl: &Layout) -> Result<(S, Shape)> {
     let (n, k) = xl.shape().dims2()?;
     let (m, k2) = wl.shape().dims2()?;
     if k != k2 {
@@ -208,27 +203,54 @@ impl CustomOp3 for Lora {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let g = g.contiguous()?; // (N, out)
-        let xd = match &self.mask {
-            Some(m) => (x * m)?,
-            None => x.clone(),
-        };
-        let hs = (xd.matmul(&a.t()?)? * self.scale)?; // (N, r)
-        let gbs = (g.matmul(b)? * self.scale)?; // (N, r)
-        let da = gbs.t()?.matmul(&xd)?; // (r, in)
-        let db = g.t()?.matmul(&hs)?; // (out, r)
-        let dx = if x.track_op() {
-            let lora = gbs.matmul(a)?; // (N, in)
-            let lora = match &self.mask {
-                Some(m) => (lora * m)?,
-                None => lora,
-            };
-            Some((g.matmul(&self.base.dense()?)? + lora)?)
-        } else {
-            None
-        };
+        let (dx, da, db) = lora_backward(
+            x,
+            a,
+            b,
+            self.base.as_ref(),
+            self.scale,
+            self.mask.as_ref(),
+            g,
+            x.track_op(),
+        )?;
         Ok((dx, Some(da), Some(db)))
     }
+}
+
+/// The gradients of `y = x W^T + s (m ⊙ x) A^T B^T` given `g = dL/dy (N,
+/// out)`: `(dx, dA, dB)`, `dx` only when `need_dx`. Six GEMMs, four of rank
+/// `r`; nothing with respect to `W`.
+#[allow(clippy::too_many_arguments)]
+pub fn lora_backward(
+    x: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    base: &dyn FrozenWeight,
+    scale: f64,
+    mask: Option<&Tensor>,
+    g: &Tensor,
+    need_dx: bool,
+) -> Result<(Option<Tensor>, Tensor, Tensor)> {
+    let g = g.contiguous()?; // (N, out)
+    let xd = match mask {
+        Some(m) => (x * m)?,
+        None => x.clone(),
+    };
+    let hs = (xd.matmul(&a.t()?)? * scale)?; // (N, r)
+    let gbs = (g.matmul(b)? * scale)?; // (N, r)
+    let da = gbs.t()?.matmul(&xd)?; // (r, in)
+    let db = g.t()?.matmul(&hs)?; // (out, r)
+    let dx = if need_dx {
+        let lora = gbs.matmul(a)?; // (N, in)
+        let lora = match mask {
+            Some(m) => (lora * m)?,
+            None => lora,
+        };
+        Some((g.matmul(&base.dense()?)? + lora)?)
+    } else {
+        None
+    };
+    Ok((dx, da, db))
 }
 
 #[cfg(test)]
@@ -294,8 +316,18 @@ mod tests {
                     .unwrap())
             .unwrap();
             assert!(rel(&fused, &plain) < 1e-6, "forward");
-            let gf = (fused * &up).unwrap().sum_all().unwrap().backward().unwrap();
-            let gp = (plain * &up).unwrap().sum_all().unwrap().backward().unwrap();
+            let gf = (fused * &up)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let gp = (plain * &up)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
             for (name, v) in [("x", &x), ("a", &a), ("b", &b)] {
                 let (f, p) = (
                     gf.get(v.as_tensor()).unwrap(),
@@ -316,7 +348,12 @@ mod tests {
         assert!(rel(&y, &plain) < 1e-7);
         let g = y.sum_all().unwrap().backward().unwrap();
         let gp = plain.sum_all().unwrap().backward().unwrap();
-        assert!(rel(g.get(x.as_tensor()).unwrap(), gp.get(x.as_tensor()).unwrap()) < 1e-7);
+        assert!(
+            rel(
+                g.get(x.as_tensor()).unwrap(),
+                gp.get(x.as_tensor()).unwrap()
+            ) < 1e-7
+        );
         assert!(g.get(&w).is_none());
         // Without a tracked input nothing is recorded.
         let y = frozen_matmul(&rand((5, 6), "x"), &w).unwrap();

@@ -140,6 +140,26 @@ pub struct Rotation {
 }
 
 impl Rotation {
+    /// Rotates `x: (B, L, H, D)` (heads after positions, as projections
+    /// produce them) with candle's fused kernel; builds no graph.
+    pub fn apply_thd(&self, x: &Tensor) -> Result<Tensor> {
+        candle_nn::rotary_emb::rope_thd(
+            &x.detach().contiguous()?,
+            &self.cos.contiguous()?,
+            &self.sin.contiguous()?,
+        )
+    }
+
+    /// The inverse (and transpose) of [`Self::apply_thd`]: the rotation by
+    /// minus the angle, which maps an output gradient to the input's.
+    pub fn invert_thd(&self, x: &Tensor) -> Result<Tensor> {
+        candle_nn::rotary_emb::rope_thd(
+            &x.detach().contiguous()?,
+            &self.cos.contiguous()?,
+            &self.sin.neg()?.contiguous()?,
+        )
+    }
+
     /// Rotates `x: (B, H, L, D)`.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         if x.track_op() {

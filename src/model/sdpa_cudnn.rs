@@ -185,6 +185,50 @@ pub fn causal_sdpa(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Ten
     q.apply_op3(&k, &v, op)
 }
 
+/// The forward's softmax statistics, for [`causal_sdpa_backward`].
+pub struct SdpaSaved {
+    op: CausalSdpa,
+    /// The layouts the forward read (the backward must read the same).
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+}
+
+/// [`causal_sdpa`] outside any graph, keeping what the backward needs: for
+/// a layer whose backward is written by hand.
+pub fn causal_sdpa_saving(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f32,
+) -> Result<(Tensor, SdpaSaved)> {
+    check_shapes(q.dims(), k.dims(), v.dims())?;
+    let q = cudnn_layout(&q.detach())?;
+    let k = cudnn_layout(&k.detach())?;
+    let v = cudnn_layout(&v.detach())?;
+    let op = CausalSdpa {
+        scale,
+        with_stats: true,
+        stats: Mutex::new(None),
+    };
+    let out = q.apply_op3_no_bwd(&k, &v, &op)?;
+    Ok((out, SdpaSaved { op, q, k, v }))
+}
+
+/// `(dq, dk, dv)` of [`causal_sdpa_saving`]'s output `out` for the output
+/// gradient `grad_out`.
+pub fn causal_sdpa_backward(
+    saved: &SdpaSaved,
+    out: &Tensor,
+    grad_out: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (dq, dk, dv) = saved.op.bwd(&saved.q, &saved.k, &saved.v, out, grad_out)?;
+    match (dq, dk, dv) {
+        (Some(dq), Some(dk), Some(dv)) => Ok((dq, dk, dv)),
+        _ => bail!("cuDNN attention: the backward returned no gradient"),
+    }
+}
+
 fn check_shapes(q: &[usize], k: &[usize], v: &[usize]) -> Result<()> {
     let &[b, h, l, d] = q else {
         bail!("cuDNN attention: q must be (B, H, L, D), got {q:?}");

@@ -54,7 +54,12 @@ pub fn lm_head_cross_entropy(
     labels: &Tensor,
 ) -> Result<(Tensor, usize)> {
     let vocab = head.dim(0)?;
-    chunked_cross_entropy(hidden, head, labels, (LOGIT_CHUNK_BYTES / (4 * vocab)).max(1))
+    chunked_cross_entropy(
+        hidden,
+        head,
+        labels,
+        (LOGIT_CHUNK_BYTES / (4 * vocab)).max(1),
+    )
 }
 
 /// [`lm_head_cross_entropy`] with `chunk` rows of logits at a time.
@@ -73,8 +78,16 @@ fn chunked_cross_entropy(
     // Flat positions t of (B*L) whose target labels[t + 1] is learned.
     let rows = labels.to_dtype(DType::I64)?.to_vec2::<i64>()?;
     let (mut at, mut targets) = (Vec::new(), Vec::new());
+    let vocab = head.dim(0)?;
     for (r, row) in rows.iter().enumerate() {
         for t in 0..l.saturating_sub(1) {
+            if row[t + 1] >= vocab as i64 {
+                candle_core::bail!(
+                    "label {} at row {r}, position {} is outside the vocabulary of {vocab}",
+                    row[t + 1],
+                    t + 1
+                );
+            }
             if row[t + 1] >= 0 {
                 at.push((r * l + t) as u32);
                 targets.push(row[t + 1] as u32);
@@ -96,19 +109,13 @@ fn chunked_cross_entropy(
     for start in (0..n).step_by(chunk) {
         let len = chunk.min(n - start);
         let x = picked_rows.narrow(0, start, len)?; // (c, H)
-        let tgt = targets.narrow(0, start, len)?.unsqueeze(1)?; // (c, 1)
-        let logits = x.matmul(&head.t()?)?.to_dtype(DType::F32)?; // (c, V)
-        let max = logits.max_keepdim(1)?; // (c, 1)
-        let shifted = logits.broadcast_sub(&max)?;
-        let lse = shifted.exp()?.sum_keepdim(1)?.log()?; // (c, 1), less max
-        let picked = shifted.gather(&tgt, 1)?; // (c, 1)
-        loss = (loss + (lse.clone() - picked)?.sum_all()?)?;
+        let tgt = targets.narrow(0, start, len)?; // (c,)
+        let logits = x.matmul(&head.t()?)?; // (c, V)
+        // Per-row loss and softmax - onehot(target), in one fused pass.
+        let (rows_loss, dlogits) = crate::model::fused::cross_entropy_rows(&logits, &tgt)?;
+        loss = (loss + rows_loss.sum_all()?)?;
         if want_grad {
-            // softmax - onehot(target), then back through the head.
-            let p = shifted.broadcast_sub(&lse)?.exp()?; // (c, V)
-            let minus_one = Tensor::full(-1f32, (len, 1), device)?;
-            p.scatter_add_set(&tgt, &minus_one, 1)?;
-            grads.push(p.to_dtype(hidden.dtype())?.matmul(head)?); // (c, H)
+            grads.push(dlogits.to_dtype(hidden.dtype())?.matmul(head)?); // (c, H)
         }
     }
     if !want_grad {
@@ -194,10 +201,9 @@ mod tests {
         let dev = Device::Cpu;
         let (b, l, h, v) = (2, 7, 16, 1000);
         let rand = |n: usize, name: &str| Rng::for_tensor(5, name).uniform(n, -1.0, 1.0);
-        let hidden = Var::from_tensor(
-            &Tensor::from_vec(rand(b * l * h, "h"), (b, l, h), &dev).unwrap(),
-        )
-        .unwrap();
+        let hidden =
+            Var::from_tensor(&Tensor::from_vec(rand(b * l * h, "h"), (b, l, h), &dev).unwrap())
+                .unwrap();
         let head = Tensor::from_vec(rand(v * h, "w"), (v, h), &dev).unwrap();
         let labels = Tensor::new(
             &[
@@ -207,7 +213,10 @@ mod tests {
             &dev,
         )
         .unwrap();
-        let logits = hidden.as_tensor().broadcast_matmul(&head.t().unwrap()).unwrap();
+        let logits = hidden
+            .as_tensor()
+            .broadcast_matmul(&head.t().unwrap())
+            .unwrap();
         let (full, n_full) = cross_entropy_sum(&logits, &labels).unwrap();
         // Three rows a chunk: the ten learned positions take four chunks.
         let (chunked, n) = chunked_cross_entropy(hidden.as_tensor(), &head, &labels, 3).unwrap();

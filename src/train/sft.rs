@@ -126,6 +126,11 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
     loaded
         .model
         .set_gradient_checkpointing(job.gradient_checkpointing);
+    // QLoRA: 4-bit frozen projections on a GPU (a CPU run keeps its dtype).
+    let four_bit = job.model.load_in_4bit && !job.device.is_cpu();
+    if four_bit {
+        loaded.model.quantize_base()?;
+    }
     tok.check_against_vocab(loaded.model.vocab_size())?;
     let records = read_records(&job.train_file)?;
     let (examples, stats) = build_examples(&tok, &records, job.model.max_length)?;
@@ -161,7 +166,11 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
     // 2. Fresh start or resume.
     let fingerprint = Fingerprint {
         config: serde_json::to_value(cfg)?,
-        base_model: job.base_dir.display().to_string(),
+        base_model: format!(
+            "{}{}",
+            job.base_dir.display(),
+            if four_bit { " (NF4)" } else { "" }
+        ),
         base_weights: weights_fingerprint(&job.base_dir)?,
         train_data_sha256: sha256_of(&[&job.train_file])?,
         tokenizer_sha256: sha256_of(&[
@@ -257,7 +266,7 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             set_dropout_seed(mix(cfg.seed, state.step, i as u64));
             let (ids, mask, labels) = tensors(b, &job.device)?;
             let hidden = loaded.model.forward_hidden(&ids, Some(&mask), true)?;
-            let head = loaded.model.lm_head().weight();
+            let head = &loaded.model.lm_head().weight()?;
             let (sum, _) = lm_head_cross_entropy(&hidden, head, &labels)?;
             let loss = (sum / answer_tokens.max(1) as f64)?;
             loss_sum += loss.to_scalar::<f32>()? as f64;
@@ -431,7 +440,7 @@ fn evaluate_loss(
         let b = batcher.batch(&ids);
         let (ids, mask, labels) = tensors(&b, dev)?;
         let hidden = m.model.forward_hidden(&ids, Some(&mask), false)?;
-        let (s, c) = lm_head_cross_entropy(&hidden, m.model.lm_head().weight(), &labels)?;
+        let (s, c) = lm_head_cross_entropy(&hidden, &m.model.lm_head().weight()?, &labels)?;
         sum += s.to_scalar::<f32>()? as f64;
         n += c;
     }

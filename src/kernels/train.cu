@@ -1,0 +1,130 @@
+// Fused kernels of the hand-written decoder-layer backward and the chunked
+// lm_head loss (see src/model/fused.rs). Each replaces a chain of candle ops
+// that made one pass over memory apiece, in f32, with one pass in the
+// model's dtype; the arithmetic is f32 in registers.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+
+// Sum of `v` over the block (blockDim.x a multiple of 32, at most 1024).
+__device__ __forceinline__ float block_sum(float v, float *shared) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    const int warps = blockDim.x >> 5;
+    v = lane < warps ? shared[lane] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float block_max(float v, float *shared) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    const int warps = blockDim.x >> 5;
+    v = lane < warps ? shared[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
+
+// RMSNorm backward, one block a row of n values: with r = 1/sqrt(mean(x^2) + eps),
+// x^ = x r and t = dy w, dx = r (t - x^ mean(t x^)).
+template <typename T>
+__device__ void rmsnorm_bwd(const T *x, const T *w, const T *dy, T *dx, int n, float eps) {
+    __shared__ float shared[32];
+    const size_t row = blockIdx.x;
+    x += row * n; dy += row * n; dx += row * n;
+    float ss = 0.f, tx = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float xv = to_f(x[i]);
+        ss += xv * xv;
+        tx += to_f(dy[i]) * to_f(w[i]) * xv;
+    }
+    ss = block_sum(ss, shared);
+    tx = block_sum(tx, shared);
+    const float r = rsqrtf(ss / n + eps);
+    const float c = tx * r * r / n; // mean(t x^) r, applied to x (x^ = x r)
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float t = to_f(dy[i]) * to_f(w[i]);
+        dx[i] = from_f<T>(r * (t - to_f(x[i]) * c));
+    }
+}
+
+// SwiGLU: h = silu(g) u. Backward: du = dh silu(g), dg = dh u s (1 + g (1 - s)).
+template <typename T>
+__device__ void swiglu_fwd(const T *g, const T *u, T *h, size_t numel) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < numel;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float gv = to_f(g[i]);
+        h[i] = from_f<T>(gv / (1.f + __expf(-gv)) * to_f(u[i]));
+    }
+}
+
+template <typename T>
+__device__ void swiglu_bwd(const T *g, const T *u, const T *dh, T *dg, T *du, size_t numel) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < numel;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float gv = to_f(g[i]), uv = to_f(u[i]), d = to_f(dh[i]);
+        const float s = 1.f / (1.f + __expf(-gv));
+        du[i] = from_f<T>(d * gv * s);
+        dg[i] = from_f<T>(d * uv * s * (1.f + gv * (1.f - s)));
+    }
+}
+
+// Cross-entropy of one row of logits against its target, one block a row of
+// v values: loss[row] = logsumexp(z) - z[target], and the row overwritten with
+// dL/dz = softmax(z) - onehot(target) (in the logits' dtype).
+template <typename T>
+__device__ void xent_fwd_bwd(T *z, const uint32_t *target, float *loss, int v) {
+    __shared__ float shared[32];
+    const size_t row = blockIdx.x;
+    z += row * v;
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < v; i += blockDim.x) m = fmaxf(m, to_f(z[i]));
+    m = block_max(m, shared);
+    float s = 0.f;
+    for (int i = threadIdx.x; i < v; i += blockDim.x) s += __expf(to_f(z[i]) - m);
+    s = block_sum(s, shared);
+    const float lse = m + __logf(s);
+    const uint32_t t = target[row];
+    if (threadIdx.x == 0) loss[row] = lse - to_f(z[t]);
+    __syncthreads(); // z[t] read before it is overwritten
+    for (int i = threadIdx.x; i < v; i += blockDim.x) {
+        const float p = __expf(to_f(z[i]) - lse);
+        z[i] = from_f<T>((uint32_t)i == t ? p - 1.f : p);
+    }
+}
+
+#define INSTANTIATE(NAME, T)                                                                      \
+    extern "C" __global__ void rmsnorm_bwd_##NAME(const T *x, const T *w, const T *dy, T *dx,     \
+                                                  int n, float eps) {                             \
+        rmsnorm_bwd<T>(x, w, dy, dx, n, eps);                                                     \
+    }                                                                                             \
+    extern "C" __global__ void swiglu_fwd_##NAME(const T *g, const T *u, T *h, size_t numel) {    \
+        swiglu_fwd<T>(g, u, h, numel);                                                            \
+    }                                                                                             \
+    extern "C" __global__ void swiglu_bwd_##NAME(const T *g, const T *u, const T *dh, T *dg,      \
+                                                 T *du, size_t numel) {                           \
+        swiglu_bwd<T>(g, u, dh, dg, du, numel);                                                   \
+    }                                                                                             \
+    extern "C" __global__ void xent_fwd_bwd_##NAME(T *z, const uint32_t *target, float *loss,     \
+                                                   int v) {                                       \
+        xent_fwd_bwd<T>(z, target, loss, v);                                                      \
+    }
+
+INSTANTIATE(f32, float)
+INSTANTIATE(bf16, __nv_bfloat16)
+INSTANTIATE(f16, __half)
