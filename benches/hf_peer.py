@@ -57,6 +57,7 @@ def build_4bit(name):
                            bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)
     model = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=q, dtype=torch.bfloat16,
                                                  device_map={"": 0}, attn_implementation="sdpa")
+    model.train()  # from_pretrained returns eval mode, where checkpointing is off
     return model, cfg
 
 def sft(args):

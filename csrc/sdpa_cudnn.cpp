@@ -256,6 +256,10 @@ std::shared_ptr<fe::graph::Graph> describe(const TtSdpaDims &d, Direction direct
                                    .set_data_type(fe::DataType_t::FLOAT));
         auto options = fe::graph::SDPA_backward_attributes()
                            .set_name("causal_sdpa_bwd")
+                           // Without it dQ is summed with atomics in an order
+                           // that changes run to run; training must repeat
+                           // exactly (bit-for-bit resume).
+                           .set_deterministic_algorithm(true)
                            .set_attn_scale(d.scale)
                            .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                            .set_diagonal_band_right_bound(0);

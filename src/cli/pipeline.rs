@@ -28,7 +28,9 @@ pub struct PipelineArgs {
     /// pipeline makes itself, a few steps a stage.
     #[arg(long)]
     pub quick_test: bool,
-    /// Presets for one B200-class GPU (large batches, bf16).
+    /// Preset for one large GPU (B200, H200, H100 80 GB): bf16 base weights
+    /// (no 4-bit), no gradient checkpointing, micro-batches of 8 with 4
+    /// accumulation steps.
     #[arg(long)]
     pub b200: bool,
     /// Keep the base weights in 16 bits instead of 4.
@@ -84,11 +86,17 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         cfg.model.load_in_4bit = false;
     }
     if args.b200 {
+        // One large card (B200, H200, H100 80 GB). Measured on an H200 at
+        // the Qwen3-4B shape: without checkpointing and 4-bit weights a step
+        // runs 1.35x faster than with them, and 4 x 1024 tokens take 20 GiB
+        // of which 8 are weights; 8 x 2048 tokens then need about 56 GiB
+        // (an estimate from that figure, activations growing with tokens).
         cfg.model.dtype = "bf16".into();
+        cfg.model.load_in_4bit = false;
         cfg.hardware.gradient_checkpointing = false;
         for s in [&mut cfg.stage1, &mut cfg.stage2] {
-            s.batch_size = 16;
-            s.gradient_accumulation_steps = 2;
+            s.batch_size = 8;
+            s.gradient_accumulation_steps = 4;
         }
     }
     let data_dir = if args.quick_test {
@@ -198,6 +206,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             force: false,
             // On (the default) means "on a GPU"; the stage decides.
             gradient_checkpointing: (!cfg.hardware.gradient_checkpointing).then_some(false),
+            no_4bit: !cfg.model.load_in_4bit,
         }
     };
     for (stage, name) in [(1u8, "warmup"), (2u8, "sft")] {

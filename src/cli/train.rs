@@ -63,6 +63,10 @@ pub struct TrainArgs {
     /// a GPU; `true` forces it on the CPU too).
     #[arg(long)]
     pub gradient_checkpointing: Option<bool>,
+    /// Keep the frozen base weights in 16 bits (default on a GPU: 4-bit NF4
+    /// as the pipeline config's `model.load_in_4bit` says, i.e. QLoRA).
+    #[arg(long)]
+    pub no_4bit: bool,
 }
 
 /// The stage's defaults: (config file, training file, eval file, output).
@@ -122,7 +126,11 @@ pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
         resume,
         force,
         gradient_checkpointing,
+        no_4bit,
     } = args.clone();
+    if no_4bit {
+        model.load_in_4bit = false;
+    }
     macro_rules! set {
         ($flag:expr, $field:expr) => {
             if let Some(v) = $flag {

@@ -364,6 +364,44 @@ pub fn attend_causal_fused(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor>
     }
 }
 
+/// `(dq, dk, dv)` of [`attend`] for the output gradient `d_o: (B, H, L,
+/// D)`, written by hand: with `P` the softmax recomputed once, `dV = P^T
+/// dO`, `dP = dO V^T`, `dS = P (dP - rowsum(dP P))`, `dQ = dS K / sqrt(D)`,
+/// `dK = dS^T Q / sqrt(D)`. A query group's heads are stacked along the
+/// length as in [`attend`], so `dK` and `dV` come out summed over each
+/// group. About four score-sized tensors live at once (autograd kept a
+/// dozen).
+pub fn attend_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    d_o: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (b, h, l, d) = q.dims4()?;
+    let (_, h_kv, t, _) = k.dims4()?;
+    let groups = h / h_kv;
+    let scale = 1.0 / (d as f64).sqrt();
+    let dtype = q.dtype();
+    let qg = q.contiguous()?.reshape((b, h_kv, groups * l, d))?; // (B, H_kv, G*L, D)
+    let (k, v) = (k.contiguous()?, v.contiguous()?);
+    let scores = (qg.matmul(&k.t()?)?.to_dtype(DType::F32)? * scale)?.reshape((b, h, l, t))?;
+    let scores = match mask {
+        Some(mask) => scores.broadcast_add(mask)?,
+        None => scores,
+    };
+    let p = candle_nn::ops::softmax_last_dim(&scores)?.reshape((b, h_kv, groups * l, t))?;
+    drop(scores);
+    let dog = d_o.contiguous()?.reshape((b, h_kv, groups * l, d))?;
+    let dv = p.to_dtype(dtype)?.t()?.matmul(&dog)?; // (B, H_kv, T, D)
+    let dp = dog.matmul(&v.t()?)?.to_dtype(DType::F32)?; // (B, H_kv, G*L, T)
+    let rowsum = (&dp * &p)?.sum_keepdim(D::Minus1)?;
+    let ds = (dp.broadcast_sub(&rowsum)? * p)?.to_dtype(dtype)?;
+    let dq = (ds.matmul(&k)? * scale)?.reshape((b, h, l, d))?;
+    let dk = (ds.t()?.matmul(&qg)? * scale)?;
+    Ok((dq, dk, dv))
+}
+
 /// `x: (B, H, T, D)` as a batched matmul can read it in place: rows of `D`
 /// contiguous, `T` rows a stride `D` apart, and `(B, H)` one batch stride.
 /// A prefix view of the cache's buffers is such a tensor; anything else is
@@ -502,6 +540,42 @@ mod tests {
             .to_vec1()
             .unwrap();
         assert_eq!(first, [4.0, 5.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn hand_written_backward_matches_autograd() {
+        use crate::model::init::Rng;
+        let dev = Device::Cpu;
+        let rand = |shape: (usize, usize, usize, usize), name: &str| {
+            let n = shape.0 * shape.1 * shape.2 * shape.3;
+            Tensor::from_vec(Rng::for_tensor(9, name).uniform(n, -1.0, 1.0), shape, &dev).unwrap()
+        };
+        let (q, k, v) = (
+            rand((2, 4, 5, 8), "q"),
+            rand((2, 2, 5, 8), "k"),
+            rand((2, 2, 5, 8), "v"),
+        );
+        let d_o = rand((2, 4, 5, 8), "do");
+        let pad = Tensor::new(&[[1u32, 1, 1, 1, 1], [1, 1, 1, 0, 0]], &dev).unwrap();
+        let m = mask(5, 0, Some(&pad), &dev).unwrap();
+        let vars: Vec<candle_core::Var> = [&q, &k, &v]
+            .iter()
+            .map(|t| candle_core::Var::from_tensor(t).unwrap())
+            .collect();
+        let out = attend(
+            vars[0].as_tensor(),
+            vars[1].as_tensor(),
+            vars[2].as_tensor(),
+            m.as_ref(),
+        )
+        .unwrap();
+        let g = (out * &d_o).unwrap().sum_all().unwrap().backward().unwrap();
+        let (dq, dk, dv) = attend_backward(&q, &k, &v, m.as_ref(), &d_o).unwrap();
+        for (mine, var) in [dq, dk, dv].iter().zip(&vars) {
+            let want = g.get(var.as_tensor()).unwrap();
+            let diff = crate::model::max_abs_diff(mine, want);
+            assert!(diff < 1e-5, "{diff}");
+        }
     }
 
     #[test]

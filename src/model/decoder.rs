@@ -680,24 +680,7 @@ fn attention_backward(
         AttnSaved::Fused(s) => super::sdpa_cudnn::causal_sdpa_backward(s, o, d_o),
         AttnSaved::Plain => {
             let _ = o;
-            let (qv, kv, vv) = (
-                Var::from_tensor(q)?,
-                Var::from_tensor(k)?,
-                Var::from_tensor(v)?,
-            );
-            let out = attention::attend(
-                qv.as_tensor(),
-                kv.as_tensor(),
-                vv.as_tensor(),
-                ctx.mask.as_ref(),
-            )?;
-            let g = (out * d_o.contiguous()?)?.sum_all()?.backward()?;
-            let get = |v: &Var| {
-                g.get(v.as_tensor())
-                    .cloned()
-                    .ok_or_else(|| candle_core::Error::Msg("attention: no gradient".into()))
-            };
-            Ok((get(&qv)?, get(&kv)?, get(&vv)?))
+            attention::attend_backward(q, k, v, ctx.mask.as_ref(), d_o)
         }
     }
 }

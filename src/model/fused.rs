@@ -83,6 +83,39 @@ pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, 
     Ok((loss, p.to_dtype(dtype)?))
 }
 
+/// Hyper-parameters of one AdamW step ([`adamw_step`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AdamWStep {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    /// `1 - beta1^t` and `1 - beta2^t`.
+    pub c1: f64,
+    pub c2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Gradient multiplier (clipping).
+    pub grad_scale: f64,
+}
+
+/// One AdamW step on f32 `param`, `grad`, `m`, `v` of one shape: the new
+/// `(param, m, v)`, in one kernel on CUDA; `None` on other devices (the
+/// caller runs the same formula as tensor ops).
+pub fn adamw_step(
+    param: &Tensor,
+    grad: &Tensor,
+    m: &Tensor,
+    v: &Tensor,
+    h: &AdamWStep,
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    #[cfg(feature = "cuda")]
+    if param.device().is_cuda() {
+        return cuda::adamw_step(param, grad, m, v, h).map(Some);
+    }
+    let _ = (param, grad, m, v, h);
+    Ok(None)
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::cuda_backend::WrapErr;
@@ -300,6 +333,77 @@ mod cuda {
         unsafe { b.launch(grid(numel)) }.w()?;
         let shape = g.shape().clone();
         Ok((tensor(dg, &dev, shape.clone()), tensor(du, &dev, shape)))
+    }
+
+    pub fn adamw_step(
+        param: &Tensor,
+        grad: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+        h: &super::AdamWStep,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let n = param.elem_count();
+        let f = |t: &Tensor| -> Result<Tensor> { t.to_dtype(DType::F32)?.contiguous() };
+        let (p, g, m, v) = (f(param)?, f(grad)?, f(m)?, f(v)?);
+        for (name, t) in [("grad", &g), ("m", &m), ("v", &v)] {
+            if t.elem_count() != n {
+                bail!(
+                    "adamw: {name} has {} values, the parameter {n}",
+                    t.elem_count()
+                );
+            }
+        }
+        let (ps, pl) = p.storage_and_layout();
+        let (gs, gl) = g.storage_and_layout();
+        let (ms, ml) = m.storage_and_layout();
+        let (vs, vl) = v.storage_and_layout();
+        let dev = cuda(&ps)?.device.clone();
+        let (pv, gv, mv, vv) = (
+            view::<f32>(&ps, pl, n)?,
+            view::<f32>(&gs, gl, n)?,
+            view::<f32>(&ms, ml, n)?,
+            view::<f32>(&vs, vl, n)?,
+        );
+        // SAFETY: every element of the three outputs is written.
+        let (mut po, mut mo, mut vo) = unsafe {
+            (
+                dev.alloc::<f32>(n)?,
+                dev.alloc::<f32>(n)?,
+                dev.alloc::<f32>(n)?,
+            )
+        };
+        let func = dev.get_or_load_custom_func("adamw_f32", MODULE, PTX)?;
+        let scalars = [
+            h.grad_scale,
+            h.beta1,
+            h.beta2,
+            h.c1,
+            h.c2,
+            h.eps,
+            h.lr,
+            h.weight_decay,
+        ]
+        .map(|x| x as f32);
+        let mut b = func.builder();
+        b.arg(&pv);
+        b.arg(&gv);
+        b.arg(&mv);
+        b.arg(&vv);
+        b.arg(&mut po);
+        b.arg(&mut mo);
+        b.arg(&mut vo);
+        b.arg(&n);
+        for s in &scalars {
+            b.arg(s);
+        }
+        // SAFETY: the arguments match `adamw_f32` in train.cu; n values each.
+        unsafe { b.launch(grid(n)) }.w()?;
+        let shape = param.shape().clone();
+        Ok((
+            tensor(po, &dev, shape.clone()),
+            tensor(mo, &dev, shape.clone()),
+            tensor(vo, &dev, shape),
+        ))
     }
 
     pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {

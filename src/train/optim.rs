@@ -62,15 +62,17 @@ impl AdamW {
 
     /// The L2 norm of all gradients together; `grads` are in `vars` order.
     pub fn grad_norm(grads: &[Tensor]) -> Result<f64> {
-        let mut sq = 0f64;
-        for g in grads {
-            sq += g
-                .to_dtype(DType::F32)?
-                .sqr()?
-                .sum_all()?
-                .to_scalar::<f32>()? as f64;
+        // Each tensor's sum of squares on the device, then one copy to the
+        // host (not one synchronisation a tensor), summed there in f64.
+        let sums = grads
+            .iter()
+            .map(|g| g.to_dtype(DType::F32)?.sqr()?.sum_all())
+            .collect::<Result<Vec<_>>>()?;
+        if sums.is_empty() {
+            return Ok(0.0);
         }
-        Ok(sq.sqrt())
+        let sums = Tensor::stack(&sums, 0)?.to_vec1::<f32>()?;
+        Ok(sums.iter().map(|&s| s as f64).sum::<f64>().sqrt())
     }
 
     /// One update with learning rate `lr`; `grads` (in `vars` order) are
@@ -88,7 +90,31 @@ impl AdamW {
                 self.vars.len()
             );
         }
+        let fused = crate::model::fused::AdamWStep {
+            lr,
+            beta1: b1,
+            beta2: b2,
+            c1,
+            c2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            grad_scale,
+        };
         for (i, (_, var)) in self.vars.iter().enumerate() {
+            if var.dtype() == DType::F32
+                && let Some((p, m, v)) = crate::model::fused::adamw_step(
+                    var.as_tensor(),
+                    &grads[i],
+                    &self.m[i],
+                    &self.v[i],
+                    &fused,
+                )?
+            {
+                var.set(&p)?;
+                self.m[i] = m;
+                self.v[i] = v;
+                continue;
+            }
             let g = (grads[i].to_dtype(DType::F32)? * grad_scale)?;
             let m = ((&self.m[i] * b1)? + (&g * (1.0 - b1))?)?;
             let v = ((&self.v[i] * b2)? + (g.sqr()? * (1.0 - b2))?)?;
