@@ -10,6 +10,7 @@
 //! [`crate::model::generate::greedy`], detokenizes each continuation and
 //! passes it to [`Prediction::new`] with its `stopped` flag.
 
+pub mod buckets;
 pub mod interval;
 mod report;
 
