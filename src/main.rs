@@ -276,7 +276,12 @@ fn init_logging(verbose: u8) {
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Eval(args) => {
-            cli::eval::run_eval(&args)?;
+            match &args.compare {
+                Some(files) => cli::eval::run_compare(&files[0], &files[1])?,
+                None => {
+                    cli::eval::run_eval(&args)?;
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Pipeline(args) => {

@@ -217,14 +217,19 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     if todo(3, &state) {
         eprintln!("== eval");
         run_eval(&EvalArgs {
-            model: root.join("sft/merged"),
+            model: Some(root.join("sft/merged")),
             adapter: None,
+            compare: None,
+            heldout: None,
+            prompt: "original".into(),
+            variants: 1,
             data: Some(data_dir.join("stage2_transformed_test.jsonl")),
             output: Some(root.join("eval/report.json")),
             limit: eval_limit,
             max_new_tokens,
             batch_size: 8,
             device: args.device.clone(),
+            unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
         })?;
         finish(3, &mut state)?;
     }
