@@ -392,12 +392,17 @@ pub struct GenerateConfig {
     pub skip_bad: bool,
     pub filters: Filters,
     /// Balance each training split by output-line bucket (1, 2-3, 4-10,
-    /// 11+): a bucket keeps at most `balance_ratio` times the records of
-    /// the smallest non-empty bucket, chosen by a hash of `seed` and the
-    /// record (deterministic). Test splits are never changed. Default false.
+    /// 11+), or by the joint buckets of `balance_by`: a bucket keeps at
+    /// most `balance_ratio` times the records of the smallest non-empty
+    /// bucket, chosen by a hash of `seed` and the record (deterministic).
+    /// Test splits are never changed. Default false.
     pub balance_lines: bool,
     /// See `balance_lines`. At least 1. Default 2.0.
     pub balance_ratio: f64,
+    /// The features `balance_lines` balances by, jointly: any of
+    /// `output_lines`, `loop_depth`, `lines`, `injections`. Default
+    /// `["output_lines"]`.
+    pub balance_by: Vec<String>,
     /// Limits of each run. Default: 10 s CPU, 10 s wall (the environment's
     /// timeout), 512 MiB, 1 MiB a stream.
     pub limits: Limits,
@@ -421,6 +426,7 @@ impl Default for GenerateConfig {
             filters: Filters::default(),
             balance_lines: false,
             balance_ratio: 2.0,
+            balance_by: vec!["output_lines".into()],
             limits: Limits {
                 wall_ms: 10_000,
                 ..Limits::default()
@@ -455,6 +461,18 @@ impl Validate for GenerateConfig {
                 "balance_ratio: {} must be at least 1 (1 gives every line bucket the size of the smallest)",
                 self.balance_ratio
             ));
+        }
+        let known = ["output_lines", "loop_depth", "lines", "injections"];
+        if self.balance_by.is_empty() {
+            p.push("balance_by: name at least one feature".into());
+        }
+        for f in &self.balance_by {
+            if !known.contains(&f.as_str()) {
+                p.push(format!(
+                    "balance_by: `{f}` is not one of {}",
+                    known.join(", ")
+                ));
+            }
         }
         p.extend(self.filters.problems());
         p

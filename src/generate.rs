@@ -86,9 +86,11 @@ pub struct StageStats {
     pub balance: Option<Balance>,
 }
 
-/// How a training split was balanced by output-line bucket.
+/// How a training split was balanced.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Balance {
+    /// The features whose (joint) buckets were capped.
+    pub by: Vec<String>,
     pub ratio: f64,
     /// Most records a bucket kept: `ratio` times the smallest non-empty
     /// bucket.
@@ -286,7 +288,13 @@ pub fn run(
     for (stage, stats) in [(1u8, &mut summary.stage1), (2u8, &mut summary.stage2)] {
         let train = Outputs::index(stage, false);
         if cfg.balance_lines {
-            let (mask, b) = balance(&infos[train], cfg.balance_ratio, cfg.seed, stage);
+            let (mask, b) = balance(
+                &infos[train],
+                &cfg.balance_by,
+                cfg.balance_ratio,
+                cfg.seed,
+                stage,
+            );
             infos[train] = infos[train]
                 .iter()
                 .zip(&mask)
@@ -364,15 +372,41 @@ fn count_stage(s: &mut StageStats, train: &[RecordInfo], test: &[RecordInfo], st
     }
 }
 
-/// Which records of a training split `balance_lines` keeps: each
-/// output-line bucket at most `ratio` times the smallest non-empty one,
+/// Which records of a training split `balance_lines` keeps: each bucket
+/// (of output lines, or the joint bucket of the `by` features) at most
+/// `ratio` times the smallest non-empty one,
 /// the records of an over-full bucket ranked by a hash of the seed, the
 /// stage and the record (so the choice is the same on every run and does
 /// not follow the input order).
-fn balance(infos: &[RecordInfo], ratio: f64, seed: u64, stage: u8) -> (Vec<bool>, Balance) {
-    let key =
-        |i: &RecordInfo| buckets::bucket(i.difficulty.output_lines, buckets::OUTPUT_LINES.edges);
-    let mut groups: BTreeMap<u32, (String, Vec<usize>)> = BTreeMap::new();
+fn balance(
+    infos: &[RecordInfo],
+    by: &[String],
+    ratio: f64,
+    seed: u64,
+    stage: u8,
+) -> (Vec<bool>, Balance) {
+    let features: Vec<buckets::Feature> = by
+        .iter()
+        .filter_map(|name| buckets::FEATURES.iter().find(|f| f.name == name).copied())
+        .collect();
+    let key = |i: &RecordInfo| {
+        let parts: Vec<(u32, String)> = features
+            .iter()
+            .map(|f| buckets::bucket((f.get)(&i.difficulty), f.edges))
+            .collect();
+        let label = if parts.len() == 1 {
+            parts[0].1.clone()
+        } else {
+            features
+                .iter()
+                .zip(&parts)
+                .map(|(f, (_, l))| format!("{}={l}", f.name))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        (parts.into_iter().map(|p| p.0).collect::<Vec<u32>>(), label)
+    };
+    let mut groups: BTreeMap<Vec<u32>, (String, Vec<usize>)> = BTreeMap::new();
     for (n, i) in infos.iter().enumerate() {
         let (k, label) = key(i);
         groups.entry(k).or_insert((label, Vec::new())).1.push(n);
@@ -390,6 +424,7 @@ fn balance(infos: &[RecordInfo], ratio: f64, seed: u64, stage: u8) -> (Vec<bool>
     };
     let mut keep = vec![true; infos.len()];
     let mut b = Balance {
+        by: by.to_vec(),
         ratio,
         cap: cap as u64,
         ..Balance::default()

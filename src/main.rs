@@ -124,6 +124,10 @@ struct GenerateArgs {
     /// the smallest non-empty bucket (>= 1).
     #[arg(long)]
     balance_ratio: Option<f64>,
+    /// With --balance_lines: the features to balance by, jointly, comma
+    /// separated (output_lines, loop_depth, lines, injections).
+    #[arg(long, value_delimiter = ',')]
+    balance_by: Option<Vec<String>>,
     /// Small built-in run that finishes in seconds.
     #[arg(long)]
     quick_test: bool,
@@ -508,6 +512,7 @@ fn resolve_generate(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
         skip_bad,
         balance_lines,
         balance_ratio,
+        balance_by,
         quick_test,
         unsafe_flag: _,
     } = args;
@@ -546,6 +551,9 @@ fn resolve_generate(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
     }
     if let Some(v) = balance_ratio {
         cfg.balance_ratio = *v;
+    }
+    if let Some(v) = balance_by {
+        cfg.balance_by = v.clone();
     }
     let problems = config::Validate::problems(&cfg);
     anyhow::ensure!(
@@ -603,8 +611,10 @@ fn generate_cmd(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         }
         if let Some(b) = &st.balance {
             eprintln!(
-                "    balanced: each line bucket at most {} train records ({} dropped)",
-                b.cap, b.dropped
+                "    balanced by {}: each bucket at most {} train records ({} dropped)",
+                b.by.join("+"),
+                b.cap,
+                b.dropped
             );
         }
     }

@@ -448,6 +448,54 @@ fn balance_lines_caps_full_buckets_the_same_way_every_run() {
             .all(|b| b.1 == 4),
         "{s}"
     );
+    // Jointly by output lines and loop depth (every program here has one
+    // loop): the same caps, the joint buckets named.
+    run(
+        "joint",
+        &["--balance_lines", "--balance_by", "output_lines,loop_depth"],
+    );
+    let s = read_stats(dir.path(), "joint", 1);
+    let after: Vec<(String, u64)> = s["counts"]["balance"]["after"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["bucket"].as_str().unwrap().to_owned(),
+                b["n"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        after,
+        [
+            ("output_lines=1,loop_depth=1".into(), 8),
+            ("output_lines=2-3,loop_depth=1".into(), 8),
+            ("output_lines=4-10,loop_depth=1".into(), 6),
+            ("output_lines=11+,loop_depth=1".into(), 4)
+        ]
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("joint/stage1_original_train.jsonl")).unwrap(),
+        std::fs::read(dir.path().join("a/stage1_original_train.jsonl")).unwrap(),
+    );
+    let o = generate(
+        dir.path(),
+        "bad",
+        &[
+            "--dataset",
+            "d.jsonl",
+            "--balance_lines",
+            "--balance_by",
+            "colour",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("balance_by: `colour`"),
+        "{}",
+        stderr(&o)
+    );
     // Without the option nothing is dropped and the stats say nothing of it.
     let s = read_stats(dir.path(), "plain", 1);
     assert_eq!(s["counts"]["records_train"], 40);
