@@ -93,7 +93,7 @@ fn records_are_complete_and_split_by_program() {
         assert!(r["expected_output"].as_str().unwrap().contains("__DBG_"));
         assert!(r["metadata"]["seed"].is_u64() && r["metadata"]["features"]["lines"].is_u64());
     }
-    // Env seed scheme: variant v of row r has seed r + v*N (N = 160 rows).
+    // Env seed scheme: variant v of row r has seed r + v*N (N = the corpus size).
     let first = &train[0]["metadata"];
     let (row, variant, seed) = (
         first["row_index"].as_u64().unwrap(),

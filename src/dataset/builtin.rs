@@ -63,6 +63,18 @@ mod tests {
             assert!(!r.program.is_empty(), "{}", r.name);
             assert!(r.output.is_some(), "{} has no .out", r.name);
         }
+        // Outputs of every length: a corpus of long outputs only teaches a
+        // model to keep writing lines after its answer.
+        let short = rows
+            .iter()
+            .filter(|r| {
+                let n = crate::reward::python_strip(r.output.as_deref().unwrap_or_default())
+                    .lines()
+                    .count();
+                (1..=3).contains(&n)
+            })
+            .count();
+        assert!(short >= 50, "only {short} programs print 1 to 3 lines");
     }
 
     #[test]
