@@ -45,7 +45,8 @@ pub struct EvalArgs {
     /// Test records (default: the Stage 2 test set).
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Report file (default: eval_report.json beside the model folder).
+    /// Report file (default: eval_report.json beside the model folder, or
+    /// eval_report_heldout_NAME.json with --heldout NAME).
     #[arg(long)]
     pub output: Option<PathBuf>,
     /// Evaluate only the first N records.
@@ -180,15 +181,16 @@ pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
         })
         .collect();
     let report = Report::new(predictions, DEFAULT_LEVEL);
+    let file = match &args.heldout {
+        Some(name) => format!("eval_report_heldout_{name}.json"),
+        None => "eval_report.json".to_owned(),
+    };
     let out = args.output.clone().unwrap_or_else(|| {
         args.adapter
             .as_ref()
             .unwrap_or(&model_dir)
             .parent()
-            .map_or_else(
-                || PathBuf::from("eval_report.json"),
-                |p| p.join("eval_report.json"),
-            )
+            .map_or_else(|| PathBuf::from(&file), |p| p.join(&file))
     });
     report.write(&out)?;
     eprintln!("{}", report.summary());
