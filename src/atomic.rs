@@ -41,6 +41,30 @@ impl AtomicFile {
         Ok(self.tmp.as_file().try_clone()?)
     }
 
+    /// A new file for the same target holding the lines of this one whose
+    /// entry in `keep` is true, in order (this one is discarded). Lines
+    /// beyond the end of `keep` are kept.
+    pub fn filter_lines(self, keep: &[bool]) -> anyhow::Result<AtomicFile> {
+        use std::io::BufRead;
+        let mut out = AtomicFile::create(&self.target)?;
+        let context = || format!("cannot filter `{}`", self.target.display());
+        {
+            let reader =
+                std::io::BufReader::new(File::open(self.tmp.path()).with_context(context)?);
+            let mut w = out.writer();
+            for (i, line) in reader.split(b'\n').enumerate() {
+                let line = line.with_context(context)?;
+                if keep.get(i).copied().unwrap_or(true) {
+                    w.write_all(&line)
+                        .and_then(|_| w.write_all(b"\n"))
+                        .with_context(context)?;
+                }
+            }
+            w.flush().with_context(context)?;
+        }
+        Ok(out)
+    }
+
     pub fn commit(self) -> anyhow::Result<()> {
         self.tmp
             .as_file()
@@ -109,5 +133,23 @@ mod tests {
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
         super::write(&target, b"new").unwrap();
         assert_eq!(std::fs::read(&target).unwrap(), b"new");
+    }
+
+    #[test]
+    fn filtering_keeps_the_masked_lines_and_leaves_no_temp_file() {
+        use std::io::Write;
+        let d = tempfile::tempdir().unwrap();
+        let target = d.path().join("out.jsonl");
+        let mut f = super::AtomicFile::create(&target).unwrap();
+        {
+            let mut w = f.writer();
+            w.write_all(b"a\nb\nc\nd\n").unwrap();
+            w.flush().unwrap();
+        }
+        let f = f.filter_lines(&[true, false, true]).unwrap();
+        assert!(!target.exists());
+        f.commit().unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"a\nc\nd\n");
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
     }
 }

@@ -259,7 +259,8 @@ impl SeedScheme {
     }
 }
 
-/// Which rows are kept for training (the peer pipeline's filters).
+/// Which rows are kept for training (the peer pipeline's filters, with the
+/// line-count limits set per stage).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Filters {
@@ -267,8 +268,18 @@ pub struct Filters {
     pub max_source_chars: usize,
     /// Longest expected output in characters. Default 5000.
     pub max_output_chars: usize,
-    /// Fewest output lines (transformed programs). Default 3.
-    pub min_output_lines: usize,
+    /// The older spelling of `transformed.min_output_lines`, still read so
+    /// that older config files load; when present it sets the transformed
+    /// set's minimum (the original set keeps its own). Default absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_output_lines: Option<usize>,
+    /// Output-line limits of the original programs (Stage 1). Default: every
+    /// length (at least 1 line, no maximum).
+    pub original: LineFilter,
+    /// Output-line limits of the transformed programs (Stage 2). Default:
+    /// every length (at least 1 line, no maximum), as the environment asks
+    /// them.
+    pub transformed: LineFilter,
     /// Drop runs that wrote anything on stderr. Default true.
     pub drop_stderr: bool,
     /// Drop empty outputs. Default true.
@@ -282,11 +293,73 @@ impl Default for Filters {
         Filters {
             max_source_chars: 10_000,
             max_output_chars: 5_000,
-            min_output_lines: 3,
+            min_output_lines: None,
+            original: LineFilter::default(),
+            transformed: LineFilter::default(),
             drop_stderr: true,
             drop_empty: true,
             require_dbg: true,
         }
+    }
+}
+
+impl Filters {
+    /// The line limits in force for one stage's set (`transformed` or not),
+    /// with the older `min_output_lines` applied.
+    pub fn lines(&self, transformed: bool) -> LineFilter {
+        if transformed {
+            let mut f = self.transformed;
+            if let Some(min) = self.min_output_lines {
+                f.min_output_lines = min;
+            }
+            f
+        } else {
+            self.original
+        }
+    }
+
+    fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        for (name, f) in [
+            ("original", self.original),
+            ("transformed", self.lines(true)),
+        ] {
+            if let Some(max) = f.max_output_lines
+                && max < f.min_output_lines
+            {
+                p.push(format!(
+                    "filters.{name}: max_output_lines {max} is below min_output_lines {}",
+                    f.min_output_lines
+                ));
+            }
+        }
+        p
+    }
+}
+
+/// How many lines a kept output may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LineFilter {
+    /// Fewest output lines. Default 1 (every non-empty output).
+    pub min_output_lines: usize,
+    /// Most output lines (null: no limit). Default null.
+    pub max_output_lines: Option<usize>,
+}
+
+impl Default for LineFilter {
+    fn default() -> Self {
+        LineFilter {
+            min_output_lines: 1,
+            max_output_lines: None,
+        }
+    }
+}
+
+impl LineFilter {
+    /// Whether an output of `lines` lines passes.
+    pub fn admits(&self, lines: usize) -> bool {
+        lines >= self.min_output_lines && self.max_output_lines.is_none_or(|max| lines <= max)
     }
 }
 
@@ -320,6 +393,18 @@ pub struct GenerateConfig {
     /// Count and skip malformed lines instead of stopping. Default false.
     pub skip_bad: bool,
     pub filters: Filters,
+    /// Balance each training split by output-line bucket (1, 2-3, 4-10,
+    /// 11+), or by the joint buckets of `balance_by`: a bucket keeps at
+    /// most `balance_ratio` times the records of the smallest non-empty
+    /// bucket, chosen by a hash of `seed` and the record (deterministic).
+    /// Test splits are never changed. Default false.
+    pub balance_lines: bool,
+    /// See `balance_lines`. At least 1. Default 2.0.
+    pub balance_ratio: f64,
+    /// The features `balance_lines` balances by, jointly: any of
+    /// `output_lines`, `loop_depth`, `lines`, `injections`. Default
+    /// `["output_lines"]`.
+    pub balance_by: Vec<String>,
     /// Limits of each run. Default: 10 s CPU, 10 s wall (the environment's
     /// timeout), 512 MiB, 1 MiB a stream.
     pub limits: Limits,
@@ -341,6 +426,9 @@ impl Default for GenerateConfig {
             python: PathBuf::from("/usr/bin/python3"),
             skip_bad: false,
             filters: Filters::default(),
+            balance_lines: false,
+            balance_ratio: 2.0,
+            balance_by: vec!["output_lines".into()],
             limits: Limits {
                 wall_ms: 10_000,
                 ..Limits::default()
@@ -370,6 +458,25 @@ impl Validate for GenerateConfig {
         if self.limits.cpu_seconds == 0 || self.limits.wall_ms == 0 {
             p.push("limits: cpu_seconds and wall_ms must be positive".into());
         }
+        if !(self.balance_ratio.is_finite() && self.balance_ratio >= 1.0) {
+            p.push(format!(
+                "balance_ratio: {} must be at least 1 (1 gives every line bucket the size of the smallest)",
+                self.balance_ratio
+            ));
+        }
+        let known = ["output_lines", "loop_depth", "lines", "injections"];
+        if self.balance_by.is_empty() {
+            p.push("balance_by: name at least one feature".into());
+        }
+        for f in &self.balance_by {
+            if !known.contains(&f.as_str()) {
+                p.push(format!(
+                    "balance_by: `{f}` is not one of {}",
+                    known.join(", ")
+                ));
+            }
+        }
+        p.extend(self.filters.problems());
         p
     }
 }
@@ -592,8 +699,58 @@ mod tests {
         let g: GenerateConfig = parse("{}", Path::new("g.json")).unwrap();
         assert_eq!(g.variants, 3);
         assert_eq!(g.seed_scheme, SeedScheme::Env);
-        assert_eq!(g.filters.min_output_lines, 3);
+        // Every output length is kept by default, in both sets.
+        assert_eq!(g.filters.lines(false), LineFilter::default());
+        assert_eq!(g.filters.lines(true).min_output_lines, 1);
+        assert!(!g.balance_lines);
         assert_eq!(g.limits.wall_ms, 10_000);
+    }
+
+    #[test]
+    fn line_filters_are_per_stage_and_the_old_key_still_loads() {
+        let g: GenerateConfig = parse(
+            r#"{"filters": {"original": {"min_output_lines": 2, "max_output_lines": 5}, "transformed": {"min_output_lines": 3}}}"#,
+            Path::new("g.json"),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                g.filters.lines(false).min_output_lines,
+                g.filters.lines(true).min_output_lines
+            ),
+            (2, 3)
+        );
+        assert!(!g.filters.lines(false).admits(1) && g.filters.lines(false).admits(5));
+        assert!(!g.filters.lines(false).admits(6) && g.filters.lines(true).admits(60));
+        // The older layout: `filters.min_output_lines` is the transformed
+        // set's minimum; the originals keep every length.
+        let old: GenerateConfig = parse(
+            r#"{"filters": {"min_output_lines": 3, "drop_empty": true}}"#,
+            Path::new("old.json"),
+        )
+        .unwrap();
+        assert_eq!(old.filters.lines(true).min_output_lines, 3);
+        assert_eq!(old.filters.lines(false).min_output_lines, 1);
+        let err = parse::<GenerateConfig>(
+            r#"{"filters": {"original": {"max_output_lines": 0}}, "balance_ratio": 0.5}"#,
+            Path::new("bad.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("filters.original: max_output_lines 0") && err.contains("balance_ratio"),
+            "{err}"
+        );
+        let err = parse::<GenerateConfig>(
+            r#"{"filters": {"original": {"min_lines": 2}}}"#,
+            Path::new("typo.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("min_lines") && err.contains("typo.json"),
+            "{err}"
+        );
     }
 
     #[test]

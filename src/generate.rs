@@ -25,6 +25,8 @@ use sha2::{Digest, Sha256};
 use crate::atomic::{self, AtomicFile};
 use crate::config::{Filters, GenerateConfig};
 use crate::dataset::{Source, SourceRow};
+use crate::eval::Difficulty;
+use crate::eval::buckets::{self, BucketCount, Tally};
 use crate::prompt;
 use crate::reward::python_strip;
 use crate::sandbox::{Executor, ExecutorConfig, Outcome, Request, Status};
@@ -74,6 +76,28 @@ pub struct StageStats {
     pub histograms: BTreeMap<String, BTreeMap<String, u64>>,
     pub output_lines_total: u64,
     pub output_chars_total: u64,
+    /// Records of each written split (`train`, `test`) by bucket of output
+    /// lines (1, 2-3, 4-10, 11+) and of each difficulty feature
+    /// (`loop_depth`, `lines`, `injections`), as the eval report counts
+    /// them; each feature's buckets add up to the split's records.
+    pub buckets: BTreeMap<String, BTreeMap<String, Vec<BucketCount>>>,
+    /// What `balance_lines` did to the training split (absent when off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balance: Option<Balance>,
+}
+
+/// How a training split was balanced.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Balance {
+    /// The features whose (joint) buckets were capped.
+    pub by: Vec<String>,
+    pub ratio: f64,
+    /// Most records a bucket kept: `ratio` times the smallest non-empty
+    /// bucket.
+    pub cap: u64,
+    pub before: Vec<BucketCount>,
+    pub after: Vec<BucketCount>,
+    pub dropped: u64,
 }
 
 /// What a run did, as written into the stats files.
@@ -113,6 +137,16 @@ pub struct Timings {
 struct Record {
     test: bool,
     json: String,
+    info: RecordInfo,
+}
+
+/// What the stats and the balancing need of a written record.
+#[derive(Debug, Clone, Copy)]
+struct RecordInfo {
+    row: u64,
+    variant: u32,
+    chars: u64,
+    difficulty: Difficulty,
 }
 
 #[derive(Default)]
@@ -125,10 +159,6 @@ struct RowResult {
     runs: u64,
     cpu_ms: f64,
     test: bool,
-    loop_depth: Option<u32>,
-    injections: Vec<u32>,
-    lines1: (u64, u64),
-    lines2: (u64, u64),
 }
 
 /// Runs Stage 0 with `cfg` and writes its outputs; returns the summary.
@@ -190,6 +220,8 @@ pub fn run(
     let mut taken = 0u64;
     let mut sandbox_runs = 0u64;
     let mut cpu_ms = 0.0;
+    // Per output file (see `Outputs::index`), its records in file order.
+    let mut infos: [Vec<RecordInfo>; 4] = Default::default();
     loop {
         let mut chunk: Vec<SourceRow> = Vec::with_capacity(chunk_size);
         while chunk.len() < chunk_size && taken < total {
@@ -237,54 +269,48 @@ pub fn run(
             for d in r.drops2 {
                 *summary.stage2.dropped.entry(d).or_default() += 1;
             }
-            if let Some(rec) = &r.stage1 {
-                files.write(1, rec)?;
-                let s = &mut summary.stage1;
-                if rec.test {
-                    s.records_test += 1;
-                    s.programs_test += 1
-                } else {
-                    s.records_train += 1;
-                    s.programs_train += 1
-                }
-                s.output_lines_total += r.lines1.0;
-                s.output_chars_total += r.lines1.1;
-                if let Some(d) = r.loop_depth {
-                    bump(&mut s.histograms, "loop_depth", d.to_string());
-                }
-            }
-            if !r.stage2.is_empty() {
-                let s = &mut summary.stage2;
-                if r.test {
-                    s.programs_test += 1
-                } else {
-                    s.programs_train += 1
-                }
-                if let Some(d) = r.loop_depth {
-                    bump(&mut s.histograms, "loop_depth", d.to_string());
-                }
-                s.output_lines_total += r.lines2.0;
-                s.output_chars_total += r.lines2.1;
-            }
-            for inj in &r.injections {
-                bump(
-                    &mut summary.stage2.histograms,
-                    "injections",
-                    inj.to_string(),
-                );
-            }
-            for rec in &r.stage2 {
-                files.write(2, rec)?;
-                if rec.test {
-                    summary.stage2.records_test += 1
-                } else {
-                    summary.stage2.records_train += 1
-                }
+            for (stage, rec) in r
+                .stage1
+                .iter()
+                .map(|x| (1, x))
+                .chain(r.stage2.iter().map(|x| (2, x)))
+            {
+                files.write(stage, rec)?;
+                infos[Outputs::index(stage, rec.test)].push(rec.info);
             }
         }
         progress.advance(chunk.len() as u64);
     }
     progress.finish();
+
+    // Balancing, then the counts of what is written.
+    let mut keep: [Option<Vec<bool>>; 4] = Default::default();
+    for (stage, stats) in [(1u8, &mut summary.stage1), (2u8, &mut summary.stage2)] {
+        let train = Outputs::index(stage, false);
+        if cfg.balance_lines {
+            let (mask, b) = balance(
+                &infos[train],
+                &cfg.balance_by,
+                cfg.balance_ratio,
+                cfg.seed,
+                stage,
+            );
+            infos[train] = infos[train]
+                .iter()
+                .zip(&mask)
+                .filter(|(_, k)| **k)
+                .map(|(i, _)| *i)
+                .collect();
+            keep[train] = Some(mask);
+            stats.balance = Some(b);
+        }
+        count_stage(
+            stats,
+            &infos[train],
+            &infos[Outputs::index(stage, true)],
+            stage,
+        );
+    }
 
     let seconds = started.elapsed().as_secs_f64();
     summary.timings = Timings {
@@ -294,7 +320,7 @@ pub fn run(
         program_cpu_seconds: cpu_ms / 1000.0,
         peak_rss_kb: peak_rss_kb(),
     };
-    files.commit()?;
+    files.commit(keep)?;
     for (name, stage) in [(STAGE1_STATS, 1), (STAGE2_STATS, 2)] {
         atomic::write(&out_dir.join(name), stats_json(&summary, stage).as_bytes())?;
     }
@@ -303,6 +329,123 @@ pub fn run(
 
 fn bump(h: &mut BTreeMap<String, BTreeMap<String, u64>>, name: &str, key: String) {
     *h.entry(name.into()).or_default().entry(key).or_default() += 1;
+}
+
+/// Fills a stage's record, program, line and bucket counts from the
+/// records written to its two splits.
+fn count_stage(s: &mut StageStats, train: &[RecordInfo], test: &[RecordInfo], stage: u8) {
+    let programs = |v: &[RecordInfo]| {
+        v.iter()
+            .map(|i| i.row)
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    s.records_train = train.len() as u64;
+    s.records_test = test.len() as u64;
+    s.programs_train = programs(train).len() as u64;
+    s.programs_test = programs(test).len() as u64;
+    s.output_lines_total = 0;
+    s.output_chars_total = 0;
+    s.histograms.clear();
+    // Loop depth once a program, injections once a record.
+    let mut seen = std::collections::BTreeSet::new();
+    for i in train.iter().chain(test) {
+        s.output_lines_total += u64::from(i.difficulty.output_lines.unwrap_or(0));
+        s.output_chars_total += i.chars;
+        if seen.insert(i.row)
+            && let Some(d) = i.difficulty.loop_depth
+        {
+            bump(&mut s.histograms, "loop_depth", d.to_string());
+        }
+        if stage == 2
+            && let Some(n) = i.difficulty.injections
+        {
+            bump(&mut s.histograms, "injections", n.to_string());
+        }
+    }
+    s.buckets.clear();
+    for (split, v) in [("train", train), ("test", test)] {
+        let mut t = Tally::default();
+        for i in v {
+            t.add(&i.difficulty);
+        }
+        s.buckets.insert(split.into(), t.counts());
+    }
+}
+
+/// Which records of a training split `balance_lines` keeps: each bucket
+/// (of output lines, or the joint bucket of the `by` features) at most
+/// `ratio` times the smallest non-empty one,
+/// the records of an over-full bucket ranked by a hash of the seed, the
+/// stage and the record (so the choice is the same on every run and does
+/// not follow the input order).
+fn balance(
+    infos: &[RecordInfo],
+    by: &[String],
+    ratio: f64,
+    seed: u64,
+    stage: u8,
+) -> (Vec<bool>, Balance) {
+    let features: Vec<buckets::Feature> = by
+        .iter()
+        .filter_map(|name| buckets::FEATURES.iter().find(|f| f.name == name).copied())
+        .collect();
+    let key = |i: &RecordInfo| {
+        let parts: Vec<(u32, String)> = features
+            .iter()
+            .map(|f| buckets::bucket((f.get)(&i.difficulty), f.edges))
+            .collect();
+        let label = if parts.len() == 1 {
+            parts[0].1.clone()
+        } else {
+            features
+                .iter()
+                .zip(&parts)
+                .map(|(f, (_, l))| format!("{}={l}", f.name))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        (parts.into_iter().map(|p| p.0).collect::<Vec<u32>>(), label)
+    };
+    let mut groups: BTreeMap<Vec<u32>, (String, Vec<usize>)> = BTreeMap::new();
+    for (n, i) in infos.iter().enumerate() {
+        let (k, label) = key(i);
+        groups.entry(k).or_insert((label, Vec::new())).1.push(n);
+    }
+    let smallest = groups.values().map(|g| g.1.len()).min().unwrap_or(0);
+    let cap = ((ratio * smallest as f64).floor() as usize).max(smallest);
+    let rank = |i: &RecordInfo| {
+        let mut h = Sha256::new();
+        h.update(b"balance_lines");
+        h.update(seed.to_le_bytes());
+        h.update([stage]);
+        h.update(i.row.to_le_bytes());
+        h.update(i.variant.to_le_bytes());
+        u64::from_le_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
+    };
+    let mut keep = vec![true; infos.len()];
+    let mut b = Balance {
+        by: by.to_vec(),
+        ratio,
+        cap: cap as u64,
+        ..Balance::default()
+    };
+    for (label, members) in groups.values() {
+        b.before.push(BucketCount {
+            bucket: label.clone(),
+            n: members.len() as u64,
+        });
+        let mut ranked = members.clone();
+        ranked.sort_by_key(|&n| (rank(&infos[n]), n));
+        for &n in ranked.iter().skip(cap) {
+            keep[n] = false;
+        }
+        b.after.push(BucketCount {
+            bucket: label.clone(),
+            n: members.len().min(cap) as u64,
+        });
+    }
+    b.dropped = keep.iter().filter(|k| !**k).count() as u64;
+    (keep, b)
 }
 
 /// One stage's stats file: the shared header plus that stage's counts.
@@ -359,20 +502,29 @@ impl Outputs {
         Ok(Outputs { files })
     }
 
+    /// The file of a stage's split: stage 1 train, test, stage 2 train, test.
+    fn index(stage: u8, test: bool) -> usize {
+        (stage as usize - 1) * 2 + usize::from(test)
+    }
+
     fn write(&mut self, stage: u8, rec: &Record) -> anyhow::Result<()> {
-        let i = (stage as usize - 1) * 2 + usize::from(rec.test);
-        let w = &mut self.files[i].1;
+        let w = &mut self.files[Self::index(stage, rec.test)].1;
         w.write_all(rec.json.as_bytes())?;
         w.write_all(b"\n")?;
         Ok(())
     }
 
-    fn commit(self) -> anyhow::Result<()> {
+    /// Renames every file into place; a file with a `keep` mask is first
+    /// copied keeping only the lines the mask keeps.
+    fn commit(self, keep: [Option<Vec<bool>>; 4]) -> anyhow::Result<()> {
         let mut pending = Vec::new();
-        for (f, mut w) in self.files {
+        for ((f, mut w), keep) in self.files.into_iter().zip(keep) {
             w.flush().context("cannot write dataset file")?;
             drop(w);
-            pending.push(f);
+            pending.push(match keep {
+                None => f,
+                Some(keep) => f.filter_lines(&keep)?,
+            });
         }
         for f in pending {
             f.commit()?;
@@ -415,7 +567,7 @@ fn filter_output(
     out: &Outcome,
     expected: &str,
     f: &Filters,
-    need_dbg: bool,
+    transformed: bool,
 ) -> Option<&'static str> {
     if f.drop_stderr && !out.stderr.is_empty() {
         return Some("stderr");
@@ -426,10 +578,15 @@ fn filter_output(
     if expected.chars().count() > f.max_output_chars {
         return Some("output_too_long");
     }
-    if expected.lines().count() < f.min_output_lines {
+    let lines = f.lines(transformed);
+    let n = expected.lines().count();
+    if n < lines.min_output_lines {
         return Some("too_few_lines");
     }
-    if need_dbg && f.require_dbg && !expected.contains("__DBG_") {
+    if !lines.admits(n) {
+        return Some("too_many_lines");
+    }
+    if transformed && f.require_dbg && !expected.contains("__DBG_") {
         return Some("no_dbg_output");
     }
     None
@@ -481,7 +638,17 @@ fn process_row(
         }
     };
     r.test = is_test_program(&t.normalized, cfg.seed, cfg.test_ratio);
-    r.loop_depth = Some(t.features.loop_depth);
+    let info = |variant: u32, injections: Option<u32>, expected: &str| RecordInfo {
+        row: row.index,
+        variant,
+        chars: expected.chars().count() as u64,
+        difficulty: Difficulty {
+            loop_depth: Some(t.features.loop_depth),
+            lines: Some(t.features.lines),
+            injections,
+            output_lines: u32::try_from(expected.lines().count()).ok(),
+        },
+    };
     let pid = program_id(&t.normalized);
 
     let run = |program: &str, r: &mut RowResult| {
@@ -549,13 +716,10 @@ fn process_row(
                 "expected_output": expected,
                 "metadata": meta(None, None, None, &expected),
             });
-            r.lines1 = (
-                expected.lines().count() as u64,
-                expected.chars().count() as u64,
-            );
             r.stage1 = Some(Record {
                 test: r.test,
                 json: rec.to_string(),
+                info: info(0, None, &expected),
             });
         }
     }
@@ -573,9 +737,6 @@ fn process_row(
             r.drops2.push(reason.into());
             continue;
         }
-        r.injections.push(v.injections);
-        r.lines2.0 += truth.lines().count() as u64;
-        r.lines2.1 += truth.chars().count() as u64;
         let rec = json!({
             "messages": [
                 {"role": "user", "content": prompt::trace_prompt(&v.code, &row.inputs)},
@@ -589,6 +750,7 @@ fn process_row(
         r.stage2.push(Record {
             test: r.test,
             json: rec.to_string(),
+            info: info(i as u32, Some(v.injections), &truth),
         });
     }
     r

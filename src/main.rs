@@ -116,6 +116,18 @@ struct GenerateArgs {
     /// Count and skip malformed dataset lines instead of stopping.
     #[arg(long)]
     skip_bad: bool,
+    /// Balance each training split by output-line bucket (1, 2-3, 4-10,
+    /// 11+): over-full buckets are cut to --balance_ratio times the smallest.
+    #[arg(long)]
+    balance_lines: bool,
+    /// With --balance_lines: most records a bucket keeps, as a multiple of
+    /// the smallest non-empty bucket (>= 1).
+    #[arg(long)]
+    balance_ratio: Option<f64>,
+    /// With --balance_lines: the features to balance by, jointly, comma
+    /// separated (output_lines, loop_depth, lines, injections).
+    #[arg(long, value_delimiter = ',')]
+    balance_by: Option<Vec<String>>,
     /// Small built-in run that finishes in seconds.
     #[arg(long)]
     quick_test: bool,
@@ -276,7 +288,12 @@ fn init_logging(verbose: u8) {
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Eval(args) => {
-            cli::eval::run_eval(&args)?;
+            match &args.compare {
+                Some(files) => cli::eval::run_compare(&files[0], &files[1])?,
+                None => {
+                    cli::eval::run_eval(&args)?;
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Pipeline(args) => {
@@ -512,6 +529,9 @@ fn resolve_generate(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
         seed_scheme,
         python,
         skip_bad,
+        balance_lines,
+        balance_ratio,
+        balance_by,
         quick_test,
         unsafe_flag: _,
     } = args;
@@ -544,6 +564,15 @@ fn resolve_generate(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
     }
     if *skip_bad {
         cfg.skip_bad = true;
+    }
+    if *balance_lines {
+        cfg.balance_lines = true;
+    }
+    if let Some(v) = balance_ratio {
+        cfg.balance_ratio = *v;
+    }
+    if let Some(v) = balance_by {
+        cfg.balance_by = v.clone();
     }
     let problems = config::Validate::problems(&cfg);
     anyhow::ensure!(
@@ -580,18 +609,34 @@ fn generate_cmd(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         s.timings.runs_per_second,
         s.python
     );
-    eprintln!(
-        "stage 1 (original):    {} train, {} test; dropped: {}",
-        s.stage1.records_train,
-        s.stage1.records_test,
-        dropped(&s.stage1.dropped)
-    );
-    eprintln!(
-        "stage 2 (transformed): {} train, {} test; dropped: {}",
-        s.stage2.records_train,
-        s.stage2.records_test,
-        dropped(&s.stage2.dropped)
-    );
+    for (name, st) in [
+        ("stage 1 (original):   ", &s.stage1),
+        ("stage 2 (transformed):", &s.stage2),
+    ] {
+        eprintln!(
+            "{name} {} train, {} test; dropped: {}",
+            st.records_train,
+            st.records_test,
+            dropped(&st.dropped)
+        );
+        for (split, by) in &st.buckets {
+            let lines = by.get("output_lines").map_or_else(String::new, |b| {
+                b.iter()
+                    .map(|b| format!("{} {}", b.bucket, b.n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            });
+            eprintln!("    {split:<5} by output lines: {lines}");
+        }
+        if let Some(b) = &st.balance {
+            eprintln!(
+                "    balanced by {}: each bucket at most {} train records ({} dropped)",
+                b.by.join("+"),
+                b.cap,
+                b.dropped
+            );
+        }
+    }
     if s.malformed_lines > 0 {
         eprintln!("skipped {} malformed lines", s.malformed_lines);
     }

@@ -38,3 +38,26 @@ fn pipeline_config_matches_the_stage_files() {
     );
     assert_eq!(p.model.name, "Qwen/Qwen3-4B");
 }
+
+#[test]
+fn a_config_in_the_layout_before_per_stage_line_filters_still_loads() {
+    // `config/generate.json` as shipped before the line filters were split:
+    // `filters.min_output_lines` applied to both sets.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/generate_config_before_line_filters.json");
+    let g: GenerateConfig = config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    // It now means what its documentation said: the transformed set's
+    // minimum. The original set keeps every length.
+    assert_eq!(g.filters.lines(true).min_output_lines, 3);
+    assert_eq!(g.filters.lines(false).min_output_lines, 1);
+}
+
+#[test]
+fn shipped_configs_keep_every_output_length() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let g: GenerateConfig = config::load(&dir.join("generate.json")).unwrap();
+    for transformed in [false, true] {
+        let f = g.filters.lines(transformed);
+        assert!(f.admits(1) && f.admits(2), "{f:?}");
+    }
+}

@@ -93,7 +93,7 @@ fn records_are_complete_and_split_by_program() {
         assert!(r["expected_output"].as_str().unwrap().contains("__DBG_"));
         assert!(r["metadata"]["seed"].is_u64() && r["metadata"]["features"]["lines"].is_u64());
     }
-    // Env seed scheme: variant v of row r has seed r + v*N (N = 160 rows).
+    // Env seed scheme: variant v of row r has seed r + v*N (N = the corpus size).
     let first = &train[0]["metadata"];
     let (row, variant, seed) = (
         first["row_index"].as_u64().unwrap(),
@@ -276,4 +276,228 @@ fn previous_outputs_survive_a_failed_run() {
         .filter(|n| n.starts_with('.'))
         .collect();
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+}
+
+/// Rows printing `lines` lines each: (count, lines) groups, all distinct.
+fn write_line_rows(path: &Path, groups: &[(usize, usize)]) {
+    let mut text = String::new();
+    let mut k = 1;
+    for &(count, lines) in groups {
+        for _ in 0..count {
+            let program =
+                format!("n = int(input())\nfor i in range(n):\n    v = i * {k}\n    print(v)\n");
+            let output: String = (0..lines).map(|i| format!("{}\n", i * k)).collect();
+            let row = serde_json::json!({"program": program, "inputs": format!("{lines}\n"), "output": output});
+            text.push_str(&format!("{row}\n"));
+            k += 1;
+        }
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+fn bucket_counts(stats: &serde_json::Value, split: &str, feature: &str) -> Vec<(String, u64)> {
+    stats["counts"]["buckets"][split][feature]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["bucket"].as_str().unwrap().to_owned(),
+                b["n"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn read_stats(dir: &Path, out: &str, stage: u8) -> serde_json::Value {
+    serde_json::from_slice(
+        &std::fs::read(dir.join(out).join(format!("stage{stage}_stats.json"))).unwrap(),
+    )
+    .unwrap()
+}
+
+fn lines_of(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn stats_count_each_split_by_line_and_difficulty_bucket_and_originals_keep_one_liners() {
+    let dir = tempfile::tempdir().unwrap();
+    write_line_rows(
+        &dir.path().join("d.jsonl"),
+        &[(20, 1), (10, 2), (6, 5), (4, 12)],
+    );
+    let o = generate(
+        dir.path(),
+        "out",
+        &["--dataset", "d.jsonl", "--variants", "2"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("by output lines: 1 "), "{}", stderr(&o));
+    for stage in [1u8, 2] {
+        let s = read_stats(dir.path(), "out", stage);
+        for split in ["train", "test"] {
+            let records = s["counts"][format!("records_{split}")].as_u64().unwrap();
+            let file = match (stage, split) {
+                (1, "train") => "stage1_original_train.jsonl",
+                (1, _) => "stage1_original_test.jsonl",
+                (_, "train") => "stage2_transformed_train.jsonl",
+                _ => "stage2_transformed_test.jsonl",
+            };
+            let recs = lines_of(&dir.path().join("out").join(file));
+            assert_eq!(recs.len() as u64, records, "stage {stage} {split}");
+            for feature in ["output_lines", "loop_depth", "lines", "injections"] {
+                let total: u64 = bucket_counts(&s, split, feature).iter().map(|b| b.1).sum();
+                assert_eq!(total, records, "stage {stage} {split} {feature}");
+            }
+            // The output-line buckets are those of the records written.
+            let mut want = std::collections::BTreeMap::<String, u64>::new();
+            for r in &recs {
+                let n = r["expected_output"].as_str().unwrap().lines().count() as u32;
+                let (_, label) = trace_train::eval::buckets::bucket(
+                    Some(n),
+                    trace_train::eval::buckets::OUTPUT_LINES.edges,
+                );
+                *want.entry(label).or_default() += 1;
+            }
+            let got: std::collections::BTreeMap<String, u64> =
+                bucket_counts(&s, split, "output_lines")
+                    .into_iter()
+                    .collect();
+            assert_eq!(got, want, "stage {stage} {split}");
+        }
+    }
+    // Every original program is kept, one-line outputs included.
+    let s1 = read_stats(dir.path(), "out", 1);
+    let ones: u64 = ["train", "test"]
+        .iter()
+        .flat_map(|split| bucket_counts(&s1, split, "output_lines"))
+        .filter(|b| b.0 == "1")
+        .map(|b| b.1)
+        .sum();
+    assert_eq!(ones, 20);
+    assert!(
+        s1["counts"]["dropped"].get("too_few_lines").is_none(),
+        "{s1}"
+    );
+}
+
+#[test]
+fn balance_lines_caps_full_buckets_the_same_way_every_run() {
+    let dir = tempfile::tempdir().unwrap();
+    write_line_rows(
+        &dir.path().join("d.jsonl"),
+        &[(20, 1), (10, 2), (6, 5), (4, 12)],
+    );
+    std::fs::write(
+        dir.path().join("g.json"),
+        r#"{"test_ratio": 0.0, "variants": 1}"#,
+    )
+    .unwrap();
+    let run = |out: &str, extra: &[&str]| {
+        let mut args = vec!["--dataset", "d.jsonl", "--config", "g.json"];
+        args.extend_from_slice(extra);
+        let o = generate(dir.path(), out, &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+    };
+    run("plain", &[]);
+    run("a", &["--balance_lines"]);
+    run("b", &["--balance_lines"]);
+    run("r1", &["--balance_lines", "--balance_ratio", "1"]);
+    let s = read_stats(dir.path(), "a", 1);
+    // Smallest bucket 11+ (4 programs); ratio 2 caps the others at 8.
+    assert_eq!(s["counts"]["balance"]["cap"], 8, "{s}");
+    assert_eq!(
+        bucket_counts(&s, "train", "output_lines"),
+        [
+            ("1".into(), 8),
+            ("2-3".into(), 8),
+            ("4-10".into(), 6),
+            ("11+".into(), 4)
+        ]
+    );
+    assert_eq!(s["counts"]["balance"]["dropped"], 14);
+    assert_eq!(s["counts"]["records_train"], 26);
+    let kept = lines_of(&dir.path().join("a/stage1_original_train.jsonl"));
+    assert_eq!(kept.len(), 26);
+    // Same seed, same records; the kept ones in their input order.
+    for name in [
+        "stage1_original_train.jsonl",
+        "stage2_transformed_train.jsonl",
+    ] {
+        assert_eq!(
+            std::fs::read(dir.path().join("a").join(name)).unwrap(),
+            std::fs::read(dir.path().join("b").join(name)).unwrap(),
+            "{name}"
+        );
+    }
+    let rows: Vec<u64> = kept
+        .iter()
+        .map(|r| r["metadata"]["row_index"].as_u64().unwrap())
+        .collect();
+    assert!(rows.windows(2).all(|w| w[0] < w[1]), "{rows:?}");
+    // Ratio 1: every bucket the size of the smallest.
+    let s = read_stats(dir.path(), "r1", 1);
+    assert!(
+        bucket_counts(&s, "train", "output_lines")
+            .iter()
+            .all(|b| b.1 == 4),
+        "{s}"
+    );
+    // Jointly by output lines and loop depth (every program here has one
+    // loop): the same caps, the joint buckets named.
+    run(
+        "joint",
+        &["--balance_lines", "--balance_by", "output_lines,loop_depth"],
+    );
+    let s = read_stats(dir.path(), "joint", 1);
+    let after: Vec<(String, u64)> = s["counts"]["balance"]["after"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["bucket"].as_str().unwrap().to_owned(),
+                b["n"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        after,
+        [
+            ("output_lines=1,loop_depth=1".into(), 8),
+            ("output_lines=2-3,loop_depth=1".into(), 8),
+            ("output_lines=4-10,loop_depth=1".into(), 6),
+            ("output_lines=11+,loop_depth=1".into(), 4)
+        ]
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("joint/stage1_original_train.jsonl")).unwrap(),
+        std::fs::read(dir.path().join("a/stage1_original_train.jsonl")).unwrap(),
+    );
+    let o = generate(
+        dir.path(),
+        "bad",
+        &[
+            "--dataset",
+            "d.jsonl",
+            "--balance_lines",
+            "--balance_by",
+            "colour",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("balance_by: `colour`"),
+        "{}",
+        stderr(&o)
+    );
+    // Without the option nothing is dropped and the stats say nothing of it.
+    let s = read_stats(dir.path(), "plain", 1);
+    assert_eq!(s["counts"]["records_train"], 40);
+    assert!(s["counts"].get("balance").is_none());
 }

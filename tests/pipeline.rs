@@ -22,6 +22,7 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
         "sft/final/adapter_config.json",
         "sft/merged/tokenizer.json",
         "eval/report.json",
+        "eval/heldout_short.json",
     ] {
         assert!(root.join(f).exists(), "missing {f}\n{}", stderr(&o));
     }

@@ -134,3 +134,41 @@ fn smollm2_learns_a_small_set_to_full_exact_match() {
         "merged vs base + adapter: {diff} (largest logit {scale})"
     );
 }
+
+/// SmolLM2's chat template, as imported: an SFT example's labels are the
+/// answer and the end-of-turn token `<|im_end|>`, which is also a stop id
+/// of decoding, so what training teaches ends generation.
+#[test]
+fn smollm2_sft_labels_end_with_the_end_of_turn_token_decoding_stops_on() {
+    use trace_train::data::{ChatTokenizer, Example, IGNORE_INDEX, Message, Role};
+    let Some(gguf) =
+        smollm2_gguf("smollm2_sft_labels_end_with_the_end_of_turn_token_decoding_stops_on")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let o = trace_train(
+        dir.path(),
+        &["model", "import-gguf", gguf.to_str().unwrap(), "smol"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let tok = ChatTokenizer::from_dir(&dir.path().join("smol")).unwrap();
+    let eot = tok.end_of_turn().clone();
+    assert_eq!(eot.text, "<|im_end|>");
+    assert!(tok.stop_ids().contains(&eot.id), "{:?}", tok.stop_ids());
+    for answer in ["[]", "7\n8", ""] {
+        let chat = [
+            Message::new(Role::User, "Predict the output of print([])"),
+            Message::new(Role::Assistant, answer),
+        ];
+        let ex = Example::new(&tok, &chat).unwrap();
+        let labels = ex.labels();
+        assert!(labels[..ex.prompt_len].iter().all(|&l| l == IGNORE_INDEX));
+        assert_eq!(*labels.last().unwrap(), i64::from(eot.id), "{answer:?}");
+        let learned: Vec<u32> = ex.input_ids[ex.prompt_len..].to_vec();
+        assert_eq!(
+            tok.decode(&learned, false).unwrap(),
+            format!("{answer}<|im_end|>")
+        );
+    }
+}

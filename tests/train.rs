@@ -313,3 +313,115 @@ fn a_small_set_is_learned_to_full_exact_match_as_eval_measures_it() {
     assert!(via_adapter.status.success(), "{}", stderr(&via_adapter));
     assert_eq!(read("adapter.json")["correct"], 4);
 }
+
+/// Records in `generate`'s layout whose answers are `answer(i)`, for
+/// prompts `print({i} * 3)`.
+fn write_line_records(path: &std::path::Path, ids: std::ops::Range<usize>, lines: usize) {
+    let mut text = String::new();
+    for i in ids {
+        let prompt = format!("print({i} * 3)");
+        let answer = vec![(i * 3).to_string(); lines].join("\n");
+        let one_line = (i * 3).to_string();
+        let rec = serde_json::json!({
+            "messages": [
+                {"role": "user", "content": prompt},
+                {"role": "assistant", "content": answer},
+            ],
+            "program": prompt, "input": "",
+            // Eval asks for the single line: a model that runs on shows
+            // as "longer".
+            "expected_output": one_line,
+            "metadata": {"row_index": i, "seed": null, "output_lines": 1,
+                         "features": {"lines": 1, "loop_depth": 0}},
+        });
+        text.push_str(&format!("{rec}\n"));
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+fn eval_report(dir: &std::path::Path, model: &str, data: &str, out: &str) -> serde_json::Value {
+    let o = trace_train(
+        dir,
+        &[
+            "eval",
+            "--model",
+            model,
+            "--data",
+            data,
+            "--output",
+            out,
+            "--max_new_tokens",
+            "24",
+            "--device",
+            "cpu",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&std::fs::read(dir.join(out)).unwrap()).unwrap()
+}
+
+/// Trained on single-line answers, the model ends its turn after one line,
+/// on the prompts it learned and on ones it never saw; trained on the same
+/// prompts with three-line answers, it runs on, and the report says so.
+fn single_line_answers_teach_stopping_after_one_line(
+    base: Base,
+    test: &str,
+    steps: &str,
+    lr: &str,
+) {
+    let Some(dir) = setup(base, test) else {
+        return;
+    };
+    let d = dir.path();
+    write_line_records(&d.join("one.jsonl"), 0..12, 1);
+    write_line_records(&d.join("three.jsonl"), 0..12, 3);
+    write_line_records(&d.join("unseen.jsonl"), 12..18, 1);
+    for (out, train) in [("one", "one.jsonl"), ("three", "three.jsonl")] {
+        let o = trace_train(
+            d,
+            &warmup_args(out, steps, &["--train_file", train, "--learning_rate", lr]),
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    for data in ["one.jsonl", "unseen.jsonl"] {
+        let r = eval_report(d, "one/merged", data, "one_report.json");
+        for p in r["predictions"].as_array().unwrap() {
+            assert_eq!(p["stopped"], true, "{data}: no end of turn: {p}");
+            let answer = p["answer"].as_str().unwrap();
+            assert_eq!(answer.lines().count(), 1, "{data}: {answer:?}");
+        }
+        assert_eq!(r["misses"]["longer"], 0, "{data}: {}", r["misses"]);
+        assert_eq!(r["truncated"], 0);
+        // The three-line model runs past the single expected line (nearly
+        // always: a model this small may garble a line into one).
+        let r = eval_report(d, "three/merged", data, "three_report.json");
+        let n = r["n"].as_u64().unwrap();
+        let longer = r["misses"]["longer"].as_u64().unwrap();
+        assert!(4 * longer >= 3 * n, "{data}: {longer} of {n} longer: {r}");
+        assert_eq!(r["correct"], 0);
+        let one = &r["by"]["output_lines"][0];
+        assert_eq!(
+            (one["bucket"].as_str(), one["n"].as_u64()),
+            (Some("1"), Some(n))
+        );
+        assert_eq!(one["misses"]["longer"].as_u64(), Some(longer));
+    }
+    // On the prompts it learned, the single-line model is right.
+    let r = eval_report(d, "one/merged", "one.jsonl", "one_report.json");
+    assert_eq!(r["correct"], 12, "{}", r["misses"]);
+}
+
+#[test]
+fn a_model_trained_on_single_line_answers_stops_after_one_line() {
+    single_line_answers_teach_stopping_after_one_line(Base::Tiny, "", "150", "0.01");
+}
+
+#[test]
+fn smollm2_trained_on_single_line_answers_stops_after_one_line() {
+    single_line_answers_teach_stopping_after_one_line(
+        Base::SmolLM2,
+        "smollm2_trained_on_single_line_answers_stops_after_one_line",
+        "20",
+        "0.003",
+    );
+}

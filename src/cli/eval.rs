@@ -1,6 +1,8 @@
-//! `eval`: batched greedy generation over a test JSONL, the environment's
-//! extraction and scoring, accuracy with its Jeffreys interval, a breakdown
-//! by difficulty, and a JSON report with every prediction.
+//! `eval`: batched greedy generation over a test JSONL (or the held-out
+//! short set), the environment's extraction and scoring, accuracy with its
+//! Jeffreys interval, a breakdown by output lines and difficulty with the
+//! diagnostics of the misses, and a JSON report with every prediction.
+//! `eval --compare A.json B.json` prints two reports side by side.
 
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -10,22 +12,41 @@ use candle_core::DType;
 use clap::Args;
 
 use trace_train::data::{ChatTokenizer, Message, Role};
+use trace_train::eval::heldout::{self, PromptKind};
 use trace_train::eval::{DEFAULT_LEVEL, EvalItem, Prediction, Report};
 use trace_train::model;
+use trace_train::sandbox::{Executor, ExecutorConfig};
 
 #[derive(Args, Clone)]
 #[command(rename_all = "snake_case")]
 pub struct EvalArgs {
     /// Model folder (a merged model, or the base model with --adapter).
-    #[arg(long)]
-    pub model: PathBuf,
+    #[arg(long, required_unless_present = "compare")]
+    pub model: Option<PathBuf>,
+    /// Print two eval reports side by side (overall and every bucket, with
+    /// intervals and the change), and nothing else.
+    #[arg(long, num_args = 2, value_names = ["A.json", "B.json"], conflicts_with_all = ["model", "adapter", "data", "heldout"])]
+    pub compare: Option<Vec<PathBuf>>,
+    /// Evaluate on a built-in held-out set instead of --data: `short` (small
+    /// stdin programs printing one to three lines, never in a training set).
+    #[arg(long, conflicts_with = "data")]
+    pub heldout: Option<String>,
+    /// With --heldout: `original` (the programs as written, the Stage 1
+    /// prompt) or `transformed` (the environment's __DBG_ variants and
+    /// prompt, run in the sandbox).
+    #[arg(long, default_value = "original", requires = "heldout")]
+    pub prompt: String,
+    /// With --heldout and --prompt transformed: variants a program.
+    #[arg(long, default_value_t = 1, requires = "heldout")]
+    pub variants: usize,
     /// A LoRA adapter folder (PEFT layout) to apply to --model.
     #[arg(long)]
     pub adapter: Option<PathBuf>,
     /// Test records (default: the Stage 2 test set).
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Report file (default: eval_report.json beside the model folder).
+    /// Report file (default: eval_report.json beside the model folder, or
+    /// eval_report_heldout_NAME.json with --heldout NAME).
     #[arg(long)]
     pub output: Option<PathBuf>,
     /// Evaluate only the first N records.
@@ -39,6 +60,57 @@ pub struct EvalArgs {
     /// `cpu`, `cuda`, `cuda:N` or `auto`.
     #[arg(long)]
     pub device: Option<String>,
+    /// With --heldout: run its programs WITHOUT isolation (only on machines
+    /// you trust).
+    #[arg(long = "unsafe-no-sandbox")]
+    pub unsafe_no_sandbox: bool,
+}
+
+/// `eval --compare A B`: the side-by-side table on stdout.
+pub fn run_compare(a: &std::path::Path, b: &std::path::Path) -> anyhow::Result<()> {
+    let (ra, rb) = (Report::read(a)?, Report::read(b)?);
+    print!(
+        "{}",
+        trace_train::eval::compare(&ra, &rb, &a.display().to_string(), &b.display().to_string())
+    );
+    Ok(())
+}
+
+/// The items of `--heldout NAME`.
+fn heldout_items(args: &EvalArgs, name: &str) -> anyhow::Result<Vec<EvalItem>> {
+    anyhow::ensure!(
+        name == "short",
+        "unknown held-out set `{name}`\nhint: the built-in held-out set is `short`"
+    );
+    let prompt = PromptKind::parse(&args.prompt).with_context(|| {
+        format!(
+            "--prompt `{}` is not `original` or `transformed`",
+            args.prompt
+        )
+    })?;
+    anyhow::ensure!(args.variants >= 1, "--variants must be at least 1");
+    let workers = trace_train::sandbox::default_workers();
+    let exec = Executor::new(ExecutorConfig::new(
+        "/usr/bin/python3",
+        workers,
+        args.unsafe_no_sandbox,
+    ))
+    .context("cannot start the sandbox for the held-out programs\nhint: the sandbox needs root; on a machine you trust pass --unsafe-no-sandbox")?;
+    let (mut items, dropped) = heldout::short_items(
+        &exec,
+        &heldout::Options {
+            prompt,
+            variants: args.variants,
+            ..heldout::Options::default()
+        },
+    )?;
+    if !dropped.is_empty() {
+        eprintln!("held-out set: left out {dropped:?}");
+    }
+    if let Some(l) = args.limit {
+        items.truncate(l);
+    }
+    Ok(items)
 }
 
 pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
@@ -48,23 +120,32 @@ pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
     } else {
         DType::BF16
     };
-    let tok = ChatTokenizer::from_dir(&args.model)?;
+    let model_dir = args
+        .model
+        .clone()
+        .context("--model is required\nhint: pass the model folder to evaluate")?;
+    let items = match &args.heldout {
+        Some(name) => heldout_items(args, name)?,
+        None => {
+            let data = args.data.clone().unwrap_or_else(|| {
+                PathBuf::from("datasets/trace_training/stage2_transformed_test.jsonl")
+            });
+            let items = read_items(&data, args.limit)?;
+            anyhow::ensure!(
+                !items.is_empty(),
+                "no records in `{}`\nhint: run `trace-train generate` first, or pass --data",
+                data.display()
+            );
+            items
+        }
+    };
+    let tok = ChatTokenizer::from_dir(&model_dir)?;
     let loaded = match &args.adapter {
-        Some(a) => model::adapter::load(&args.model, a, dtype, &device)?,
-        None => model::load(&args.model, None, dtype, &device)?,
+        Some(a) => model::adapter::load(&model_dir, a, dtype, &device)?,
+        None => model::load(&model_dir, None, dtype, &device)?,
     };
     tok.check_against_vocab(loaded.model.vocab_size())?;
 
-    let data = args
-        .data
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("datasets/trace_training/stage2_transformed_test.jsonl"));
-    let items = read_items(&data, args.limit)?;
-    anyhow::ensure!(
-        !items.is_empty(),
-        "no records in `{}`\nhint: run `trace-train generate` first, or pass --data",
-        data.display()
-    );
     let prompts = items
         .iter()
         .map(|it| tok.encode_prompt(&[Message::new(Role::User, it.prompt.clone())]))
@@ -100,15 +181,16 @@ pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
         })
         .collect();
     let report = Report::new(predictions, DEFAULT_LEVEL);
+    let file = match &args.heldout {
+        Some(name) => format!("eval_report_heldout_{name}.json"),
+        None => "eval_report.json".to_owned(),
+    };
     let out = args.output.clone().unwrap_or_else(|| {
         args.adapter
             .as_ref()
-            .unwrap_or(&args.model)
+            .unwrap_or(&model_dir)
             .parent()
-            .map_or_else(
-                || PathBuf::from("eval_report.json"),
-                |p| p.join("eval_report.json"),
-            )
+            .map_or_else(|| PathBuf::from(&file), |p| p.join(&file))
     });
     report.write(&out)?;
     eprintln!("{}", report.summary());

@@ -1,4 +1,5 @@
-//! `pipeline`: Stage 0 (generate), 1 (warmup), 2 (sft) and eval in order,
+//! `pipeline`: Stage 0 (generate), 1 (warmup), 2 (sft) and eval (the Stage 2
+//! test set, then the held-out short set) in order,
 //! from `config/pipeline_config.json`, each stage's output the next one's
 //! input. The pipeline records the stages it finished in
 //! `<checkpoints>/pipeline_state.json`; `--resume` skips those and resumes
@@ -222,14 +223,38 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     if todo(3, &state) {
         eprintln!("== eval");
         run_eval(&EvalArgs {
-            model: root.join("sft/merged"),
+            model: Some(root.join("sft/merged")),
             adapter: None,
+            compare: None,
+            heldout: None,
+            prompt: "original".into(),
+            variants: 1,
             data: Some(data_dir.join("stage2_transformed_test.jsonl")),
             output: Some(root.join("eval/report.json")),
             limit: eval_limit,
             max_new_tokens,
             batch_size: 8,
             device: args.device.clone(),
+            unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
+        })?;
+        // The held-out short set: programs no training split holds, one
+        // to three output lines each; a model that learned to run on after
+        // its answer shows here first.
+        eprintln!("== eval: held-out short set");
+        run_eval(&EvalArgs {
+            model: Some(root.join("sft/merged")),
+            adapter: None,
+            compare: None,
+            heldout: Some("short".into()),
+            prompt: "original".into(),
+            variants: 1,
+            data: None,
+            output: Some(root.join("eval/heldout_short.json")),
+            limit: eval_limit,
+            max_new_tokens,
+            batch_size: 8,
+            device: args.device.clone(),
+            unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
         })?;
         finish(3, &mut state)?;
     }

@@ -1,20 +1,27 @@
 //! Eval: what a model's completions on held-out Trace items score, with
-//! uncertainty, overall and by difficulty.
+//! uncertainty, overall and by output-line and difficulty bucket, and what
+//! its misses look like.
 //!
-//! Owns the eval item ([`EvalItem`], read from a `generate` record), the
-//! scored prediction ([`Prediction`], through [`crate::reward`], the
-//! environment's own scoring), the [`Report`] with its breakdowns and its
-//! JSON file, and the Jeffreys interval ([`interval`]). It knows nothing of
+//! Owns the eval item ([`EvalItem`], read from a `generate` record or made
+//! from the held-out short set by [`heldout`]), the scored prediction
+//! ([`Prediction`], through [`crate::reward`], the environment's own
+//! scoring), the [`Report`] with its breakdowns ([`buckets`]), miss
+//! diagnostics and JSON file, the side-by-side [`compare`] of two reports,
+//! and the Jeffreys interval ([`interval`]). It knows nothing of
 //! tokenizers: the stage that runs eval applies the chat template to
 //! [`EvalItem::prompt`], tokenizes, decodes the batch with
 //! [`crate::model::generate::greedy`], detokenizes each continuation and
 //! passes it to [`Prediction::new`] with its `stopped` flag.
 
+pub mod buckets;
+mod compare;
+pub mod heldout;
 pub mod interval;
 mod report;
 
+pub use compare::compare;
 pub use interval::{DEFAULT_LEVEL, jeffreys_interval};
-pub use report::{Bucket, Interval, Report};
+pub use report::{Bucket, Interval, Misses, REPORT_VERSION, Report, line_diff};
 
 use serde::{Deserialize, Serialize};
 

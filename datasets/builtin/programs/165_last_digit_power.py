@@ -1,0 +1,2 @@
+b, e = map(int, input().split())
+print(pow(b, e, 10))

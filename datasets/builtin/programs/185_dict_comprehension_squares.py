@@ -1,0 +1,2 @@
+n = int(input())
+print({i: i * i for i in range(n)})

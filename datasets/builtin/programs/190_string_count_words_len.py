@@ -1,0 +1,2 @@
+words = input().split()
+print(sum(len(w) for w in words) / len(words))

@@ -1,0 +1,5 @@
+def total(*args):
+    return sum(args)
+
+
+print(total(*map(int, input().split())))

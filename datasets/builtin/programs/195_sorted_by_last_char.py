@@ -1,0 +1,1 @@
+print(sorted(input().split(), key=lambda w: w[-1]))

@@ -1,0 +1,2 @@
+s = input().strip()
+print(s.isdigit(), s.replace(".", "", 1).isdigit())

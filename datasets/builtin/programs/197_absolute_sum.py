@@ -1,0 +1,1 @@
+print(sum(abs(int(x)) for x in input().split()))

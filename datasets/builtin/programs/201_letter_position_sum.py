@@ -1,0 +1,1 @@
+print(sum(ord(c) - ord("a") + 1 for c in input().strip()))

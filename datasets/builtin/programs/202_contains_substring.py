@@ -1,0 +1,3 @@
+text = input()
+sub = input().strip()
+print(sub in text, text.find(sub))

@@ -1,0 +1,6 @@
+def squares(n):
+    for i in range(n):
+        yield i * i
+
+
+print(sum(squares(int(input()))))

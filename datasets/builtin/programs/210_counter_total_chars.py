@@ -1,0 +1,4 @@
+from collections import Counter
+
+c = Counter(input().replace(" ", ""))
+print(c["l"], len(c))

@@ -1,0 +1,2 @@
+head, sep, tail = input().strip().partition("=")
+print(head, tail)

@@ -1,0 +1,2 @@
+n = int(input())
+print(sum([True, False, True]) * n, True + True)

@@ -1,0 +1,3 @@
+nums = input().split()
+nums[1:3] = ["x"]
+print(nums)

@@ -1,0 +1,4 @@
+items = input().split()
+items.insert(0, "a")
+items.extend(["d", "e"])
+print(items, len(items))

@@ -1,0 +1,2 @@
+parts = input().split(" ", 1)
+print(parts)

@@ -1,0 +1,4 @@
+nums = list(map(int, input().split()))
+print(min(nums))
+print(max(nums))
+print(sum(nums))

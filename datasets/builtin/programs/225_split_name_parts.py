@@ -1,0 +1,3 @@
+parts = input().split()
+print(parts[0])
+print(parts[-1])

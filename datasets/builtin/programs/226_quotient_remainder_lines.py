@@ -1,0 +1,3 @@
+a, b = map(int, input().split())
+print(a // b)
+print(a % b)

@@ -1,0 +1,4 @@
+s = input().strip()
+print(s.upper())
+print(s.lower())
+print(s.title())

@@ -1,0 +1,4 @@
+s = input().strip()
+mid = len(s) // 2
+print(s[:mid])
+print(s[mid:])

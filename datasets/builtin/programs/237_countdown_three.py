@@ -1,0 +1,4 @@
+n = int(input())
+while n > 0:
+    print(n)
+    n -= 1

@@ -1,0 +1,4 @@
+nums = list(map(int, input().split()))
+print(nums)
+nums.sort()
+print(nums)

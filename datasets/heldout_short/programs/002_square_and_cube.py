@@ -1,0 +1,3 @@
+n = int(input())
+print(n * n)
+print(n ** 3)

@@ -1,0 +1,2 @@
+w = input().strip()
+print(w[::-1])

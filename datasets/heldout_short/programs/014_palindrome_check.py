@@ -1,0 +1,2 @@
+s = input().strip().lower()
+print(s == s[::-1])

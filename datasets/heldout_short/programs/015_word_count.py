@@ -1,0 +1,3 @@
+words = input().split()
+print(len(words))
+print(len(set(words)))

@@ -1,0 +1,2 @@
+nums = list(map(int, input().split()))
+print(max(nums) - min(nums))

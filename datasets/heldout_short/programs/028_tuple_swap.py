@@ -1,0 +1,5 @@
+name, qty = input().split()
+qty = int(qty)
+pair = (name, qty)
+swapped = (pair[1], pair[0])
+print(swapped)

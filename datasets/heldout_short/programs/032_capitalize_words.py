@@ -1,0 +1,1 @@
+print(" ".join(w.capitalize() for w in input().split()))

@@ -1,0 +1,2 @@
+s, k = input().split()
+print(s * int(k))

@@ -1,0 +1,3 @@
+nums = list(map(int, input().split()))
+nums.sort(reverse=True)
+print(nums)

@@ -1,0 +1,2 @@
+words = input().split()
+print(sorted(words, key=lambda w: (len(w), w)))

@@ -1,0 +1,5 @@
+a = set(map(int, input().split()))
+b = set(map(int, input().split()))
+print(sorted(a & b))
+print(sorted(a | b))
+print(sorted(a - b))

@@ -1,0 +1,3 @@
+nums = input().split()
+k = int(input()) % len(nums)
+print(" ".join(nums[k:] + nums[:k]))

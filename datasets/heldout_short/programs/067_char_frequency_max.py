@@ -1,0 +1,3 @@
+s = input().strip()
+best = max(sorted(set(s)), key=s.count)
+print(best, s.count(best))

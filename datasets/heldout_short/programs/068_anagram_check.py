@@ -1,0 +1,2 @@
+a, b = input().split()
+print(sorted(a) == sorted(b))

@@ -1,0 +1,2 @@
+s = input().strip()
+print([i for i, c in enumerate(s) if c in "aeiou"])

@@ -1,0 +1,5 @@
+from collections import deque
+
+d = deque(input().split())
+d.rotate(2)
+print(list(d))

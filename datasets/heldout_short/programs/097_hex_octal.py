@@ -1,0 +1,2 @@
+n = int(input())
+print(hex(n), oct(n))

@@ -1,0 +1,3 @@
+n = int(input())
+nums = list(range(n))
+print(nums[::2], nums[1::2][::-1])

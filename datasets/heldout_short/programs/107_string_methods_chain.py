@@ -1,0 +1,2 @@
+s = input()
+print(repr(s.strip().lower().replace(" ", "_")))

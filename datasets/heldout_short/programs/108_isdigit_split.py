@@ -1,0 +1,4 @@
+s = input().strip()
+digits = "".join(c for c in s if c.isdigit())
+letters = "".join(c for c in s if c.isalpha())
+print(digits, letters)

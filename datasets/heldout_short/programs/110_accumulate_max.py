@@ -1,0 +1,4 @@
+from itertools import accumulate
+
+nums = list(map(int, input().split()))
+print(list(accumulate(nums, max)))

@@ -1,0 +1,2 @@
+lo, x, hi = map(int, input().split())
+print(lo <= x <= hi, lo < hi < x)

@@ -1,0 +1,2 @@
+word, width = input().split()
+print("[" + word.center(int(width), "*") + "]")

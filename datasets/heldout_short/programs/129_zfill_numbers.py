@@ -1,0 +1,1 @@
+print(" ".join(x.zfill(4) for x in input().split()))
