@@ -448,7 +448,7 @@ impl Decoder {
             lm_head,
             rope,
             checkpointing: false,
-            manual_backward: true,
+            manual_backward: std::env::var_os("TRACE_TRAIN_AUTOGRAD").is_none(),
             fused_attention: attention::fused_available(vb.dtype(), vb.device(), s.head_dim)
                 && std::env::var_os("TRACE_TRAIN_PLAIN_ATTENTION").is_none(),
             sink: GradSink::default(),
