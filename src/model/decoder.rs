@@ -27,11 +27,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use candle_core::backend::BackendStorage;
 use candle_core::backprop::GradStore;
 use candle_core::{
-    CpuStorage, CudaStorage, CustomOp1, Device, Layout, Result, Shape, Storage, Tensor, TensorId,
-    Var,
+    CpuStorage, CudaStorage, CustomOp1, Device, Layout, Result, Shape, Tensor, TensorId, Var,
 };
 use candle_nn::VarBuilder;
 
@@ -749,21 +747,11 @@ impl CustomOp1 for LayerOp {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        let y = self.take_output()?;
-        let (s, l) = y.storage_and_layout();
-        match &*s {
-            Storage::Cpu(s) => Ok((s.try_clone(l)?, y.shape().clone())),
-            _ => candle_core::bail!("decoder layer: device mismatch"),
-        }
+        super::ops::cpu_storage_copy(&self.take_output()?)
     }
 
     fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
-        let y = self.take_output()?;
-        let (s, l) = y.storage_and_layout();
-        match &*s {
-            Storage::Cuda(s) => Ok((s.try_clone(l)?, y.shape().clone())),
-            _ => candle_core::bail!("decoder layer: device mismatch"),
-        }
+        super::ops::cuda_storage_copy(&self.take_output()?)
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {

@@ -64,6 +64,17 @@ fn with_cuda<R>(t: &Tensor, f: impl FnOnce(&CudaStorage, &Layout) -> Result<R>) 
     }
 }
 
+/// A copy of the CPU storage of `t` and its shape: the forward of a custom
+/// op whose result was computed beforehand with ordinary tensor ops.
+pub fn cpu_storage_copy(t: &Tensor) -> Result<(CpuStorage, Shape)> {
+    with_cpu(t, |s, l| Ok((s.try_clone(l)?, t.shape().clone())))
+}
+
+/// [`cpu_storage_copy`] on CUDA.
+pub fn cuda_storage_copy(t: &Tensor) -> Result<(CudaStorage, Shape)> {
+    with_cuda(t, |s, l| Ok((s.try_clone(l)?, t.shape().clone())))
+}
+
 /// `x (N, in) -> (N, out)`: `x W^T`, differentiable with respect to `x`
 /// only.
 pub fn frozen_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {

@@ -6,10 +6,7 @@
 
 use std::sync::Mutex;
 
-use candle_core::backend::BackendStorage;
-use candle_core::{
-    CpuStorage, CudaStorage, CustomOp1, D, DType, Layout, Result, Shape, Storage, Tensor,
-};
+use candle_core::{CpuStorage, CudaStorage, CustomOp1, D, DType, Layout, Result, Shape, Tensor};
 
 /// Label value that is never learned (prompt tokens, padding).
 pub const IGNORE: i64 = -100;
@@ -153,21 +150,11 @@ impl CustomOp1 for Precomputed {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        let v = self.take()?;
-        let (s, l) = v.storage_and_layout();
-        match &*s {
-            Storage::Cpu(s) => Ok((s.try_clone(l)?, Shape::from(()))),
-            _ => candle_core::bail!("loss node: device mismatch"),
-        }
+        crate::model::ops::cpu_storage_copy(&self.take()?)
     }
 
     fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
-        let v = self.take()?;
-        let (s, l) = v.storage_and_layout();
-        match &*s {
-            Storage::Cuda(s) => Ok((s.try_clone(l)?, Shape::from(()))),
-            _ => candle_core::bail!("loss node: device mismatch"),
-        }
+        crate::model::ops::cuda_storage_copy(&self.take()?)
     }
 
     fn bwd(&self, _: &Tensor, _: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
