@@ -32,7 +32,7 @@ pub fn shape_config(name: &str) -> anyhow::Result<serde_json::Value> {
         "qwen3-4b" => (2560, 9728, 36, 32, 8, 128, 151_936),
         "smollm2-135m" => (576, 1536, 30, 9, 3, 64, 49_152),
         other => anyhow::bail!(
-            "unknown model shape `{other}`\nhint: one of {}",
+            "unknown model shape `{other}` (and no such model folder)\nhint: one of {}, or a folder holding `config.json` and safetensors weights",
             SHAPES.join(", ")
         ),
     };

@@ -488,7 +488,10 @@ impl Decoder {
                 &mut m.up_proj,
                 &mut m.down_proj,
             ] {
-                p.quantize_base()?;
+                let name = p.name().to_owned();
+                p.quantize_base().map_err(|e| {
+                    e.context(format!("cannot hold `{name}` in 4 bits\nhint: pass --no_4bit to keep the base weights in 16 bits"))
+                })?;
             }
         }
         Ok(())
