@@ -247,6 +247,17 @@ impl BaseLinear {
     }
 }
 
+/// An adapter's `A: (r, in)` and `B: (out, r)` cast to `dtype`, in the
+/// graph (gradients reach the f32 factors through the cast) when `track`.
+fn factors(ad: &LoraAdapter, dtype: DType, track: bool) -> Result<(Tensor, Tensor)> {
+    let (a, b) = if track {
+        (ad.a.as_tensor().clone(), ad.b.as_tensor().clone())
+    } else {
+        (ad.a.as_detached_tensor(), ad.b.as_detached_tensor())
+    };
+    Ok((a.to_dtype(dtype)?, b.to_dtype(dtype)?))
+}
+
 /// `(.., in)` as a contiguous `(N, in)` matrix, and the output shape
 /// `(.., out)`.
 fn flatten(x: &Tensor, out_dim: usize) -> Result<(Tensor, Vec<usize>)> {
@@ -397,33 +408,24 @@ impl LoraLinear {
     /// With `train` false the factors are detached (no graph is built, so
     /// fused inference kernels apply downstream) and dropout is off.
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let Some(ad) = &self.adapter else {
-            return self.base.forward(x);
-        };
-        let (x2, out_shape) = flatten(x, self.base.dims()?.0)?;
-        let (a, b) = if train {
-            (ad.a.as_tensor().clone(), ad.b.as_tensor().clone())
-        } else {
-            (ad.a.as_detached_tensor(), ad.b.as_detached_tensor())
-        };
-        let a = a.to_dtype(x.dtype())?; // (r, in)
-        let b = b.to_dtype(x.dtype())?; // (out, r)
-        let mask = self.mask(&x2, train, dropout_seed())?;
-        let y = ops::lora_matmul(&x2, &a, &b, self.base.frozen(), ad.scale, mask)?;
-        self.base.finish(y, out_shape)
+        self.project(x, train, train, dropout_seed())
     }
 
     /// [`Self::forward`] building no graph whatever `x` and the factors
     /// track, with training's dropout when `train`: the forward of a layer
     /// whose backward is written by hand ([`Self::backward`]).
     pub fn forward_detached(&self, x: &Tensor, train: bool, seed: u64) -> Result<Tensor> {
-        let x = x.detach();
+        self.project(&x.detach(), false, train, seed)
+    }
+
+    /// The forward both share: the factors `track`ed or detached, dropout
+    /// drawn from `seed` when `train`.
+    fn project(&self, x: &Tensor, track: bool, train: bool, seed: u64) -> Result<Tensor> {
         let Some(ad) = &self.adapter else {
-            return self.base.forward(&x);
+            return self.base.forward(x);
         };
-        let (x2, out_shape) = flatten(&x, self.base.dims()?.0)?;
-        let a = ad.a.as_detached_tensor().to_dtype(x.dtype())?;
-        let b = ad.b.as_detached_tensor().to_dtype(x.dtype())?;
+        let (x2, out_shape) = flatten(x, self.base.dims()?.0)?;
+        let (a, b) = factors(ad, x.dtype(), track)?;
         let mask = self.mask(&x2, train, seed)?;
         let y = ops::lora_matmul(&x2, &a, &b, self.base.frozen(), ad.scale, mask)?;
         self.base.finish(y, out_shape)
@@ -439,15 +441,14 @@ impl LoraLinear {
         train: bool,
         seed: u64,
     ) -> Result<(Tensor, Option<(Tensor, Tensor)>)> {
-        let (out, in_dim) = self.base.dims()?;
+        let (out, _) = self.base.dims()?;
         let (x2, _) = flatten(&x.detach(), out)?;
         let g2 = g.reshape(((), out))?;
         let Some(ad) = &self.adapter else {
             let dx = g2.contiguous()?.matmul(&self.base.weight()?)?;
             return Ok((dx.reshape(x.shape())?, None));
         };
-        let a = ad.a.as_detached_tensor().to_dtype(x.dtype())?;
-        let b = ad.b.as_detached_tensor().to_dtype(x.dtype())?;
+        let (a, b) = factors(ad, x.dtype(), false)?;
         let mask = self.mask(&x2, train, seed)?;
         let base = self.base.frozen();
         let (dx, da, db) = ops::lora_backward(
@@ -461,7 +462,6 @@ impl LoraLinear {
             true,
         )?;
         let dx = dx.expect("asked for dx").reshape(x.shape())?;
-        debug_assert_eq!(dx.dim(candle_core::D::Minus1)?, in_dim);
         Ok((
             dx,
             Some((da.to_dtype(DType::F32)?, db.to_dtype(DType::F32)?)),
