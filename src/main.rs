@@ -1,13 +1,11 @@
 //! The `trace-train` command: parse flags → resolve settings → run a stage →
 //! print the error chain and exit non-zero on failure.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
 
 mod cli;
 
@@ -18,7 +16,7 @@ mod cli;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use trace_train::config::{self, GenerateConfig, PipelineConfig, SeedScheme};
-use trace_train::generate::{self, Progress, RunOptions};
+use trace_train::generate::{self, RunOptions};
 use trace_train::sandbox::{self, Executor, ExecutorConfig, Request};
 
 #[derive(Parser)]
@@ -588,7 +586,7 @@ fn generate_cmd(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     let opts = RunOptions {
         unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
     };
-    let bar = Bar::new();
+    let bar = cli::progress::Bar::new("rows");
     let s = generate::run(&cfg, &opts, &bar)?;
     let dropped = |m: &std::collections::BTreeMap<String, u64>| {
         if m.is_empty() {
@@ -642,38 +640,4 @@ fn generate_cmd(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     }
     println!("{}", cfg.output_dir.display());
     Ok(ExitCode::SUCCESS)
-}
-
-/// Progress on stderr; hidden when stderr is not a terminal.
-struct Bar(ProgressBar);
-
-impl Bar {
-    fn new() -> Self {
-        let pb = if std::io::stderr().is_terminal() {
-            ProgressBar::new(0)
-        } else {
-            ProgressBar::hidden()
-        };
-        pb.set_style(
-            ProgressStyle::with_template(
-                "{spinner} rows {pos}/{len} [{elapsed_precise}] {bar:30} {per_sec} ETA {eta}",
-            )
-            .expect("valid template"),
-        );
-        Bar(pb)
-    }
-}
-
-impl Progress for Bar {
-    fn start(&self, total: Option<u64>) {
-        if let Some(t) = total {
-            self.0.set_length(t);
-        }
-    }
-    fn advance(&self, rows: u64) {
-        self.0.inc(rows);
-    }
-    fn finish(&self) {
-        self.0.finish_and_clear();
-    }
 }
