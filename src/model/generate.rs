@@ -17,10 +17,13 @@
 //! for the longest prompt's columns, so callers should batch prompts of
 //! similar length (sort by length).
 //!
-//! Greedy picks on the device and moves `B` ids a step to the host.
-//! Sampling moves the `(B, vocab)` logits to the host in f32 a step and
-//! draws there, each prompt from its own seeded stream, so a prompt's
-//! sample does not depend on the others in the batch.
+//! Every kept token comes with its log-probability under the untruncated
+//! `softmax(logits / temperature)`, the number an RL trainer recomputes.
+//! Greedy picks on the device and moves `B` ids and log-probs a step to the
+//! host. Sampling moves the `(B, vocab)` logits to the host in f32 a step
+//! and draws there (temperature, then top-k, then top-p), each prompt from
+//! its own seeded stream, so a prompt's sample does not depend on the
+//! others in the batch.
 //! Nothing here knows about tokenizers or text.
 
 use candle_core::{D, DType, Device, Result, Tensor};
@@ -35,10 +38,17 @@ use super::init::Rng;
 pub const PREFILL_CHUNK: usize = 256;
 
 /// One prompt's continuation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Generation {
     /// The new tokens, without the stop token.
     pub tokens: Vec<u32>,
+    /// One per token of `tokens`: its log-probability under
+    /// `softmax(logits / temperature)` over the whole vocabulary, before
+    /// top-k and top-p truncation (the raw logits at temperature 0 and in
+    /// [`greedy`]). That is what a trainer's forward over prompt + tokens
+    /// computes (`train::loss::next_token_logprobs` of the logits divided by
+    /// the temperature), so the two can be compared.
+    pub logprobs: Vec<f32>,
     /// Whether a stop id ended it (else `max_new_tokens` did).
     pub stopped: bool,
 }
@@ -50,51 +60,71 @@ pub struct Sampling {
     pub temperature: f64,
     /// Nucleus sampling (Holtzman et al. 2020, "The Curious Case of Neural
     /// Text Degeneration", sec. 3.1): draw from the fewest most likely
-    /// tokens whose probability reaches `top_p`; 1 keeps every token.
+    /// tokens whose probability reaches `top_p` of what top-k kept; 1 keeps
+    /// every token.
     pub top_p: f64,
+    /// Draw from the `top_k` most likely tokens only (Fan et al. 2018,
+    /// "Hierarchical Neural Story Generation", sec. 5.4), before top-p;
+    /// 0 keeps every token.
+    pub top_k: usize,
     /// Prompt `i` draws from the stream `(seed, i)`.
     pub seed: u64,
 }
 
-/// Greedy continuations of `prompts` (token ids, none empty), decoded
-/// together. See the module header for stopping and padding.
+impl Default for Sampling {
+    /// Plain sampling from the model's distribution.
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        }
+    }
+}
+
+/// Greedy continuations of `prompts` (token ids, none empty), at most
+/// `max_rows` decoding at once (0: all of them). See the module header for
+/// stopping and padding.
 pub fn greedy(
     model: &Model,
     prompts: &[Vec<u32>],
     max_new_tokens: usize,
     stop_ids: &[u32],
     pad_id: u32,
+    max_rows: usize,
     device: &Device,
 ) -> Result<Vec<Generation>> {
-    let mut pick =
-        |logits: &Tensor, _: &[(usize, usize)]| logits.argmax(D::Minus1)?.to_vec1::<u32>();
+    let mut pick = |logits: &Tensor, _: &[(usize, usize)]| pick_greedy(logits);
     decode(
         model,
         prompts,
         max_new_tokens,
         stop_ids,
         pad_id,
+        max_rows,
         device,
         PREFILL_CHUNK,
         &mut pick,
     )
 }
 
-/// Sampled continuations of `prompts`, decoded together; reproducible for
-/// a given `sampling.seed`.
+/// Sampled continuations of `prompts`, at most `max_rows` decoding at once
+/// (0: all of them); reproducible for a given `sampling.seed`, and each
+/// prompt's sample is the one it gets alone.
+#[allow(clippy::too_many_arguments)] // each is a separate knob of one call
 pub fn sample(
     model: &Model,
     prompts: &[Vec<u32>],
     max_new_tokens: usize,
     stop_ids: &[u32],
     pad_id: u32,
+    max_rows: usize,
     sampling: &Sampling,
     device: &Device,
 ) -> Result<Vec<Generation>> {
     let Sampling {
-        temperature,
-        top_p,
-        seed,
+        temperature, top_p, ..
     } = *sampling;
     if !(temperature.is_finite() && temperature >= 0.0) {
         candle_core::bail!("temperature must be finite and >= 0, not {temperature}");
@@ -103,13 +133,13 @@ pub fn sample(
         candle_core::bail!("top_p must be in (0, 1], not {top_p}");
     }
     let mut rngs: Vec<Rng> = (0..prompts.len())
-        .map(|i| Rng::for_tensor(seed, &format!("sample/{i}")))
+        .map(|i| Rng::for_tensor(sampling.seed, &format!("sample/{i}")))
         .collect();
-    let mut pick = |logits: &Tensor, live: &[(usize, usize)]| -> Result<Vec<u32>> {
+    let mut pick = |logits: &Tensor, live: &[(usize, usize)]| -> Result<Vec<(u32, f32)>> {
         let rows = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-        let mut out = vec![0; rows.len()];
+        let mut out = vec![(0, 0.0); rows.len()];
         for &(row, prompt) in live {
-            out[row] = draw(&rows[row], temperature, top_p, &mut rngs[prompt]);
+            out[row] = draw(&rows[row], sampling, &mut rngs[prompt]);
         }
         Ok(out)
     };
@@ -119,15 +149,28 @@ pub fn sample(
         max_new_tokens,
         stop_ids,
         pad_id,
+        max_rows,
         device,
         PREFILL_CHUNK,
         &mut pick,
     )
 }
 
-/// Picks the next token of each batch row from the last logits `(B, vocab)`;
-/// only the `(batch row, prompt)` pairs given are still decoding.
-type Pick<'a> = dyn FnMut(&Tensor, &[(usize, usize)]) -> Result<Vec<u32>> + 'a;
+/// The most likely token of each row of `logits: (B, vocab)` and its
+/// log-probability, picked on the device: only `2 B` numbers move.
+fn pick_greedy(logits: &Tensor) -> Result<Vec<(u32, f32)>> {
+    let ids = logits.argmax_keepdim(D::Minus1)?; // (B, 1)
+    let logp = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?
+        .gather(&ids, 1)?
+        .squeeze(1)?;
+    let ids = ids.squeeze(1)?.to_vec1::<u32>()?;
+    Ok(ids.into_iter().zip(logp.to_vec1::<f32>()?).collect())
+}
+
+/// Picks the next token of each batch row, with its log-probability, from
+/// the last logits `(B, vocab)`; only the `(batch row, prompt)` pairs given
+/// are still decoding.
+type Pick<'a> = dyn FnMut(&Tensor, &[(usize, usize)]) -> Result<Vec<(u32, f32)>> + 'a;
 
 #[allow(clippy::too_many_arguments)] // private; the public entry points name them
 fn decode(
@@ -136,6 +179,7 @@ fn decode(
     max_new_tokens: usize,
     stop_ids: &[u32],
     pad_id: u32,
+    max_rows: usize,
     device: &Device,
     prefill_chunk: usize,
     pick: &mut Pick,
@@ -143,6 +187,7 @@ fn decode(
     let mut out = vec![
         Generation {
             tokens: Vec::new(),
+            logprobs: Vec::new(),
             stopped: false,
         };
         prompts.len()
@@ -153,13 +198,53 @@ fn decode(
     if let Some(i) = prompts.iter().position(|p| p.is_empty()) {
         candle_core::bail!("prompt {i} is empty: decoding needs at least one token");
     }
-    let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    let pads: Vec<usize> = prompts.iter().map(|p| width - p.len()).collect();
-    let ids: Vec<u32> = prompts
+    let cap = if max_rows == 0 {
+        prompts.len()
+    } else {
+        max_rows
+    };
+    let all: Vec<usize> = (0..prompts.len()).collect();
+    for group in all.chunks(cap) {
+        decode_group(
+            model,
+            prompts,
+            group,
+            &mut out,
+            max_new_tokens,
+            stop_ids,
+            pad_id,
+            device,
+            prefill_chunk,
+            pick,
+        )?;
+    }
+    Ok(out)
+}
+
+/// Decodes the prompts `group` (indices into `prompts`) together.
+#[allow(clippy::too_many_arguments)] // private
+fn decode_group(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    group: &[usize],
+    out: &mut [Generation],
+    max_new_tokens: usize,
+    stop_ids: &[u32],
+    pad_id: u32,
+    device: &Device,
+    prefill_chunk: usize,
+    pick: &mut Pick,
+) -> Result<()> {
+    let width = group.iter().map(|&p| prompts[p].len()).max().unwrap_or(0);
+    let pads: Vec<usize> = group.iter().map(|&p| width - prompts[p].len()).collect();
+    let ids: Vec<u32> = group
         .iter()
-        .flat_map(|p| std::iter::repeat_n(pad_id, width - p.len()).chain(p.iter().copied()))
+        .flat_map(|&p| {
+            let p = &prompts[p];
+            std::iter::repeat_n(pad_id, width - p.len()).chain(p.iter().copied())
+        })
         .collect();
-    let ids = Tensor::from_vec(ids, (prompts.len(), width), device)?; // (B, W)
+    let ids = Tensor::from_vec(ids, (group.len(), width), device)?; // (B, W)
     // The last new token is never fed back, so it needs no column.
     let mut cache = model
         .new_cache()
@@ -172,21 +257,24 @@ fn decode(
     }
     let mut logits = logits.expect("prompts are not empty"); // (B, vocab)
     // Batch row i decodes prompt rows[i]; live[i] while it has not finished.
-    let mut rows: Vec<usize> = (0..prompts.len()).collect();
+    let mut rows: Vec<usize> = group.to_vec();
     let mut live = vec![true; rows.len()];
     loop {
         let decoding: Vec<(usize, usize)> = (0..rows.len())
             .filter(|&i| live[i])
             .map(|i| (i, rows[i]))
             .collect();
-        let mut next = pick(&logits, &decoding)?;
+        let picked = pick(&logits, &decoding)?;
+        let mut next: Vec<u32> = picked.iter().map(|&(t, _)| t).collect();
         for &(i, prompt) in &decoding {
             let g = &mut out[prompt];
-            if stop_ids.contains(&next[i]) {
+            let (token, logprob) = picked[i];
+            if stop_ids.contains(&token) {
                 g.stopped = true;
                 live[i] = false;
             } else {
-                g.tokens.push(next[i]);
+                g.tokens.push(token);
+                g.logprobs.push(logprob);
                 live[i] = g.tokens.len() < max_new_tokens;
             }
         }
@@ -207,23 +295,38 @@ fn decode(
         let ids = Tensor::from_vec(feed, (rows.len(), 1), device)?; // (B', 1)
         logits = model.forward_with_cache(&ids, cache.len(), &mut cache)?;
     }
-    Ok(out)
+    Ok(())
 }
 
-/// Draws a token from one row of logits.
-fn draw(logits: &[f32], temperature: f64, top_p: f64, rng: &mut Rng) -> u32 {
+/// Draws a token from one row of logits: the token and its log-probability
+/// under `softmax(logits / temperature)` over the whole row (the raw logits
+/// at temperature 0), before any truncation.
+fn draw(logits: &[f32], s: &Sampling, rng: &mut Rng) -> (u32, f32) {
     let by_logit = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
-    if temperature == 0.0 {
-        return (0..logits.len()).min_by(by_logit).unwrap_or(0) as u32;
-    }
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = f64::from(logits.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+    let temperature = if s.temperature == 0.0 {
+        1.0
+    } else {
+        s.temperature
+    };
     let weights: Vec<f64> = logits
         .iter()
-        .map(|&x| ((f64::from(x) - f64::from(max)) / temperature).exp())
+        .map(|&x| ((f64::from(x) - max) / temperature).exp())
         .collect();
     let total: f64 = weights.iter().sum();
+    let logprob = |t: usize| ((f64::from(logits[t]) - max) / temperature - total.ln()) as f32;
+    if s.temperature == 0.0 {
+        let t = (0..logits.len()).min_by(by_logit).unwrap_or(0);
+        return (t as u32, logprob(t));
+    }
     let mut order: Vec<usize> = (0..logits.len()).collect();
-    let nucleus: &[usize] = if top_p >= 1.0 {
+    let mut kept = total;
+    if s.top_k > 0 && s.top_k < order.len() {
+        order.select_nth_unstable_by(s.top_k - 1, by_logit);
+        order.truncate(s.top_k);
+        kept = order.iter().map(|&t| weights[t]).sum();
+    }
+    let nucleus: &[usize] = if s.top_p >= 1.0 {
         &order
     } else {
         // The nucleus is usually small: sort a top-k that grows until it
@@ -237,7 +340,7 @@ fn draw(logits: &[f32], temperature: f64, top_p: f64, rng: &mut Rng) -> u32 {
             let mut mass = 0.0;
             let end = order[..k].iter().position(|&t| {
                 mass += weights[t];
-                mass >= top_p * total
+                mass >= s.top_p * kept
             });
             match end {
                 Some(end) => break &order[..=end],
@@ -251,10 +354,11 @@ fn draw(logits: &[f32], temperature: f64, top_p: f64, rng: &mut Rng) -> u32 {
     for &t in nucleus {
         u -= weights[t];
         if u < 0.0 {
-            return t as u32;
+            return (t as u32, logprob(t));
         }
     }
-    *nucleus.last().unwrap_or(&0) as u32
+    let t = *nucleus.last().unwrap_or(&0);
+    (t as u32, logprob(t))
 }
 
 #[cfg(test)]
@@ -269,13 +373,13 @@ mod tests {
         let m = load(dir.path(), None, DType::F32, &Device::Cpu).unwrap();
         let prompts: Vec<Vec<u32>> = vec![(1..10).collect(), (20..24).collect()];
         let run = |chunk| {
-            let mut pick =
-                |logits: &Tensor, _: &[(usize, usize)]| logits.argmax(D::Minus1)?.to_vec1::<u32>();
+            let mut pick = |logits: &Tensor, _: &[(usize, usize)]| pick_greedy(logits);
             decode(
                 &m.model,
                 &prompts,
                 6,
                 &[],
+                0,
                 0,
                 &Device::Cpu,
                 chunk,
@@ -284,15 +388,28 @@ mod tests {
             .unwrap()
         };
         let whole = run(64);
-        assert_eq!(run(2), whole);
-        assert_eq!(run(1), whole);
+        for chunk in [2, 1] {
+            for (a, b) in run(chunk).iter().zip(&whole) {
+                assert_eq!(
+                    (&a.tokens, a.stopped),
+                    (&b.tokens, b.stopped),
+                    "chunk {chunk}"
+                );
+                for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+                    assert!((x - y).abs() < 1e-5, "chunk {chunk}: {x} vs {y}");
+                }
+            }
+        }
     }
 
     fn draws(logits: &[f32], temperature: f64, top_p: f64, n: usize) -> Vec<u32> {
+        let s = Sampling {
+            temperature,
+            top_p,
+            ..Sampling::default()
+        };
         let mut rng = Rng::for_tensor(3, "t");
-        (0..n)
-            .map(|_| draw(logits, temperature, top_p, &mut rng))
-            .collect()
+        (0..n).map(|_| draw(logits, &s, &mut rng).0).collect()
     }
 
     #[test]
@@ -328,5 +445,33 @@ mod tests {
             let p = (1.0 - t as f64).exp() / z;
             assert!((share - p).abs() < 0.015, "token {t}: {share} vs {p}");
         }
+    }
+
+    #[test]
+    fn top_k_keeps_the_k_most_likely_and_logprobs_ignore_truncation() {
+        let logits = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln(), -100.0];
+        let s = Sampling {
+            top_k: 2,
+            ..Sampling::default()
+        };
+        let mut rng = Rng::for_tensor(4, "k");
+        let mut zeros = 0;
+        for _ in 0..4000 {
+            let (t, lp) = draw(&logits, &s, &mut rng);
+            assert!(t < 2, "{t}");
+            zeros += usize::from(t == 0);
+            // The log-prob is the full distribution's, not the truncated one's.
+            assert!((lp - logits[t as usize]).abs() < 1e-6, "{lp}");
+        }
+        assert!((zeros as f64 / 4000.0 - 0.625).abs() < 0.03, "{zeros}");
+        // At temperature 2 the log-prob is that of softmax(logits / 2).
+        let hot = Sampling {
+            temperature: 2.0,
+            ..Sampling::default()
+        };
+        let (t, lp) = draw(&logits, &hot, &mut rng);
+        let z: f64 = logits.iter().map(|&x| (f64::from(x) / 2.0).exp()).sum();
+        let want = f64::from(logits[t as usize]) / 2.0 - z.ln();
+        assert!((f64::from(lp) - want).abs() < 1e-6, "{lp} vs {want}");
     }
 }
