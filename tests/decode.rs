@@ -298,3 +298,87 @@ fn logprobs_match_the_trainer_and_top_k_one_is_greedy() {
         }
     }
 }
+
+/// Six prompts of mixed lengths; the fifth is longer than any batch's
+/// filled length when it joins, so columns are added in front of the cache.
+fn mixed_prompts() -> Vec<Vec<u32>> {
+    let mut p = prompts();
+    p.push((0..30).map(|i| (i * 53 + 7) % 511 + 1).collect());
+    p.push(vec![42, 43]);
+    p
+}
+
+#[test]
+fn continuous_batching_decodes_each_prompt_as_alone() {
+    for (arch, write) in ARCHS {
+        let (_tmp, m) = load(write);
+        let prompts = mixed_prompts();
+        let run = |max_rows: usize, stop: &[u32], sampling: Option<&Sampling>| {
+            let dev = &Device::Cpu;
+            match sampling {
+                None => generate::greedy(&m.model, &prompts, 12, stop, PAD, max_rows, dev),
+                Some(s) => generate::sample(&m.model, &prompts, 12, stop, PAD, max_rows, s, dev),
+            }
+            .unwrap()
+        };
+        let sampled = Sampling {
+            temperature: 0.9,
+            top_p: 0.95,
+            top_k: 100,
+            seed: 11,
+        };
+        for sampling in [None, Some(&sampled)] {
+            // Stop ids that end some rows early, so rows free up at
+            // different steps and waiting prompts join mid-decoding.
+            let free = run(0, &[], sampling);
+            let stop = [free[0].tokens[2], free[3].tokens[1], free[5].tokens[4]];
+            // One prompt at a time: each decodes alone, from its own stream.
+            let alone = run(1, &stop, sampling);
+            assert!(
+                alone.iter().any(|g| g.stopped),
+                "{arch}: no row stopped early"
+            );
+            for max_rows in [2, 3, 0] {
+                let together = run(max_rows, &stop, sampling);
+                for (i, (a, b)) in together.iter().zip(&alone).enumerate() {
+                    let what = format!("{arch} {sampling:?} max_rows {max_rows}: prompt {i}");
+                    assert_same(a, b, &what);
+                }
+            }
+        }
+        // Greedy prompts in a one-prompt call match too.
+        let free = run(0, &[], None);
+        let stop = [free[0].tokens[2], free[3].tokens[1], free[5].tokens[4]];
+        let gens = run(2, &stop, None);
+        for (i, p) in prompts.iter().enumerate() {
+            let alone = generate::greedy(
+                &m.model,
+                std::slice::from_ref(p),
+                12,
+                &stop,
+                PAD,
+                0,
+                &Device::Cpu,
+            )
+            .unwrap();
+            assert_same(
+                &gens[i],
+                &alone[0],
+                &format!("{arch}: prompt {i} in a call of its own"),
+            );
+        }
+        // Another prompt's content does not change a sample.
+        let mut other = prompts.clone();
+        other[1] = vec![300, 301, 302, 303, 304, 305, 306];
+        let a = run(3, &stop, Some(&sampled));
+        let b =
+            generate::sample(&m.model, &other, 12, &stop, PAD, 3, &sampled, &Device::Cpu).unwrap();
+        for i in [0, 2, 3, 4, 5] {
+            assert_same(
+                &a[i],
+                &b[i],
+                &format!("{arch}: prompt {i} beside another prompt 1"),
+            );
+        }
+    }
+}
