@@ -452,7 +452,9 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Resu
     let probs = probs
         .to_dtype(v.dtype())?
         .reshape((b, h_kv, groups * l, t))?;
-    probs.matmul(&v.contiguous()?)?.reshape((b, h, l, d)) // (B, H_kv, G*L, D) -> (B, H, L, D)
+    // The cache's value prefix is read in place, as its keys are: no copy
+    // of every cached value each step.
+    probs.matmul(&gemm_ready(v)?)?.reshape((b, h, l, d)) // (B, H_kv, G*L, D) -> (B, H, L, D)
 }
 
 /// Whether [`attend_causal_fused`] serves inputs of this dtype, device and

@@ -48,6 +48,7 @@ use candle_core::{D, DType, Device, Result, Tensor};
 
 use super::Model;
 use super::attention::Cache;
+use super::decoder::DecodeView;
 use super::init::Rng;
 
 /// Columns a prefill pass takes. Eager attention holds `(B, H, L, T)` f32
@@ -259,6 +260,7 @@ fn decode(
         rows: first.iter().map(|&p| Some(p)).collect(),
         next: vec![pad_id; slots],
         cache,
+        view: model.decode_view()?,
     };
     let ids = d.left_padded(&first, width)?;
     let logits = d.prefill(&ids, 0, None)?;
@@ -295,7 +297,7 @@ fn decode(
         let ids = Tensor::from_vec(d.next.clone(), (d.rows.len(), 1), device)?; // (B, 1)
         let logits = d
             .model
-            .forward_with_cache(&ids, d.cache.len(), &mut d.cache)?;
+            .forward_with_view(&ids, d.cache.len(), &mut d.cache, &d.view)?;
         let at: Vec<(usize, usize)> = d.live().into_iter().map(|r| (r, r)).collect();
         d.take(&logits, &at, pick)?;
     }
@@ -318,6 +320,9 @@ struct Decoding<'a> {
     /// The token each row feeds at the next step (`pad_id` when free).
     next: Vec<u32>,
     cache: Cache,
+    /// The weights as they are now, folded for decoding (built per call,
+    /// so never older than the call).
+    view: DecodeView,
 }
 
 impl Decoding<'_> {
