@@ -264,6 +264,9 @@ pub struct GenResult {
     pub new: usize,
     pub new_tokens_per_s: f64,
     pub seconds: f64,
+    /// Largest difference between a sampled token's log-prob and the
+    /// trainer's full forward over the same tokens (first prompt).
+    pub logprob_mismatch: f64,
 }
 
 /// Sampling at temperature 0.7 with the KV cache: `batch` random prompts of
@@ -292,21 +295,34 @@ pub fn sample(
         temperature: 0.7,
         ..generate::Sampling::default()
     };
-    let run = |n: usize| -> anyhow::Result<usize> {
-        let out = generate::sample(&m.model, &prompts, n, &[], 0, 0, &sampling, device)?;
-        Ok(out.iter().map(|g| g.tokens.len()).sum())
-    };
+    let run = |n: usize| generate::sample(&m.model, &prompts, n, &[], 0, 0, &sampling, device);
     run(8)?;
     device.synchronize()?;
     let t = Instant::now();
-    let produced = run(new)?;
+    let out = run(new)?;
     device.synchronize()?;
     let s = t.elapsed().as_secs_f64();
+    let produced: usize = out.iter().map(|g| g.tokens.len()).sum();
     anyhow::ensure!(
         produced == batch * new,
         "expected {} new tokens, got {produced}",
         batch * new
     );
+    // What an RL step logs: the sampler's log-probs against a full forward
+    // over prompt + answer, on the first prompt.
+    let seq: Vec<u32> = prompts[0].iter().chain(&out[0].tokens).copied().collect();
+    let ids = Tensor::new(seq.as_slice(), device)?.unsqueeze(0)?;
+    let logits =
+        (m.model.forward(&ids, None, false)?.to_dtype(DType::F32)? / sampling.temperature)?;
+    let trainer: Vec<f32> = loss::next_token_logprobs(&logits, &ids)?
+        .squeeze(0)?
+        .to_vec1()?;
+    let logprob_mismatch = out[0]
+        .logprobs
+        .iter()
+        .zip(&trainer[prompt - 1..])
+        .map(|(a, b)| f64::from((a - b).abs()))
+        .fold(0.0, f64::max);
     Ok(GenResult {
         ours: "trace-train",
         job: "sample",
@@ -316,6 +332,7 @@ pub fn sample(
         new,
         new_tokens_per_s: produced as f64 / s,
         seconds: s,
+        logprob_mismatch,
     })
 }
 
@@ -361,6 +378,8 @@ mod tests {
         assert!(r.tokens_per_s > 0.0);
         let g = sample("smollm2-135m", 2, 4, 3, &cpu).unwrap();
         assert_eq!((g.batch, g.new), (2, 3));
+        // The CPU runs f32, where sampler and trainer agree closely.
+        assert!(g.logprob_mismatch < 1e-3, "{}", g.logprob_mismatch);
         assert!(shape_config("gpt2").is_err());
     }
 }
