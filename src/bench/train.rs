@@ -262,6 +262,8 @@ pub struct GenResult {
     pub batch: usize,
     pub prompt: usize,
     pub new: usize,
+    /// LoRA rank of the sampled policy, if any.
+    pub rank: Option<usize>,
     pub new_tokens_per_s: f64,
     pub seconds: f64,
     /// Largest difference between a sampled token's log-prob and the
@@ -271,16 +273,23 @@ pub struct GenResult {
 
 /// Sampling at temperature 0.7 with the KV cache: `batch` random prompts of
 /// `prompt` tokens, `new` tokens each (no stop token), after an untimed
-/// 8-token warm-up.
+/// 8-token warm-up; with a LoRA adapter of rank `rank` when given.
 pub fn sample(
     shape: &str,
     batch: usize,
     prompt: usize,
     new: usize,
+    rank: Option<usize>,
     device: &Device,
 ) -> anyhow::Result<GenResult> {
     let dtype = sft::train_dtype("bf16", device);
-    let m = random_model(shape, None, dtype, device)?;
+    let m = random_model(shape, rank, dtype, device)?;
+    for (name, var) in m.named_trainable_vars() {
+        // B starts at zero; a policy being trained has moved it.
+        if name.contains("lora_B") {
+            var.set(&(Tensor::ones_like(var.as_tensor())? * 1e-3)?)?;
+        }
+    }
     let vocab = m.model.vocab_size() as u32;
     let prompts: Vec<Vec<u32>> = (0..batch)
         .map(|b| {
@@ -330,6 +339,7 @@ pub fn sample(
         batch,
         prompt,
         new,
+        rank,
         new_tokens_per_s: produced as f64 / s,
         seconds: s,
         logprob_mismatch,
@@ -376,7 +386,7 @@ mod tests {
         assert!(q.loss != r.loss, "NF4 weights left the loss unchanged");
         assert!((q.loss - uniform).abs() < 0.3, "{} vs {uniform}", q.loss);
         assert!(r.tokens_per_s > 0.0);
-        let g = sample("smollm2-135m", 2, 4, 3, &cpu).unwrap();
+        let g = sample("smollm2-135m", 2, 4, 3, Some(4), &cpu).unwrap();
         assert_eq!((g.batch, g.new), (2, 3));
         // The CPU runs f32, where sampler and trainer agree closely.
         assert!(g.logprob_mismatch < 1e-3, "{}", g.logprob_mismatch);

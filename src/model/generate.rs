@@ -41,7 +41,8 @@
 //! then top-k, then top-p). Either way each prompt draws from its own
 //! seeded stream (prompt `i`: `(seed, i)`; on CUDA one seed a step from that
 //! stream), so a prompt's sample does not depend on the others in the batch
-//! and a seed repeats it; the CUDA and CPU draws differ from each other.
+//! and a seed repeats it; the CUDA and CPU draws differ from each other
+//! (`TRACE_TRAIN_HOST_SAMPLING` set draws on the host on CUDA too).
 //! Nothing here knows about tokenizers or text.
 
 use candle_core::{D, DType, Device, Result, Tensor};
@@ -163,7 +164,7 @@ pub fn sample(
         .collect();
     let mut pick = |logits: &Tensor, live: &[(usize, usize)]| -> Result<Vec<(u32, f32)>> {
         #[cfg(feature = "cuda")]
-        if logits.device().is_cuda() {
+        if logits.device().is_cuda() && std::env::var_os("TRACE_TRAIN_HOST_SAMPLING").is_none() {
             // One seed a row a step from the prompt's own stream: a
             // prompt's draws do not depend on its batch row or neighbours.
             let mut seeds = vec![0u64; logits.dim(0)?];
