@@ -283,7 +283,7 @@ struct ConfigArgs {
     /// resolved settings are shown).
     files: Vec<PathBuf>,
     /// Show the resolved settings as JSON.
-    #[arg(long)]
+    #[arg(long, global = true)]
     json: bool,
 }
 

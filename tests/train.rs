@@ -49,6 +49,20 @@ fn loss_falls_and_the_stage_writes_adapter_and_merged_model() {
         assert!(card.contains(want), "missing {want}: {card}");
     }
     assert!(read("merged/README.md").contains("library_name: transformers"));
+    // The front matter is YAML as the hub reads it (PyYAML, when installed).
+    for f in ["final/README.md", "merged/README.md"] {
+        let check = "import sys, yaml\ntext = open(sys.argv[1]).read()\nmeta = yaml.safe_load(text.split('---')[1])\nassert meta['base_model'] and meta['library_name'] in ('peft', 'transformers'), meta\nassert {'trace-train', 'lora', 'stage1_warmup'} <= set(meta['tags']), meta\n";
+        let o = Command::new("/usr/bin/python3")
+            .args(["-c", check])
+            .arg(dir.path().join("out").join(f))
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&o.stderr).contains("No module named 'yaml'") {
+            eprintln!("SKIPPED: PyYAML is not installed; {f}'s front matter not parsed");
+            continue;
+        }
+        assert!(o.status.success(), "{f}: {}", stderr(&o));
+    }
     for f in [
         "final/generation_config.json",
         "merged/generation_config.json",

@@ -307,7 +307,9 @@ impl Lib {
         names.iter().find_map(|n| {
             // SAFETY: a NUL-terminated name; the handle is checked.
             let h = unsafe { libc::dlopen(n.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-            (!h.is_null()).then_some(Lib(h))
+            // `then`, not `then_some`: a `Lib` made of a null handle would
+            // be dropped, and closed, right away.
+            (!h.is_null()).then(|| Lib(h))
         })
     }
 
