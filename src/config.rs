@@ -368,6 +368,8 @@ pub struct ModelConfig {
     /// `Qwen/Qwen3-4B`.
     #[serde(alias = "base_model")]
     pub name: String,
+    /// With a hub id: the branch, tag or commit (null: `main`). Default null.
+    pub revision: Option<String>,
     /// Load the frozen base weights in 4 bits (QLoRA). Default true.
     pub load_in_4bit: bool,
     /// Training and inference dtype: `bf16`, `f16` or `f32`. Default `bf16`.
@@ -380,6 +382,7 @@ impl Default for ModelConfig {
     fn default() -> Self {
         ModelConfig {
             name: "Qwen/Qwen3-4B".into(),
+            revision: None,
             load_in_4bit: true,
             dtype: "bf16".into(),
             max_length: 2048,

@@ -114,9 +114,13 @@ fn the_python_pipelines_file_resolves_the_pipeline_to_what_it_says() {
         "datasets/trace_training/stage2_transformed_train.jsonl"
     );
     // A flag wins, and says so.
-    let s = settings(dir.path(), &["config", "pipeline", "--device", "cpu"]);
+    let s = settings(
+        dir.path(),
+        &["config", "pipeline", "--device", "cpu", "--revision", "v2"],
+    );
     assert_eq!(s["hardware.device"]["value"], "cpu");
     assert_eq!(s["hardware.device"]["flag"], "--device");
+    assert_eq!(s["model.revision"]["value"], "v2");
 
     // The stages run alone read the same file's model and hardware.
     let s = settings(dir.path(), &["config", "warmup"]);

@@ -51,6 +51,7 @@ pub fn resolved_all() -> anyhow::Result<Vec<(String, Value)>> {
             no_4bit: false,
             resume: false,
             checkpoints: None,
+            revision: None,
             device: None,
             unsafe_flag: crate::UnsafeFlag {
                 unsafe_no_sandbox: false,

@@ -46,6 +46,10 @@ pub struct PipelineArgs {
     /// the quick test).
     #[arg(long)]
     pub checkpoints: Option<PathBuf>,
+    /// With a hub id as the base model: the branch, tag or commit (default:
+    /// `model.revision`, else `main`); the commit is recorded.
+    #[arg(long)]
+    pub revision: Option<String>,
     /// `cpu`, `cuda`, `cuda:N` or `auto` (default: `hardware.device`).
     #[arg(long)]
     pub device: Option<String>,
@@ -112,6 +116,10 @@ pub fn resolve(args: &PipelineArgs) -> anyhow::Result<Plan> {
         sources.flag("hardware.b200_mode", "--b200");
     } else if cfg.hardware.b200_mode {
         cfg.apply_b200(&mut sources, "hardware.b200_mode");
+    }
+    if let Some(r) = &args.revision {
+        cfg.model.revision = Some(r.clone());
+        sources.flag("model.revision", "--revision");
     }
     if let Some(d) = &args.device {
         cfg.hardware.device = d.clone();
@@ -298,7 +306,11 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             } else {
                 root.join(STAGE1_DIR).join("merged").display().to_string()
             }),
-            revision: None,
+            revision: if stage == 1 {
+                cfg.model.revision.clone()
+            } else {
+                None
+            },
             train_file: sft.train_file.clone(),
             eval_file: sft.eval_file.clone(),
             epochs: Some(sft.epochs),

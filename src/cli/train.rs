@@ -27,7 +27,8 @@ pub struct TrainArgs {
     /// in checkpoints/stage1_warmup/merged).
     #[arg(long)]
     pub model: Option<String>,
-    /// With a hub id: the branch, tag or commit to load (default `main`);
+    /// With a hub id: the branch, tag or commit to load (default: the
+    /// pipeline config's `model.revision` for its model, else `main`);
     /// the commit it resolves to is recorded with the outputs.
     #[arg(long)]
     pub revision: Option<String>,
@@ -266,9 +267,19 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
             "checkpoints/stage1_warmup/merged".into()
         }
     };
-    if revision.is_some() {
-        sources.flag("revision", "--revision");
-    }
+    // The pipeline file's `model.revision` names the revision of its
+    // `model.name`; a model given by flag has only the flag's.
+    let revision = match (revision, &base_model) {
+        (Some(r), _) => {
+            sources.flag("revision", "--revision");
+            Some(r)
+        }
+        (None, m) if *m == model.name => {
+            sources.set("revision", sources.get("model.revision"));
+            model.revision.clone()
+        }
+        (None, _) => None,
+    };
     Ok(Settings {
         config: cfg,
         model,
