@@ -12,7 +12,8 @@
 //! 4. metrics as JSONL, eval loss every `eval_steps`, a checkpoint every
 //!    `save_steps` and on SIGTERM/SIGINT (then a clean exit);
 //! 5. at the end, the adapter in PEFT's layout in `final/` and the merged
-//!    model (with the tokenizer files) in `merged/`.
+//!    model (with the tokenizer files) in `merged/`, each with a model card
+//!    and `generation_config.json` (`train::card`).
 //!
 //! Everything that decides the numbers (data order, dropout masks, init) is
 //! seeded, so a resumed run repeats the uninterrupted one exactly on CPU.
@@ -36,6 +37,7 @@ use crate::data::records::read_records;
 use crate::data::tokenizer::ChatTokenizer;
 use crate::model::lora::{LoraConfig, TargetModule, set_dropout_seed};
 use crate::model::{self, LoadedModel};
+use crate::train::card;
 use crate::train::checkpoint::{self, Fingerprint, RunLock, TrainerState};
 use crate::train::loss::lm_head_cross_entropy;
 use crate::train::optim::AdamW;
@@ -51,6 +53,9 @@ pub struct SftJob {
     pub model: ModelConfig,
     /// The base model folder (Stage 2: Stage 1's merged model).
     pub base_dir: PathBuf,
+    /// How the base model was found (name, revision, commit), for the
+    /// record and the model cards.
+    pub base: crate::model::resolve::Resolved,
     pub train_file: PathBuf,
     pub eval_file: Option<PathBuf>,
     pub output_dir: PathBuf,
@@ -342,13 +347,19 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
     let merged_dir = job.output_dir.join("merged");
     if !interrupted {
         save_checkpoint(&job.output_dir, &state, &opt, cfg.save_total_limit)?;
-        model::adapter::save(&loaded, &final_dir, &job.base_dir.display().to_string())?;
+        // A hub model is named by its id, as PEFT records it; a folder by its path.
+        let base_name = job
+            .base
+            .repo
+            .clone()
+            .unwrap_or_else(|| job.base_dir.display().to_string());
+        model::adapter::save(&loaded, &final_dir, &base_name)?;
         model::adapter::merge(&loaded, &merged_dir)?;
         for f in [
             "tokenizer.json",
             "tokenizer_config.json",
-            "generation_config.json",
             "special_tokens_map.json",
+            crate::data::tokenizer::CHAT_TEMPLATE_FILE,
         ] {
             let src = job.base_dir.join(f);
             if src.exists() {
@@ -356,11 +367,29 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
                     .with_context(|| format!("cannot copy `{}`", src.display()))?;
             }
         }
+        let info = card::CardInfo {
+            base_model: base_name,
+            base_commit: job.base.commit.clone(),
+            stage: match job.stage.as_str() {
+                "warmup" => "stage1_warmup".into(),
+                "sft" => "stage2_sft".into(),
+                other => other.into(),
+            },
+            train_file: job.train_file.display().to_string(),
+            steps: state.step,
+            lora_r: cfg.lora_r,
+            lora_alpha: cfg.lora_alpha,
+            target_modules: cfg.target_modules.clone(),
+        };
+        let generation = card::generation_config(&job.base_dir, &tok)?;
+        card::write(&final_dir, &info, card::Kind::Adapter, &generation)?;
+        card::write(&merged_dir, &info, card::Kind::Merged, &generation)?;
         crate::atomic::write(
             &job.output_dir.join("train_config.json"),
             serde_json::to_string_pretty(&serde_json::json!({
                 "stage": job.stage, "config": cfg, "model": job.model,
-                "base_dir": job.base_dir, "train_file": job.train_file,
+                "base_dir": job.base_dir, "base_model": job.base,
+                "train_file": job.train_file,
             }))?
             .as_bytes(),
         )?;
