@@ -16,7 +16,9 @@ pub mod gpu;
 pub mod model;
 pub mod prompt;
 pub mod reward;
+pub mod runlog;
 pub mod sandbox;
+pub mod serve;
 pub mod train;
 pub mod transform;
 

@@ -3,6 +3,8 @@
 
 pub mod eval;
 pub mod pipeline;
+pub mod report;
+pub mod serve;
 pub mod train;
 
 /// Adds what to do to a device out-of-memory error; other errors pass.

@@ -127,7 +127,32 @@ pub fn sample(
 
 /// Picks the next token of each batch row from the last logits `(B, vocab)`;
 /// only the `(batch row, prompt)` pairs given are still decoding.
-type Pick<'a> = dyn FnMut(&Tensor, &[(usize, usize)]) -> Result<Vec<u32>> + 'a;
+pub type Pick<'a> = dyn FnMut(&Tensor, &[(usize, usize)]) -> Result<Vec<u32>> + 'a;
+
+/// Continuations of `prompts` decoded together, `pick` choosing every
+/// token: for callers with rules of their own per prompt (the server: each
+/// request's sampling, stop strings, streaming, a client gone). A pick
+/// ends a row early by returning one of `stop_ids`.
+pub fn decode_with(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+    stop_ids: &[u32],
+    pad_id: u32,
+    device: &Device,
+    pick: &mut Pick,
+) -> Result<Vec<Generation>> {
+    decode(
+        model,
+        prompts,
+        max_new_tokens,
+        stop_ids,
+        pad_id,
+        device,
+        PREFILL_CHUNK,
+        pick,
+    )
+}
 
 #[allow(clippy::too_many_arguments)] // private; the public entry points name them
 fn decode(
@@ -211,7 +236,7 @@ fn decode(
 }
 
 /// Draws a token from one row of logits.
-fn draw(logits: &[f32], temperature: f64, top_p: f64, rng: &mut Rng) -> u32 {
+pub(crate) fn draw(logits: &[f32], temperature: f64, top_p: f64, rng: &mut Rng) -> u32 {
     let by_logit = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
     if temperature == 0.0 {
         return (0..logits.len()).min_by(by_logit).unwrap_or(0) as u32;
