@@ -350,6 +350,7 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             "tokenizer_config.json",
             "generation_config.json",
             "special_tokens_map.json",
+            "chat_template.jinja",
         ] {
             let src = job.base_dir.join(f);
             if src.exists() {
