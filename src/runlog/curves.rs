@@ -142,6 +142,9 @@ where
     chart
         .configure_mesh()
         .x_desc("step")
+        // Steps are whole numbers: no ticks between them on short runs.
+        .x_labels(((x1 - x0) as usize + 1).clamp(2, 10))
+        .x_label_formatter(&|x| format!("{x:.0}"))
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 16))
         .light_line_style(RGBColor(235, 235, 235))
