@@ -117,6 +117,7 @@ fn greedy(prompt: &str, max_tokens: usize) -> (String, usize, bool) {
         max_tokens,
         &tok.stop_ids(),
         tok.pad().id,
+        0,
         &Device::Cpu,
     )
     .unwrap()

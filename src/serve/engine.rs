@@ -26,7 +26,7 @@ use candle_core::{DType, Device, Tensor};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::data::ChatTokenizer;
-use crate::model::generate::{decode_with, draw};
+use crate::model::generate::{Sampling, decode_with, draw};
 use crate::model::init::Rng;
 use crate::model::{self, LoadedModel};
 
@@ -167,27 +167,35 @@ fn run_batch(
         .unwrap_or(1);
     let stop_ids = tok.stop_ids();
     let end = stop_ids[0];
-    let mut pick = |logits: &Tensor, live: &[(usize, usize)]| -> candle_core::Result<Vec<u32>> {
-        let host = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-        let mut next = vec![end; host.len()];
-        for &(b, i) in live {
-            let row = &mut rows[i];
-            if row.done {
-                continue; // answered `end`: the batch drops the row
+    let mut pick =
+        |logits: &Tensor, live: &[(usize, usize)]| -> candle_core::Result<Vec<(u32, f32)>> {
+            let host = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+            let mut next = vec![(end, 0.0); host.len()];
+            for &(b, i) in live {
+                let row = &mut rows[i];
+                if row.done {
+                    continue; // answered `end`: the batch drops the row
+                }
+                let p = &row.job.params;
+                let sampling = Sampling {
+                    temperature: p.temperature,
+                    top_p: p.top_p,
+                    top_k: 0,
+                    seed: p.seed,
+                };
+                next[b] = draw(&host[b], &sampling, &mut row.rng);
+                row.accept(next[b].0, tok, &stop_ids);
             }
-            let p = &row.job.params;
-            let t = draw(&host[b], p.temperature, p.top_p, &mut row.rng);
-            next[b] = t;
-            row.accept(t, tok, &stop_ids);
-        }
-        Ok(next)
-    };
+            Ok(next)
+        };
+    // Every row at once (max_rows 0): the batch is what was waiting.
     decode_with(
         &model.model,
         &prompts,
         max_new,
         &stop_ids,
         tok.pad().id,
+        0,
         device,
         &mut pick,
     )?;

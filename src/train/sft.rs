@@ -12,8 +12,10 @@
 //! 4. metrics through `runlog` (JSONL and TensorBoard events), eval loss
 //!    every `eval_steps`, a checkpoint every `save_steps` and on
 //!    SIGTERM/SIGINT (then a clean exit);
-//! 5. at the end, the adapter in PEFT's layout in `final/`, the merged
-//!    model (with the tokenizer files) in `merged/`, the curves in `curves/`.
+//! 5. at the end, the adapter in PEFT's layout in `final/` and the merged
+//!    model (with the tokenizer files) in `merged/`, each with a model card
+//!    and `generation_config.json` (`train::card`), and the curves in
+//!    `curves/`.
 //!
 //! Everything that decides the numbers (data order, dropout masks, init) is
 //! seeded, so a resumed run repeats the uninterrupted one exactly on CPU.
@@ -37,25 +39,13 @@ use crate::data::tokenizer::ChatTokenizer;
 use crate::model::lora::{LoraConfig, TargetModule, set_dropout_seed};
 use crate::model::{self, LoadedModel};
 use crate::runlog::{self, RunLog};
+use crate::train::card;
 use crate::train::checkpoint::{self, Fingerprint, RunLock, TrainerState};
 use crate::train::loss::lm_head_cross_entropy;
 use crate::train::optim::AdamW;
 use crate::train::schedule::Cosine;
 
-/// Where SFT reports progress; the CLI draws a bar, tests ignore it.
-pub trait Progress: Sync {
-    fn start(&self, total_steps: u64, done: u64);
-    fn step(&self, step: u64, loss: f64, tokens_per_s: f64);
-    fn finish(&self);
-}
-
-pub struct NoProgress;
-
-impl Progress for NoProgress {
-    fn start(&self, _: u64, _: u64) {}
-    fn step(&self, _: u64, _: f64, _: f64) {}
-    fn finish(&self) {}
-}
+pub use crate::progress::{NoProgress, Progress};
 
 /// One SFT run.
 pub struct SftJob {
@@ -65,6 +55,9 @@ pub struct SftJob {
     pub model: ModelConfig,
     /// The base model folder (Stage 2: Stage 1's merged model).
     pub base_dir: PathBuf,
+    /// How the base model was found (name, revision, commit), for the
+    /// record and the model cards.
+    pub base: crate::model::resolve::Resolved,
     pub train_file: PathBuf,
     pub eval_file: Option<PathBuf>,
     pub output_dir: PathBuf,
@@ -230,7 +223,7 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
     let mut log = RunLog::open(&job.output_dir, resumed_from)?;
 
     // 3-4. The loop.
-    progress.start(total_steps, state.step);
+    progress.start(Some(total_steps), state.step);
     let (mut first_loss, mut last_loss, mut eval_loss) = (None, None, None);
     let mut bad_in_a_row = 0u64;
     let mut interrupted = false;
@@ -324,7 +317,11 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             eval_loss = Some(e);
         }
         log.log(state.step, &scalars)?;
-        progress.step(state.step, loss_sum, step_tokens as f64 / secs.max(1e-9));
+        progress.set(state.step);
+        progress.status(&format!(
+            "loss {loss_sum:.4} {:.0} tok/s",
+            step_tokens as f64 / secs.max(1e-9)
+        ));
 
         let stopping = stop.load(Ordering::Relaxed);
         let periodic = cfg.save_steps > 0 && state.step.is_multiple_of(cfg.save_steps as u64);
@@ -343,14 +340,19 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
     let merged_dir = job.output_dir.join("merged");
     if !interrupted {
         save_checkpoint(&job.output_dir, &state, &opt, cfg.save_total_limit)?;
-        model::adapter::save(&loaded, &final_dir, &job.base_dir.display().to_string())?;
+        // A hub model is named by its id, as PEFT records it; a folder by its path.
+        let base_name = job
+            .base
+            .repo
+            .clone()
+            .unwrap_or_else(|| job.base_dir.display().to_string());
+        model::adapter::save(&loaded, &final_dir, &base_name)?;
         model::adapter::merge(&loaded, &merged_dir)?;
         for f in [
             "tokenizer.json",
             "tokenizer_config.json",
-            "generation_config.json",
             "special_tokens_map.json",
-            "chat_template.jinja",
+            crate::data::tokenizer::CHAT_TEMPLATE_FILE,
         ] {
             let src = job.base_dir.join(f);
             if src.exists() {
@@ -358,11 +360,29 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
                     .with_context(|| format!("cannot copy `{}`", src.display()))?;
             }
         }
+        let info = card::CardInfo {
+            base_model: base_name,
+            base_commit: job.base.commit.clone(),
+            stage: match job.stage.as_str() {
+                "warmup" => "stage1_warmup".into(),
+                "sft" => "stage2_sft".into(),
+                other => other.into(),
+            },
+            train_file: job.train_file.display().to_string(),
+            steps: state.step,
+            lora_r: cfg.lora_r,
+            lora_alpha: cfg.lora_alpha,
+            target_modules: cfg.target_modules.clone(),
+        };
+        let generation = card::generation_config(&job.base_dir, &tok)?;
+        card::write(&final_dir, &info, card::Kind::Adapter, &generation)?;
+        card::write(&merged_dir, &info, card::Kind::Merged, &generation)?;
         crate::atomic::write(
             &job.output_dir.join("train_config.json"),
             serde_json::to_string_pretty(&serde_json::json!({
                 "stage": job.stage, "config": cfg, "model": job.model,
-                "base_dir": job.base_dir, "train_file": job.train_file,
+                "base_dir": job.base_dir, "base_model": job.base,
+                "train_file": job.train_file,
             }))?
             .as_bytes(),
         )?;
