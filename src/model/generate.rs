@@ -214,13 +214,11 @@ fn pick_greedy(logits: &Tensor) -> Result<Vec<(u32, f32)>> {
 /// are decoding (the other rows' picks are ignored).
 pub type Pick<'a> = dyn FnMut(&Tensor, &[(usize, usize)]) -> Result<Vec<(u32, f32)>> + 'a;
 
-/// Continuations of `prompts` decoded together, `pick` choosing every
-/// token: for callers with rules of their own per prompt (the server: each
-/// request's sampling, stop strings, streaming, a client gone). A pick
-/// ends a row early by returning one of `stop_ids`; at most `max_rows`
-/// rows decode at once (0: all), finished rows making room for waiting
-/// prompts.
-#[allow(clippy::too_many_arguments)] // the decoding loop's own arguments, named
+/// Continuations of `prompts` decoded as [`sample`] does, `pick` choosing
+/// every token: for callers with rules of their own per prompt (the
+/// server: each request's sampling, stop strings, streaming, a client
+/// gone). A pick ends a row early by returning one of `stop_ids`.
+#[allow(clippy::too_many_arguments)] // the same knobs as `sample`, with the pick for the sampling
 pub fn decode_with(
     model: &Model,
     prompts: &[Vec<u32>],

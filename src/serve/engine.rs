@@ -180,14 +180,15 @@ fn run_batch(
                 let sampling = Sampling {
                     temperature: p.temperature,
                     top_p: p.top_p,
-                    ..Sampling::default()
+                    top_k: 0,
+                    seed: p.seed,
                 };
-                let (t, logprob) = draw(&host[b], &sampling, &mut row.rng);
-                next[b] = (t, logprob);
-                row.accept(t, tok, &stop_ids);
+                next[b] = draw(&host[b], &sampling, &mut row.rng);
+                row.accept(next[b].0, tok, &stop_ids);
             }
             Ok(next)
         };
+    // Every row at once (max_rows 0): the batch is what was waiting.
     decode_with(
         &model.model,
         &prompts,

@@ -14,7 +14,8 @@
 //!    SIGTERM/SIGINT (then a clean exit);
 //! 5. at the end, the adapter in PEFT's layout in `final/` and the merged
 //!    model (with the tokenizer files) in `merged/`, each with a model card
-//!    and `generation_config.json` (`train::card`), the curves in `curves/`.
+//!    and `generation_config.json` (`train::card`), and the curves in
+//!    `curves/`.
 //!
 //! Everything that decides the numbers (data order, dropout masks, init) is
 //! seeded, so a resumed run repeats the uninterrupted one exactly on CPU.
