@@ -16,6 +16,7 @@ pub mod gpu;
 pub mod model;
 pub mod prompt;
 pub mod reward;
+pub mod rl;
 pub mod sandbox;
 pub mod train;
 pub mod transform;

@@ -493,9 +493,9 @@ fn check_config_file(path: &Path) -> anyhow::Result<()> {
         "pipeline_config" => config::load::<PipelineConfig>(path).map(|_| ())?,
         "generate" => config::load::<GenerateConfig>(path).map(|_| ())?,
         "warmup" | "sft" => config::load::<config::SftConfig>(path).map(|_| ())?,
-        "ppo" => config::load::<config::RlConfig>(path).map(|_| ())?,
+        "stage3_ppo_config" => config::load::<config::Stage3Config>(path).map(|_| ())?,
         _ => anyhow::bail!(
-            "`{}`: unknown config file name\nhint: expected pipeline_config, generate, warmup, sft or ppo",
+            "`{}`: unknown config file name\nhint: expected pipeline_config, generate, warmup, sft or stage3_ppo_config",
             path.display()
         ),
     }

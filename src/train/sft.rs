@@ -45,6 +45,11 @@ use crate::train::schedule::Cosine;
 pub trait Progress: Sync {
     fn start(&self, total_steps: u64, done: u64);
     fn step(&self, step: u64, loss: f64, tokens_per_s: f64);
+    /// A step of a recipe whose headline is not a loss (RL: reward, KL,
+    /// tokens/s), already worded.
+    fn step_message(&self, step: u64, message: &str) {
+        let _ = (step, message);
+    }
     fn finish(&self);
 }
 
@@ -187,6 +192,7 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         tokens_seen: 0,
         skipped_steps: 0,
         fingerprint: fingerprint.clone(),
+        extra: serde_json::Value::Null,
     };
     let metrics_path = job.output_dir.join("metrics.jsonl");
     let mut resumed_from = None;
@@ -351,20 +357,7 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
     let merged_dir = job.output_dir.join("merged");
     if !interrupted {
         save_checkpoint(&job.output_dir, &state, &opt, cfg.save_total_limit)?;
-        model::adapter::save(&loaded, &final_dir, &job.base_dir.display().to_string())?;
-        model::adapter::merge(&loaded, &merged_dir)?;
-        for f in [
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "generation_config.json",
-            "special_tokens_map.json",
-        ] {
-            let src = job.base_dir.join(f);
-            if src.exists() {
-                std::fs::copy(&src, merged_dir.join(f))
-                    .with_context(|| format!("cannot copy `{}`", src.display()))?;
-            }
-        }
+        write_adapter_and_merged(&loaded, &job.base_dir, &final_dir, &merged_dir)?;
         crate::atomic::write(
             &job.output_dir.join("train_config.json"),
             serde_json::to_string_pretty(&serde_json::json!({
@@ -388,6 +381,31 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         merged_dir,
         interrupted,
     })
+}
+
+/// A stage's outputs: the adapter in PEFT's layout in `final_dir`, the
+/// merged model with the base's tokenizer files in `merged_dir`.
+pub(crate) fn write_adapter_and_merged(
+    loaded: &LoadedModel,
+    base_dir: &Path,
+    final_dir: &Path,
+    merged_dir: &Path,
+) -> anyhow::Result<()> {
+    model::adapter::save(loaded, final_dir, &base_dir.display().to_string())?;
+    model::adapter::merge(loaded, merged_dir)?;
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "special_tokens_map.json",
+    ] {
+        let src = base_dir.join(f);
+        if src.exists() {
+            std::fs::copy(&src, merged_dir.join(f))
+                .with_context(|| format!("cannot copy `{}`", src.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// The dtype a run computes in: the configured one (`bf16`, `f16` or
@@ -449,7 +467,7 @@ fn evaluate_loss(
 
 /// A seed for (run seed, step, micro-batch): dropout masks differ per step
 /// and repeat exactly on resume.
-fn mix(seed: u64, step: u64, micro: u64) -> u64 {
+pub(crate) fn mix(seed: u64, step: u64, micro: u64) -> u64 {
     let mut h = seed ^ 0x9e37_79b9_7f4a_7c15;
     for x in [step, micro] {
         h = (h ^ x).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -458,7 +476,7 @@ fn mix(seed: u64, step: u64, micro: u64) -> u64 {
     h
 }
 
-fn sha256_of(paths: &[&Path]) -> anyhow::Result<String> {
+pub(crate) fn sha256_of(paths: &[&Path]) -> anyhow::Result<String> {
     let mut h = Sha256::new();
     for p in paths {
         if p.exists() {
@@ -473,7 +491,7 @@ fn sha256_of(paths: &[&Path]) -> anyhow::Result<String> {
 /// file's name, length and 32 samples of 4 KiB spread over it. Hashing all
 /// of a 4B model's 8 GB would cost seconds on every start; merging an
 /// adapter rewrites most projection bytes, which the samples see.
-fn weights_fingerprint(dir: &Path) -> anyhow::Result<String> {
+pub(crate) fn weights_fingerprint(dir: &Path) -> anyhow::Result<String> {
     use std::io::{Read, Seek, SeekFrom};
     const SAMPLES: u64 = 32;
     const CHUNK: u64 = 4096;
@@ -500,7 +518,7 @@ fn weights_fingerprint(dir: &Path) -> anyhow::Result<String> {
 }
 
 /// Drops metric lines past `step` (they belong to work the resume redoes).
-fn truncate_metrics(path: &Path, step: u64) -> anyhow::Result<()> {
+pub(crate) fn truncate_metrics(path: &Path, step: u64) -> anyhow::Result<()> {
     let Ok(text) = std::fs::read_to_string(path) else {
         return Ok(());
     };
@@ -518,7 +536,7 @@ fn truncate_metrics(path: &Path, step: u64) -> anyhow::Result<()> {
 }
 
 /// Set on SIGTERM or SIGINT: checkpoint, then exit cleanly.
-fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
+pub(crate) fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&flag))

@@ -1,0 +1,219 @@
+//! The curriculum: tasks from one difficulty bucket at a time, easiest
+//! first (Bengio et al. 2009, "Curriculum Learning"), the next bucket once
+//! the rolling accuracy over the last `window` scored completions reaches
+//! `promotion_threshold`.
+//!
+//! Buckets are those of one feature `generate` records and the eval report
+//! counts by ([`crate::eval::buckets::FEATURES`]: output lines 1, 2-3,
+//! 4-10, 11+; loop depth; program lines; injected prints). Start: the
+//! easiest bucket that has tasks at all; a bucket the environment yields
+//! no task from in [`EMPTY_AFTER`] draws in a row is passed over (counted),
+//! so a bucket no program falls in cannot stall the run. Tasks whose record
+//! lacks the feature belong to every level. The whole state is plain data,
+//! saved with each checkpoint, so a resumed run picks the same tasks.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::CurriculumConfig;
+use crate::eval::Difficulty;
+use crate::eval::buckets::{FEATURES, Feature, bucket};
+
+/// Draws in a row without a task of the current bucket after which it is
+/// taken as empty and the next one opens.
+pub const EMPTY_AFTER: u64 = 2000;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Curriculum {
+    pub enabled: bool,
+    pub feature: String,
+    pub threshold: f64,
+    pub window: usize,
+    /// Index of the current bucket (0 = easiest).
+    pub level: usize,
+    /// Rewards of the latest scored completions at this level, oldest first.
+    pub recent: VecDeque<f64>,
+    /// Draws since the last task of the current bucket.
+    pub misses: u64,
+    /// `(step, from, to, why)` for every change of level.
+    pub history: Vec<(u64, usize, usize, String)>,
+}
+
+impl Curriculum {
+    pub fn new(cfg: &CurriculumConfig) -> Self {
+        Self {
+            enabled: cfg.enabled,
+            feature: cfg.feature.clone(),
+            threshold: cfg.promotion_threshold,
+            window: cfg.window,
+            level: 0,
+            recent: VecDeque::new(),
+            misses: 0,
+            history: Vec::new(),
+        }
+    }
+
+    fn spec(&self) -> Feature {
+        FEATURES
+            .iter()
+            .copied()
+            .find(|f| f.name == self.feature)
+            .unwrap_or(FEATURES[0])
+    }
+
+    /// Buckets of the feature: one per edge, plus the open one above.
+    pub fn levels(&self) -> usize {
+        self.spec().edges.len() + 1
+    }
+
+    /// The bucket index of a task, `None` when its record lacks the feature.
+    pub fn bucket_of(&self, d: &Difficulty) -> Option<usize> {
+        let f = self.spec();
+        let v = (f.get)(d)?;
+        Some(f.edges.iter().position(|&hi| v <= hi).unwrap_or(f.edges.len()))
+    }
+
+    /// The label of bucket `index` (`"1"`, `"2-3"`, `"11+"`).
+    pub fn label(&self, index: usize) -> String {
+        let f = self.spec();
+        let value = if index == 0 {
+            0
+        } else {
+            f.edges.get(index - 1).map_or(u32::MAX, |e| e + 1)
+        };
+        bucket(Some(value), f.edges).1
+    }
+
+    /// Whether a drawn task is admitted now; counts the draw towards
+    /// passing over an empty bucket (`step` dates the change).
+    pub fn admits(&mut self, d: &Difficulty, step: u64) -> bool {
+        if !self.enabled {
+            return true;
+        }
+        match self.bucket_of(d) {
+            None => true,
+            Some(b) if b == self.level => {
+                self.misses = 0;
+                true
+            }
+            Some(_) => {
+                self.misses += 1;
+                if self.misses >= EMPTY_AFTER && self.level + 1 < self.levels() {
+                    self.change(step, self.level + 1, "empty");
+                }
+                false
+            }
+        }
+    }
+
+    /// Records the rewards of completions scored at the current level; opens
+    /// the next bucket when the window is full and its mean reaches the
+    /// threshold. Returns whether it did.
+    pub fn record(&mut self, rewards: &[f64], step: u64) -> bool {
+        if !self.enabled {
+            return false;
+        }
+        for &r in rewards {
+            self.recent.push_back(r);
+            while self.recent.len() > self.window {
+                self.recent.pop_front();
+            }
+        }
+        if self.recent.len() == self.window
+            && self.accuracy() >= self.threshold
+            && self.level + 1 < self.levels()
+        {
+            let acc = self.accuracy();
+            self.change(step, self.level + 1, &format!("accuracy {acc:.3}"));
+            return true;
+        }
+        false
+    }
+
+    /// Mean reward over the window (0 when empty).
+    pub fn accuracy(&self) -> f64 {
+        if self.recent.is_empty() {
+            0.0
+        } else {
+            self.recent.iter().sum::<f64>() / self.recent.len() as f64
+        }
+    }
+
+    fn change(&mut self, step: u64, to: usize, why: &str) {
+        self.history
+            .push((step, self.level, to, why.to_owned()));
+        self.level = to;
+        self.recent.clear();
+        self.misses = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(n: u32) -> Difficulty {
+        Difficulty {
+            output_lines: Some(n),
+            ..Default::default()
+        }
+    }
+
+    fn cfg(window: usize) -> CurriculumConfig {
+        CurriculumConfig {
+            enabled: true,
+            promotion_threshold: 0.7,
+            window,
+            feature: "output_lines".into(),
+        }
+    }
+
+    #[test]
+    fn buckets_and_labels_follow_the_report() {
+        let c = Curriculum::new(&cfg(4));
+        assert_eq!(c.levels(), 5);
+        let idx: Vec<_> = [0, 1, 2, 3, 4, 10, 11].map(|n| c.bucket_of(&lines(n)).unwrap()).to_vec();
+        assert_eq!(idx, [0, 1, 2, 2, 3, 3, 4]);
+        assert_eq!((0..5).map(|i| c.label(i)).collect::<Vec<_>>(), ["0", "1", "2-3", "4-10", "11+"]);
+        assert_eq!(c.bucket_of(&Difficulty::default()), None);
+    }
+
+    #[test]
+    fn promotes_when_the_full_window_passes_the_threshold() {
+        let mut c = Curriculum::new(&cfg(4));
+        c.level = 1;
+        assert!(c.admits(&lines(1), 0) && !c.admits(&lines(2), 0));
+        assert!(c.admits(&Difficulty::default(), 0), "no feature: every level");
+        // 3 of 4 = 0.75 but the window is not full until the 4th.
+        assert!(!c.record(&[1.0, 1.0, 1.0], 5));
+        assert!(!c.record(&[0.0, 0.0], 6), "window 1,1,0,0 = 0.5");
+        assert!(!c.record(&[1.0, 1.0], 7), "window 0,0,1,1 = 0.5");
+        assert!(c.record(&[1.0], 8), "window 0,1,1,1 = 0.75");
+        assert_eq!(c.level, 2);
+        assert!(c.recent.is_empty());
+        assert_eq!(c.history, vec![(8, 1, 2, "accuracy 0.750".into())]);
+        // The state round-trips through JSON (checkpoints).
+        let back: Curriculum = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn an_empty_bucket_is_passed_over() {
+        let mut c = Curriculum::new(&cfg(4));
+        for _ in 0..EMPTY_AFTER {
+            assert!(!c.admits(&lines(1), 3));
+        }
+        assert_eq!(c.level, 1);
+        assert!(c.admits(&lines(1), 3));
+        assert_eq!(c.history[0].3, "empty");
+    }
+
+    #[test]
+    fn disabled_admits_everything_and_never_moves() {
+        let mut c = Curriculum::new(&CurriculumConfig::default());
+        assert!(c.admits(&lines(50), 0));
+        assert!(!c.record(&[1.0; 100], 0));
+        assert_eq!(c.level, 0);
+    }
+}
