@@ -53,10 +53,13 @@ enum Command {
     /// Stage 2: LoRA SFT on the transformed programs, from Stage 1's merged
     /// model.
     Sft(cli::train::TrainArgs),
+    /// Stage 3: online RL (PPO or GRPO) against the trace environment,
+    /// from Stage 2's merged model.
+    Ppo(cli::ppo::PpoArgs),
     /// Accuracy on a test set: batched greedy generation, the environment's
     /// scoring, a Jeffreys interval, a JSON report.
     Eval(cli::eval::EvalArgs),
-    /// Stages 0, 1, 2 and eval in order, from config/pipeline_config.json.
+    /// Stages 0, 1, 2, 3 and eval in order, from config/pipeline_config.json.
     Pipeline(cli::pipeline::PipelineArgs),
     /// Prepare model folders.
     #[command(subcommand)]
@@ -306,6 +309,10 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Sft(args) => {
             cli::train::run_stage("sft", &args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ppo(args) => {
+            cli::ppo::run(&args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Generate(args) => generate_cmd(args),

@@ -3,6 +3,7 @@
 
 pub mod eval;
 pub mod pipeline;
+pub mod ppo;
 pub mod train;
 
 /// Adds what to do to a device out-of-memory error; other errors pass.

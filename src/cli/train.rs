@@ -240,10 +240,10 @@ fn fmt_opt(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.4}"))
 }
 
-struct Bar(ProgressBar);
+pub struct Bar(ProgressBar);
 
 impl Bar {
-    fn new() -> Self {
+    pub fn new() -> Self {
         let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
             ProgressBar::new(0)
         } else {
@@ -268,6 +268,10 @@ impl sft::Progress for Bar {
         self.0.set_position(step);
         self.0
             .set_message(format!("loss {loss:.4} {tokens_per_s:.0} tok/s"));
+    }
+    fn step_message(&self, step: u64, message: &str) {
+        self.0.set_position(step);
+        self.0.set_message(message.to_owned());
     }
     fn finish(&self) {
         self.0.finish_and_clear();
