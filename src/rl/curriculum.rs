@@ -6,11 +6,13 @@
 //! Buckets are those of one feature `generate` records and the eval report
 //! counts by ([`crate::eval::buckets::FEATURES`]: output lines 1, 2-3,
 //! 4-10, 11+; loop depth; program lines; injected prints). Start: the
-//! easiest bucket that has tasks at all; a bucket the environment yields
-//! no task from in [`EMPTY_AFTER`] draws in a row is passed over (counted),
-//! so a bucket no program falls in cannot stall the run. Tasks whose record
-//! lacks the feature belong to every level. The whole state is plain data,
-//! saved with each checkpoint, so a resumed run picks the same tasks.
+//! easiest bucket that has tasks at all. The curriculum counts the buckets
+//! of every draw; once [`PROBE`] draws have been seen and none fell in the
+//! current bucket, it is passed over for the easiest bucket above it that
+//! has been drawn (so the empty `0` output-line bucket, or a bucket no
+//! program of the dataset falls in, cannot stall the run). Tasks whose
+//! record lacks the feature belong to every level. The whole state is plain
+//! data, saved with each checkpoint, so a resumed run picks the same tasks.
 
 use std::collections::VecDeque;
 
@@ -20,9 +22,8 @@ use crate::config::CurriculumConfig;
 use crate::eval::Difficulty;
 use crate::eval::buckets::{FEATURES, Feature, bucket};
 
-/// Draws in a row without a task of the current bucket after which it is
-/// taken as empty and the next one opens.
-pub const EMPTY_AFTER: u64 = 2000;
+/// Draws seen before a bucket none of them fell in is taken as empty.
+pub const PROBE: u64 = 64;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Curriculum {
@@ -34,8 +35,8 @@ pub struct Curriculum {
     pub level: usize,
     /// Rewards of the latest scored completions at this level, oldest first.
     pub recent: VecDeque<f64>,
-    /// Draws since the last task of the current bucket.
-    pub misses: u64,
+    /// Draws seen in each bucket.
+    pub seen: Vec<u64>,
     /// `(step, from, to, why)` for every change of level.
     pub history: Vec<(u64, usize, usize, String)>,
 }
@@ -49,7 +50,7 @@ impl Curriculum {
             window: cfg.window,
             level: 0,
             recent: VecDeque::new(),
-            misses: 0,
+            seen: Vec::new(),
             history: Vec::new(),
         }
     }
@@ -91,20 +92,18 @@ impl Curriculum {
         if !self.enabled {
             return true;
         }
-        match self.bucket_of(d) {
-            None => true,
-            Some(b) if b == self.level => {
-                self.misses = 0;
-                true
-            }
-            Some(_) => {
-                self.misses += 1;
-                if self.misses >= EMPTY_AFTER && self.level + 1 < self.levels() {
-                    self.change(step, self.level + 1, "empty");
-                }
-                false
+        let Some(b) = self.bucket_of(d) else {
+            return true;
+        };
+        self.seen.resize(self.levels(), 0);
+        self.seen[b] += 1;
+        if self.seen[self.level] == 0 && self.seen.iter().sum::<u64>() >= PROBE {
+            let next = (self.level + 1..self.levels()).find(|&l| self.seen[l] > 0);
+            if let Some(to) = next {
+                self.change(step, to, "empty");
             }
         }
+        b == self.level
     }
 
     /// Records the rewards of completions scored at the current level; opens
@@ -145,7 +144,6 @@ impl Curriculum {
             .push((step, self.level, to, why.to_owned()));
         self.level = to;
         self.recent.clear();
-        self.misses = 0;
     }
 }
 
@@ -199,14 +197,18 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_bucket_is_passed_over() {
+    fn an_empty_bucket_is_passed_over_for_the_easiest_drawn_one() {
         let mut c = Curriculum::new(&cfg(4));
-        for _ in 0..EMPTY_AFTER {
-            assert!(!c.admits(&lines(1), 3));
+        // Level 0 (no output) never comes up; buckets 2 and 4 do.
+        for i in 0..PROBE - 1 {
+            assert!(!c.admits(&lines(if i % 2 == 0 { 2 } else { 12 }), 3));
         }
-        assert_eq!(c.level, 1);
-        assert!(c.admits(&lines(1), 3));
-        assert_eq!(c.history[0].3, "empty");
+        assert_eq!(c.level, 0);
+        // The probe's last draw moves the level to bucket 2 and is admitted.
+        assert!(c.admits(&lines(3), 3));
+        assert_eq!(c.level, 2);
+        assert_eq!(c.history, vec![(3, 0, 2, "empty".into())]);
+        assert!(!c.admits(&lines(1), 4));
     }
 
     #[test]

@@ -102,6 +102,10 @@ pub struct RlState {
     pub skipped_tasks: BTreeMap<String, u64>,
     /// GRPO groups dropped for equal rewards.
     pub dropped_groups: u64,
+    /// Updates each optimizer made (one a minibatch): AdamW's bias
+    /// correction counts them.
+    pub optimizer_steps: u64,
+    pub value_optimizer_steps: u64,
 }
 
 /// Writes each step's scalars as one JSON line. The single place metrics
@@ -322,7 +326,9 @@ impl Policy {
         let (n, l, h) = hidden.dims3()?;
         let rows = hidden.reshape((n * l, h))?.index_select(&p.at, 0)?; // (R, H)
         let head = m.lm_head().weight()?;
-        let logits = rows.matmul(&head.t()?)?.to_dtype(DType::F32)?; // (R, V)
+        // The policy that sampled is softmax(logits / temperature): its
+        // log-probs, ratios and KL are taken under the same temperature.
+        let logits = (rows.matmul(&head.t()?)?.to_dtype(DType::F32)? / self.cfg.temperature)?; // (R, V)
         let lp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let logp = lp.gather(&p.next.unsqueeze(1)?, 1)?.squeeze(1)?;
         let ent = entropy(&logits)?;
@@ -515,7 +521,7 @@ impl Policy {
         s
     }
 
-    fn restore(&mut self, ck: &checkpoint::Loaded) -> anyhow::Result<()> {
+    fn restore(&mut self, ck: &checkpoint::Loaded, rl: &RlState) -> anyhow::Result<()> {
         for (name, var) in self.opt.vars() {
             let t = ck
                 .params
@@ -523,10 +529,10 @@ impl Policy {
                 .with_context(|| format!("checkpoint `{}` lacks `{name}`", ck.dir.display()))?;
             var.set(&t.to_dtype(var.dtype())?)?;
         }
-        self.opt.load_state(&ck.optim, ck.state.step)?;
+        self.opt.load_state(&ck.optim, rl.optimizer_steps)?;
         if let (Some(v), Some(o)) = (&self.value, &mut self.value_opt) {
             v.load(&ck.params)?;
-            o.load_state(&ck.optim, ck.state.step)?;
+            o.load_state(&ck.optim, rl.value_optimizer_steps)?;
         }
         Ok(())
     }
@@ -630,9 +636,9 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
                     diff.join("\n  - ")
                 );
             }
-            policy.restore(&ck)?;
             rl = serde_json::from_value(ck.state.extra.clone())
                 .with_context(|| format!("`{}`: unreadable RL state", ck.dir.display()))?;
+            policy.restore(&ck, &rl)?;
             if let Some(c) = rl.curriculum.take() {
                 curriculum = c;
             }
@@ -893,6 +899,8 @@ fn save(
 ) -> anyhow::Result<()> {
     let mut extra = rl.clone();
     extra.curriculum = Some(curriculum.clone());
+    extra.optimizer_steps = policy.opt.step;
+    extra.value_optimizer_steps = policy.value_opt.as_ref().map_or(0, |o| o.step);
     state.extra = serde_json::to_value(&extra)?;
     let keep = if keep == 0 { usize::MAX } else { keep };
     let dir = checkpoint::save_as(out, STEP_PREFIX, state, &policy.params(), &policy.optim_state(), keep)?;
