@@ -98,12 +98,28 @@ impl Curriculum {
         self.seen.resize(self.levels(), 0);
         self.seen[b] += 1;
         if self.seen[self.level] == 0 && self.seen.iter().sum::<u64>() >= PROBE {
-            let next = (self.level + 1..self.levels()).find(|&l| self.seen[l] > 0);
-            if let Some(to) = next {
+            // The easiest drawn bucket above, else the hardest below (the
+            // level was promoted past the hardest bucket the data has).
+            let above = (self.level + 1..self.levels()).find(|&l| self.seen[l] > 0);
+            let below = (0..self.level).rev().find(|&l| self.seen[l] > 0);
+            if let Some(to) = above.or(below) {
                 self.change(step, to, "empty");
             }
         }
         b == self.level
+    }
+
+    /// The bucket a promotion opens: the easiest drawn one above the
+    /// current level; the next one while too few draws have been seen to
+    /// know; none when the data has nothing harder.
+    fn next_level(&self) -> Option<usize> {
+        let drawn = |l: usize| self.seen.get(l).copied().unwrap_or(0) > 0;
+        let above = (self.level + 1..self.levels()).find(|&l| drawn(l));
+        if above.is_some() || self.seen.iter().sum::<u64>() >= PROBE {
+            above
+        } else {
+            (self.level + 1 < self.levels()).then_some(self.level + 1)
+        }
     }
 
     /// Records the rewards of completions scored at the current level; opens
@@ -121,10 +137,10 @@ impl Curriculum {
         }
         if self.recent.len() == self.window
             && self.accuracy() >= self.threshold
-            && self.level + 1 < self.levels()
+            && let Some(to) = self.next_level()
         {
             let acc = self.accuracy();
-            self.change(step, self.level + 1, &format!("accuracy {acc:.3}"));
+            self.change(step, to, &format!("accuracy {acc:.3}"));
             return true;
         }
         false
@@ -209,6 +225,19 @@ mod tests {
         assert_eq!(c.level, 2);
         assert_eq!(c.history, vec![(3, 0, 2, "empty".into())]);
         assert!(!c.admits(&lines(1), 4));
+        // Nothing harder than bucket 4 was drawn: a promotion from it is
+        // not possible, and a level past the data falls back.
+        c.level = 4;
+        assert!(!c.record(&[1.0; 4], 5));
+        assert_eq!(c.level, 4);
+        c.level = 3;
+        c.seen[3] = 0;
+        assert!(c.record(&[1.0; 4], 6));
+        assert_eq!(c.level, 4);
+        c.seen[4] = 0;
+        c.level = 4;
+        assert!(c.admits(&lines(3), 7));
+        assert_eq!(c.level, 2, "falls back to the hardest drawn bucket");
     }
 
     #[test]
