@@ -1035,20 +1035,27 @@ mod tests {
         assert_eq!(c.curriculum.promotion_threshold, 0.7);
         assert_eq!(c.ppo.algorithm, "ppo");
         assert_eq!((c.ppo.group_size(), c.ppo.kl_coef()), (1, 0.05));
+        let err =
+            parse::<Stage3Config>("{\n  \"ppo\": {\"batch_sise\": 4}\n}", Path::new("s3.json"))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("s3.json")
+                && err.contains("line 2")
+                && err.contains("batch_sise")
+                && err.contains("num_train_steps"),
+            "{err}"
+        );
         let err = parse::<Stage3Config>(
-            "{\n  \"ppo\": {\"batch_sise\": 4}\n}",
+            r#"{"ppo": {"algorithm": "a2c"}, "curriculum": {"promotion_threshold": 2}}"#,
             Path::new("s3.json"),
         )
         .unwrap_err()
         .to_string();
         assert!(
-            err.contains("s3.json") && err.contains("line 2") && err.contains("batch_sise") && err.contains("num_train_steps"),
+            err.contains("ppo.algorithm") && err.contains("curriculum.promotion_threshold"),
             "{err}"
         );
-        let err = parse::<Stage3Config>(r#"{"ppo": {"algorithm": "a2c"}, "curriculum": {"promotion_threshold": 2}}"#, Path::new("s3.json"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("ppo.algorithm") && err.contains("curriculum.promotion_threshold"), "{err}");
     }
 
     #[test]

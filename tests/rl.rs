@@ -50,7 +50,13 @@ fn tiny_model(dir: &Path) -> std::path::PathBuf {
 /// answers it with probability between 5 and 40% (RL sharpens what a model
 /// sometimes does; a random model never writes a given word unprompted).
 fn learnable_word(base: &Path) -> (String, f64) {
-    let policy = Policy::load(base, &tiny_config("ppo"), &ModelConfig::default(), &Device::Cpu).unwrap();
+    let policy = Policy::load(
+        base,
+        &tiny_config("ppo"),
+        &ModelConfig::default(),
+        &Device::Cpu,
+    )
+    .unwrap();
     for temperature in [1.0, 2.0, 4.0, 8.0] {
         for c in ('a'..='z').chain('0'..='9') {
             let word = c.to_string();
@@ -61,7 +67,10 @@ fn learnable_word(base: &Path) -> (String, f64) {
             let ids = Tensor::from_vec(ids, (1, n), &Device::Cpu).unwrap();
             let logits = policy.loaded.model.forward(&ids, None, false).unwrap();
             let last = (logits.get(0).unwrap().get(n - 1).unwrap() / temperature).unwrap();
-            let p = candle_nn::ops::softmax(&last, D::Minus1).unwrap().to_vec1::<f32>().unwrap();
+            let p = candle_nn::ops::softmax(&last, D::Minus1)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
             // Byte-level vocabulary: a lowercase letter or digit is its byte.
             let mut prob = p[c as usize];
             if c.is_ascii_lowercase() {
@@ -79,7 +88,11 @@ fn rewards(metrics: &Path) -> Vec<f64> {
     std::fs::read_to_string(metrics)
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["reward"].as_f64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["reward"]
+                .as_f64()
+                .unwrap()
+        })
         .collect()
 }
 
@@ -113,7 +126,11 @@ fn learns(algorithm: &str) {
         last >= 0.8 && last > first + 0.3,
         "{algorithm}: word `{word}` at T={temperature}: reward {first:.3} -> {last:.3}: {r:?}"
     );
-    for f in ["final/adapter_model.safetensors", "merged/model.safetensors", "merged/tokenizer.json"] {
+    for f in [
+        "final/adapter_model.safetensors",
+        "merged/model.safetensors",
+        "merged/tokenizer.json",
+    ] {
         assert!(dir.path().join("out").join(f).exists(), "missing {f}");
     }
     if algorithm == "ppo" {
@@ -147,7 +164,10 @@ fn one_update_changes_what_the_sampler_draws() {
     let prompts = vec![ids.clone(); 64];
     let hits = |g: &[Generation], policy: &Policy| {
         g.iter()
-            .filter(|g| trace_train::reward::score(&policy.tok.decode(&g.tokens, true).unwrap(), &word) == 1.0)
+            .filter(|g| {
+                trace_train::reward::score(&policy.tok.decode(&g.tokens, true).unwrap(), &word)
+                    == 1.0
+            })
             .count()
     };
     let before = policy.sample(&prompts, 11).unwrap();
@@ -178,7 +198,15 @@ fn one_update_changes_what_the_sampler_draws() {
 /// The Stage 3 command line of the resume test.
 fn ppo_args<'a>(out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec![
-        "ppo", "--model", "base", "--config", "s3.json", "--output_dir", out, "--device", "cpu",
+        "ppo",
+        "--model",
+        "base",
+        "--config",
+        "s3.json",
+        "--output_dir",
+        out,
+        "--device",
+        "cpu",
     ];
     v.extend_from_slice(extra);
     v
@@ -191,7 +219,9 @@ fn lines_of(path: &Path) -> Vec<serde_json::Value> {
         .map(|l| {
             let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
             // Wall-clock figures differ run to run; everything else must not.
-            v.as_object_mut().unwrap().retain(|k, _| !k.starts_with("time_") && !k.contains("per_s"));
+            v.as_object_mut()
+                .unwrap()
+                .retain(|k, _| !k.starts_with("time_") && !k.contains("per_s"));
             v
         })
         .collect()
@@ -232,16 +262,28 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run() {
     }
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
-    assert!(!dir.path().join("cut/final").exists(), "killed before the end");
+    assert!(
+        !dir.path().join("cut/final").exists(),
+        "killed before the end"
+    );
 
     let o = trace_train(dir.path(), &ppo_args("cut", &["--resume"]));
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("resumed at"), "{}", stderr(&o));
-    let (full, cut) = (lines_of(&dir.path().join("full/metrics.jsonl")), lines_of(&metrics));
+    let (full, cut) = (
+        lines_of(&dir.path().join("full/metrics.jsonl")),
+        lines_of(&metrics),
+    );
     assert_eq!(full.len(), 8);
     assert_eq!(full, cut, "the resumed run's steps differ");
-    let levels: Vec<f64> = full.iter().map(|v| v["curriculum_level"].as_f64().unwrap()).collect();
-    assert!(levels.windows(2).any(|w| w[1] > w[0]), "the curriculum never moved: {levels:?}");
+    let levels: Vec<f64> = full
+        .iter()
+        .map(|v| v["curriculum_level"].as_f64().unwrap())
+        .collect();
+    assert!(
+        levels.windows(2).any(|w| w[1] > w[0]),
+        "the curriculum never moved: {levels:?}"
+    );
     // The same curriculum state, task cursor and counters at the end.
     let state = |run: &str| -> serde_json::Value {
         let s: serde_json::Value = serde_json::from_slice(
@@ -251,7 +293,11 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run() {
         s["extra"].clone()
     };
     assert_eq!(state("full"), state("cut"));
-    assert!(state("full")["curriculum"]["history"].as_array().is_some_and(|h| !h.is_empty()));
+    assert!(
+        state("full")["curriculum"]["history"]
+            .as_array()
+            .is_some_and(|h| !h.is_empty())
+    );
     assert_eq!(
         std::fs::read(dir.path().join("full/final/adapter_model.safetensors")).unwrap(),
         std::fs::read(dir.path().join("cut/final/adapter_model.safetensors")).unwrap(),

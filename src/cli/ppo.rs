@@ -252,7 +252,8 @@ pub fn run(args: &PpoArgs) -> anyhow::Result<RlSummary> {
         job.config.algorithm,
         job.env.name(),
         job.max_steps
-            .map_or(job.config.num_train_steps as u64, |m| m.min(job.config.num_train_steps as u64)),
+            .map_or(job.config.num_train_steps as u64, |m| m
+                .min(job.config.num_train_steps as u64)),
         job.config.batch_size,
         job.config.group_size(),
         job.base_dir.display()
@@ -268,13 +269,18 @@ pub fn run(args: &PpoArgs) -> anyhow::Result<RlSummary> {
         if m.is_empty() {
             "none".to_owned()
         } else {
-            m.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+            m.iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         }
     };
     eprintln!(
         "stage 3: {} steps{}, reward {} -> {}, curriculum level {}; masked completions: {}; tasks passed over: {}",
         s.steps,
-        s.resumed_from.map(|r| format!(" (resumed at {r})")).unwrap_or_default(),
+        s.resumed_from
+            .map(|r| format!(" (resumed at {r})"))
+            .unwrap_or_default(),
         fmt(s.first_reward),
         fmt(s.last_reward),
         s.curriculum_level,

@@ -55,7 +55,12 @@ pub fn mean_std(rows: &[Vec<f64>]) -> (f64, f64) {
     if n == 1 {
         return (mean, 0.0);
     }
-    let var = rows.iter().flatten().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    let var = rows
+        .iter()
+        .flatten()
+        .map(|x| (x - mean).powi(2))
+        .sum::<f64>()
+        / (n - 1) as f64;
     (mean, var.sqrt())
 }
 

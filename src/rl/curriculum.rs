@@ -72,7 +72,12 @@ impl Curriculum {
     pub fn bucket_of(&self, d: &Difficulty) -> Option<usize> {
         let f = self.spec();
         let v = (f.get)(d)?;
-        Some(f.edges.iter().position(|&hi| v <= hi).unwrap_or(f.edges.len()))
+        Some(
+            f.edges
+                .iter()
+                .position(|&hi| v <= hi)
+                .unwrap_or(f.edges.len()),
+        )
     }
 
     /// The label of bucket `index` (`"1"`, `"2-3"`, `"11+"`).
@@ -156,8 +161,7 @@ impl Curriculum {
     }
 
     fn change(&mut self, step: u64, to: usize, why: &str) {
-        self.history
-            .push((step, self.level, to, why.to_owned()));
+        self.history.push((step, self.level, to, why.to_owned()));
         self.level = to;
         self.recent.clear();
     }
@@ -187,9 +191,14 @@ mod tests {
     fn buckets_and_labels_follow_the_report() {
         let c = Curriculum::new(&cfg(4));
         assert_eq!(c.levels(), 5);
-        let idx: Vec<_> = [0, 1, 2, 3, 4, 10, 11].map(|n| c.bucket_of(&lines(n)).unwrap()).to_vec();
+        let idx: Vec<_> = [0, 1, 2, 3, 4, 10, 11]
+            .map(|n| c.bucket_of(&lines(n)).unwrap())
+            .to_vec();
         assert_eq!(idx, [0, 1, 2, 2, 3, 3, 4]);
-        assert_eq!((0..5).map(|i| c.label(i)).collect::<Vec<_>>(), ["0", "1", "2-3", "4-10", "11+"]);
+        assert_eq!(
+            (0..5).map(|i| c.label(i)).collect::<Vec<_>>(),
+            ["0", "1", "2-3", "4-10", "11+"]
+        );
         assert_eq!(c.bucket_of(&Difficulty::default()), None);
     }
 
@@ -198,7 +207,10 @@ mod tests {
         let mut c = Curriculum::new(&cfg(4));
         c.level = 1;
         assert!(c.admits(&lines(1), 0) && !c.admits(&lines(2), 0));
-        assert!(c.admits(&Difficulty::default(), 0), "no feature: every level");
+        assert!(
+            c.admits(&Difficulty::default(), 0),
+            "no feature: every level"
+        );
         // 3 of 4 = 0.75 but the window is not full until the 4th.
         assert!(!c.record(&[1.0, 1.0, 1.0], 5));
         assert!(!c.record(&[0.0, 0.0], 6), "window 1,1,0,0 = 0.5");

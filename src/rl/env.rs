@@ -123,7 +123,11 @@ pub struct TraceEnv {
 }
 
 impl TraceEnv {
-    pub fn new(rows: Vec<SourceRow>, exec: Executor, max_injections: usize) -> anyhow::Result<Self> {
+    pub fn new(
+        rows: Vec<SourceRow>,
+        exec: Executor,
+        max_injections: usize,
+    ) -> anyhow::Result<Self> {
         anyhow::ensure!(
             !rows.is_empty(),
             "the trace environment has no rows\nhint: check the `dataset` setting"
@@ -241,7 +245,9 @@ impl TaskStream {
         self.rx
             .as_ref()
             .and_then(|rx| rx.recv().ok())
-            .ok_or_else(|| anyhow::anyhow!("the task thread stopped (it panicked; see the log above)"))
+            .ok_or_else(|| {
+                anyhow::anyhow!("the task thread stopped (it panicked; see the log above)")
+            })
     }
 }
 
@@ -277,7 +283,10 @@ mod tests {
             assert_eq!((cursor, id), (k, task_id(3, k)));
             let t = task.unwrap();
             assert_eq!(t.expected, ["a", "b", "c"][(id % 3) as usize]);
-            assert_eq!(env.score(&t, &format!(" {}\n", t.expected.to_uppercase())), Score::Reward(1.0));
+            assert_eq!(
+                env.score(&t, &format!(" {}\n", t.expected.to_uppercase())),
+                Score::Reward(1.0)
+            );
             assert_eq!(env.score(&t, "zz"), Score::Reward(0.0));
         }
         drop(s); // joins the worker, which is blocked on a full channel

@@ -190,7 +190,10 @@ mod tests {
             .unwrap()
             .to_vec1::<f32>()
             .unwrap();
-        assert!((k3[0] as f64 - (ln2 - 0.5)).abs() < 1e-6 && k3[1] == 0.0, "{k3:?}");
+        assert!(
+            (k3[0] as f64 - (ln2 - 0.5)).abs() < 1e-6 && k3[1] == 0.0,
+            "{k3:?}"
+        );
     }
 
     #[test]
@@ -200,14 +203,22 @@ mod tests {
         // ratio 0.5, A = +1: min(0.5, 0.8) = 0.5 (not clipped)
         // ratio 0.5, A = -1: min(-0.5, -0.8) = -0.8 (clipped)
         // ratio 1.1, A = -2: min(-2.2, -2.2) = -2.2 (inside the range)
-        let logp = Var::new(&[1.5f32.ln(), 0.5f32.ln(), 0.5f32.ln(), 1.1f32.ln()], &Device::Cpu).unwrap();
+        let logp = Var::new(
+            &[1.5f32.ln(), 0.5f32.ln(), 0.5f32.ln(), 1.1f32.ln()],
+            &Device::Cpu,
+        )
+        .unwrap();
         let old = t(&[0.0; 4]);
         let adv = t(&[1.0, 1.0, -1.0, -2.0]);
         let w = t(&[0.25; 4]);
         let (loss, frac) =
             clipped_policy_loss(logp.as_tensor(), &old, &adv, &w, 0.2, 0.28).unwrap();
         let want = -(1.28 + 0.5 - 0.8 - 2.2) / 4.0;
-        assert!((scalar(&loss) - want).abs() < 1e-6, "{} vs {want}", scalar(&loss));
+        assert!(
+            (scalar(&loss) - want).abs() < 1e-6,
+            "{} vs {want}",
+            scalar(&loss)
+        );
         assert_eq!(frac, 0.5);
         // Clipped tokens get no gradient; the others -w A ratio.
         let g = loss.backward().unwrap();
@@ -225,17 +236,23 @@ mod tests {
         // V = 0.1: inside -> max(0.81, 0.81) = 0.81
         // V = 1.5 (R = 1): clipped 0.2 -> max(0.25, 0.64) = 0.64
         let v = t(&[0.5, 0.1, 1.5]);
-        let loss = clipped_value_loss(&v, &t(&[0.0; 3]), &t(&[1.0; 3]), &t(&[1.0 / 3.0; 3]), 0.2)
-            .unwrap();
+        let loss =
+            clipped_value_loss(&v, &t(&[0.0; 3]), &t(&[1.0; 3]), &t(&[1.0 / 3.0; 3]), 0.2).unwrap();
         let want = 0.5 * (0.64 + 0.81 + 0.64) / 3.0;
         assert!((scalar(&loss) - want).abs() < 1e-6, "{}", scalar(&loss));
     }
 
     #[test]
     fn entropy_of_uniform_and_peaked_rows() {
-        let logits = Tensor::new(&[[0.0f32, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]], &Device::Cpu)
-            .unwrap();
+        let logits = Tensor::new(
+            &[[0.0f32, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]],
+            &Device::Cpu,
+        )
+        .unwrap();
         let h = entropy(&logits).unwrap().to_vec1::<f32>().unwrap();
-        assert!((h[0] - 4f32.ln()).abs() < 1e-6 && h[1].abs() < 1e-6, "{h:?}");
+        assert!(
+            (h[0] - 4f32.ln()).abs() < 1e-6 && h[1].abs() < 1e-6,
+            "{h:?}"
+        );
     }
 }

@@ -11,7 +11,7 @@
 
 pub mod advantage;
 pub mod curriculum;
-pub mod loss;
-pub mod value;
 pub mod env;
+pub mod loss;
 pub mod ppo;
+pub mod value;

@@ -130,7 +130,10 @@ impl Metrics {
         line.insert("step".into(), step.into());
         for (k, v) in scalars {
             // JSON has no NaN or infinity: such a value is written as null.
-            line.insert(k.clone(), serde_json::Number::from_f64(*v).map_or(serde_json::Value::Null, Into::into));
+            line.insert(
+                k.clone(),
+                serde_json::Number::from_f64(*v).map_or(serde_json::Value::Null, Into::into),
+            );
         }
         writeln!(self.file, "{}", serde_json::Value::Object(line))?;
         self.file.flush()?;
@@ -205,7 +208,12 @@ pub struct Policy {
 
 impl Policy {
     /// Loads `base_dir` with a fresh adapter (and a value head for PPO).
-    pub fn load(base_dir: &Path, cfg: &RlConfig, model_cfg: &ModelConfig, device: &Device) -> anyhow::Result<Self> {
+    pub fn load(
+        base_dir: &Path,
+        cfg: &RlConfig,
+        model_cfg: &ModelConfig,
+        device: &Device,
+    ) -> anyhow::Result<Self> {
         let tok = ChatTokenizer::from_dir(base_dir)?;
         let dtype = train_dtype(&model_cfg.dtype, device);
         let lora = LoraConfig {
@@ -350,7 +358,9 @@ impl Policy {
                 None => vec![0.0; logp.len()],
             };
             let ref_logp = if kl_on {
-                without_adapters(|| self.forward(&p, false))?.0.to_vec1::<f32>()?
+                without_adapters(|| self.forward(&p, false))?
+                    .0
+                    .to_vec1::<f32>()?
             } else {
                 logp.clone()
             };
@@ -398,8 +408,10 @@ impl Policy {
                 s.returns = r;
             }
             if c.whiten_advantages {
-                let mut rows: Vec<Vec<f64>> =
-                    samples.iter_mut().map(|s| std::mem::take(&mut s.advantages)).collect();
+                let mut rows: Vec<Vec<f64>> = samples
+                    .iter_mut()
+                    .map(|s| std::mem::take(&mut s.advantages))
+                    .collect();
                 whiten(&mut rows);
                 for (s, a) in samples.iter_mut().zip(rows) {
                     s.advantages = a;
@@ -410,7 +422,12 @@ impl Policy {
 
     /// `ppo_epochs` passes of minibatches over `samples` (advantages
     /// filled), one optimizer step each; `lr` for the adapter.
-    pub fn update(&mut self, samples: &[Sample], step: u64, lr: f64) -> anyhow::Result<UpdateStats> {
+    pub fn update(
+        &mut self,
+        samples: &[Sample],
+        step: u64,
+        lr: f64,
+    ) -> anyhow::Result<UpdateStats> {
         let c = self.cfg.clone();
         let mut st = UpdateStats::default();
         let dev = self.loaded.device.clone();
@@ -421,7 +438,10 @@ impl Policy {
             for (mbi, chunk) in order.chunks(c.mini_batch_size.max(1)).enumerate() {
                 let mb: Vec<&Sample> = chunk.iter().map(|&i| &samples[i]).collect();
                 let cat = |f: &dyn Fn(&Sample) -> &Vec<f64>| -> candle_core::Result<Tensor> {
-                    let v: Vec<f32> = mb.iter().flat_map(|s| f(s).iter().map(|&x| x as f32)).collect();
+                    let v: Vec<f32> = mb
+                        .iter()
+                        .flat_map(|s| f(s).iter().map(|&x| x as f32))
+                        .collect();
                     let n = v.len();
                     Tensor::from_vec(v, n, &dev)
                 };
@@ -433,7 +453,8 @@ impl Policy {
                 let w = Tensor::from_vec(w, n, &dev)?;
                 set_dropout_seed(mix(c.seed, step, (epoch * 10_007 + mbi) as u64));
                 let (logp, ent, rows) = self.forward(&p, true)?;
-                let (pg, clip) = clipped_policy_loss(&logp, &old, &adv, &w, c.clip_low, c.clip_high)?;
+                let (pg, clip) =
+                    clipped_policy_loss(&logp, &old, &adv, &w, c.clip_low, c.clip_high)?;
                 let ent_mean = (&ent * &w)?.sum_all()?;
                 let mut loss = pg.clone();
                 if c.entropy_coef > 0.0 {
@@ -449,7 +470,13 @@ impl Policy {
                 let mut vl_val = 0.0;
                 if let Some(head) = &self.value {
                     let v = head.forward(&rows)?;
-                    let vl = clipped_value_loss(&v, &cat(&|s| &s.old_values)?, &cat(&|s| &s.returns)?, &w, c.value_clip)?;
+                    let vl = clipped_value_loss(
+                        &v,
+                        &cat(&|s| &s.old_values)?,
+                        &cat(&|s| &s.returns)?,
+                        &w,
+                        c.value_clip,
+                    )?;
                     vl_val = vl.to_scalar::<f32>()? as f64;
                     loss = (loss + (vl * c.vf_coef)?)?;
                 }
@@ -470,7 +497,13 @@ impl Policy {
                     st.skipped_minibatches += 1;
                     continue;
                 }
-                let scale = |n: f64| if n > c.max_grad_norm && c.max_grad_norm > 0.0 { c.max_grad_norm / n } else { 1.0 };
+                let scale = |n: f64| {
+                    if n > c.max_grad_norm && c.max_grad_norm > 0.0 {
+                        c.max_grad_norm / n
+                    } else {
+                        1.0
+                    }
+                };
                 self.opt.step(&g, lr, scale(norm))?;
                 if let (Some(o), Some(g)) = (&mut self.value_opt, &vg) {
                     o.step(g, c.value_learning_rate, scale(vnorm))?;
@@ -507,7 +540,11 @@ impl Policy {
             .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
             .collect();
         if let Some(v) = &self.value {
-            p.extend(v.named_vars().into_iter().map(|(k, v)| (k, v.as_tensor().clone())));
+            p.extend(
+                v.named_vars()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.as_tensor().clone())),
+            );
         }
         p
     }
@@ -577,7 +614,9 @@ fn draw(
         }
         let ids = policy.encode(&task.prompt)?;
         if ids.len() > policy.cfg.max_prompt_tokens || ids.is_empty() {
-            *rl.skipped_tasks.entry("prompt_too_long".into()).or_default() += 1;
+            *rl.skipped_tasks
+                .entry("prompt_too_long".into())
+                .or_default() += 1;
             continue;
         }
         let bucket = curriculum.bucket_of(&task.difficulty);
@@ -601,7 +640,9 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
         total_steps = total_steps.min(m);
     }
     let fingerprint = Fingerprint {
-        config: serde_json::to_value(serde_json::json!({"ppo": cfg, "curriculum": job.curriculum}))?,
+        config: serde_json::to_value(
+            serde_json::json!({"ppo": cfg, "curriculum": job.curriculum}),
+        )?,
         base_model: job.base_dir.display().to_string(),
         base_weights: weights_fingerprint(&job.base_dir)?,
         train_data_sha256: job.env_description.clone(),
@@ -680,7 +721,8 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
         let mut batch: Vec<Sample> = Vec::new();
         let mut scored: Vec<(f64, Option<usize>)> = Vec::new();
         let mut masked_now = 0u64;
-        let (mut groups_seen, mut groups_zero_var, mut new_tokens, mut stopped) = (0usize, 0usize, 0usize, 0usize);
+        let (mut groups_seen, mut groups_zero_var, mut new_tokens, mut stopped) =
+            (0usize, 0usize, 0usize, 0usize);
         let mut round = 0usize;
         let mut kept_groups = 0usize;
         loop {
@@ -739,7 +781,8 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
             env_secs += t1.elapsed().as_secs_f64();
             round += 1;
             let short = kept_groups < cfg.batch_size;
-            if !(cfg.is_grpo() && cfg.dynamic_sampling && short && round <= cfg.max_resample_rounds) {
+            if !(cfg.is_grpo() && cfg.dynamic_sampling && short && round <= cfg.max_resample_rounds)
+            {
                 break;
             }
         }
@@ -782,7 +825,10 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
             s.insert(k.to_owned(), v);
         };
         put("reward", reward_mean);
-        put("accuracy", rewards.iter().filter(|&&r| r == 1.0).count() as f64 / n_scored);
+        put(
+            "accuracy",
+            rewards.iter().filter(|&&r| r == 1.0).count() as f64 / n_scored,
+        );
         put("scored", rewards.len() as f64);
         put("trained_samples", batch.len() as f64);
         put("masked", masked_now as f64);
@@ -793,15 +839,34 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
         put("policy_loss", up.policy_loss);
         put("grad_norm", up.grad_norm);
         put("lr", lr);
-        put("frac_zero_variance_groups", if groups_seen > 0 { groups_zero_var as f64 / groups_seen as f64 } else { 0.0 });
+        put(
+            "frac_zero_variance_groups",
+            if groups_seen > 0 {
+                groups_zero_var as f64 / groups_seen as f64
+            } else {
+                0.0
+            },
+        );
         put("sampling_rounds", round as f64);
-        put("response_tokens_mean", new_tokens as f64 / (groups_seen * group).max(1) as f64);
-        put("stopped_fraction", stopped as f64 / (groups_seen * group).max(1) as f64);
+        put(
+            "response_tokens_mean",
+            new_tokens as f64 / (groups_seen * group).max(1) as f64,
+        );
+        put(
+            "stopped_fraction",
+            stopped as f64 / (groups_seen * group).max(1) as f64,
+        );
         put("time_sample_s", sample_secs);
         put("time_env_s", env_secs);
         put("time_train_s", train_secs);
-        put("sample_tokens_per_s", new_tokens as f64 / sample_secs.max(1e-9));
-        put("tokens_per_s", (seq_tokens as f64 + new_tokens as f64) / secs.max(1e-9));
+        put(
+            "sample_tokens_per_s",
+            new_tokens as f64 / sample_secs.max(1e-9),
+        );
+        put(
+            "tokens_per_s",
+            (seq_tokens as f64 + new_tokens as f64) / secs.max(1e-9),
+        );
         put("task_cursor", rl.cursor as f64);
         if policy.value.is_some() {
             put("value_loss", up.value_loss);
@@ -835,7 +900,11 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
             &format!(
                 "reward {reward_mean:.3} kl {kl_mean:.4} clip {:.3}{} {:.0} tok/s",
                 up.clip_fraction,
-                if curriculum.enabled { format!(" level {}", curriculum.label(curriculum.level)) } else { String::new() },
+                if curriculum.enabled {
+                    format!(" level {}", curriculum.label(curriculum.level))
+                } else {
+                    String::new()
+                },
                 s["tokens_per_s"]
             ),
         );
@@ -843,7 +912,14 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
         let stopping = stop.load(Ordering::Relaxed);
         let periodic = cfg.save_steps > 0 && state.step.is_multiple_of(cfg.save_steps as u64);
         if (periodic || stopping) && state.step < total_steps {
-            save(&job.output_dir, &mut state, &rl, &curriculum, &policy, cfg.save_total_limit)?;
+            save(
+                &job.output_dir,
+                &mut state,
+                &rl,
+                &curriculum,
+                &policy,
+                cfg.save_total_limit,
+            )?;
         }
         if stopping {
             interrupted = true;
@@ -856,7 +932,14 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
     let final_dir = job.output_dir.join("final");
     let merged_dir = job.output_dir.join("merged");
     if !interrupted {
-        save(&job.output_dir, &mut state, &rl, &curriculum, &policy, cfg.save_total_limit)?;
+        save(
+            &job.output_dir,
+            &mut state,
+            &rl,
+            &curriculum,
+            &policy,
+            cfg.save_total_limit,
+        )?;
         write_adapter_and_merged(&policy.loaded, &job.base_dir, &final_dir, &merged_dir)?;
         if let Some(v) = &policy.value {
             let t: std::collections::HashMap<String, Tensor> = v
@@ -903,7 +986,14 @@ fn save(
     extra.value_optimizer_steps = policy.value_opt.as_ref().map_or(0, |o| o.step);
     state.extra = serde_json::to_value(&extra)?;
     let keep = if keep == 0 { usize::MAX } else { keep };
-    let dir = checkpoint::save_as(out, STEP_PREFIX, state, &policy.params(), &policy.optim_state(), keep)?;
+    let dir = checkpoint::save_as(
+        out,
+        STEP_PREFIX,
+        state,
+        &policy.params(),
+        &policy.optim_state(),
+        keep,
+    )?;
     tracing::info!("saved `{}`", dir.display());
     Ok(())
 }

@@ -53,9 +53,9 @@ impl ValueHead {
     /// Sets every variable from `tensors` (a checkpoint's).
     pub fn load(&self, tensors: &BTreeMap<String, Tensor>) -> Result<()> {
         for (name, var) in self.named_vars() {
-            let t = tensors.get(&name).ok_or_else(|| {
-                candle_core::Error::Msg(format!("the checkpoint lacks `{name}`"))
-            })?;
+            let t = tensors
+                .get(&name)
+                .ok_or_else(|| candle_core::Error::Msg(format!("the checkpoint lacks `{name}`")))?;
             var.set(&t.to_dtype(DType::F32)?.to_device(var.device())?)?;
         }
         Ok(())
@@ -84,17 +84,27 @@ mod tests {
         let dev = Device::Cpu;
         let head = ValueHead::new(4, 8, 1, &dev).unwrap();
         let x = Tensor::new(&[[1f32, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]], &dev).unwrap();
-        assert_eq!(head.forward(&x).unwrap().to_vec1::<f32>().unwrap(), [0.0, 0.0]);
+        assert_eq!(
+            head.forward(&x).unwrap().to_vec1::<f32>().unwrap(),
+            [0.0, 0.0]
+        );
         let target = Tensor::new(&[1f32, -1.0], &dev).unwrap();
-        let mut opt =
-            crate::train::optim::AdamW::new(head.named_vars(), 0.0).unwrap();
+        let mut opt = crate::train::optim::AdamW::new(head.named_vars(), 0.0).unwrap();
         for _ in 0..300 {
-            let loss = (head.forward(&x).unwrap() - &target).unwrap().sqr().unwrap().mean_all().unwrap();
+            let loss = (head.forward(&x).unwrap() - &target)
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .mean_all()
+                .unwrap();
             let g = opt.gradients(&loss.backward().unwrap()).unwrap();
             opt.step(&g, 0.02, 1.0).unwrap();
         }
         let v = head.forward(&x).unwrap().to_vec1::<f32>().unwrap();
-        assert!((v[0] - 1.0).abs() < 0.05 && (v[1] + 1.0).abs() < 0.05, "{v:?}");
+        assert!(
+            (v[0] - 1.0).abs() < 0.05 && (v[1] + 1.0).abs() < 0.05,
+            "{v:?}"
+        );
         let saved: BTreeMap<String, Tensor> = head
             .named_vars()
             .into_iter()

@@ -201,10 +201,7 @@ fn list(out_dir: &Path, prefix: &str) -> anyhow::Result<Vec<(u64, PathBuf)>> {
     for e in entries {
         let e = e?;
         let name = e.file_name().to_string_lossy().into_owned();
-        if let Some(step) = name
-            .strip_prefix(prefix)
-            .and_then(|s| s.parse().ok())
-        {
+        if let Some(step) = name.strip_prefix(prefix).and_then(|s| s.parse().ok()) {
             v.push((step, e.path()));
         }
     }
