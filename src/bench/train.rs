@@ -290,11 +290,10 @@ pub fn sample(
         .collect();
     let sampling = generate::Sampling {
         temperature: 0.7,
-        top_p: 1.0,
-        seed: 0,
+        ..generate::Sampling::default()
     };
     let run = |n: usize| -> anyhow::Result<usize> {
-        let out = generate::sample(&m.model, &prompts, n, &[], 0, &sampling, device)?;
+        let out = generate::sample(&m.model, &prompts, n, &[], 0, 0, &sampling, device)?;
         Ok(out.iter().map(|g| g.tokens.len()).sum())
     };
     run(8)?;

@@ -155,6 +155,125 @@ impl Cache {
         Ok(())
     }
 
+    /// Starts the cache at column `start`: the first step writes there, and
+    /// every column before it counts as padding (each row's padding, set
+    /// with [`Cache::with_left_padding`], must be at least `start`). A
+    /// prompt joining a batch mid-decoding is prefilled this way so that its
+    /// last token lands on the batch's last filled column
+    /// ([`Cache::set_rows`]) without computing the columns before it.
+    pub fn starting_at(mut self, start: usize) -> Self {
+        self.len = start;
+        self
+    }
+
+    /// Puts row `j` of `src` into batch row `rows[j]` of this cache: keys,
+    /// values and padding. `src` must hold as many columns as this cache,
+    /// in buffers of the same capacity (make it with
+    /// `with_capacity(self.capacity())`). Copies the new rows only.
+    pub fn set_rows(&mut self, rows: &[usize], src: &Cache) -> Result<()> {
+        if src.len != self.len || src.layers.len() != self.layers.len() {
+            candle_core::bail!(
+                "set_rows: a cache of {} columns and {} layers into one of {} and {}",
+                src.len,
+                src.layers.len(),
+                self.len,
+                self.layers.len()
+            );
+        }
+        let b = match self.layers.first() {
+            Some(Some((k, _))) => k.dim(0)?,
+            _ => candle_core::bail!("set_rows: the cache has no rows yet"),
+        };
+        if rows.iter().any(|&r| r >= b) || src.pads.len() < rows.len() {
+            candle_core::bail!("set_rows: rows {rows:?} of a batch of {b}");
+        }
+        for (dst, from) in self.layers.iter().zip(&src.layers) {
+            let (Some((dk, dv)), Some((sk, sv))) = (dst, from) else {
+                candle_core::bail!("set_rows: a layer was never written");
+            };
+            for (j, &r) in rows.iter().enumerate() {
+                dk.slice_set(&sk.narrow(0, j, 1)?, 0, r)?;
+                dv.slice_set(&sv.narrow(0, j, 1)?, 0, r)?;
+            }
+        }
+        if self.pads.is_empty() {
+            self.pads = vec![0; b];
+        }
+        for (j, &r) in rows.iter().enumerate() {
+            self.pads[r] = src.pads[j];
+        }
+        self.pad_mask = None;
+        Ok(())
+    }
+
+    /// Grows the buffers, if need be, to hold `columns` columns (one copy).
+    pub fn reserve(&mut self, columns: usize) -> Result<()> {
+        self.capacity = self.capacity.max(columns);
+        for (k, v) in self.layers.iter_mut().flatten() {
+            let (b, h, cap, d) = k.dims4()?;
+            if cap < columns {
+                let zeros = Tensor::zeros((b, h, columns - cap, d), k.dtype(), k.device())?;
+                *k = Tensor::cat(&[&*k, &zeros], 2)?;
+                *v = Tensor::cat(&[&*v, &zeros], 2)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Prepends `c` padding columns to every row: room for a joining prompt
+    /// longer than the filled length. Copies the cache once.
+    pub fn grow_front(&mut self, c: usize) -> Result<()> {
+        if c == 0 {
+            return Ok(());
+        }
+        let mut b = self.pads.len();
+        for (k, v) in self.layers.iter_mut().flatten() {
+            let (rows, h, _, d) = k.dims4()?;
+            b = rows;
+            let zeros = Tensor::zeros((rows, h, c, d), k.dtype(), k.device())?;
+            *k = Tensor::cat(&[&zeros, &*k], 2)?;
+            *v = Tensor::cat(&[&zeros, &*v], 2)?;
+        }
+        if self.pads.is_empty() {
+            self.pads = vec![0; b];
+        }
+        self.pads.iter_mut().for_each(|p| *p += c);
+        self.len += c;
+        self.capacity += c;
+        self.pad_mask = None;
+        Ok(())
+    }
+
+    /// Drops the first `c` columns, padding in every row of `live` (rows
+    /// not listed hold nothing anyone reads; their padding is cut to what
+    /// is left). Positions do not change: a row's column and its padding
+    /// both move by `c`. Copies the cache once.
+    pub fn trim_front(&mut self, c: usize, live: &[usize]) -> Result<()> {
+        if c == 0 {
+            return Ok(());
+        }
+        if c >= self.len
+            || live
+                .iter()
+                .any(|&r| self.pads.get(r).copied().unwrap_or(0) < c)
+        {
+            candle_core::bail!(
+                "trim_front: {c} of {} columns are not padding in every live row",
+                self.len
+            );
+        }
+        for (k, v) in self.layers.iter_mut().flatten() {
+            let cap = k.dim(2)?;
+            *k = k.narrow(2, c, cap - c)?.contiguous()?;
+            *v = v.narrow(2, c, cap - c)?.contiguous()?;
+        }
+        self.pads.iter_mut().for_each(|p| *p = p.saturating_sub(c));
+        self.len -= c;
+        self.capacity = self.capacity.saturating_sub(c);
+        self.pad_mask = None;
+        Ok(())
+    }
+
     /// Checks a step of `(B, L)` ids at `offset` against the cache and
     /// returns its positions and mask.
     pub(crate) fn frame(
@@ -540,6 +659,79 @@ mod tests {
             .to_vec1()
             .unwrap();
         assert_eq!(first, [4.0, 5.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn rows_join_trim_and_grow_keeping_keys_and_positions() {
+        let dev = Device::Cpu;
+        let keys = |c: &mut Cache, b: usize| -> Vec<Vec<f32>> {
+            let z = Tensor::zeros((b, 1, 1, 1), DType::F32, &dev).unwrap();
+            let (k, _) = c.append(0, &z, &z).unwrap();
+            (0..b)
+                .map(|r| {
+                    k.narrow(0, r, 1)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1()
+                        .unwrap()
+                })
+                .collect()
+        };
+        // Two rows, three columns: row 0 padded by 1.
+        let mut cache = Cache::new(1).with_capacity(6).with_left_padding(vec![1, 0]);
+        let k = Tensor::new(&[[[[1f32], [2.], [3.]]], [[[4.], [5.], [6.]]]], &dev).unwrap();
+        cache.append(0, &k, &k).unwrap();
+        cache.advance(3);
+        // A one-token prompt joins row 1 at column 2.
+        let mut fresh = Cache::new(1)
+            .with_capacity(cache.capacity())
+            .with_left_padding(vec![2])
+            .starting_at(2);
+        let f = fresh.frame(1, 1, 2, &dev).unwrap();
+        assert!(
+            matches!(&f.positions, Positions::PerRow(p) if p.to_vec2::<u32>().unwrap() == [[0]])
+        );
+        fresh
+            .append(
+                0,
+                &Tensor::new(&[[[[9f32]]]], &dev).unwrap(),
+                &k.narrow(0, 0, 1).unwrap().narrow(2, 0, 1).unwrap(),
+            )
+            .unwrap();
+        fresh.advance(1);
+        assert!(
+            cache.set_rows(&[1], &Cache::new(1)).is_err(),
+            "other length"
+        );
+        cache.set_rows(&[1], &fresh).unwrap();
+        assert_eq!(cache.pads(), [1, 2]);
+        assert_eq!(
+            keys(&mut cache, 2),
+            [vec![1., 2., 3., 0.], vec![0., 0., 9., 0.]]
+        );
+        // Column 0 is padding in both rows: it can go, positions stay.
+        assert!(
+            cache.trim_front(2, &[0, 1]).is_err(),
+            "row 0's column 1 is a token"
+        );
+        cache.trim_front(1, &[0, 1]).unwrap();
+        assert_eq!((cache.len(), cache.pads()), (2, &[0usize, 1][..]));
+        assert_eq!(keys(&mut cache, 2), [vec![2., 3., 0.], vec![0., 9., 0.]]);
+        let f = cache.frame(2, 1, 2, &dev).unwrap();
+        assert!(
+            matches!(&f.positions, Positions::PerRow(p) if p.to_vec2::<u32>().unwrap() == [[2], [1]])
+        );
+        cache.grow_front(2).unwrap();
+        assert_eq!((cache.len(), cache.pads()), (4, &[2usize, 3][..]));
+        assert_eq!(
+            keys(&mut cache, 2),
+            [vec![0., 0., 2., 3., 0.], vec![0., 0., 0., 9., 0.]]
+        );
+        let f = cache.frame(2, 1, 4, &dev).unwrap();
+        assert!(
+            matches!(&f.positions, Positions::PerRow(p) if p.to_vec2::<u32>().unwrap() == [[2], [1]])
+        );
     }
 
     #[test]
