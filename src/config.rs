@@ -691,6 +691,9 @@ pub struct RlConfig {
     pub top_k: usize,
     /// Longest completion in tokens. Default 512.
     pub max_new_tokens: usize,
+    /// Completions the sampler decodes at once (rows that finish take
+    /// waiting prompts); 0: all of a step's at once. Default 0.
+    pub sample_max_rows: usize,
     /// Longest prompt in tokens; longer tasks are skipped and counted.
     /// Default 1536.
     pub max_prompt_tokens: usize,
@@ -760,6 +763,7 @@ impl Default for RlConfig {
             top_p: 1.0,
             top_k: 0,
             max_new_tokens: 512,
+            sample_max_rows: 0,
             max_prompt_tokens: 1536,
             max_grad_norm: 1.0,
             weight_decay: 0.0,

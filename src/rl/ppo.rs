@@ -151,6 +151,8 @@ pub struct Sample {
     pub stopped: bool,
     pub reward: f64,
     pub bucket: Option<usize>,
+    /// The sampler's log-probs of the kept tokens (not the stop token).
+    pub sampler_logp: Vec<f32>,
     old_logp: Vec<f64>,
     ref_logp: Vec<f64>,
     old_values: Vec<f64>,
@@ -171,6 +173,7 @@ impl Sample {
             stopped: g.stopped,
             reward,
             bucket: None,
+            sampler_logp: g.logprobs.clone(),
             old_logp: Vec::new(),
             ref_logp: Vec::new(),
             old_values: Vec::new(),
@@ -274,7 +277,9 @@ impl Policy {
         let sampling = Sampling {
             temperature: c.temperature,
             top_p: c.top_p,
+            top_k: c.top_k,
             seed,
+            ..Default::default()
         };
         Ok(generate::sample(
             &self.loaded.model,
@@ -282,6 +287,7 @@ impl Policy {
             c.max_new_tokens,
             &self.tok.stop_ids(),
             self.tok.pad().id,
+            c.sample_max_rows,
             &sampling,
             &self.loaded.device,
         )?)
@@ -794,6 +800,7 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
         let lr = cfg.learning_rate;
         let mut up = UpdateStats::default();
         let mut kl_mean = 0.0;
+        let mut mismatch = None;
         let mut seq_tokens = 0usize;
         if !batch.is_empty() {
             policy.score_old(&mut batch)?;
@@ -807,6 +814,20 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
                 seq_tokens += smp.prompt.len() + smp.response.len();
             }
             kl_mean = k / n.max(1) as f64;
+            // The sampler's log-probs against the trainer's forward on the
+            // same tokens (kernels, batching and dtype differ).
+            let (mut sum, mut max, mut m) = (0.0f64, 0.0f64, 0usize);
+            for smp in &batch {
+                for (&a, &b) in smp.sampler_logp.iter().zip(&smp.old_logp) {
+                    let d = (a as f64 - b).abs();
+                    sum += d;
+                    max = max.max(d);
+                    m += 1;
+                }
+            }
+            if m > 0 {
+                mismatch = Some((sum / m as f64, max));
+            }
             up = policy.update(&batch, step, lr)?;
         } else {
             state.skipped_steps += 1;
@@ -870,6 +891,10 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
         put("task_cursor", rl.cursor as f64);
         if policy.value.is_some() {
             put("value_loss", up.value_loss);
+        }
+        if let Some((mean, max)) = mismatch {
+            put("logprob_mismatch_mean", mean);
+            put("logprob_mismatch_max", max);
         }
         if cfg.is_grpo() {
             put("dropped_groups_total", rl.dropped_groups as f64);
