@@ -227,7 +227,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         let s = super::ppo::run(&PpoArgs {
             model: Some(root.join("sft/merged").display().to_string()),
             output_dir: Some(out.clone()),
-            settings: Some(cfg.stage3.clone()),
+            settings: Some(Box::new(cfg.stage3.clone())),
             device: args.device.clone(),
             resume: args.resume && out.exists(),
             no_4bit: !cfg.model.load_in_4bit,

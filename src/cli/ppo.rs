@@ -104,14 +104,14 @@ pub struct PpoArgs {
     pub unsafe_no_sandbox: bool,
     /// Settings given in place of a file (the pipeline's `stage3` section).
     #[arg(skip)]
-    pub settings: Option<Stage3Config>,
+    pub settings: Option<Box<Stage3Config>>,
 }
 
 /// File values, then flags. Every flag is handled here.
 pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
     let default_file = Path::new("config/stage3_ppo_config.json");
     let mut s3: Stage3Config = match (&args.settings, &args.config) {
-        (Some(s), _) => s.clone(),
+        (Some(s), _) => (**s).clone(),
         (None, Some(p)) => config::load(p)?,
         (None, None) if default_file.is_file() => config::load(default_file)?,
         (None, None) => Stage3Config::default(),

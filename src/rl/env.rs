@@ -241,7 +241,7 @@ impl TaskStream {
     }
 
     /// The next draw, in cursor order.
-    pub fn next(&mut self) -> anyhow::Result<Drawn> {
+    pub fn recv(&mut self) -> anyhow::Result<Drawn> {
         self.rx
             .as_ref()
             .and_then(|rx| rx.recv().ok())
@@ -279,7 +279,7 @@ mod tests {
         let env: Arc<dyn Environment> = Arc::new(WordEnv::new(&["a", "b", "c"]));
         let mut s = TaskStream::start(Arc::clone(&env), 3, 10, 4);
         for k in 10..25 {
-            let (cursor, id, task) = s.next().unwrap();
+            let (cursor, id, task) = s.recv().unwrap();
             assert_eq!((cursor, id), (k, task_id(3, k)));
             let t = task.unwrap();
             assert_eq!(t.expected, ["a", "b", "c"][(id % 3) as usize]);

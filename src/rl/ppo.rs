@@ -274,6 +274,8 @@ impl Policy {
     /// Samples one completion of each prompt from the live model.
     pub fn sample(&self, prompts: &[Vec<u32>], seed: u64) -> anyhow::Result<Vec<Generation>> {
         let c = &self.cfg;
+        // Settings the sampler adds later take their defaults.
+        #[allow(clippy::needless_update)]
         let sampling = Sampling {
             temperature: c.temperature,
             top_p: c.top_p,
@@ -606,7 +608,7 @@ fn draw(
     let t0 = Instant::now();
     let mut tasks = Vec::with_capacity(want);
     while tasks.len() < want {
-        let (cursor, _, task) = stream.next()?;
+        let (cursor, _, task) = stream.recv()?;
         rl.cursor = cursor + 1;
         let task = match task {
             Ok(t) => t,
