@@ -132,7 +132,10 @@ fn learns(algorithm: &str) {
     );
     // The sampler and the trainer agree on the sampled tokens' log-probs
     // (both f32 on the CPU; the sampler decodes with the KV cache).
-    let mismatch = column(&dir.path().join("out/metrics.jsonl"), "logprob_mismatch_max");
+    let mismatch = column(
+        &dir.path().join("out/metrics.jsonl"),
+        "logprob_mismatch_max",
+    );
     assert!(mismatch.iter().all(|&m| m < 1e-3), "{mismatch:?}");
     for f in [
         "final/adapter_model.safetensors",
