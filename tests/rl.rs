@@ -84,20 +84,16 @@ fn learnable_word(base: &Path) -> (String, f64) {
     panic!("no word the tiny model sometimes answers");
 }
 
-fn column(metrics: &Path, key: &str) -> Vec<f64> {
+fn rewards(metrics: &Path) -> Vec<f64> {
     std::fs::read_to_string(metrics)
         .unwrap()
         .lines()
         .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()[key]
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["reward"]
                 .as_f64()
-                .unwrap_or_else(|| panic!("no `{key}` in {l}"))
+                .unwrap()
         })
         .collect()
-}
-
-fn rewards(metrics: &Path) -> Vec<f64> {
-    column(metrics, "reward")
 }
 
 fn learns(algorithm: &str) {
@@ -131,11 +127,16 @@ fn learns(algorithm: &str) {
         "{algorithm}: word `{word}` at T={temperature}: reward {first:.3} -> {last:.3}: {r:?}"
     );
     // The sampler and the trainer agree on the sampled tokens' log-probs
-    // (both f32 on the CPU; the sampler decodes with the KV cache).
-    let mismatch = column(
-        &dir.path().join("out/metrics.jsonl"),
-        "logprob_mismatch_max",
-    );
+    // (both f32 on the CPU; the sampler decodes with the KV cache). A GRPO
+    // step whose groups all had equal rewards trains nothing and has none.
+    let mismatch: Vec<f64> = std::fs::read_to_string(dir.path().join("out/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["logprob_mismatch_max"].as_f64()
+        })
+        .collect();
+    assert!(!mismatch.is_empty());
     assert!(mismatch.iter().all(|&m| m < 1e-3), "{mismatch:?}");
     for f in [
         "final/adapter_model.safetensors",
@@ -243,14 +244,28 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
     let o = trace_train(dir.path(), &["model", "tiny", "base"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    // The trace environment on the built-in corpus, a curriculum that moves
-    // on every full window (threshold 0), GRPO with dynamic sampling off so
-    // every step trains.
+    // The trace environment (programs transformed and run in the sandbox)
+    // on twelve short programs printing 1 to 6 lines before injection, so
+    // prompts are short and every output-line bucket comes up; a curriculum
+    // that moves on every full window (threshold 0); GRPO with dynamic
+    // sampling off so every step trains.
+    let mut rows = String::new();
+    for k in 0..12u32 {
+        let n = k % 6 + 1;
+        let program = "n = int(input())\nt = 0\nfor i in range(n):\n    t = t + i\n    print(t)\n";
+        let output: Vec<String> = (0..n).map(|i| (i * (i + 1) / 2).to_string()).collect();
+        rows.push_str(&format!(
+            "{}\n",
+            serde_json::json!({"program": program, "inputs": format!("{n}\n"), "output": output.join("\n")})
+        ));
+    }
+    std::fs::write(dir.path().join("rows.jsonl"), rows).unwrap();
     std::fs::write(
         dir.path().join("s3.json"),
         r#"{"ppo": {"algorithm": "grpo", "group_size": 2, "dynamic_sampling": false, "batch_size": 2,
                     "num_train_steps": 6, "max_new_tokens": 2, "mini_batch_size": 4, "save_steps": 2,
-                    "learning_rate": 0.001, "max_prompt_tokens": 700, "num_workers": 2, "kl_coef": 0.01},
+                    "learning_rate": 0.001, "max_prompt_tokens": 2000, "num_workers": 2, "kl_coef": 0.01,
+                    "dataset": "rows.jsonl"},
             "curriculum": {"enabled": true, "promotion_threshold": 0.0, "window": 4}}"#,
     )
     .unwrap();

@@ -166,7 +166,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
         c.max_new_tokens = c.max_new_tokens.min(16);
         c.mini_batch_size = 4;
         c.save_steps = 2;
-        c.max_prompt_tokens = 4096;
+        c.max_prompt_tokens = 1500;
         c.learning_rate = 1e-3;
         if c.is_grpo() {
             c.group_size = Some(2);

@@ -246,7 +246,7 @@ mod tests {
         c.seen[3] = 0;
         assert!(c.record(&[1.0; 4], 6));
         assert_eq!(c.level, 4);
-        c.seen[4] = 0;
+        c.seen = vec![0, 5, 70, 0, 0];
         c.level = 4;
         assert!(c.admits(&lines(3), 7));
         assert_eq!(c.level, 2, "falls back to the hardest drawn bucket");

@@ -941,6 +941,7 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
         if (periodic || stopping) && state.step < total_steps {
             save(
                 &job.output_dir,
+                &job.base_dir,
                 &mut state,
                 &rl,
                 &curriculum,
@@ -961,6 +962,7 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
     if !interrupted {
         save(
             &job.output_dir,
+            &job.base_dir,
             &mut state,
             &rl,
             &curriculum,
@@ -999,8 +1001,10 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
     })
 }
 
+#[allow(clippy::too_many_arguments)] // private; the loop's own state
 fn save(
     out: &Path,
+    base: &Path,
     state: &mut TrainerState,
     rl: &RlState,
     curriculum: &Curriculum,
@@ -1020,6 +1024,13 @@ fn save(
         &policy.params(),
         &policy.optim_state(),
         keep,
+    )?;
+    // The adapter of this step in PEFT's layout beside the resume state,
+    // for `eval --adapter` (resuming does not need it).
+    model::adapter::save(
+        &policy.loaded,
+        &dir.join("adapter"),
+        &base.display().to_string(),
     )?;
     tracing::info!("saved `{}`", dir.display());
     Ok(())
