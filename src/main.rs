@@ -248,6 +248,10 @@ enum BenchCommand {
         prompt: usize,
         #[arg(long, default_value_t = 256)]
         new: usize,
+        /// A LoRA adapter of this rank on all seven projections, with
+        /// non-zero factors, as an RL policy samples (the peer has none).
+        #[arg(long)]
+        rank: Option<usize>,
         #[arg(long, default_value = "auto")]
         device: String,
     },
@@ -386,10 +390,11 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             batch,
             prompt,
             new,
+            rank,
             device,
         }) => {
             let device = cli::train::pick_device(&device)?;
-            let r = trace_train::bench::train::sample(&model, batch, prompt, new, &device)?;
+            let r = trace_train::bench::train::sample(&model, batch, prompt, new, rank, &device)?;
             println!("{}", serde_json::to_string(&r)?);
             Ok(ExitCode::SUCCESS)
         }

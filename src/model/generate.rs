@@ -41,13 +41,15 @@
 //! then top-k, then top-p). Either way each prompt draws from its own
 //! seeded stream (prompt `i`: `(seed, i)`; on CUDA one seed a step from that
 //! stream), so a prompt's sample does not depend on the others in the batch
-//! and a seed repeats it; the CUDA and CPU draws differ from each other.
+//! and a seed repeats it; the CUDA and CPU draws differ from each other
+//! (`TRACE_TRAIN_HOST_SAMPLING` set draws on the host on CUDA too).
 //! Nothing here knows about tokenizers or text.
 
 use candle_core::{D, DType, Device, Result, Tensor};
 
 use super::Model;
 use super::attention::Cache;
+use super::decoder::DecodeView;
 use super::init::Rng;
 
 /// Columns a prefill pass takes. Eager attention holds `(B, H, L, T)` f32
@@ -162,7 +164,7 @@ pub fn sample(
         .collect();
     let mut pick = |logits: &Tensor, live: &[(usize, usize)]| -> Result<Vec<(u32, f32)>> {
         #[cfg(feature = "cuda")]
-        if logits.device().is_cuda() {
+        if logits.device().is_cuda() && std::env::var_os("TRACE_TRAIN_HOST_SAMPLING").is_none() {
             // One seed a row a step from the prompt's own stream: a
             // prompt's draws do not depend on its batch row or neighbours.
             let mut seeds = vec![0u64; logits.dim(0)?];
@@ -259,6 +261,7 @@ fn decode(
         rows: first.iter().map(|&p| Some(p)).collect(),
         next: vec![pad_id; slots],
         cache,
+        view: model.decode_view()?,
     };
     let ids = d.left_padded(&first, width)?;
     let logits = d.prefill(&ids, 0, None)?;
@@ -295,7 +298,7 @@ fn decode(
         let ids = Tensor::from_vec(d.next.clone(), (d.rows.len(), 1), device)?; // (B, 1)
         let logits = d
             .model
-            .forward_with_cache(&ids, d.cache.len(), &mut d.cache)?;
+            .forward_with_view(&ids, d.cache.len(), &mut d.cache, &d.view)?;
         let at: Vec<(usize, usize)> = d.live().into_iter().map(|r| (r, r)).collect();
         d.take(&logits, &at, pick)?;
     }
@@ -318,6 +321,9 @@ struct Decoding<'a> {
     /// The token each row feeds at the next step (`pad_id` when free).
     next: Vec<u32>,
     cache: Cache,
+    /// The weights as they are now, folded for decoding (built per call,
+    /// so never older than the call).
+    view: DecodeView,
 }
 
 impl Decoding<'_> {
@@ -696,5 +702,158 @@ mod tests {
         let z: f64 = logits.iter().map(|&x| (f64::from(x) / 2.0).exp()).sum();
         let want = f64::from(logits[t as usize]) / 2.0 - z.ln();
         assert!((f64::from(lp) - want).abs() < 1e-6, "{lp} vs {want}");
+    }
+}
+
+/// The CUDA sampler against the distributions it must draw from; run on a
+/// machine with a GPU (`cargo test --features cuda`), skipped elsewhere.
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use super::*;
+    use crate::model::{load, tiny};
+
+    fn gpu() -> Option<Device> {
+        match Device::new_cuda(0) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                eprintln!("SKIPPED: no CUDA device ({e})");
+                None
+            }
+        }
+    }
+
+    fn share(picks: &[(u32, f32)], t: u32) -> f64 {
+        picks.iter().filter(|p| p.0 == t).count() as f64 / picks.len() as f64
+    }
+
+    #[test]
+    fn kernel_draws_follow_the_truncated_distribution() {
+        let Some(dev) = gpu() else { return };
+        let rows = 4000;
+        let row = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln(), -100.0];
+        let logits = Tensor::from_vec(row.repeat(rows), (rows, 4), &dev).unwrap();
+        let seeds: Vec<u64> = (0..rows as u64).map(|i| i * 7919 + 1).collect();
+        let all = cuda::sample_rows(&logits, &seeds, 1.0, 0, 1.0).unwrap();
+        for (t, p) in [(0, 0.5), (1, 0.3), (2, 0.2)] {
+            assert!(
+                (share(&all, t) - p).abs() < 0.03,
+                "token {t}: {}",
+                share(&all, t)
+            );
+        }
+        for &(t, lp) in &all {
+            assert!((lp - row[t as usize]).abs() < 1e-5, "{t}: {lp}");
+        }
+        let again = cuda::sample_rows(&logits, &seeds, 1.0, 0, 1.0).unwrap();
+        assert_eq!(all, again, "a seed repeats its draws");
+        for (k, p) in [(2, 1.0), (0, 0.75), (3, 0.75)] {
+            let cut = cuda::sample_rows(&logits, &seeds, 1.0, k, p).unwrap();
+            assert!(cut.iter().all(|x| x.0 < 2), "top_k {k} top_p {p}");
+            assert!((share(&cut, 0) - 0.625).abs() < 0.03, "top_k {k} top_p {p}");
+            // The log-prob stays the untruncated one.
+            assert!(
+                cut.iter()
+                    .all(|&(t, lp)| (lp - row[t as usize]).abs() < 1e-5)
+            );
+        }
+        let hot = cuda::sample_rows(&logits, &seeds, 0.5, 0, 1.0).unwrap();
+        let z: f64 = row.iter().map(|&x| (f64::from(x) * 2.0).exp()).sum();
+        for &(t, lp) in &hot {
+            let want = f64::from(row[t as usize]) * 2.0 - z.ln();
+            assert!(
+                (f64::from(lp) - want).abs() < 1e-5,
+                "temperature 2: {lp} vs {want}"
+            );
+        }
+        let greedy = cuda::sample_rows(&logits, &seeds, 0.0, 0, 1.0).unwrap();
+        assert!(greedy.iter().all(|x| x.0 == 0));
+        // A Qwen3-sized row in bf16: log-probs as the host computes them.
+        let v = 151_936;
+        let big = Tensor::arange(0f32, v as f32, &dev)
+            .unwrap()
+            .affine(1e-3, 0.0)
+            .unwrap()
+            .sin()
+            .unwrap()
+            .affine(4.0, 0.0)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap()
+            .repeat((8, 1))
+            .unwrap();
+        let host = big.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap();
+        let picks = cuda::sample_rows(&big, &seeds[..8], 1.0, 50, 0.9).unwrap();
+        for (r, &(t, lp)) in picks.iter().enumerate() {
+            let max = host[r].iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let lse = max
+                + host[r]
+                    .iter()
+                    .map(|&x| (x as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            let exact = host[r][t as usize] as f64 - lse;
+            assert!(
+                (f64::from(lp) - exact).abs() < 1e-3,
+                "row {r}: {lp} vs {exact}"
+            );
+            // Among the 50 most likely (ties included).
+            let above = host[r].iter().filter(|&&x| x > host[r][t as usize]).count();
+            assert!(above < 50, "row {r}: token {t} has {above} above it");
+        }
+    }
+
+    #[test]
+    fn gpu_decoding_matches_the_trainer_and_repeats() {
+        let Some(dev) = gpu() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        tiny::write_tiny_qwen3(dir.path(), 42).unwrap();
+        let m = load(dir.path(), None, DType::F32, &dev).unwrap();
+        let prompts: Vec<Vec<u32>> = vec![
+            (1..10).collect(),
+            (20..24).collect(),
+            vec![7],
+            (100..130).collect(),
+        ];
+        let g = greedy(&m.model, &prompts, 8, &[], 0, 0, &dev).unwrap();
+        let s = Sampling {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.9,
+            seed: 5,
+        };
+        let a = sample(&m.model, &prompts, 8, &[], 0, 0, &s, &dev).unwrap();
+        let b = sample(&m.model, &prompts, 8, &[], 0, 2, &s, &dev).unwrap();
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x.tokens, y.tokens, "continuous batching on the GPU");
+        }
+        for (gens, t) in [(&g, 1.0), (&a, 0.8)] {
+            for (p, out) in prompts.iter().zip(gens) {
+                let seq: Vec<u32> = p.iter().chain(&out.tokens).copied().collect();
+                let ids = Tensor::new(seq.as_slice(), &dev)
+                    .unwrap()
+                    .unsqueeze(0)
+                    .unwrap();
+                let logits = (m.model.forward(&ids, None, false).unwrap() / t).unwrap();
+                let lp: Vec<f32> = crate::train::loss::next_token_logprobs(&logits, &ids)
+                    .unwrap()
+                    .squeeze(0)
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                for (x, y) in out.logprobs.iter().zip(&lp[p.len() - 1..]) {
+                    assert!((x - y).abs() < 1e-3, "T {t}: {x} vs {y}");
+                }
+            }
+        }
+        let top1 = Sampling {
+            top_k: 1,
+            ..Sampling::default()
+        };
+        let t1 = sample(&m.model, &prompts, 8, &[], 0, 0, &top1, &dev).unwrap();
+        for (x, y) in t1.iter().zip(&g) {
+            assert_eq!(x.tokens, y.tokens, "top_k 1 is greedy");
+        }
     }
 }
