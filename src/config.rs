@@ -125,7 +125,7 @@ pub trait Validate {
 pub const USER_NAMES: [(&str, &str, &str); 3] = [
     ("model", "base_model", "name"),
     ("stage0", "variants_per_sample", "variants"),
-    ("stage3", "num_steps", "steps"),
+    ("stage3", "num_steps", "ppo.num_train_steps"),
 ];
 
 /// Where a resolved setting came from.
@@ -292,8 +292,8 @@ pub struct PipelineConfig {
     pub stage1: SftConfig,
     /// Stage 2: SFT on transformed programs.
     pub stage2: SftConfig,
-    /// Stage 3: online RL.
-    pub stage3: RlConfig,
+    /// Stage 3: online RL, as `config/stage3_ppo_config.json`.
+    pub stage3: Stage3Config,
 }
 
 impl Validate for PipelineConfig {
@@ -314,6 +314,15 @@ impl Validate for PipelineConfig {
 
     fn settle(&mut self, file: &serde_json::Value) -> Vec<String> {
         let mut p = Vec::new();
+        if let Some(steps) = self.stage3.num_steps.take() {
+            if file.pointer("/stage3/ppo/num_train_steps").is_some() {
+                p.push(
+                    "stage3.num_steps and stage3.ppo.num_train_steps: both set Stage 3's steps (num_steps is the Python pipeline's name); keep one".into(),
+                );
+            } else {
+                self.stage3.ppo.num_train_steps = steps;
+            }
+        }
         if let Some(no_4bit) = self.hardware.no_4bit.take() {
             if file.pointer("/model/load_in_4bit").is_some() {
                 p.push(
@@ -866,31 +875,140 @@ impl Validate for SftConfig {
     }
 }
 
-/// Stage 3: online RL against the trace environment.
+/// Stage 3 as `config/stage3_ppo_config.json` holds it: the user's
+/// `{"ppo": {...}, "curriculum": {...}}`, any subset of keys.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Stage3Config {
+    pub ppo: RlConfig,
+    pub curriculum: CurriculumConfig,
+    /// The Python pipeline's `stage3.num_steps` in `pipeline_config.json`:
+    /// `ppo.num_train_steps`, folded into it on load.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_steps: Option<usize>,
+}
+
+impl Validate for Stage3Config {
+    fn problems(&self) -> Vec<String> {
+        let mut p: Vec<String> = self
+            .ppo
+            .problems()
+            .into_iter()
+            .map(|m| format!("ppo.{m}"))
+            .collect();
+        p.extend(
+            self.curriculum
+                .problems()
+                .into_iter()
+                .map(|m| format!("curriculum.{m}")),
+        );
+        p
+    }
+}
+
+/// Stage 3: online RL (PPO or GRPO) against an environment. The user's
+/// keys are `batch_size`, `learning_rate` and `num_train_steps`; the rest
+/// are ours, with the peers' defaults (docs in `src/rl/`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RlConfig {
-    /// `ppo` or `grpo`. Default `grpo`.
+    /// `ppo` (value head, GAE, KL in the reward) or `grpo` (group-relative
+    /// advantages, KL in the loss). Default `ppo`.
     pub algorithm: String,
-    /// Prompts a step. Default 8.
+    /// Prompts a step. Default 16.
     pub batch_size: usize,
-    /// Completions a prompt. Default 8.
-    pub group_size: usize,
-    /// Default 1e-6.
+    /// Completions a prompt (null: 1 for PPO, 8 for GRPO).
+    pub group_size: Option<usize>,
+    /// Peak learning rate of the LoRA factors. Default 5e-7.
     pub learning_rate: f64,
-    /// KL penalty to the reference policy. Default 0.04.
-    pub kl_coef: f64,
-    /// PPO clip range. Default 0.2.
-    pub clip_range: f64,
-    /// Sampling temperature. Default 0.7.
+    /// Learning rate of the value head (PPO). Default 1e-4.
+    pub value_learning_rate: f64,
+    /// Optimizer steps. Default 5000.
+    pub num_train_steps: usize,
+    /// Passes over each batch. Default 1.
+    pub ppo_epochs: usize,
+    /// Completions a minibatch (one optimizer step each). Default 16.
+    pub mini_batch_size: usize,
+    /// Clip range below 1 of the probability ratio. Default 0.2.
+    pub clip_low: f64,
+    /// Clip range above 1 (DAPO's clip-higher). Default 0.28.
+    pub clip_high: f64,
+    /// Value clip range (PPO). Default 0.2.
+    pub value_clip: f64,
+    /// Weight of the value loss (PPO). Default 0.1.
+    pub vf_coef: f64,
+    /// Weight of the entropy bonus. Default 0.
+    pub entropy_coef: f64,
+    /// KL coefficient to the reference policy (null: 0.05 for PPO, k1 in
+    /// the reward; 0.001 for GRPO, in the loss). 0 turns it off.
+    pub kl_coef: Option<f64>,
+    /// Estimator of the KL term in the loss (GRPO): `k1`, `k2` or `k3`.
+    /// Default `k3`.
+    pub kl_estimator: String,
+    /// GAE discount. Default 1.
+    pub gamma: f64,
+    /// GAE lambda. Default 0.95.
+    pub lam: f64,
+    /// Whiten PPO advantages over the batch's tokens. Default true.
+    pub whiten_advantages: bool,
+    /// `token_mean`, `seq_mean` or `dr_grpo`. Default `token_mean`.
+    pub loss_aggregation: String,
+    /// Divide GRPO advantages by the group's standard deviation. Default true.
+    pub scale_rewards: bool,
+    /// Drop groups whose rewards are all equal and sample fresh ones (GRPO).
+    /// Default true.
+    pub dynamic_sampling: bool,
+    /// Most extra sampling rounds a step spends replacing dropped groups.
+    /// Default 3.
+    pub max_resample_rounds: usize,
+    /// Leave answers cut at `max_new_tokens` out of the loss. Default false.
+    pub mask_truncated: bool,
+    /// Sampling temperature. Default 1.
     pub temperature: f64,
-    /// Longest completion in tokens. Default 1024.
+    /// Nucleus sampling mass (1 = off). Default 1.
+    pub top_p: f64,
+    /// Top-k sampling (0 = off). Default 0.
+    pub top_k: usize,
+    /// Longest completion in tokens. Default 512.
     pub max_new_tokens: usize,
-    /// Optimizer steps (the Python pipeline's `num_steps`). Default 200.
-    #[serde(alias = "num_steps")]
-    pub steps: usize,
-    /// Order prompts from easy to hard. Default false.
-    pub curriculum: bool,
+    /// Completions the sampler decodes at once (rows that finish take
+    /// waiting prompts); 0: all of a step's at once. Default 0.
+    pub sample_max_rows: usize,
+    /// Longest prompt in tokens; longer tasks are skipped and counted.
+    /// Default 1536.
+    pub max_prompt_tokens: usize,
+    /// Default 1.0.
+    pub max_grad_norm: f64,
+    /// Default 0.
+    pub weight_decay: f64,
+    /// LoRA rank. Default 16.
+    pub lora_r: usize,
+    /// LoRA alpha. Default 32.
+    pub lora_alpha: f64,
+    /// Default q, k, v, o, gate, up, down projections.
+    pub target_modules: Vec<String>,
+    /// Hidden width of the value head. Default 256.
+    pub value_hidden: usize,
+    /// `trace` (the Trace task, programs run in the sandbox) or `word`
+    /// (answer with a given word; tests). Default `trace`.
+    pub environment: String,
+    /// Rows the trace environment draws from: `builtin`, a JSONL path, or a
+    /// hub dataset id (as `generate`'s `dataset`). Default `builtin`.
+    pub dataset: String,
+    /// File inside a hub dataset. Default `python_dataset.jsonl`.
+    pub hub_file: String,
+    /// Most injected prints a task. Default 6.
+    pub max_injections: usize,
+    /// Sandbox worker slots (0: two a core). Default 0.
+    pub num_workers: usize,
+    /// Interpreter for the sandbox. Default `/usr/bin/python3`.
+    pub python: PathBuf,
+    /// Output folder (null: `checkpoints/stage3_ppo`).
+    pub output_dir: Option<PathBuf>,
+    /// Checkpoint every N steps (`step_N/`). Default 1000.
+    pub save_steps: usize,
+    /// Periodic checkpoints kept (0: all). Default 0.
+    pub save_total_limit: usize,
     /// Default 42.
     pub seed: u64,
 }
@@ -898,18 +1016,70 @@ pub struct RlConfig {
 impl Default for RlConfig {
     fn default() -> Self {
         RlConfig {
-            algorithm: "grpo".into(),
-            batch_size: 8,
-            group_size: 8,
-            learning_rate: 1e-6,
-            kl_coef: 0.04,
-            clip_range: 0.2,
-            temperature: 0.7,
-            max_new_tokens: 1024,
-            steps: 200,
-            curriculum: false,
+            algorithm: "ppo".into(),
+            batch_size: 16,
+            group_size: None,
+            learning_rate: 5e-7,
+            value_learning_rate: 1e-4,
+            num_train_steps: 5000,
+            ppo_epochs: 1,
+            mini_batch_size: 16,
+            clip_low: 0.2,
+            clip_high: 0.28,
+            value_clip: 0.2,
+            vf_coef: 0.1,
+            entropy_coef: 0.0,
+            kl_coef: None,
+            kl_estimator: "k3".into(),
+            gamma: 1.0,
+            lam: 0.95,
+            whiten_advantages: true,
+            loss_aggregation: "token_mean".into(),
+            scale_rewards: true,
+            dynamic_sampling: true,
+            max_resample_rounds: 3,
+            mask_truncated: false,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            max_new_tokens: 512,
+            sample_max_rows: 0,
+            max_prompt_tokens: 1536,
+            max_grad_norm: 1.0,
+            weight_decay: 0.0,
+            lora_r: 16,
+            lora_alpha: 32.0,
+            target_modules: SftConfig::default().target_modules,
+            value_hidden: 256,
+            environment: "trace".into(),
+            dataset: "builtin".into(),
+            hub_file: "python_dataset.jsonl".into(),
+            max_injections: 6,
+            num_workers: 0,
+            python: PathBuf::from("/usr/bin/python3"),
+            output_dir: None,
+            save_steps: 1000,
+            save_total_limit: 0,
             seed: 42,
         }
+    }
+}
+
+impl RlConfig {
+    pub fn is_grpo(&self) -> bool {
+        self.algorithm == "grpo"
+    }
+
+    /// Completions a prompt: the setting, else 1 (PPO) or 8 (GRPO).
+    pub fn group_size(&self) -> usize {
+        self.group_size
+            .unwrap_or(if self.is_grpo() { 8 } else { 1 })
+    }
+
+    /// The KL coefficient: the setting, else 0.05 (PPO) or 0.001 (GRPO).
+    pub fn kl_coef(&self) -> f64 {
+        self.kl_coef
+            .unwrap_or(if self.is_grpo() { 0.001 } else { 0.05 })
     }
 }
 
@@ -922,14 +1092,131 @@ impl Validate for RlConfig {
                 self.algorithm
             ));
         }
-        if self.group_size < 2 {
-            p.push("group_size: needs at least 2 completions for an advantage".into());
+        if self.is_grpo() && self.group_size() < 2 {
+            p.push("group_size: GRPO needs at least 2 completions a prompt".into());
         }
-        if self.batch_size == 0 || self.steps == 0 {
-            p.push("batch_size and steps: must be at least 1".into());
+        for (name, v) in [
+            ("batch_size", self.batch_size),
+            ("num_train_steps", self.num_train_steps),
+            ("ppo_epochs", self.ppo_epochs),
+            ("mini_batch_size", self.mini_batch_size),
+            ("max_new_tokens", self.max_new_tokens),
+            ("lora_r", self.lora_r),
+            ("value_hidden", self.value_hidden),
+            ("group_size", self.group_size()),
+        ] {
+            if v == 0 {
+                p.push(format!("{name}: must be at least 1"));
+            }
         }
-        if self.temperature <= 0.0 {
+        for (name, v) in [
+            ("learning_rate", self.learning_rate),
+            ("value_learning_rate", self.value_learning_rate),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                p.push(format!("{name}: {v} must be positive"));
+            }
+        }
+        for (name, v) in [
+            ("clip_low", self.clip_low),
+            ("clip_high", self.clip_high),
+            ("value_clip", self.value_clip),
+            ("vf_coef", self.vf_coef),
+            ("entropy_coef", self.entropy_coef),
+            ("kl_coef", self.kl_coef()),
+            ("max_grad_norm", self.max_grad_norm),
+            ("weight_decay", self.weight_decay),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                p.push(format!("{name}: {v} must be finite and >= 0"));
+            }
+        }
+        if self.clip_low >= 1.0 {
+            p.push(format!("clip_low: {} must be below 1", self.clip_low));
+        }
+        for (name, v) in [("gamma", self.gamma), ("lam", self.lam)] {
+            if !(0.0..=1.0).contains(&v) {
+                p.push(format!("{name}: {v} is not in [0, 1]"));
+            }
+        }
+        if !matches!(self.kl_estimator.as_str(), "k1" | "k2" | "k3") {
+            p.push(format!(
+                "kl_estimator: `{}` is not k1, k2 or k3",
+                self.kl_estimator
+            ));
+        }
+        if !matches!(
+            self.loss_aggregation.as_str(),
+            "token_mean" | "seq_mean" | "dr_grpo"
+        ) {
+            p.push(format!(
+                "loss_aggregation: `{}` is not token_mean, seq_mean or dr_grpo",
+                self.loss_aggregation
+            ));
+        }
+        if !(self.temperature.is_finite() && self.temperature > 0.0) {
             p.push("temperature: must be positive".into());
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            p.push(format!("top_p: {} is not in (0, 1]", self.top_p));
+        }
+        if !matches!(self.environment.as_str(), "trace" | "word") {
+            p.push(format!(
+                "environment: `{}` is not trace or word",
+                self.environment
+            ));
+        }
+        p
+    }
+}
+
+/// Stage 3's curriculum: tasks from the easiest difficulty bucket first,
+/// the next one once the rolling accuracy passes the threshold.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CurriculumConfig {
+    /// Default false.
+    pub enabled: bool,
+    /// Rolling accuracy at which the next bucket opens. Default 0.7.
+    pub promotion_threshold: f64,
+    /// Scored completions the rolling accuracy is taken over. Default 64.
+    pub window: usize,
+    /// The feature whose buckets make the levels: `output_lines`,
+    /// `loop_depth`, `lines` or `injections`. Default `output_lines`.
+    pub feature: String,
+}
+
+impl Default for CurriculumConfig {
+    fn default() -> Self {
+        CurriculumConfig {
+            enabled: false,
+            promotion_threshold: 0.7,
+            window: 64,
+            feature: "output_lines".into(),
+        }
+    }
+}
+
+impl Validate for CurriculumConfig {
+    fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if !(0.0..=1.0).contains(&self.promotion_threshold) {
+            p.push(format!(
+                "promotion_threshold: {} is not in [0, 1]",
+                self.promotion_threshold
+            ));
+        }
+        if self.window == 0 {
+            p.push("window: must be at least 1".into());
+        }
+        if !crate::eval::buckets::FEATURES
+            .iter()
+            .any(|f| f.name == self.feature)
+        {
+            p.push(format!(
+                "feature: `{}` is not one of output_lines, loop_depth, lines, injections",
+                self.feature
+            ));
         }
         p
     }
@@ -1040,14 +1327,14 @@ mod tests {
         assert!(p.model.load_in_4bit && p.hardware.no_4bit.is_none());
         assert_eq!((p.stage0.variants, p.stage0.num_workers), (3, 32));
         assert_eq!((p.stage1.epochs, p.stage2.epochs), (2, 3));
-        assert_eq!(p.stage3.steps, 5000);
+        assert_eq!(p.stage3.ppo.num_train_steps, 5000);
         let p: PipelineConfig =
             parse(r#"{"hardware": {"no_4bit": true}}"#, Path::new("p.json")).unwrap();
         assert!(!p.model.load_in_4bit);
         // Any subset loads; the rest are defaults.
         let p: PipelineConfig =
             parse(r#"{"stage3": {"num_steps": 7}}"#, Path::new("p.json")).unwrap();
-        assert_eq!((p.stage3.steps, p.stage1.epochs), (7, 1));
+        assert_eq!((p.stage3.ppo.num_train_steps, p.stage1.epochs), (7, 1));
         // The sources name the key as the file wrote it.
         let tree: serde_json::Value = serde_json::from_str(USER_PIPELINE).unwrap();
         let s = Sources::from_file(Path::new("p.json"), &tree, "");
@@ -1058,7 +1345,7 @@ mod tests {
         assert_eq!(key("model.name"), "model.base_model");
         assert_eq!(key("model.load_in_4bit"), "hardware.no_4bit");
         assert_eq!(key("stage0.variants"), "stage0.variants_per_sample");
-        assert_eq!(key("stage3.steps"), "stage3.num_steps");
+        assert_eq!(key("stage3.ppo.num_train_steps"), "stage3.num_steps");
         assert_eq!(key("stage1.epochs"), "stage1.epochs");
         assert_eq!(s.get("stage1.seed"), Source::Default);
         // A stage file: `generate.json` stands for `stage0`.
@@ -1148,7 +1435,41 @@ mod tests {
         assert!(
             table
                 .iter()
-                .any(|(k, v, _)| k == "stage3.steps" && v == 5000)
+                .any(|(k, v, _)| k == "stage3.ppo.num_train_steps" && v == 5000)
+        );
+    }
+
+    #[test]
+    fn the_users_stage3_file_parses_as_written() {
+        let text = r#"{"ppo": {"batch_size": 16, "learning_rate": 5e-7, "num_train_steps": 5000}, "curriculum": {"enabled": true, "promotion_threshold": 0.7}}"#;
+        let c: Stage3Config = parse(text, Path::new("stage3_ppo_config.json")).unwrap();
+        assert_eq!(c.ppo.batch_size, 16);
+        assert_eq!(c.ppo.learning_rate, 5e-7);
+        assert_eq!(c.ppo.num_train_steps, 5000);
+        assert!(c.curriculum.enabled);
+        assert_eq!(c.curriculum.promotion_threshold, 0.7);
+        assert_eq!(c.ppo.algorithm, "ppo");
+        assert_eq!((c.ppo.group_size(), c.ppo.kl_coef()), (1, 0.05));
+        let err =
+            parse::<Stage3Config>("{\n  \"ppo\": {\"batch_sise\": 4}\n}", Path::new("s3.json"))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("s3.json")
+                && err.contains("line 2")
+                && err.contains("batch_sise")
+                && err.contains("num_train_steps"),
+            "{err}"
+        );
+        let err = parse::<Stage3Config>(
+            r#"{"ppo": {"algorithm": "a2c"}, "curriculum": {"promotion_threshold": 2}}"#,
+            Path::new("s3.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("ppo.algorithm") && err.contains("curriculum.promotion_threshold"),
+            "{err}"
         );
     }
 

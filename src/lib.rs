@@ -17,6 +17,7 @@ pub mod model;
 pub mod progress;
 pub mod prompt;
 pub mod reward;
+pub mod rl;
 pub mod runlog;
 pub mod sandbox;
 pub mod serve;

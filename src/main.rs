@@ -57,10 +57,13 @@ enum Command {
     /// Stage 2: LoRA SFT on the transformed programs, from Stage 1's merged
     /// model.
     Sft(cli::train::TrainArgs),
+    /// Stage 3: online RL (PPO or GRPO) against the trace environment,
+    /// from Stage 2's merged model.
+    Ppo(cli::ppo::PpoArgs),
     /// Accuracy on a test set: batched greedy generation, the environment's
     /// scoring, a Jeffreys interval, a JSON report.
     Eval(cli::eval::EvalArgs),
-    /// Stages 0, 1, 2 and eval in order, from config/pipeline_config.json.
+    /// Stages 0, 1, 2, 3 and eval in order, from config/pipeline_config.json.
     Pipeline(cli::pipeline::PipelineArgs),
     /// Prepare model folders.
     #[command(subcommand)]
@@ -354,6 +357,10 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             cli::report::run(&args)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Ppo(args) => {
+            cli::ppo::run(&args)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Generate(args) => generate_cmd(args),
         Command::Sandbox(SandboxCommand::Check(c)) => {
             let exec = executor(&c, 1)?;
@@ -575,9 +582,9 @@ fn check_config_file(path: &Path) -> anyhow::Result<()> {
         "pipeline_config" => config::load::<PipelineConfig>(path).map(|_| ())?,
         "generate" => config::load::<GenerateConfig>(path).map(|_| ())?,
         "warmup" | "sft" => config::load::<config::SftConfig>(path).map(|_| ())?,
-        "ppo" => config::load::<config::RlConfig>(path).map(|_| ())?,
+        "stage3_ppo_config" => config::load::<config::Stage3Config>(path).map(|_| ())?,
         _ => anyhow::bail!(
-            "`{}`: unknown config file name\nhint: expected pipeline_config, generate, warmup, sft or ppo",
+            "`{}`: unknown config file name\nhint: expected pipeline_config, generate, warmup, sft or stage3_ppo_config",
             path.display()
         ),
     }

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use common::{stderr, trace_train};
 
-use trace_train::config::{self, GenerateConfig, PipelineConfig, RlConfig, SftConfig};
+use trace_train::config::{self, GenerateConfig, PipelineConfig, SftConfig, Stage3Config};
 
 #[test]
 fn every_shipped_config_parses() {
@@ -24,7 +24,7 @@ fn every_shipped_config_parses() {
             "pipeline_config" => config::load::<PipelineConfig>(&path).map(|_| ()),
             "generate" => config::load::<GenerateConfig>(&path).map(|_| ()),
             "warmup" | "sft" => config::load::<SftConfig>(&path).map(|_| ()),
-            "ppo" => config::load::<RlConfig>(&path).map(|_| ()),
+            "stage3_ppo_config" => config::load::<Stage3Config>(&path).map(|_| ()),
             other => panic!("config/{other}.json has no test: add it here"),
         };
         r.unwrap_or_else(|e| panic!("{e}"));
@@ -197,4 +197,20 @@ fn shipped_configs_keep_every_output_length() {
         let f = g.filters.lines(transformed);
         assert!(f.admits(1) && f.admits(2), "{f:?}");
     }
+}
+
+#[test]
+fn the_shipped_stage3_file_is_the_users_text_and_parses() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/stage3_ppo_config.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        text.trim(),
+        r#"{"ppo": {"batch_size": 16, "learning_rate": 5e-7, "num_train_steps": 5000}, "curriculum": {"enabled": true, "promotion_threshold": 0.7}}"#
+    );
+    let c: Stage3Config = config::parse(&text, &path).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (c.ppo.batch_size, c.ppo.learning_rate, c.ppo.num_train_steps),
+        (16, 5e-7, 5000)
+    );
+    assert!(c.curriculum.enabled && c.curriculum.promotion_threshold == 0.7);
 }

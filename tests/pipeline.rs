@@ -1,6 +1,6 @@
 //! `pipeline --quick_test` end to end on a fresh folder, offline, with the
 //! Python pipeline's own `config/pipeline_config.json`: Stage 0 on the
-//! built-in corpus, Stages 1-2 on the tiny chat model, eval; then a
+//! built-in corpus, Stages 1-3 on the tiny chat model, eval; then a
 //! `--resume` that finds everything done.
 
 mod common;
@@ -40,6 +40,10 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
         "stage2_sft/final/adapter_config.json",
         "stage2_sft/merged/tokenizer.json",
         "stage2_sft/merged/README.md",
+        "stage3_ppo/final/adapter_model.safetensors",
+        "stage3_ppo/final/README.md",
+        "stage3_ppo/merged/model.safetensors",
+        "stage3_ppo/metrics.jsonl",
         "eval/report.json",
         "eval/heldout_short.json",
     ] {
@@ -75,7 +79,7 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
     );
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("pipeline_state.json")).unwrap()).unwrap();
-    assert_eq!(state["finished"], serde_json::json!([0, 1, 2, 3]));
+    assert_eq!(state["finished"], serde_json::json!([0, 1, 2, 3, 4]));
 
     let t = Instant::now();
     let before = std::fs::read(root.join("stage2_sft/final/adapter_model.safetensors")).unwrap();

@@ -5,6 +5,7 @@ pub mod config;
 pub mod env;
 pub mod eval;
 pub mod pipeline;
+pub mod ppo;
 pub mod progress;
 pub mod report;
 pub mod serve;

@@ -1,5 +1,5 @@
-//! `pipeline`: Stage 0 (generate), 1 (warmup), 2 (sft) and eval (the Stage 2
-//! test set, then the held-out short set) in order,
+//! `pipeline`: Stage 0 (generate), 1 (warmup), 2 (sft), 3 (ppo) and eval
+//! (the Stage 2 test set, then the held-out short set) in order,
 //! from `config/pipeline_config.json`, each stage's output the next one's
 //! input. The pipeline records the stages it finished in
 //! `<checkpoints>/pipeline_state.json`; `--resume` skips those and resumes
@@ -15,6 +15,7 @@ use trace_train::config::{self, PipelineConfig, Source, Sources};
 use trace_train::generate::{self, RunOptions};
 
 use super::eval::{EvalArgs, run_eval};
+use super::ppo::PpoArgs;
 use super::train::{TrainArgs, run_stage};
 
 #[derive(Args)]
@@ -23,7 +24,7 @@ pub struct PipelineArgs {
     /// The pipeline config (the Python pipeline's file loads as it is).
     #[arg(long, default_value = "config/pipeline_config.json")]
     pub config: PathBuf,
-    /// First stage to run (0 generate, 1 warmup, 2 sft, 3 eval).
+    /// First stage to run (0 generate, 1 warmup, 2 sft, 3 ppo, 4 eval).
     #[arg(long, default_value_t = 0)]
     pub start_stage: u8,
     /// Minutes on a laptop CPU: the built-in corpus, a tiny model the
@@ -66,6 +67,7 @@ struct PipelineState {
 /// pipeline's layout (messages name the stages short: warmup, sft).
 pub const STAGE1_DIR: &str = "stage1_warmup";
 pub const STAGE2_DIR: &str = "stage2_sft";
+pub const STAGE3_DIR: &str = "stage3_ppo";
 
 /// What a pipeline run will do: the settings from the config file and the
 /// flags, with where each came from, and the folders.
@@ -344,9 +346,29 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         }
     }
     if todo(3, &state) {
+        eprintln!("== stage 3: ppo");
+        let out = root.join(STAGE3_DIR);
+        let s = super::ppo::run(&PpoArgs {
+            model: Some(root.join(STAGE2_DIR).join("merged").display().to_string()),
+            output_dir: Some(out.clone()),
+            settings: Some(Box::new(cfg.stage3.clone())),
+            device: args.device.clone(),
+            resume: args.resume && out.exists(),
+            no_4bit: !cfg.model.load_in_4bit,
+            quick_test: args.quick_test,
+            unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
+            ..PpoArgs::default()
+        })?;
+        if s.interrupted {
+            anyhow::bail!("pipeline stopped during ppo; continue with --resume");
+        }
+        finish(3, &mut state)?;
+    }
+    let final_model = root.join(STAGE3_DIR).join("merged");
+    if todo(4, &state) {
         eprintln!("== eval");
         run_eval(&EvalArgs {
-            model: Some(root.join(STAGE2_DIR).join("merged")),
+            model: Some(final_model.clone()),
             adapter: None,
             compare: None,
             heldout: None,
@@ -366,7 +388,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         // its answer shows here first.
         eprintln!("== eval: held-out short set");
         run_eval(&EvalArgs {
-            model: Some(root.join(STAGE2_DIR).join("merged")),
+            model: Some(final_model.clone()),
             adapter: None,
             compare: None,
             heldout: Some("short".into()),
@@ -381,7 +403,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             revision: None,
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
         })?;
-        finish(3, &mut state)?;
+        finish(4, &mut state)?;
     }
     Ok(())
 }

@@ -620,10 +620,11 @@ impl Decoder {
 
     /// The folded weights of every adapted dense projection, from the LoRA
     /// factors' current values (see [`DecodeView`]). Empty without
-    /// adapters, and when `TRACE_TRAIN_PLAIN_DECODE` is set.
+    /// adapters, inside [`lora::without_adapters`] (the base alone), and
+    /// when `TRACE_TRAIN_PLAIN_DECODE` is set.
     pub fn decode_view(&self) -> Result<DecodeView> {
         let mut view = DecodeView::default();
-        if std::env::var_os("TRACE_TRAIN_PLAIN_DECODE").is_some() {
+        if std::env::var_os("TRACE_TRAIN_PLAIN_DECODE").is_some() || !lora::adapters_enabled() {
             return Ok(view);
         }
         for p in self.projections() {

@@ -283,6 +283,34 @@ pub fn dropout_seed() -> u64 {
     DROPOUT_SEED.load(Ordering::Relaxed)
 }
 
+thread_local! {
+    /// Off inside [`without_adapters`] on this thread.
+    static ADAPTERS_ON: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// Whether LoRA updates apply to forward passes on this thread.
+pub fn adapters_enabled() -> bool {
+    ADAPTERS_ON.with(|c| c.get())
+}
+
+/// Runs `f` with every LoRA update switched off on this thread: the
+/// projections compute their frozen base alone. RL's reference policy is
+/// the model without its adapter (with a fresh adapter on a merged SFT
+/// model, exactly the SFT policy), so it needs no second copy of the
+/// weights. Thread-local rather than a flag on the model so that a
+/// concurrent forward on another thread (a test, a sampler) is unaffected
+/// and the model stays shareable by `&`; restored on return and on panic.
+pub fn without_adapters<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ADAPTERS_ON.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(ADAPTERS_ON.with(|c| c.replace(false)));
+    f()
+}
+
 /// Inverted dropout mask shaped like `x`: 0 with probability `p`, else
 /// `1 / (1 - p)`, drawn from the step's seed and `name`.
 ///
@@ -421,7 +449,7 @@ impl LoraLinear {
     /// The forward both share: the factors `track`ed or detached, dropout
     /// drawn from `seed` when `train`.
     fn project(&self, x: &Tensor, track: bool, train: bool, seed: u64) -> Result<Tensor> {
-        let Some(ad) = &self.adapter else {
+        let Some(ad) = self.adapter.as_ref().filter(|_| adapters_enabled()) else {
             return self.base.forward(x);
         };
         let (x2, out_shape) = flatten(x, self.base.dims()?.0)?;
@@ -587,6 +615,19 @@ mod tests {
             bias: Some(Tensor::full(0.5f32, 5, &Device::Cpu).unwrap()),
         };
         assert!(max_diff(&y, &merged.forward(&x).unwrap()) < 1e-5);
+    }
+
+    #[test]
+    fn without_adapters_computes_the_base_alone_and_restores() {
+        let l = layer(2.0, 0.0, 0.3);
+        let x = input();
+        let with = l.forward(&x, false).unwrap();
+        let base = l.base().forward(&x).unwrap();
+        assert!(max_diff(&with, &base) > 1e-3);
+        let off = without_adapters(|| l.forward(&x, false).unwrap());
+        assert_eq!(max_diff(&off, &base), 0.0);
+        assert!(adapters_enabled());
+        assert_eq!(max_diff(&l.forward(&x, false).unwrap(), &with), 0.0);
     }
 
     #[test]

@@ -93,12 +93,31 @@ pub struct TrainerState {
     pub tokens_seen: u64,
     pub skipped_steps: u64,
     pub fingerprint: Fingerprint,
+    /// What else a recipe needs to resume (RL: task cursor, curriculum,
+    /// counters); null for SFT.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub extra: serde_json::Value,
 }
+
+/// Folder name prefix of SFT checkpoints (`checkpoint-<step>`).
+pub const SFT_PREFIX: &str = "checkpoint-";
 
 /// Saves a checkpoint of `params` and `optim` at `state.step`; keeps the
 /// newest `keep` checkpoints. Returns its folder.
 pub fn save(
     out_dir: &Path,
+    state: &TrainerState,
+    params: &BTreeMap<String, Tensor>,
+    optim: &BTreeMap<String, Tensor>,
+    keep: usize,
+) -> anyhow::Result<PathBuf> {
+    save_as(out_dir, SFT_PREFIX, state, params, optim, keep)
+}
+
+/// [`save`] into `<prefix><step>` (RL writes `step_<step>`).
+pub fn save_as(
+    out_dir: &Path,
+    prefix: &str,
     state: &TrainerState,
     params: &BTreeMap<String, Tensor>,
     optim: &BTreeMap<String, Tensor>,
@@ -140,7 +159,7 @@ pub fn save(
             out_dir.display()
         )
     })?;
-    let dest = out_dir.join(format!("checkpoint-{}", state.step));
+    let dest = out_dir.join(format!("{prefix}{}", state.step));
     if dest.exists() {
         std::fs::remove_dir_all(&dest)?;
     }
@@ -148,7 +167,7 @@ pub fn save(
     std::fs::rename(&tmp_path, &dest)
         .with_context(|| format!("cannot move the checkpoint to `{}`", dest.display()))?;
     File::open(out_dir)?.sync_all()?;
-    rotate(out_dir, keep)?;
+    rotate(out_dir, prefix, keep)?;
     Ok(dest)
 }
 
@@ -173,8 +192,8 @@ pub(crate) fn hash_file(h: &mut Sha256, p: &Path) -> std::io::Result<()> {
     }
 }
 
-/// `checkpoint-<step>` folders, newest first.
-fn list(out_dir: &Path) -> anyhow::Result<Vec<(u64, PathBuf)>> {
+/// `<prefix><step>` folders, newest first.
+fn list(out_dir: &Path, prefix: &str) -> anyhow::Result<Vec<(u64, PathBuf)>> {
     let mut v = Vec::new();
     let Ok(entries) = std::fs::read_dir(out_dir) else {
         return Ok(v);
@@ -182,10 +201,7 @@ fn list(out_dir: &Path) -> anyhow::Result<Vec<(u64, PathBuf)>> {
     for e in entries {
         let e = e?;
         let name = e.file_name().to_string_lossy().into_owned();
-        if let Some(step) = name
-            .strip_prefix("checkpoint-")
-            .and_then(|s| s.parse().ok())
-        {
+        if let Some(step) = name.strip_prefix(prefix).and_then(|s| s.parse().ok()) {
             v.push((step, e.path()));
         }
     }
@@ -193,8 +209,8 @@ fn list(out_dir: &Path) -> anyhow::Result<Vec<(u64, PathBuf)>> {
     Ok(v)
 }
 
-fn rotate(out_dir: &Path, keep: usize) -> anyhow::Result<()> {
-    for (_, path) in list(out_dir)?.into_iter().skip(keep.max(1)) {
+fn rotate(out_dir: &Path, prefix: &str, keep: usize) -> anyhow::Result<()> {
+    for (_, path) in list(out_dir, prefix)?.into_iter().skip(keep.max(1)) {
         std::fs::remove_dir_all(&path)
             .with_context(|| format!("cannot remove old checkpoint `{}`", path.display()))?;
     }
@@ -231,6 +247,11 @@ pub struct Loaded {
 
 /// The newest valid checkpoint, after removing interrupted saves.
 pub fn latest(out_dir: &Path, device: &Device) -> anyhow::Result<Option<Loaded>> {
+    latest_as(out_dir, SFT_PREFIX, device)
+}
+
+/// [`latest`] among `<prefix><step>` folders.
+pub fn latest_as(out_dir: &Path, prefix: &str, device: &Device) -> anyhow::Result<Option<Loaded>> {
     if let Ok(entries) = std::fs::read_dir(out_dir) {
         for e in entries.flatten() {
             if e.file_name()
@@ -245,7 +266,7 @@ pub fn latest(out_dir: &Path, device: &Device) -> anyhow::Result<Option<Loaded>>
             }
         }
     }
-    for (_, dir) in list(out_dir)? {
+    for (_, dir) in list(out_dir, prefix)? {
         if let Err(e) = verify(&dir) {
             tracing::warn!("skipping checkpoint `{}`: {e:#}", dir.display());
             continue;
@@ -299,6 +320,7 @@ mod tests {
             batch: step as usize,
             tokens_seen: 0,
             skipped_steps: 0,
+            extra: serde_json::Value::Null,
             fingerprint: Fingerprint {
                 config: serde_json::json!({"lr": 1}),
                 base_model: "m".into(),

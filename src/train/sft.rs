@@ -181,6 +181,7 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         tokens_seen: 0,
         skipped_steps: 0,
         fingerprint: fingerprint.clone(),
+        extra: serde_json::Value::Null,
     };
     let mut resumed_from = None;
     match (
@@ -346,20 +347,6 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             .repo
             .clone()
             .unwrap_or_else(|| job.base_dir.display().to_string());
-        model::adapter::save(&loaded, &final_dir, &base_name)?;
-        model::adapter::merge(&loaded, &merged_dir)?;
-        for f in [
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "special_tokens_map.json",
-            crate::data::tokenizer::CHAT_TEMPLATE_FILE,
-        ] {
-            let src = job.base_dir.join(f);
-            if src.exists() {
-                std::fs::copy(&src, merged_dir.join(f))
-                    .with_context(|| format!("cannot copy `{}`", src.display()))?;
-            }
-        }
         let info = card::CardInfo {
             base_model: base_name,
             base_commit: job.base.commit.clone(),
@@ -374,9 +361,7 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             lora_alpha: cfg.lora_alpha,
             target_modules: cfg.target_modules.clone(),
         };
-        let generation = card::generation_config(&job.base_dir, &tok)?;
-        card::write(&final_dir, &info, card::Kind::Adapter, &generation)?;
-        card::write(&merged_dir, &info, card::Kind::Merged, &generation)?;
+        write_adapter_and_merged(&loaded, &tok, &job.base_dir, &info, &final_dir, &merged_dir)?;
         crate::atomic::write(
             &job.output_dir.join("train_config.json"),
             serde_json::to_string_pretty(&serde_json::json!({
@@ -412,6 +397,37 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         merged_dir,
         interrupted,
     })
+}
+
+/// A stage's outputs: the adapter in PEFT's layout in `final_dir`, the
+/// merged model with the base's tokenizer files in `merged_dir`, each with
+/// its model card and `generation_config.json` (Stages 1, 2 and 3 alike).
+pub(crate) fn write_adapter_and_merged(
+    loaded: &LoadedModel,
+    tok: &ChatTokenizer,
+    base_dir: &Path,
+    info: &card::CardInfo,
+    final_dir: &Path,
+    merged_dir: &Path,
+) -> anyhow::Result<()> {
+    model::adapter::save(loaded, final_dir, &info.base_model)?;
+    model::adapter::merge(loaded, merged_dir)?;
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        crate::data::tokenizer::CHAT_TEMPLATE_FILE,
+    ] {
+        let src = base_dir.join(f);
+        if src.exists() {
+            std::fs::copy(&src, merged_dir.join(f))
+                .with_context(|| format!("cannot copy `{}`", src.display()))?;
+        }
+    }
+    let generation = card::generation_config(base_dir, tok)?;
+    card::write(final_dir, info, card::Kind::Adapter, &generation)?;
+    card::write(merged_dir, info, card::Kind::Merged, &generation)?;
+    Ok(())
 }
 
 /// The dtype a run computes in: the configured one (`bf16`, `f16` or
@@ -473,7 +489,7 @@ fn evaluate_loss(
 
 /// A seed for (run seed, step, micro-batch): dropout masks differ per step
 /// and repeat exactly on resume.
-fn mix(seed: u64, step: u64, micro: u64) -> u64 {
+pub(crate) fn mix(seed: u64, step: u64, micro: u64) -> u64 {
     let mut h = seed ^ 0x9e37_79b9_7f4a_7c15;
     for x in [step, micro] {
         h = (h ^ x).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -482,7 +498,7 @@ fn mix(seed: u64, step: u64, micro: u64) -> u64 {
     h
 }
 
-fn sha256_of(paths: &[&Path]) -> anyhow::Result<String> {
+pub(crate) fn sha256_of(paths: &[&Path]) -> anyhow::Result<String> {
     let mut h = Sha256::new();
     for p in paths {
         if p.exists() {
@@ -497,7 +513,7 @@ fn sha256_of(paths: &[&Path]) -> anyhow::Result<String> {
 /// file's name, length and 32 samples of 4 KiB spread over it. Hashing all
 /// of a 4B model's 8 GB would cost seconds on every start; merging an
 /// adapter rewrites most projection bytes, which the samples see.
-fn weights_fingerprint(dir: &Path) -> anyhow::Result<String> {
+pub(crate) fn weights_fingerprint(dir: &Path) -> anyhow::Result<String> {
     use std::io::{Read, Seek, SeekFrom};
     const SAMPLES: u64 = 32;
     const CHUNK: u64 = 4096;
@@ -523,8 +539,26 @@ fn weights_fingerprint(dir: &Path) -> anyhow::Result<String> {
     Ok(crate::hex(&h.finalize()))
 }
 
+/// Drops metric lines past `step` (they belong to work the resume redoes).
+pub(crate) fn truncate_metrics(path: &Path, step: u64) -> anyhow::Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s <= step)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    crate::atomic::write(path, kept.as_bytes())
+}
+
 /// Set on SIGTERM or SIGINT: checkpoint, then exit cleanly.
-fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
+pub(crate) fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&flag))

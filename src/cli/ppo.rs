@@ -1,0 +1,294 @@
+//! `ppo` (Stage 3): settings from `config/stage3_ppo_config.json` (the
+//! user's `{"ppo": {...}, "curriculum": {...}}`), the pipeline config's
+//! model section and flags, the environment, then the RL recipe.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+
+use trace_train::config::{self, ModelConfig, PipelineConfig, Stage3Config};
+use trace_train::dataset::Source;
+use trace_train::rl::env::{Environment, TraceEnv, WordEnv};
+use trace_train::rl::ppo::{self, RlJob, RlSummary};
+use trace_train::sandbox::{self, Executor, ExecutorConfig};
+
+/// The words the `word` environment asks for.
+pub const WORDS: [&str; 4] = ["apple", "river", "stone", "cloud"];
+
+#[derive(Args, Clone, Default)]
+#[command(rename_all = "snake_case")]
+pub struct PpoArgs {
+    /// Stage 3 config, `{"ppo": {...}, "curriculum": {...}}` (default:
+    /// config/stage3_ppo_config.json when present).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Pipeline config whose `model` section applies (default:
+    /// config/pipeline_config.json when present).
+    #[arg(long)]
+    pub pipeline_config: Option<PathBuf>,
+    /// The policy's base model folder (default: Stage 2's merged model,
+    /// checkpoints/stage2_sft/merged).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// `ppo` (value head, GAE) or `grpo` (group-relative advantages).
+    #[arg(long)]
+    pub algorithm: Option<String>,
+    /// Where checkpoints (`step_N/`), `final/`, `merged/` and
+    /// `metrics.jsonl` go (default checkpoints/stage3_ppo).
+    #[arg(long)]
+    pub output_dir: Option<PathBuf>,
+    /// Prompts a step.
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Completions a prompt (GRPO's group).
+    #[arg(long)]
+    pub group_size: Option<usize>,
+    /// Learning rate of the LoRA adapter.
+    #[arg(long)]
+    pub learning_rate: Option<f64>,
+    /// Optimizer steps of the run.
+    #[arg(long)]
+    pub num_train_steps: Option<usize>,
+    /// Longest completion in tokens.
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
+    /// Sampling temperature.
+    #[arg(long)]
+    pub temperature: Option<f64>,
+    /// KL coefficient to the reference policy (0 turns it off).
+    #[arg(long)]
+    pub kl_coef: Option<f64>,
+    /// Checkpoint every N steps.
+    #[arg(long)]
+    pub save_steps: Option<usize>,
+    #[arg(long)]
+    /// Seed of task draws, sampling and minibatch order.
+    pub seed: Option<u64>,
+    /// `trace` (programs in the sandbox) or `word` (answer with a given word).
+    #[arg(long)]
+    pub environment: Option<String>,
+    /// Rows of the trace environment: `builtin`, a JSONL path or a hub id.
+    #[arg(long)]
+    pub dataset: Option<String>,
+    /// Turn the curriculum on or off (default: the config's `curriculum.enabled`).
+    #[arg(long)]
+    pub curriculum: Option<bool>,
+    /// Sandbox worker slots (default: two a core).
+    #[arg(long)]
+    pub num_workers: Option<usize>,
+    /// Stop after this many steps.
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    /// `cpu`, `cuda`, `cuda:N` or `auto`.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Continue from the newest valid `step_N/` checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+    /// Resume even though the config, model or environment changed.
+    #[arg(long)]
+    pub force: bool,
+    /// Keep the frozen base weights in 16 bits on a GPU (default: 4-bit NF4
+    /// as the pipeline config's `model.load_in_4bit` says).
+    #[arg(long)]
+    pub no_4bit: bool,
+    /// Seconds on a CPU: a tiny model the run makes itself (unless --model),
+    /// a few small steps.
+    #[arg(long)]
+    pub quick_test: bool,
+    /// Run programs WITHOUT isolation (rlimits only). Only for machines and
+    /// programs you trust.
+    #[arg(long = "unsafe-no-sandbox")]
+    pub unsafe_no_sandbox: bool,
+    /// Settings given in place of a file (the pipeline's `stage3` section).
+    #[arg(skip)]
+    pub settings: Option<Box<Stage3Config>>,
+}
+
+/// File values, then flags. Every flag is handled here.
+pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
+    let default_file = Path::new("config/stage3_ppo_config.json");
+    let mut s3: Stage3Config = match (&args.settings, &args.config) {
+        (Some(s), _) => (**s).clone(),
+        (None, Some(p)) => config::load(p)?,
+        (None, None) if default_file.is_file() => config::load(default_file)?,
+        (None, None) => Stage3Config::default(),
+    };
+    let mut model: ModelConfig = match &args.pipeline_config {
+        Some(p) => config::load::<PipelineConfig>(p)?.model,
+        None if Path::new("config/pipeline_config.json").is_file() => {
+            config::load::<PipelineConfig>(Path::new("config/pipeline_config.json"))?.model
+        }
+        None => ModelConfig::default(),
+    };
+    let c = &mut s3.ppo;
+    macro_rules! set {
+        ($flag:expr, $field:expr) => {
+            if let Some(v) = $flag.clone() {
+                $field = v;
+            }
+        };
+    }
+    set!(args.algorithm, c.algorithm);
+    set!(args.batch_size, c.batch_size);
+    set!(args.learning_rate, c.learning_rate);
+    set!(args.num_train_steps, c.num_train_steps);
+    set!(args.max_new_tokens, c.max_new_tokens);
+    set!(args.temperature, c.temperature);
+    set!(args.save_steps, c.save_steps);
+    set!(args.seed, c.seed);
+    set!(args.environment, c.environment);
+    set!(args.dataset, c.dataset);
+    set!(args.num_workers, c.num_workers);
+    set!(args.curriculum, s3.curriculum.enabled);
+    if let Some(g) = args.group_size {
+        c.group_size = Some(g);
+    }
+    if let Some(k) = args.kl_coef {
+        c.kl_coef = Some(k);
+    }
+    if let Some(o) = &args.output_dir {
+        c.output_dir = Some(o.clone());
+    }
+    if args.no_4bit {
+        model.load_in_4bit = false;
+    }
+    let output_dir = c
+        .output_dir
+        .clone()
+        .unwrap_or_else(|| "checkpoints/stage3_ppo".into());
+    let mut model_spec = args.model.clone();
+    if args.quick_test {
+        c.batch_size = c.batch_size.min(2);
+        c.num_train_steps = c.num_train_steps.min(3);
+        c.max_new_tokens = c.max_new_tokens.min(16);
+        c.mini_batch_size = 4;
+        c.save_steps = 2;
+        c.max_prompt_tokens = 1500;
+        c.learning_rate = 1e-3;
+        if c.is_grpo() {
+            c.group_size = Some(2);
+        }
+        if model_spec.is_none() {
+            let base = output_dir.join("base-model");
+            trace_train::model::tiny::write_tiny_chat_model(&base, 7)?;
+            model_spec = Some(base.display().to_string());
+        }
+        model.load_in_4bit = false;
+    }
+    let problems = config::Validate::problems(&s3);
+    anyhow::ensure!(
+        problems.is_empty(),
+        "invalid settings:\n  - {}",
+        problems.join("\n  - ")
+    );
+    let model_spec = model_spec.unwrap_or_else(|| "checkpoints/stage2_sft/merged".into());
+    let base_dir = trace_train::model::resolve::resolve(&model_spec).with_context(|| {
+        format!("no policy model at `{model_spec}`\nhint: run Stage 2 (`trace-train sft`) first, or pass --model")
+    })?;
+    let device = super::train::pick_device(args.device.as_deref().unwrap_or("auto"))?;
+    let c = &s3.ppo;
+    let (env, env_description): (Arc<dyn Environment>, String) = match c.environment.as_str() {
+        "word" => (
+            Arc::new(WordEnv::new(&WORDS)),
+            format!("word:{}", WORDS.join(",")),
+        ),
+        _ => {
+            let source = Source::resolve(&c.dataset, &c.hub_file)?;
+            let rows = source
+                .rows()?
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| format!("reading the rows of `{}`", source.describe()))?;
+            let workers = if c.num_workers == 0 {
+                sandbox::default_workers()
+            } else {
+                c.num_workers
+            };
+            let exec = Executor::new(ExecutorConfig::new(
+                &c.python,
+                workers,
+                args.unsafe_no_sandbox,
+            ))
+            .context("the trace environment runs programs in the sandbox\nhint: run as root, or pass --unsafe-no-sandbox on a machine you trust")?;
+            let description = format!(
+                "trace:{} rows:{} max_injections:{}",
+                source.describe(),
+                rows.len(),
+                c.max_injections
+            );
+            (
+                Arc::new(TraceEnv::new(rows, exec, c.max_injections)?),
+                description,
+            )
+        }
+    };
+    Ok(RlJob {
+        config: s3.ppo.clone(),
+        curriculum: s3.curriculum.clone(),
+        model,
+        base_dir,
+        output_dir,
+        device,
+        env,
+        env_description,
+        resume: args.resume,
+        force: args.force,
+        max_steps: args.max_steps,
+    })
+}
+
+pub fn run(args: &PpoArgs) -> anyhow::Result<RlSummary> {
+    let job = resolve(args)?;
+    eprintln!(
+        "stage 3: {} on the {} environment, {} steps of {} prompts x {} completions, from `{}`",
+        job.config.algorithm,
+        job.env.name(),
+        job.max_steps
+            .map_or(job.config.num_train_steps as u64, |m| m
+                .min(job.config.num_train_steps as u64)),
+        job.config.batch_size,
+        job.config.group_size(),
+        job.base_dir.display()
+    );
+    let s = ppo::run(&job, &super::progress::Bar::new("step")).map_err(|e| {
+        super::out_of_memory_hint(
+            e,
+            "lower batch_size, group_size, mini_batch_size or max_new_tokens; checkpoints written so far are intact, continue with --resume",
+        )
+    })?;
+    let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}"));
+    let counts = |m: &std::collections::BTreeMap<String, u64>| {
+        if m.is_empty() {
+            "none".to_owned()
+        } else {
+            m.iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    eprintln!(
+        "stage 3: {} steps{}, reward {} -> {}, curriculum level {}; masked completions: {}; tasks passed over: {}",
+        s.steps,
+        s.resumed_from
+            .map(|r| format!(" (resumed at {r})"))
+            .unwrap_or_default(),
+        fmt(s.first_reward),
+        fmt(s.last_reward),
+        s.curriculum_level,
+        counts(&s.masked),
+        counts(&s.skipped_tasks),
+    );
+    if s.interrupted {
+        eprintln!("stage 3: stopped by a signal after saving a checkpoint; continue with --resume");
+    } else {
+        eprintln!(
+            "adapter: {}\nmerged model: {}",
+            s.final_dir.display(),
+            s.merged_dir.display()
+        );
+    }
+    Ok(s)
+}

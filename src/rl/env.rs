@@ -1,0 +1,294 @@
+//! Environments RL trains against: an [`Environment`] makes the task of a
+//! task id and scores a completion of it. The trace environment
+//! ([`TraceEnv`]) is the Trace task; [`WordEnv`] ("answer with the given
+//! word") is a verifiable reward without a sandbox, for tests. The sibling
+//! tasks (SAT, ABD, DED) implement the same trait.
+//!
+//! Task ids are drawn as the Trace environment draws them: `task_id` in
+//! `[0, 10^6)`, row `task_id mod N`, transform seed `task_id`. The run's
+//! `k`-th draw is [`task_id`]`(seed, k)`, a pure function, so the cursor `k`
+//! is all a checkpoint needs to repeat the same tasks. A [`TaskStream`]
+//! makes the tasks on a worker thread (the trace environment transforms
+//! and runs each program in the sandbox, over the executor's slots) while
+//! the model samples, a bounded number of draws ahead.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
+
+use rayon::prelude::*;
+
+use crate::dataset::SourceRow;
+use crate::eval::Difficulty;
+use crate::reward::{self, python_strip};
+use crate::sandbox::{Executor, Limits, Request, Status};
+use crate::{prompt, transform};
+
+/// The environment's task id range: `[0, TASK_IDS)`.
+pub const TASK_IDS: u64 = 1_000_000;
+
+/// One task: the user message, the ground truth, how hard it is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Task {
+    pub task_id: u64,
+    /// The user message, before any chat template.
+    pub prompt: String,
+    pub expected: String,
+    pub difficulty: Difficulty,
+}
+
+/// A completion's outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Score {
+    Reward(f64),
+    /// Not scorable (the sandbox failed while checking it): the completion
+    /// is left out of the loss and counted under this reason, never scored 0.
+    Masked(String),
+}
+
+pub trait Environment: Send + Sync {
+    /// Short name for logs and metrics.
+    fn name(&self) -> &'static str;
+
+    /// The task of `task_id`, or why none can be made from it (a program
+    /// whose run fails, a sandbox failure): such draws are counted by
+    /// reason and passed over.
+    fn task(&self, task_id: u64) -> Result<Task, String>;
+
+    /// [`Self::task`] of many ids, in order (in parallel where it pays).
+    fn tasks(&self, ids: &[u64]) -> Vec<Result<Task, String>> {
+        ids.iter().map(|&id| self.task(id)).collect()
+    }
+
+    /// Scores one completion of `task`.
+    fn score(&self, task: &Task, completion: &str) -> Score;
+}
+
+/// The run's `k`-th task id: a hash of (seed, k) into `[0, TASK_IDS)`.
+pub fn task_id(seed: u64, k: u64) -> u64 {
+    let mut h = seed ^ 0x2545_f491_4f6c_dd1d;
+    for x in [k, 0x7261_6e64] {
+        h = (h ^ x).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^= h >> 31;
+        h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^= h >> 29;
+    }
+    h % TASK_IDS
+}
+
+/// "Answer with the given word": task `id` asks for `words[id mod n]`;
+/// the reward is the Trace rule ([`reward::score`]) against that word.
+pub struct WordEnv {
+    pub words: Vec<String>,
+}
+
+impl WordEnv {
+    pub fn new(words: &[&str]) -> Self {
+        Self {
+            words: words.iter().map(|w| (*w).to_owned()).collect(),
+        }
+    }
+}
+
+impl Environment for WordEnv {
+    fn name(&self) -> &'static str {
+        "word"
+    }
+
+    fn task(&self, task_id: u64) -> Result<Task, String> {
+        let word = &self.words[(task_id % self.words.len() as u64) as usize];
+        Ok(Task {
+            task_id,
+            prompt: format!("Answer with the word {word} and nothing else."),
+            expected: word.clone(),
+            difficulty: Difficulty::default(),
+        })
+    }
+
+    fn score(&self, task: &Task, completion: &str) -> Score {
+        Score::Reward(reward::score(completion, &task.expected))
+    }
+}
+
+/// The Trace task on a set of source rows: task `id` is row `id mod N`
+/// transformed with seed `id` (the environment's `__DBG_` injection, in the
+/// sandbox), its ground truth the transformed program's stripped stdout on
+/// the row's stdin (run in the sandbox), its prompt the environment's.
+pub struct TraceEnv {
+    rows: Vec<SourceRow>,
+    exec: Executor,
+    max_injections: usize,
+    limits: Limits,
+}
+
+impl TraceEnv {
+    pub fn new(
+        rows: Vec<SourceRow>,
+        exec: Executor,
+        max_injections: usize,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            !rows.is_empty(),
+            "the trace environment has no rows\nhint: check the `dataset` setting"
+        );
+        Ok(Self {
+            rows,
+            exec,
+            max_injections,
+            limits: Limits {
+                wall_ms: 10_000,
+                ..Limits::default()
+            },
+        })
+    }
+}
+
+impl Environment for TraceEnv {
+    fn name(&self) -> &'static str {
+        "trace"
+    }
+
+    fn task(&self, task_id: u64) -> Result<Task, String> {
+        let row = &self.rows[(task_id % self.rows.len() as u64) as usize];
+        let t = transform::parse_outcome(&self.exec.run(&transform::request(
+            &row.program,
+            &[task_id],
+            self.max_injections,
+            Limits {
+                wall_ms: 20_000,
+                ..self.limits
+            },
+        )))
+        .map_err(|e| match e {
+            transform::TransformError::DoesNotParse(_) => "does_not_parse".to_owned(),
+            transform::TransformError::Failed { status, .. } => format!("transform_{status}"),
+        })?;
+        let v = t.variants.first().ok_or("transform_no_variant")?;
+        let out = self.exec.run(&Request {
+            program: v.code.as_bytes().to_vec(),
+            stdin: row.inputs.as_bytes().to_vec(),
+            limits: self.limits,
+        });
+        let truth = match (out.status, std::str::from_utf8(&out.stdout)) {
+            (Status::SandboxFailure, _) => return Err("sandbox_failure".into()),
+            (Status::Ok, Ok(s)) if out.stderr.is_empty() => python_strip(s).to_owned(),
+            (Status::Ok, Ok(_)) => return Err("stderr".into()),
+            (Status::Ok, Err(_)) => return Err("non_utf8_output".into()),
+            (s, _) => return Err(s.as_str().to_owned()),
+        };
+        Ok(Task {
+            task_id,
+            prompt: prompt::trace_prompt(&v.code, &row.inputs),
+            difficulty: Difficulty {
+                loop_depth: Some(t.features.loop_depth),
+                lines: Some(t.features.lines),
+                injections: Some(v.injections),
+                output_lines: u32::try_from(truth.lines().count()).ok(),
+            },
+            expected: truth,
+        })
+    }
+
+    fn tasks(&self, ids: &[u64]) -> Vec<Result<Task, String>> {
+        self.exec
+            .install(|| ids.par_iter().map(|&id| self.task(id)).collect())
+    }
+
+    fn score(&self, task: &Task, completion: &str) -> Score {
+        Score::Reward(reward::score(completion, &task.expected))
+    }
+}
+
+/// One draw: the cursor it was made at, its task id, the task or why not.
+pub type Drawn = (u64, u64, Result<Task, String>);
+
+/// Tasks made ahead on a worker thread, in cursor order.
+pub struct TaskStream {
+    rx: Option<Receiver<Drawn>>,
+    stop: Arc<AtomicBool>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl TaskStream {
+    /// Makes the draws `from, from + 1, ...` of the run seeded `seed`,
+    /// `ahead` at a time, at most about twice that many ahead of the reader.
+    pub fn start(env: Arc<dyn Environment>, seed: u64, from: u64, ahead: usize) -> Self {
+        let ahead = ahead.max(1);
+        let (tx, rx): (SyncSender<Drawn>, _) = sync_channel(ahead);
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let worker = std::thread::Builder::new()
+            .name("rl-tasks".into())
+            .spawn(move || {
+                let mut k = from;
+                while !flag.load(Ordering::Relaxed) {
+                    let ids: Vec<u64> = (k..k + ahead as u64).map(|i| task_id(seed, i)).collect();
+                    for (i, (id, task)) in ids.iter().zip(env.tasks(&ids)).enumerate() {
+                        if tx.send((k + i as u64, *id, task)).is_err() {
+                            return; // the reader is gone
+                        }
+                    }
+                    k += ahead as u64;
+                }
+            })
+            .expect("spawn the task thread");
+        Self {
+            rx: Some(rx),
+            stop,
+            worker: Some(worker),
+        }
+    }
+
+    /// The next draw, in cursor order.
+    pub fn recv(&mut self) -> anyhow::Result<Drawn> {
+        self.rx
+            .as_ref()
+            .and_then(|rx| rx.recv().ok())
+            .ok_or_else(|| {
+                anyhow::anyhow!("the task thread stopped (it panicked; see the log above)")
+            })
+    }
+}
+
+impl Drop for TaskStream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        drop(self.rx.take()); // unblocks a send in progress
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_ids_are_a_pure_function_in_range() {
+        let a: Vec<u64> = (0..100).map(|k| task_id(7, k)).collect();
+        let b: Vec<u64> = (0..100).map(|k| task_id(7, k)).collect();
+        assert_eq!(a, b);
+        assert!(a.iter().all(|&x| x < TASK_IDS));
+        assert_ne!(a, (0..100).map(|k| task_id(8, k)).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_stream_yields_draws_in_order_from_the_cursor() {
+        let env: Arc<dyn Environment> = Arc::new(WordEnv::new(&["a", "b", "c"]));
+        let mut s = TaskStream::start(Arc::clone(&env), 3, 10, 4);
+        for k in 10..25 {
+            let (cursor, id, task) = s.recv().unwrap();
+            assert_eq!((cursor, id), (k, task_id(3, k)));
+            let t = task.unwrap();
+            assert_eq!(t.expected, ["a", "b", "c"][(id % 3) as usize]);
+            assert_eq!(
+                env.score(&t, &format!(" {}\n", t.expected.to_uppercase())),
+                Score::Reward(1.0)
+            );
+            assert_eq!(env.score(&t, "zz"), Score::Reward(0.0));
+        }
+        drop(s); // joins the worker, which is blocked on a full channel
+    }
+}

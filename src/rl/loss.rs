@@ -1,0 +1,258 @@
+//! The RL objectives on the tokens of a minibatch: the clipped policy
+//! surrogate with separate low and high clip, the clipped value loss, the
+//! entropy bonus, the KL estimators, and how per-token terms are summed
+//! into one loss (token mean, sequence mean, or Dr. GRPO's constant).
+//!
+//! Every per-token tensor here is flat, `(R,)` for the `R` completion
+//! tokens of the minibatch laid end to end; an aggregation is a weight per
+//! token ([`weights`]) so that every loss is `sum(w * term)`.
+
+use candle_core::{D, DType, Result, Tensor};
+
+/// How per-token terms become one number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Aggregation {
+    /// Mean over every token of the minibatch (DAPO, Yu et al. 2025, sec.
+    /// 3.3, eq. 12; the peers' default): long completions weigh more.
+    TokenMean,
+    /// Mean over completions of each completion's token mean (the original
+    /// GRPO, Shao et al. 2024, eq. 3): biased towards short completions.
+    SeqMean,
+    /// Sum over tokens divided by `completions * max_len`, a constant
+    /// (Liu et al. 2025, "Understanding R1-Zero-Like Training", Dr. GRPO).
+    DrGrpo { max_len: usize },
+}
+
+impl Aggregation {
+    /// `token_mean`, `seq_mean` or `dr_grpo` (with the token budget).
+    pub fn parse(name: &str, max_len: usize) -> Option<Self> {
+        match name {
+            "token_mean" => Some(Self::TokenMean),
+            "seq_mean" => Some(Self::SeqMean),
+            "dr_grpo" => Some(Self::DrGrpo { max_len }),
+            _ => None,
+        }
+    }
+}
+
+/// The weight of each token (completions of `lens` tokens, end to end) so
+/// that `sum(w * x)` is the aggregate of `x`.
+pub fn weights(agg: Aggregation, lens: &[usize]) -> Vec<f32> {
+    let total: usize = lens.iter().sum();
+    let n = lens.iter().filter(|&&l| l > 0).count().max(1) as f64;
+    let mut w = Vec::with_capacity(total);
+    for &len in lens {
+        let each = match agg {
+            Aggregation::TokenMean => 1.0 / total.max(1) as f64,
+            Aggregation::SeqMean => 1.0 / (n * len.max(1) as f64),
+            Aggregation::DrGrpo { max_len } => 1.0 / (n * max_len.max(1) as f64),
+        };
+        w.extend(std::iter::repeat_n(each as f32, len));
+    }
+    w
+}
+
+/// A KL estimator of KL(p || p_ref) from one sample `x ~ p` (Schulman 2020,
+/// "Approximating KL Divergence"), with `log r = log p_ref(x) - log p(x)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KlEstimator {
+    /// `k1 = -log r`: unbiased, high variance, can be negative.
+    K1,
+    /// `k2 = (log r)^2 / 2`: biased, low variance, >= 0.
+    K2,
+    /// `k3 = (r - 1) - log r`: unbiased, low variance, >= 0.
+    K3,
+}
+
+impl KlEstimator {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "k1" => Some(Self::K1),
+            "k2" => Some(Self::K2),
+            "k3" => Some(Self::K3),
+            _ => None,
+        }
+    }
+
+    /// The estimate for one token.
+    pub fn value(self, logp: f64, ref_logp: f64) -> f64 {
+        let log_r = ref_logp - logp;
+        match self {
+            Self::K1 => -log_r,
+            Self::K2 => 0.5 * log_r * log_r,
+            Self::K3 => log_r.exp() - 1.0 - log_r,
+        }
+    }
+
+    /// The estimate for every token, differentiable in `logp`.
+    pub fn tensor(self, logp: &Tensor, ref_logp: &Tensor) -> Result<Tensor> {
+        let log_r = (ref_logp - logp)?;
+        match self {
+            Self::K1 => log_r.neg(),
+            Self::K2 => log_r.sqr()? * 0.5,
+            Self::K3 => (log_r.exp()? - 1.0)? - &log_r,
+        }
+    }
+}
+
+/// PPO's clipped surrogate (Schulman et al. 2017, "Proximal Policy
+/// Optimization Algorithms", eq. 7) with DAPO's decoupled clip (Yu et al.
+/// 2025, sec. 3.1, "clip-higher", eq. 10): with `ratio = exp(logp -
+/// old_logp)`, the loss is `-sum(w * min(ratio A, clip(ratio, 1 - low,
+/// 1 + high) A))`. Also the clip fraction: the share of tokens whose
+/// clipped term is the smaller (their gradient is zero).
+pub fn clipped_policy_loss(
+    logp: &Tensor,
+    old_logp: &Tensor,
+    advantages: &Tensor,
+    w: &Tensor,
+    clip_low: f64,
+    clip_high: f64,
+) -> Result<(Tensor, f64)> {
+    let ratio = (logp - old_logp)?.exp()?;
+    let unclipped = (&ratio * advantages)?;
+    let clipped = (ratio.clamp(1.0 - clip_low, 1.0 + clip_high)? * advantages)?;
+    let objective = unclipped.minimum(&clipped)?;
+    let loss = (objective * w)?.sum_all()?.neg()?;
+    let n = logp.elem_count().max(1) as f64;
+    let hits = clipped
+        .lt(&unclipped)?
+        .to_dtype(DType::F32)?
+        .sum_all()?
+        .to_scalar::<f32>()? as f64;
+    Ok((loss, hits / n))
+}
+
+/// PPO's clipped value loss (as in OpenAI baselines' ppo2 and the RLHF
+/// peers): `0.5 sum(w * max((V - R)^2, (V_old + clip(V - V_old, -c, c) -
+/// R)^2))`, so one update cannot move a value far from the one the
+/// advantages were computed with.
+pub fn clipped_value_loss(
+    values: &Tensor,
+    old_values: &Tensor,
+    returns: &Tensor,
+    w: &Tensor,
+    clip: f64,
+) -> Result<Tensor> {
+    let clipped = (old_values + (values - old_values)?.clamp(-clip, clip)?)?;
+    let a = (values - returns)?.sqr()?;
+    let b = (clipped - returns)?.sqr()?;
+    (a.maximum(&b)? * w)?.sum_all()? * 0.5
+}
+
+/// Entropy of each row of logits `(R, V)` -> `(R,)`, in f32:
+/// `-sum_v p_v log p_v`.
+pub fn entropy(logits: &Tensor) -> Result<Tensor> {
+    let lp = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
+    (lp.exp()? * &lp)?.sum(D::Minus1)?.neg()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn t(v: &[f32]) -> Tensor {
+        Tensor::new(v, &Device::Cpu).unwrap()
+    }
+
+    fn scalar(x: &Tensor) -> f64 {
+        x.to_scalar::<f32>().unwrap() as f64
+    }
+
+    #[test]
+    fn aggregation_weights() {
+        let lens = [1, 3];
+        assert_eq!(weights(Aggregation::TokenMean, &lens), vec![0.25; 4]);
+        assert_eq!(
+            weights(Aggregation::SeqMean, &lens),
+            vec![0.5, 1.0 / 6.0, 1.0 / 6.0, 1.0 / 6.0]
+        );
+        assert_eq!(
+            weights(Aggregation::DrGrpo { max_len: 5 }, &lens),
+            vec![0.1; 4]
+        );
+    }
+
+    #[test]
+    fn kl_estimators_match_their_formulas() {
+        // log p = ln 0.5, log p_ref = ln 0.25: log r = -ln 2, r = 0.5.
+        let (lp, rp) = (0.5f64.ln(), 0.25f64.ln());
+        let ln2 = 2f64.ln();
+        assert!((KlEstimator::K1.value(lp, rp) - ln2).abs() < 1e-12);
+        assert!((KlEstimator::K2.value(lp, rp) - 0.5 * ln2 * ln2).abs() < 1e-12);
+        assert!((KlEstimator::K3.value(lp, rp) - (0.5 - 1.0 + ln2)).abs() < 1e-12);
+        // k3 is never negative and zero at equality.
+        assert_eq!(KlEstimator::K3.value(-1.0, -1.0), 0.0);
+        assert!(KlEstimator::K3.value(-3.0, -0.1) > 0.0);
+        let k3 = KlEstimator::K3
+            .tensor(&t(&[lp as f32, -1.0]), &t(&[rp as f32, -1.0]))
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        assert!(
+            (k3[0] as f64 - (ln2 - 0.5)).abs() < 1e-6 && k3[1] == 0.0,
+            "{k3:?}"
+        );
+    }
+
+    #[test]
+    fn clipped_policy_loss_matches_a_hand_computation() {
+        // Four tokens, old log-prob 0 (ratio = exp(logp)); low 0.2, high 0.28.
+        // ratio 1.5, A = +1: clipped at 1.28 -> objective 1.28 (clipped)
+        // ratio 0.5, A = +1: min(0.5, 0.8) = 0.5 (not clipped)
+        // ratio 0.5, A = -1: min(-0.5, -0.8) = -0.8 (clipped)
+        // ratio 1.1, A = -2: min(-2.2, -2.2) = -2.2 (inside the range)
+        let logp = Var::new(
+            &[1.5f32.ln(), 0.5f32.ln(), 0.5f32.ln(), 1.1f32.ln()],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let old = t(&[0.0; 4]);
+        let adv = t(&[1.0, 1.0, -1.0, -2.0]);
+        let w = t(&[0.25; 4]);
+        let (loss, frac) =
+            clipped_policy_loss(logp.as_tensor(), &old, &adv, &w, 0.2, 0.28).unwrap();
+        let want = -(1.28 + 0.5 - 0.8 - 2.2) / 4.0;
+        assert!(
+            (scalar(&loss) - want).abs() < 1e-6,
+            "{} vs {want}",
+            scalar(&loss)
+        );
+        assert_eq!(frac, 0.5);
+        // Clipped tokens get no gradient; the others -w A ratio.
+        let g = loss.backward().unwrap();
+        let g = g.get(logp.as_tensor()).unwrap().to_vec1::<f32>().unwrap();
+        let want = [0.0, -0.25 * 0.5, 0.0, 0.25 * 2.0 * 1.1];
+        for (a, b) in g.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{g:?}");
+        }
+    }
+
+    #[test]
+    fn clipped_value_loss_matches_a_hand_computation() {
+        // old 0, clip 0.2, returns 1:
+        // V = 0.5: clipped 0.2 -> max(0.25, 0.64) = 0.64
+        // V = 0.1: inside -> max(0.81, 0.81) = 0.81
+        // V = 1.5 (R = 1): clipped 0.2 -> max(0.25, 0.64) = 0.64
+        let v = t(&[0.5, 0.1, 1.5]);
+        let loss =
+            clipped_value_loss(&v, &t(&[0.0; 3]), &t(&[1.0; 3]), &t(&[1.0 / 3.0; 3]), 0.2).unwrap();
+        let want = 0.5 * (0.64 + 0.81 + 0.64) / 3.0;
+        assert!((scalar(&loss) - want).abs() < 1e-6, "{}", scalar(&loss));
+    }
+
+    #[test]
+    fn entropy_of_uniform_and_peaked_rows() {
+        let logits = Tensor::new(
+            &[[0.0f32, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let h = entropy(&logits).unwrap().to_vec1::<f32>().unwrap();
+        assert!(
+            (h[0] - 4f32.ln()).abs() < 1e-6 && h[1].abs() < 1e-6,
+            "{h:?}"
+        );
+    }
+}

@@ -1,0 +1,1052 @@
+//! The Stage 3 recipe, PPO (default) or GRPO, one loop read top to bottom:
+//!
+//! 1. lock the output folder, load tokenizer and model (a fresh LoRA
+//!    adapter on the Stage 2 merged model), the value head (PPO), the
+//!    optimizers; resume from the newest valid `step_N/` when asked;
+//! 2. each step: draw tasks from the environment's stream (made on a worker
+//!    thread while the model samples) that the curriculum admits; sample
+//!    `group_size` completions a prompt from the live model (this step's
+//!    LoRA weights, never a copy); score them (a masked score is counted,
+//!    never 0); GRPO drops groups whose rewards are all equal and samples
+//!    fresh ones (dynamic sampling);
+//! 3. old log-probs and values with the trainer's forward, reference
+//!    log-probs with the adapter switched off; advantages (PPO: k1 KL in
+//!    the per-token reward, GAE, whitening; GRPO: group-relative);
+//! 4. `ppo_epochs` passes of minibatches: clipped surrogate (+ clipped value
+//!    loss, - entropy bonus, + k-estimator KL for GRPO), gradient clipping,
+//!    AdamW;
+//! 5. metrics as JSONL ([`Metrics`]), the progress bar, a checkpoint every
+//!    `save_steps` (`step_N/`) and on SIGTERM/SIGINT; at the end the adapter
+//!    in `final/` (PEFT layout) and the merged model in `merged/`.
+//!
+//! Every random choice is keyed by (seed, step, ...) and the task stream by
+//! its cursor, so a resumed run repeats the uninterrupted one on CPU.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use candle_core::{D, DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{CurriculumConfig, ModelConfig, RlConfig};
+use crate::data::{ChatTokenizer, Message, Role};
+use crate::model::generate::{self, Generation, Sampling};
+use crate::model::lora::{LoraConfig, TargetModule, set_dropout_seed, without_adapters};
+use crate::model::{self, LoadedModel};
+use crate::train::checkpoint::{self, Fingerprint, RunLock, TrainerState};
+use crate::train::optim::AdamW;
+use crate::train::sft::{
+    Progress, mix, sha256_of, stop_flag, train_dtype, truncate_metrics, weights_fingerprint,
+    write_adapter_and_merged,
+};
+
+use super::advantage::{gae, group_advantages, informative, token_rewards, whiten};
+use super::curriculum::Curriculum;
+use super::env::{Environment, Score, Task, TaskStream};
+use super::loss::{
+    Aggregation, KlEstimator, clipped_policy_loss, clipped_value_loss, entropy, weights,
+};
+use super::value::ValueHead;
+
+/// Checkpoint folders: `step_<N>/`.
+pub const STEP_PREFIX: &str = "step_";
+
+/// One RL run.
+pub struct RlJob {
+    pub config: RlConfig,
+    pub curriculum: CurriculumConfig,
+    pub model: ModelConfig,
+    /// The policy's base (Stage 2's merged model).
+    pub base_dir: PathBuf,
+    pub output_dir: PathBuf,
+    pub device: Device,
+    pub env: Arc<dyn Environment>,
+    /// What the environment draws from (dataset, rows), for the resume check.
+    pub env_description: String,
+    pub resume: bool,
+    pub force: bool,
+    /// Stop after this many steps (tests, quick runs).
+    pub max_steps: Option<u64>,
+}
+
+/// What a finished run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RlSummary {
+    pub steps: u64,
+    pub resumed_from: Option<u64>,
+    /// Mean reward of the first and last step.
+    pub first_reward: Option<f64>,
+    pub last_reward: Option<f64>,
+    pub curriculum_level: usize,
+    pub masked: BTreeMap<String, u64>,
+    pub skipped_tasks: BTreeMap<String, u64>,
+    pub final_dir: PathBuf,
+    pub merged_dir: PathBuf,
+    pub interrupted: bool,
+}
+
+/// Where a run stands beyond the optimizer: saved in every checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RlState {
+    /// The next draw of the task stream.
+    pub cursor: u64,
+    pub curriculum: Option<Curriculum>,
+    /// Completions left out of the loss, by reason.
+    pub masked: BTreeMap<String, u64>,
+    /// Draws that gave no task, by reason.
+    pub skipped_tasks: BTreeMap<String, u64>,
+    /// GRPO groups dropped for equal rewards.
+    pub dropped_groups: u64,
+    /// Updates each optimizer made (one a minibatch): AdamW's bias
+    /// correction counts them.
+    pub optimizer_steps: u64,
+    pub value_optimizer_steps: u64,
+}
+
+/// Writes each step's scalars as one JSON line. The single place metrics
+/// leave the recipe, so another sink (TensorBoard event files) can be
+/// added here.
+pub struct Metrics {
+    file: std::fs::File,
+}
+
+impl Metrics {
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot write `{}`", path.display()))?;
+        Ok(Self { file })
+    }
+
+    pub fn log(&mut self, step: u64, scalars: &BTreeMap<String, f64>) -> anyhow::Result<()> {
+        let mut line = serde_json::Map::new();
+        line.insert("step".into(), step.into());
+        for (k, v) in scalars {
+            // JSON has no NaN or infinity: such a value is written as null.
+            line.insert(
+                k.clone(),
+                serde_json::Number::from_f64(*v).map_or(serde_json::Value::Null, Into::into),
+            );
+        }
+        writeln!(self.file, "{}", serde_json::Value::Object(line))?;
+        self.file.flush()?;
+        Ok(())
+    }
+}
+
+/// One sampled completion and what training needs of it.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub group: usize,
+    pub prompt: Vec<u32>,
+    /// The sampled tokens, with the stop token when one ended it.
+    pub response: Vec<u32>,
+    pub stopped: bool,
+    pub reward: f64,
+    pub bucket: Option<usize>,
+    /// The sampler's log-probs of the kept tokens (not the stop token).
+    pub sampler_logp: Vec<f32>,
+    old_logp: Vec<f64>,
+    ref_logp: Vec<f64>,
+    old_values: Vec<f64>,
+    advantages: Vec<f64>,
+    returns: Vec<f64>,
+}
+
+impl Sample {
+    pub fn new(group: usize, prompt: Vec<u32>, g: &Generation, stop: u32, reward: f64) -> Self {
+        let mut response = g.tokens.clone();
+        if g.stopped {
+            response.push(stop);
+        }
+        Self {
+            group,
+            prompt,
+            response,
+            stopped: g.stopped,
+            reward,
+            bucket: None,
+            sampler_logp: g.logprobs.clone(),
+            old_logp: Vec::new(),
+            ref_logp: Vec::new(),
+            old_values: Vec::new(),
+            advantages: Vec::new(),
+            returns: Vec::new(),
+        }
+    }
+}
+
+/// What one update did.
+#[derive(Debug, Clone, Default)]
+pub struct UpdateStats {
+    pub policy_loss: f64,
+    pub value_loss: f64,
+    pub entropy: f64,
+    pub clip_fraction: f64,
+    pub kl_loss: f64,
+    pub grad_norm: f64,
+    pub minibatches: usize,
+    pub skipped_minibatches: usize,
+}
+
+/// The model, its value head and optimizers: what samples and learns.
+pub struct Policy {
+    pub loaded: LoadedModel,
+    pub tok: ChatTokenizer,
+    pub cfg: RlConfig,
+    pub value: Option<ValueHead>,
+    opt: AdamW,
+    value_opt: Option<AdamW>,
+    stop_id: u32,
+    agg: Aggregation,
+    kl: KlEstimator,
+}
+
+impl Policy {
+    /// Loads `base_dir` with a fresh adapter (and a value head for PPO).
+    pub fn load(
+        base_dir: &Path,
+        cfg: &RlConfig,
+        model_cfg: &ModelConfig,
+        device: &Device,
+    ) -> anyhow::Result<Self> {
+        let tok = ChatTokenizer::from_dir(base_dir)?;
+        let dtype = train_dtype(&model_cfg.dtype, device);
+        let lora = LoraConfig {
+            r: cfg.lora_r,
+            alpha: cfg.lora_alpha,
+            // No dropout: the ratio of the first minibatch must be 1.
+            dropout: 0.0,
+            target_modules: cfg
+                .target_modules
+                .iter()
+                .map(|m| {
+                    TargetModule::parse(m).with_context(|| {
+                        format!("target module `{m}` is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj")
+                    })
+                })
+                .collect::<anyhow::Result<_>>()?,
+            seed: cfg.seed,
+        };
+        let mut loaded = model::load(base_dir, Some(&lora), dtype, device)?;
+        if model_cfg.load_in_4bit && !device.is_cpu() {
+            loaded.model.quantize_base()?;
+        }
+        tok.check_against_vocab(loaded.model.vocab_size())?;
+        let hidden = loaded.model.lm_head().dims()?.1;
+        let value = (!cfg.is_grpo())
+            .then(|| ValueHead::new(hidden, cfg.value_hidden, cfg.seed, device))
+            .transpose()?;
+        let opt = AdamW::new(loaded.named_trainable_vars(), cfg.weight_decay)?;
+        let value_opt = value
+            .as_ref()
+            .map(|v| AdamW::new(v.named_vars(), 0.0))
+            .transpose()?;
+        let stop_id = tok.end_of_turn().id;
+        Ok(Self {
+            agg: Aggregation::parse(&cfg.loss_aggregation, cfg.max_new_tokens)
+                .context("loss_aggregation")?,
+            kl: KlEstimator::parse(&cfg.kl_estimator).context("kl_estimator")?,
+            loaded,
+            tok,
+            cfg: cfg.clone(),
+            value,
+            opt,
+            value_opt,
+            stop_id,
+        })
+    }
+
+    /// The chat-template tokens of a user message.
+    pub fn encode(&self, prompt: &str) -> anyhow::Result<Vec<u32>> {
+        Ok(self
+            .tok
+            .encode_prompt(&[Message::new(Role::User, prompt.to_owned())])?)
+    }
+
+    /// Samples one completion of each prompt from the live model.
+    pub fn sample(&self, prompts: &[Vec<u32>], seed: u64) -> anyhow::Result<Vec<Generation>> {
+        let c = &self.cfg;
+        // Settings the sampler adds later take their defaults.
+        #[allow(clippy::needless_update)]
+        let sampling = Sampling {
+            temperature: c.temperature,
+            top_p: c.top_p,
+            top_k: c.top_k,
+            seed,
+            ..Default::default()
+        };
+        Ok(generate::sample(
+            &self.loaded.model,
+            prompts,
+            c.max_new_tokens,
+            &self.tok.stop_ids(),
+            self.tok.pad().id,
+            c.sample_max_rows,
+            &sampling,
+            &self.loaded.device,
+        )?)
+    }
+
+    pub fn stop_id(&self) -> u32 {
+        self.stop_id
+    }
+
+    /// Right-padded ids and mask of `samples` (prompt + response), the flat
+    /// positions whose next token is a response token, and those tokens.
+    fn pack(&self, samples: &[&Sample]) -> candle_core::Result<Packed> {
+        let dev = &self.loaded.device;
+        let l = samples
+            .iter()
+            .map(|s| s.prompt.len() + s.response.len())
+            .max()
+            .unwrap_or(1);
+        let pad = self.tok.pad().id;
+        let (mut ids, mut mask, mut at, mut next, mut lens) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (i, s) in samples.iter().enumerate() {
+            let n = s.prompt.len() + s.response.len();
+            ids.extend(s.prompt.iter().chain(&s.response).copied());
+            ids.extend(std::iter::repeat_n(pad, l - n));
+            mask.extend(std::iter::repeat_n(1u32, n));
+            mask.extend(std::iter::repeat_n(0u32, l - n));
+            for (j, &t) in s.response.iter().enumerate() {
+                at.push((i * l + s.prompt.len() + j - 1) as u32);
+                next.push(t);
+            }
+            lens.push(s.response.len());
+        }
+        let (n, r) = (samples.len(), at.len());
+        Ok(Packed {
+            ids: Tensor::from_vec(ids, (n, l), dev)?,
+            mask: Tensor::from_vec(mask, (n, l), dev)?,
+            at: Tensor::from_vec(at, r, dev)?,
+            next: Tensor::from_vec(next, r, dev)?,
+            lens,
+        })
+    }
+
+    /// The response tokens' log-probs `(R,)` and entropies `(R,)`, and the
+    /// hidden states that predict them `(R, hidden)`; differentiable when
+    /// `train`.
+    fn forward(&self, p: &Packed, train: bool) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let m = &self.loaded.model;
+        let hidden = m.forward_hidden(&p.ids, Some(&p.mask), train)?;
+        let (n, l, h) = hidden.dims3()?;
+        let rows = hidden.reshape((n * l, h))?.index_select(&p.at, 0)?; // (R, H)
+        let head = m.lm_head().weight()?;
+        // The policy that sampled is softmax(logits / temperature): its
+        // log-probs, ratios and KL are taken under the same temperature.
+        let logits = (rows.matmul(&head.t()?)?.to_dtype(DType::F32)? / self.cfg.temperature)?; // (R, V)
+        let lp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let logp = lp.gather(&p.next.unsqueeze(1)?, 1)?.squeeze(1)?;
+        let ent = entropy(&logits)?;
+        Ok((logp, ent, rows))
+    }
+
+    /// Fills old log-probs, values (PPO) and reference log-probs (adapter
+    /// off; when a KL term is on) of `samples`, without gradients.
+    pub fn score_old(&self, samples: &mut [Sample]) -> anyhow::Result<()> {
+        let kl_on = self.cfg.kl_coef() > 0.0;
+        let mb = self.cfg.mini_batch_size.max(1);
+        for chunk in samples.chunks_mut(mb) {
+            let refs: Vec<&Sample> = chunk.iter().collect();
+            let p = self.pack(&refs)?;
+            let (logp, _, rows) = self.forward(&p, false)?;
+            let logp = logp.to_vec1::<f32>()?;
+            let values = match &self.value {
+                Some(v) => v.forward(&rows)?.to_vec1::<f32>()?,
+                None => vec![0.0; logp.len()],
+            };
+            let ref_logp = if kl_on {
+                without_adapters(|| self.forward(&p, false))?
+                    .0
+                    .to_vec1::<f32>()?
+            } else {
+                logp.clone()
+            };
+            let mut at = 0;
+            for s in chunk.iter_mut() {
+                let n = s.response.len();
+                let f = |v: &[f32]| v[at..at + n].iter().map(|&x| x as f64).collect::<Vec<_>>();
+                s.old_logp = f(&logp);
+                s.old_values = f(&values);
+                s.ref_logp = f(&ref_logp);
+                at += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Advantages and returns of `samples` (old log-probs and values filled).
+    pub fn advantages(&self, samples: &mut [Sample]) {
+        let c = &self.cfg;
+        if c.is_grpo() {
+            let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+            for (i, s) in samples.iter().enumerate() {
+                groups.entry(s.group).or_default().push(i);
+            }
+            for idx in groups.values() {
+                let r: Vec<f64> = idx.iter().map(|&i| samples[i].reward).collect();
+                for (&i, a) in idx.iter().zip(group_advantages(&r, c.scale_rewards)) {
+                    let n = samples[i].response.len();
+                    samples[i].advantages = vec![a; n];
+                    samples[i].returns = vec![0.0; n];
+                }
+            }
+        } else {
+            let coef = c.kl_coef();
+            for s in samples.iter_mut() {
+                let kl: Vec<f64> = s
+                    .old_logp
+                    .iter()
+                    .zip(&s.ref_logp)
+                    .map(|(&lp, &rp)| KlEstimator::K1.value(lp, rp))
+                    .collect();
+                let rewards = token_rewards(s.response.len(), s.reward, &kl, coef);
+                let (a, r) = gae(&rewards, &s.old_values, c.gamma, c.lam);
+                s.advantages = a;
+                s.returns = r;
+            }
+            if c.whiten_advantages {
+                let mut rows: Vec<Vec<f64>> = samples
+                    .iter_mut()
+                    .map(|s| std::mem::take(&mut s.advantages))
+                    .collect();
+                whiten(&mut rows);
+                for (s, a) in samples.iter_mut().zip(rows) {
+                    s.advantages = a;
+                }
+            }
+        }
+    }
+
+    /// `ppo_epochs` passes of minibatches over `samples` (advantages
+    /// filled), one optimizer step each; `lr` for the adapter.
+    pub fn update(
+        &mut self,
+        samples: &[Sample],
+        step: u64,
+        lr: f64,
+    ) -> anyhow::Result<UpdateStats> {
+        let c = self.cfg.clone();
+        let mut st = UpdateStats::default();
+        let dev = self.loaded.device.clone();
+        for epoch in 0..c.ppo_epochs {
+            // A seeded shuffle of the samples for this epoch.
+            let mut order: Vec<usize> = (0..samples.len()).collect();
+            order.sort_by_key(|&i| mix(c.seed ^ 0x5eed, step, (epoch * 1_000_003 + i) as u64));
+            for (mbi, chunk) in order.chunks(c.mini_batch_size.max(1)).enumerate() {
+                let mb: Vec<&Sample> = chunk.iter().map(|&i| &samples[i]).collect();
+                let cat = |f: &dyn Fn(&Sample) -> &Vec<f64>| -> candle_core::Result<Tensor> {
+                    let v: Vec<f32> = mb
+                        .iter()
+                        .flat_map(|s| f(s).iter().map(|&x| x as f32))
+                        .collect();
+                    let n = v.len();
+                    Tensor::from_vec(v, n, &dev)
+                };
+                let old = cat(&|s| &s.old_logp)?;
+                let adv = cat(&|s| &s.advantages)?;
+                let p = self.pack(&mb)?;
+                let w = weights(self.agg, &p.lens);
+                let n = w.len();
+                let w = Tensor::from_vec(w, n, &dev)?;
+                set_dropout_seed(mix(c.seed, step, (epoch * 10_007 + mbi) as u64));
+                let (logp, ent, rows) = self.forward(&p, true)?;
+                let (pg, clip) =
+                    clipped_policy_loss(&logp, &old, &adv, &w, c.clip_low, c.clip_high)?;
+                let ent_mean = (&ent * &w)?.sum_all()?;
+                let mut loss = pg.clone();
+                if c.entropy_coef > 0.0 {
+                    loss = (loss - (&ent_mean * c.entropy_coef)?)?;
+                }
+                let mut kl_val = 0.0;
+                if c.is_grpo() && c.kl_coef() > 0.0 {
+                    let rf = cat(&|s| &s.ref_logp)?;
+                    let kl = (self.kl.tensor(&logp, &rf)? * &w)?.sum_all()?;
+                    kl_val = kl.to_scalar::<f32>()? as f64;
+                    loss = (loss + (kl * c.kl_coef())?)?;
+                }
+                let mut vl_val = 0.0;
+                if let Some(head) = &self.value {
+                    let v = head.forward(&rows)?;
+                    let vl = clipped_value_loss(
+                        &v,
+                        &cat(&|s| &s.old_values)?,
+                        &cat(&|s| &s.returns)?,
+                        &w,
+                        c.value_clip,
+                    )?;
+                    vl_val = vl.to_scalar::<f32>()? as f64;
+                    loss = (loss + (vl * c.vf_coef)?)?;
+                }
+                let loss_val = loss.to_scalar::<f32>()? as f64;
+                let grads = self.loaded.model.backward(&loss)?;
+                let g = self.opt.gradients(&grads)?;
+                let norm = AdamW::grad_norm(&g)?;
+                let vg = match &self.value_opt {
+                    Some(o) => Some(o.gradients(&grads)?),
+                    None => None,
+                };
+                let vnorm = match &vg {
+                    Some(g) => AdamW::grad_norm(g)?,
+                    None => 0.0,
+                };
+                if !loss_val.is_finite() || !norm.is_finite() || !vnorm.is_finite() {
+                    tracing::warn!("step {step}: non-finite loss or gradient, minibatch skipped");
+                    st.skipped_minibatches += 1;
+                    continue;
+                }
+                let scale = |n: f64| {
+                    if n > c.max_grad_norm && c.max_grad_norm > 0.0 {
+                        c.max_grad_norm / n
+                    } else {
+                        1.0
+                    }
+                };
+                self.opt.step(&g, lr, scale(norm))?;
+                if let (Some(o), Some(g)) = (&mut self.value_opt, &vg) {
+                    o.step(g, c.value_learning_rate, scale(vnorm))?;
+                }
+                st.policy_loss += pg.to_scalar::<f32>()? as f64;
+                st.value_loss += vl_val;
+                st.entropy += ent_mean.to_scalar::<f32>()? as f64;
+                st.clip_fraction += clip;
+                st.kl_loss += kl_val;
+                st.grad_norm += norm;
+                st.minibatches += 1;
+            }
+        }
+        let k = st.minibatches.max(1) as f64;
+        for x in [
+            &mut st.policy_loss,
+            &mut st.value_loss,
+            &mut st.entropy,
+            &mut st.clip_fraction,
+            &mut st.kl_loss,
+            &mut st.grad_norm,
+        ] {
+            *x /= k;
+        }
+        Ok(st)
+    }
+
+    /// The trainable tensors (adapter and value head) by name.
+    fn params(&self) -> BTreeMap<String, Tensor> {
+        let mut p: BTreeMap<String, Tensor> = self
+            .opt
+            .vars()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+            .collect();
+        if let Some(v) = &self.value {
+            p.extend(
+                v.named_vars()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.as_tensor().clone())),
+            );
+        }
+        p
+    }
+
+    /// Both optimizers' moments by name.
+    fn optim_state(&self) -> BTreeMap<String, Tensor> {
+        let mut s = self.opt.state();
+        if let Some(o) = &self.value_opt {
+            s.extend(o.state());
+        }
+        s
+    }
+
+    fn restore(&mut self, ck: &checkpoint::Loaded, rl: &RlState) -> anyhow::Result<()> {
+        for (name, var) in self.opt.vars() {
+            let t = ck
+                .params
+                .get(name)
+                .with_context(|| format!("checkpoint `{}` lacks `{name}`", ck.dir.display()))?;
+            var.set(&t.to_dtype(var.dtype())?)?;
+        }
+        self.opt.load_state(&ck.optim, rl.optimizer_steps)?;
+        if let (Some(v), Some(o)) = (&self.value, &mut self.value_opt) {
+            v.load(&ck.params)?;
+            o.load_state(&ck.optim, rl.value_optimizer_steps)?;
+        }
+        Ok(())
+    }
+}
+
+struct Packed {
+    ids: Tensor,
+    mask: Tensor,
+    at: Tensor,
+    next: Tensor,
+    lens: Vec<usize>,
+}
+
+/// Prompts of one step, with the tasks they came from.
+struct Drawn {
+    tasks: Vec<(Task, Vec<u32>, Option<usize>)>,
+    env_secs: f64,
+}
+
+fn draw(
+    stream: &mut TaskStream,
+    policy: &Policy,
+    rl: &mut RlState,
+    curriculum: &mut Curriculum,
+    want: usize,
+    step: u64,
+) -> anyhow::Result<Drawn> {
+    let t0 = Instant::now();
+    let mut tasks = Vec::with_capacity(want);
+    while tasks.len() < want {
+        let (cursor, _, task) = stream.recv()?;
+        rl.cursor = cursor + 1;
+        let task = match task {
+            Ok(t) => t,
+            Err(reason) => {
+                *rl.skipped_tasks.entry(reason).or_default() += 1;
+                continue;
+            }
+        };
+        if !curriculum.admits(&task.difficulty, step) {
+            continue;
+        }
+        let ids = policy.encode(&task.prompt)?;
+        if ids.len() > policy.cfg.max_prompt_tokens || ids.is_empty() {
+            *rl.skipped_tasks
+                .entry("prompt_too_long".into())
+                .or_default() += 1;
+            continue;
+        }
+        let bucket = curriculum.bucket_of(&task.difficulty);
+        tasks.push((task, ids, bucket));
+    }
+    Ok(Drawn {
+        tasks,
+        env_secs: t0.elapsed().as_secs_f64(),
+    })
+}
+
+pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
+    let cfg = &job.config;
+    let _lock = RunLock::acquire(&job.output_dir)?;
+    let stop = stop_flag()?;
+
+    // 1. Model, value head, optimizers; fresh start or resume.
+    let mut policy = Policy::load(&job.base_dir, cfg, &job.model, &job.device)?;
+    let mut total_steps = cfg.num_train_steps as u64;
+    if let Some(m) = job.max_steps {
+        total_steps = total_steps.min(m);
+    }
+    let fingerprint = Fingerprint {
+        config: serde_json::to_value(
+            serde_json::json!({"ppo": cfg, "curriculum": job.curriculum}),
+        )?,
+        base_model: job.base_dir.display().to_string(),
+        base_weights: weights_fingerprint(&job.base_dir)?,
+        train_data_sha256: job.env_description.clone(),
+        tokenizer_sha256: sha256_of(&[
+            &job.base_dir.join("tokenizer.json"),
+            &job.base_dir.join("tokenizer_config.json"),
+        ])?,
+    };
+    let mut state = TrainerState {
+        step: 0,
+        epoch: 0,
+        batch: 0,
+        tokens_seen: 0,
+        skipped_steps: 0,
+        fingerprint: fingerprint.clone(),
+        extra: serde_json::Value::Null,
+    };
+    let mut rl = RlState::default();
+    let mut curriculum = Curriculum::new(&job.curriculum);
+    let metrics_path = job.output_dir.join("metrics.jsonl");
+    let mut resumed_from = None;
+    match (
+        job.resume,
+        checkpoint::latest_as(&job.output_dir, STEP_PREFIX, &job.device)?,
+    ) {
+        (true, Some(ck)) => {
+            let diff = fingerprint.differences(&ck.state.fingerprint);
+            if !diff.is_empty() && !job.force {
+                bail!(
+                    "cannot resume Stage 3 from `{}`: the run changed:\n  - {}\nhint: restore the original settings, or pass --force to resume anyway",
+                    ck.dir.display(),
+                    diff.join("\n  - ")
+                );
+            }
+            rl = serde_json::from_value(ck.state.extra.clone())
+                .with_context(|| format!("`{}`: unreadable RL state", ck.dir.display()))?;
+            policy.restore(&ck, &rl)?;
+            if let Some(c) = rl.curriculum.take() {
+                curriculum = c;
+            }
+            resumed_from = Some(ck.state.step);
+            state = TrainerState {
+                fingerprint: fingerprint.clone(),
+                ..ck.state
+            };
+            truncate_metrics(&metrics_path, state.step)?;
+            tracing::info!("resuming Stage 3 at step {}", state.step);
+        }
+        (false, Some(ck)) => bail!(
+            "`{}` holds checkpoints of an earlier run (latest `{}`)\nhint: pass --resume to continue it, or choose another output folder",
+            job.output_dir.display(),
+            ck.dir.display()
+        ),
+        (_, None) => {
+            let _ = std::fs::remove_file(&metrics_path);
+        }
+    }
+    let mut metrics = Metrics::open(&metrics_path)?;
+    let group = cfg.group_size();
+    let mut stream = TaskStream::start(
+        Arc::clone(&job.env),
+        cfg.seed,
+        rl.cursor,
+        (cfg.batch_size * 2).max(8),
+    );
+
+    // 2-5. The loop.
+    progress.start(Some(total_steps), state.step);
+    let (mut first_reward, mut last_reward) = (None, None);
+    let mut interrupted = false;
+    while state.step < total_steps {
+        let step = state.step;
+        let t_step = Instant::now();
+        let (mut env_secs, mut sample_secs) = (0.0, 0.0);
+        let mut s = BTreeMap::<String, f64>::new();
+        let mut batch: Vec<Sample> = Vec::new();
+        let mut scored: Vec<(f64, Option<usize>)> = Vec::new();
+        let mut masked_now = 0u64;
+        let (mut groups_seen, mut groups_zero_var, mut new_tokens, mut stopped) =
+            (0usize, 0usize, 0usize, 0usize);
+        let mut round = 0usize;
+        let mut kept_groups = 0usize;
+        loop {
+            let want = cfg.batch_size - kept_groups;
+            let d = draw(&mut stream, &policy, &mut rl, &mut curriculum, want, step)?;
+            env_secs += d.env_secs;
+            let t0 = Instant::now();
+            let prompts: Vec<Vec<u32>> = d
+                .tasks
+                .iter()
+                .flat_map(|(_, ids, _)| std::iter::repeat_n(ids.clone(), group))
+                .collect();
+            let gens = policy.sample(&prompts, mix(cfg.seed, step, round as u64))?;
+            sample_secs += t0.elapsed().as_secs_f64();
+            let t1 = Instant::now();
+            for (gi, (task, ids, bucket)) in d.tasks.iter().enumerate() {
+                let gid = groups_seen;
+                let mut members = Vec::new();
+                for g in &gens[gi * group..(gi + 1) * group] {
+                    new_tokens += g.tokens.len();
+                    stopped += g.stopped as usize;
+                    let text = policy.tok.decode(&g.tokens, true)?;
+                    let outcome = if cfg.mask_truncated && !g.stopped {
+                        Score::Masked("truncated".into())
+                    } else {
+                        job.env.score(task, &text)
+                    };
+                    match outcome {
+                        Score::Reward(r) => {
+                            scored.push((r, *bucket));
+                            let mut smp = Sample::new(gid, ids.clone(), g, policy.stop_id(), r);
+                            smp.bucket = *bucket;
+                            members.push(smp);
+                        }
+                        Score::Masked(why) => {
+                            masked_now += 1;
+                            *rl.masked.entry(why).or_default() += 1;
+                        }
+                    }
+                }
+                groups_seen += 1;
+                let rewards: Vec<f64> = members.iter().map(|m| m.reward).collect();
+                if group > 1 && !informative(&rewards) {
+                    groups_zero_var += 1;
+                    if cfg.is_grpo() && cfg.dynamic_sampling {
+                        rl.dropped_groups += 1;
+                        continue;
+                    }
+                }
+                members.retain(|m| !m.response.is_empty());
+                if !members.is_empty() {
+                    batch.extend(members);
+                    kept_groups += 1;
+                }
+            }
+            env_secs += t1.elapsed().as_secs_f64();
+            round += 1;
+            let short = kept_groups < cfg.batch_size;
+            if !(cfg.is_grpo() && cfg.dynamic_sampling && short && round <= cfg.max_resample_rounds)
+            {
+                break;
+            }
+        }
+        let rewards: Vec<f64> = scored.iter().map(|x| x.0).collect();
+        curriculum.record(&rewards, step + 1);
+
+        // 3-4. Old log-probs, values, reference, advantages, update.
+        let t_train = Instant::now();
+        let lr = cfg.learning_rate;
+        let mut up = UpdateStats::default();
+        let mut kl_mean = 0.0;
+        let mut mismatch = None;
+        let mut seq_tokens = 0usize;
+        if !batch.is_empty() {
+            policy.score_old(&mut batch)?;
+            policy.advantages(&mut batch);
+            let (mut k, mut n) = (0.0, 0usize);
+            for smp in &batch {
+                for (&lp, &rp) in smp.old_logp.iter().zip(&smp.ref_logp) {
+                    k += KlEstimator::K1.value(lp, rp);
+                    n += 1;
+                }
+                seq_tokens += smp.prompt.len() + smp.response.len();
+            }
+            kl_mean = k / n.max(1) as f64;
+            // The sampler's log-probs against the trainer's forward on the
+            // same tokens (kernels, batching and dtype differ).
+            let (mut sum, mut max, mut m) = (0.0f64, 0.0f64, 0usize);
+            for smp in &batch {
+                for (&a, &b) in smp.sampler_logp.iter().zip(&smp.old_logp) {
+                    let d = (a as f64 - b).abs();
+                    sum += d;
+                    max = max.max(d);
+                    m += 1;
+                }
+            }
+            if m > 0 {
+                mismatch = Some((sum / m as f64, max));
+            }
+            up = policy.update(&batch, step, lr)?;
+        } else {
+            state.skipped_steps += 1;
+        }
+        let train_secs = t_train.elapsed().as_secs_f64();
+        state.step += 1;
+        state.tokens_seen += seq_tokens as u64;
+
+        // 5. Metrics, progress, checkpoints.
+        let n_scored = rewards.len().max(1) as f64;
+        let reward_mean = rewards.iter().sum::<f64>() / n_scored;
+        first_reward.get_or_insert(reward_mean);
+        last_reward = Some(reward_mean);
+        let secs = t_step.elapsed().as_secs_f64();
+        let mut put = |k: &str, v: f64| {
+            s.insert(k.to_owned(), v);
+        };
+        put("reward", reward_mean);
+        put(
+            "accuracy",
+            rewards.iter().filter(|&&r| r == 1.0).count() as f64 / n_scored,
+        );
+        put("scored", rewards.len() as f64);
+        put("trained_samples", batch.len() as f64);
+        put("masked", masked_now as f64);
+        put("kl", kl_mean);
+        put("kl_loss", up.kl_loss);
+        put("clip_fraction", up.clip_fraction);
+        put("entropy", up.entropy);
+        put("policy_loss", up.policy_loss);
+        put("grad_norm", up.grad_norm);
+        put("lr", lr);
+        put(
+            "frac_zero_variance_groups",
+            if groups_seen > 0 {
+                groups_zero_var as f64 / groups_seen as f64
+            } else {
+                0.0
+            },
+        );
+        put("sampling_rounds", round as f64);
+        put(
+            "response_tokens_mean",
+            new_tokens as f64 / (groups_seen * group).max(1) as f64,
+        );
+        put(
+            "stopped_fraction",
+            stopped as f64 / (groups_seen * group).max(1) as f64,
+        );
+        put("time_sample_s", sample_secs);
+        put("time_env_s", env_secs);
+        put("time_train_s", train_secs);
+        put(
+            "sample_tokens_per_s",
+            new_tokens as f64 / sample_secs.max(1e-9),
+        );
+        put(
+            "tokens_per_s",
+            (seq_tokens as f64 + new_tokens as f64) / secs.max(1e-9),
+        );
+        put("task_cursor", rl.cursor as f64);
+        if policy.value.is_some() {
+            put("value_loss", up.value_loss);
+        }
+        if let Some((mean, max)) = mismatch {
+            put("logprob_mismatch_mean", mean);
+            put("logprob_mismatch_max", max);
+        }
+        if cfg.is_grpo() {
+            put("dropped_groups_total", rl.dropped_groups as f64);
+        }
+        if curriculum.enabled {
+            put("curriculum_level", curriculum.level as f64);
+            put("curriculum_accuracy", curriculum.accuracy());
+        }
+        let mut by_bucket: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        for (r, b) in &scored {
+            let label = b.map_or_else(|| "n/a".to_owned(), |b| curriculum.label(b));
+            let e = by_bucket.entry(label).or_default();
+            e.0 += (*r == 1.0) as u8 as f64;
+            e.1 += 1.0;
+        }
+        for (label, (hit, n)) in by_bucket {
+            s.insert(format!("accuracy/{}={label}", curriculum.feature), hit / n);
+        }
+        for (why, n) in &rl.masked {
+            s.insert(format!("masked_total/{why}"), *n as f64);
+        }
+        for (why, n) in &rl.skipped_tasks {
+            s.insert(format!("skipped_tasks_total/{why}"), *n as f64);
+        }
+        metrics.log(state.step, &s)?;
+        progress.set(state.step);
+        progress.status(&format!(
+            "reward {reward_mean:.3} kl {kl_mean:.4} clip {:.3}{} {:.0} tok/s",
+            up.clip_fraction,
+            if curriculum.enabled {
+                format!(" level {}", curriculum.label(curriculum.level))
+            } else {
+                String::new()
+            },
+            s["tokens_per_s"]
+        ));
+
+        let stopping = stop.load(Ordering::Relaxed);
+        let periodic = cfg.save_steps > 0 && state.step.is_multiple_of(cfg.save_steps as u64);
+        if (periodic || stopping) && state.step < total_steps {
+            save(
+                &job.output_dir,
+                &job.base_dir,
+                &mut state,
+                &rl,
+                &curriculum,
+                &policy,
+                cfg.save_total_limit,
+            )?;
+        }
+        if stopping {
+            interrupted = true;
+            break;
+        }
+    }
+    progress.finish();
+    drop(stream);
+
+    let final_dir = job.output_dir.join("final");
+    let merged_dir = job.output_dir.join("merged");
+    if !interrupted {
+        save(
+            &job.output_dir,
+            &job.base_dir,
+            &mut state,
+            &rl,
+            &curriculum,
+            &policy,
+            cfg.save_total_limit,
+        )?;
+        let info = crate::train::card::CardInfo {
+            base_model: job.base_dir.display().to_string(),
+            base_commit: None,
+            stage: "stage3_ppo".into(),
+            train_file: job.env.name().to_string(),
+            steps: state.step,
+            lora_r: cfg.lora_r,
+            lora_alpha: cfg.lora_alpha,
+            target_modules: cfg.target_modules.clone(),
+        };
+        write_adapter_and_merged(
+            &policy.loaded,
+            &policy.tok,
+            &job.base_dir,
+            &info,
+            &final_dir,
+            &merged_dir,
+        )?;
+        if let Some(v) = &policy.value {
+            let t: std::collections::HashMap<String, Tensor> = v
+                .named_vars()
+                .into_iter()
+                .map(|(k, v)| (k, v.as_tensor().clone()))
+                .collect();
+            candle_core::safetensors::save(&t, final_dir.join("value_head.safetensors"))?;
+        }
+        crate::atomic::write(
+            &job.output_dir.join("train_config.json"),
+            serde_json::to_string_pretty(&serde_json::json!({
+                "stage": "stage3_ppo", "ppo": cfg, "curriculum": job.curriculum,
+                "model": job.model, "base_dir": job.base_dir, "environment": job.env.name(),
+            }))?
+            .as_bytes(),
+        )?;
+    }
+    Ok(RlSummary {
+        steps: state.step,
+        resumed_from,
+        first_reward,
+        last_reward,
+        curriculum_level: curriculum.level,
+        masked: rl.masked,
+        skipped_tasks: rl.skipped_tasks,
+        final_dir,
+        merged_dir,
+        interrupted,
+    })
+}
+
+#[allow(clippy::too_many_arguments)] // private; the loop's own state
+fn save(
+    out: &Path,
+    base: &Path,
+    state: &mut TrainerState,
+    rl: &RlState,
+    curriculum: &Curriculum,
+    policy: &Policy,
+    keep: usize,
+) -> anyhow::Result<()> {
+    let mut extra = rl.clone();
+    extra.curriculum = Some(curriculum.clone());
+    extra.optimizer_steps = policy.opt.step;
+    extra.value_optimizer_steps = policy.value_opt.as_ref().map_or(0, |o| o.step);
+    state.extra = serde_json::to_value(&extra)?;
+    let keep = if keep == 0 { usize::MAX } else { keep };
+    let dir = checkpoint::save_as(
+        out,
+        STEP_PREFIX,
+        state,
+        &policy.params(),
+        &policy.optim_state(),
+        keep,
+    )?;
+    // The adapter of this step in PEFT's layout beside the resume state,
+    // for `eval --adapter` (resuming does not need it).
+    model::adapter::save(
+        &policy.loaded,
+        &dir.join("adapter"),
+        &base.display().to_string(),
+    )?;
+    tracing::info!("saved `{}`", dir.display());
+    Ok(())
+}

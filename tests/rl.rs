@@ -1,0 +1,332 @@
+//! Stage 3 on the tiny chat model: PPO and GRPO learn a verifiable reward
+//! ("answer with the given word"), one update changes what the sampler
+//! draws, and a run killed with SIGKILL resumes to the same curriculum
+//! state, batches and adapter as an uninterrupted one (the real binary).
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::{D, Device, Tensor};
+use common::{stderr, trace_train};
+use trace_train::config::{CurriculumConfig, ModelConfig, RlConfig};
+use trace_train::model::generate::Generation;
+use trace_train::rl::env::{Environment, WordEnv};
+use trace_train::rl::ppo::{self, Policy, RlJob, Sample};
+use trace_train::train::sft::NoProgress;
+
+/// Settings for the tiny model: one new token, so a completion is the word
+/// or not, and a high learning rate (the tiny model's LoRA is small).
+fn tiny_config(algorithm: &str) -> RlConfig {
+    RlConfig {
+        algorithm: algorithm.into(),
+        batch_size: 16,
+        group_size: Some(if algorithm == "grpo" { 4 } else { 1 }),
+        learning_rate: if algorithm == "grpo" { 1e-2 } else { 2e-2 },
+        value_learning_rate: 1e-2,
+        num_train_steps: 20,
+        ppo_epochs: 2,
+        mini_batch_size: 64,
+        max_new_tokens: 1,
+        kl_coef: Some(0.0),
+        lora_r: 8,
+        lora_alpha: 16.0,
+        environment: "word".into(),
+        save_steps: 0,
+        ..RlConfig::default()
+    }
+}
+
+fn tiny_model(dir: &Path) -> std::path::PathBuf {
+    let base = dir.join("base");
+    trace_train::model::tiny::write_tiny_chat_model(&base, 7).unwrap();
+    base
+}
+
+/// A one-character word and a temperature at which the untrained tiny model
+/// answers it with probability between 5 and 40% (RL sharpens what a model
+/// sometimes does; a random model never writes a given word unprompted).
+fn learnable_word(base: &Path) -> (String, f64) {
+    let policy = Policy::load(
+        base,
+        &tiny_config("ppo"),
+        &ModelConfig::default(),
+        &Device::Cpu,
+    )
+    .unwrap();
+    for temperature in [1.0, 2.0, 4.0, 8.0] {
+        for c in ('a'..='z').chain('0'..='9') {
+            let word = c.to_string();
+            let env = WordEnv::new(&[&word]);
+            let task = env.task(0).unwrap();
+            let ids = policy.encode(&task.prompt).unwrap();
+            let n = ids.len();
+            let ids = Tensor::from_vec(ids, (1, n), &Device::Cpu).unwrap();
+            let logits = policy.loaded.model.forward(&ids, None, false).unwrap();
+            let last = (logits.get(0).unwrap().get(n - 1).unwrap() / temperature).unwrap();
+            let p = candle_nn::ops::softmax(&last, D::Minus1)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            // Byte-level vocabulary: a lowercase letter or digit is its byte.
+            let mut prob = p[c as usize];
+            if c.is_ascii_lowercase() {
+                prob += p[c.to_ascii_uppercase() as usize];
+            }
+            if (0.05..0.4).contains(&prob) {
+                return (word, temperature);
+            }
+        }
+    }
+    panic!("no word the tiny model sometimes answers");
+}
+
+fn rewards(metrics: &Path) -> Vec<f64> {
+    std::fs::read_to_string(metrics)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["reward"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn learns(algorithm: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let base = tiny_model(dir.path());
+    let (word, temperature) = learnable_word(&base);
+    let mut config = tiny_config(algorithm);
+    config.temperature = temperature;
+    let job = RlJob {
+        config,
+        curriculum: CurriculumConfig::default(),
+        model: ModelConfig::default(),
+        base_dir: base,
+        output_dir: dir.path().join("out"),
+        device: Device::Cpu,
+        env: Arc::new(WordEnv::new(&[&word])),
+        env_description: format!("word:{word}"),
+        resume: false,
+        force: false,
+        max_steps: None,
+    };
+    let s = ppo::run(&job, &NoProgress).unwrap();
+    assert_eq!(s.steps, 20);
+    let r = rewards(&dir.path().join("out/metrics.jsonl"));
+    // The first step's reward is the untrained model's (sampled before
+    // any update).
+    let first = r[0];
+    let last = r[r.len() - 3..].iter().sum::<f64>() / 3.0;
+    assert!(
+        last >= 0.8 && last > first + 0.3,
+        "{algorithm}: word `{word}` at T={temperature}: reward {first:.3} -> {last:.3}: {r:?}"
+    );
+    // The sampler and the trainer agree on the sampled tokens' log-probs
+    // (both f32 on the CPU; the sampler decodes with the KV cache). A GRPO
+    // step whose groups all had equal rewards trains nothing and has none.
+    let mismatch: Vec<f64> = std::fs::read_to_string(dir.path().join("out/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["logprob_mismatch_max"].as_f64()
+        })
+        .collect();
+    assert!(!mismatch.is_empty());
+    assert!(mismatch.iter().all(|&m| m < 1e-3), "{mismatch:?}");
+    for f in [
+        "final/adapter_model.safetensors",
+        "merged/model.safetensors",
+        "merged/tokenizer.json",
+    ] {
+        assert!(dir.path().join("out").join(f).exists(), "missing {f}");
+    }
+    if algorithm == "ppo" {
+        assert!(dir.path().join("out/final/value_head.safetensors").exists());
+    }
+}
+
+#[test]
+fn ppo_raises_the_reward_of_answering_with_the_given_word() {
+    learns("ppo");
+}
+
+#[test]
+fn grpo_raises_the_reward_of_answering_with_the_given_word() {
+    learns("grpo");
+}
+
+#[test]
+fn one_update_changes_what_the_sampler_draws() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = tiny_model(dir.path());
+    let (word, temperature) = learnable_word(&base);
+    let mut cfg = tiny_config("grpo");
+    cfg.temperature = temperature;
+    cfg.learning_rate = 5e-2;
+    cfg.ppo_epochs = 1;
+    let mut policy = Policy::load(&base, &cfg, &ModelConfig::default(), &Device::Cpu).unwrap();
+    let env = WordEnv::new(&[&word]);
+    let task = env.task(0).unwrap();
+    let ids = policy.encode(&task.prompt).unwrap();
+    let prompts = vec![ids.clone(); 64];
+    let hits = |g: &[Generation], policy: &Policy| {
+        g.iter()
+            .filter(|g| {
+                trace_train::reward::score(&policy.tok.decode(&g.tokens, true).unwrap(), &word)
+                    == 1.0
+            })
+            .count()
+    };
+    let before = policy.sample(&prompts, 11).unwrap();
+    let mut samples: Vec<Sample> = before
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let r = trace_train::reward::score(&policy.tok.decode(&g.tokens, true).unwrap(), &word);
+            Sample::new(i / 4, ids.clone(), g, policy.stop_id(), r)
+        })
+        .collect();
+    policy.score_old(&mut samples).unwrap();
+    policy.advantages(&mut samples);
+    let st = policy.update(&samples, 0, cfg.learning_rate).unwrap();
+    assert_eq!(st.minibatches, 1);
+    // The same seed: the sampler draws the same uniforms from the updated
+    // weights (the live model, no copy to refresh).
+    let after = policy.sample(&prompts, 11).unwrap();
+    assert_ne!(before, after, "the update did not reach the sampler");
+    assert!(
+        hits(&after, &policy) > hits(&before, &policy),
+        "{} -> {}",
+        hits(&before, &policy),
+        hits(&after, &policy)
+    );
+}
+
+/// The Stage 3 command line of the resume test.
+fn ppo_args<'a>(out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "ppo",
+        "--model",
+        "base",
+        "--config",
+        "s3.json",
+        "--output_dir",
+        out,
+        "--device",
+        "cpu",
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+fn lines_of(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            // Wall-clock figures differ run to run; everything else must not.
+            v.as_object_mut()
+                .unwrap()
+                .retain(|k, _| !k.starts_with("time_") && !k.contains("per_s"));
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn kill_9_then_resume_repeats_the_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = trace_train(dir.path(), &["model", "tiny", "base"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The trace environment (programs transformed and run in the sandbox)
+    // on twelve short programs printing 1 to 6 lines before injection, so
+    // prompts are short and every output-line bucket comes up; a curriculum
+    // that moves on every full window (threshold 0); GRPO with dynamic
+    // sampling off so every step trains.
+    let mut rows = String::new();
+    for k in 0..12u32 {
+        let n = k % 6 + 1;
+        let program = "n = int(input())\nt = 0\nfor i in range(n):\n    t = t + i\n    print(t)\n";
+        let output: Vec<String> = (0..n).map(|i| (i * (i + 1) / 2).to_string()).collect();
+        rows.push_str(&format!(
+            "{}\n",
+            serde_json::json!({"program": program, "inputs": format!("{n}\n"), "output": output.join("\n")})
+        ));
+    }
+    std::fs::write(dir.path().join("rows.jsonl"), rows).unwrap();
+    std::fs::write(
+        dir.path().join("s3.json"),
+        r#"{"ppo": {"algorithm": "grpo", "group_size": 2, "dynamic_sampling": false, "batch_size": 2,
+                    "num_train_steps": 6, "max_new_tokens": 2, "mini_batch_size": 4, "save_steps": 2,
+                    "learning_rate": 0.001, "max_prompt_tokens": 2000, "num_workers": 2, "kl_coef": 0.01,
+                    "dataset": "rows.jsonl"},
+            "curriculum": {"enabled": true, "promotion_threshold": 0.0, "window": 4}}"#,
+    )
+    .unwrap();
+    let o = trace_train(dir.path(), &ppo_args("full", &[]));
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trace-train"))
+        .current_dir(dir.path())
+        .args(ppo_args("cut", &[]))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let metrics = dir.path().join("cut/metrics.jsonl");
+    let t = Instant::now();
+    // Past the step-2 checkpoint, before the end.
+    while std::fs::read_to_string(&metrics).map_or(0, |s| s.lines().count()) < 3 {
+        assert!(t.elapsed() < Duration::from_secs(300), "run too slow");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(
+        !dir.path().join("cut/final").exists(),
+        "killed before the end"
+    );
+
+    let o = trace_train(dir.path(), &ppo_args("cut", &["--resume"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("resumed at"), "{}", stderr(&o));
+    let (full, cut) = (
+        lines_of(&dir.path().join("full/metrics.jsonl")),
+        lines_of(&metrics),
+    );
+    assert_eq!(full.len(), 6);
+    assert_eq!(full, cut, "the resumed run's steps differ");
+    let levels: Vec<f64> = full
+        .iter()
+        .map(|v| v["curriculum_level"].as_f64().unwrap())
+        .collect();
+    assert!(
+        levels.windows(2).any(|w| w[1] > w[0]),
+        "the curriculum never moved: {levels:?}"
+    );
+    // The same curriculum state, task cursor and counters at the end.
+    let state = |run: &str| -> serde_json::Value {
+        let s: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.path().join(run).join("step_6/trainer_state.json")).unwrap(),
+        )
+        .unwrap();
+        s["extra"].clone()
+    };
+    assert_eq!(state("full"), state("cut"));
+    assert!(
+        state("full")["curriculum"]["history"]
+            .as_array()
+            .is_some_and(|h| !h.is_empty())
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("full/final/adapter_model.safetensors")).unwrap(),
+        std::fs::read(dir.path().join("cut/final/adapter_model.safetensors")).unwrap(),
+        "final adapters differ"
+    );
+}
