@@ -2,6 +2,7 @@
 //! module each (the binary's own; the library knows nothing of them).
 
 pub mod eval;
+pub mod launch;
 pub mod pipeline;
 pub mod train;
 

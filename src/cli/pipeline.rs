@@ -208,6 +208,8 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             // On (the default) means "on a GPU"; the stage decides.
             gradient_checkpointing: (!cfg.hardware.gradient_checkpointing).then_some(false),
             no_4bit: !cfg.model.load_in_4bit,
+            // The pipeline trains on one device.
+            num_gpus: Some(1),
         }
     };
     for (stage, name) in [(1u8, "warmup"), (2u8, "sft")] {

@@ -7,7 +7,10 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use super::launch::Role;
+
 use trace_train::config::{self, HardwareConfig, ModelConfig, PipelineConfig, SftConfig};
+use trace_train::dist::{Communicator, Single};
 use trace_train::train::sft::{self, SftJob, SftSummary};
 
 #[derive(Args, Clone, Default)]
@@ -67,6 +70,13 @@ pub struct TrainArgs {
     /// as the pipeline config's `model.load_in_4bit` says, i.e. QLoRA).
     #[arg(long)]
     pub no_4bit: bool,
+    /// GPUs to train on, one process each, data parallel over NCCL
+    /// (default: the pipeline config's `hardware.num_gpus`, else every
+    /// visible GPU when the device is CUDA, 1 on the CPU). The global batch
+    /// (batch_size x gradient_accumulation_steps) is the same for any
+    /// number: the ranks share each step's micro-batches.
+    #[arg(long)]
+    pub num_gpus: Option<usize>,
 }
 
 /// The stage's defaults: (config file, training file, eval file, output).
@@ -127,6 +137,7 @@ pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
         force,
         gradient_checkpointing,
         no_4bit,
+        num_gpus: _,
     } = args.clone();
     if no_4bit {
         model.load_in_4bit = false;
@@ -202,16 +213,64 @@ pub fn pick_device(name: &str) -> anyhow::Result<candle_core::Device> {
         .open()
 }
 
+/// The `hardware` section of the pipeline config the stage reads.
+fn hardware(args: &TrainArgs) -> anyhow::Result<HardwareConfig> {
+    Ok(match &args.pipeline_config {
+        Some(p) => config::load::<PipelineConfig>(p)?.hardware,
+        None if Path::new("config/pipeline_config.json").is_file() => {
+            config::load::<PipelineConfig>(Path::new("config/pipeline_config.json"))?.hardware
+        }
+        None => HardwareConfig::default(),
+    })
+}
+
+/// `warmup` or `sft` from the command line: on one device, or on several
+/// GPUs (this process starts one child a GPU, each child runs one rank).
+pub fn run_command(stage: &str, args: &TrainArgs) -> anyhow::Result<()> {
+    let requested = args.num_gpus.or(hardware(args)?.num_gpus);
+    match super::launch::role(requested, args.device.as_deref().unwrap_or("auto"))? {
+        Role::Alone => run_stage(stage, args).map(|_| ()),
+        Role::Parent { world } => super::launch::run_children(world),
+        Role::Child(child) => {
+            let args = TrainArgs {
+                device: Some(child.device()),
+                ..args.clone()
+            };
+            let job = resolve(stage, &args)?;
+            let comm = child.communicator(&job.device)?;
+            if child.rank == 0 {
+                run_job(stage, &job, &*comm, &Bar::new()).map(|_| ())
+            } else {
+                run_job(stage, &job, &*comm, &sft::NoProgress).map(|_| ())
+            }
+        }
+    }
+}
+
+/// One stage on one device.
 pub fn run_stage(stage: &str, args: &TrainArgs) -> anyhow::Result<SftSummary> {
     let job = resolve(stage, args)?;
-    let s = sft::run(&job, &Bar::new()).map_err(|e| {
+    run_job(stage, &job, &Single, &Bar::new())
+}
+
+/// Runs `job` as `comm`'s rank and, on rank 0, reports it.
+fn run_job(
+    stage: &str,
+    job: &SftJob,
+    comm: &dyn Communicator,
+    progress: &dyn sft::Progress,
+) -> anyhow::Result<SftSummary> {
+    let s = sft::run_with(job, comm, progress).map_err(|e| {
         super::out_of_memory_hint(
             e,
             "lower batch_size (raise gradient_accumulation_steps to keep the effective batch) or max_length; checkpoints written so far are intact, continue with --resume",
         )
     })?;
+    if comm.rank() != 0 {
+        return Ok(s);
+    }
     eprintln!(
-        "{stage}: {} steps{}, loss {} -> {}, eval loss {}, {:.0} tokens/s; {} examples ({} records, {} longer than max_length dropped)",
+        "{stage}: {} steps{}, loss {} -> {}, eval loss {}, {:.0} tokens/s{}; {} examples ({} records, {} longer than max_length dropped)",
         s.steps,
         s.resumed_from
             .map(|r| format!(" (resumed at {r})"))
@@ -220,6 +279,11 @@ pub fn run_stage(stage: &str, args: &TrainArgs) -> anyhow::Result<SftSummary> {
         fmt_opt(s.last_loss),
         fmt_opt(s.eval_loss),
         s.tokens_per_s,
+        if comm.world() > 1 {
+            format!(" on {} GPUs", comm.world())
+        } else {
+            String::new()
+        },
         s.examples.examples,
         s.examples.records,
         s.examples.dropped_too_long,
