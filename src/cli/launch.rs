@@ -108,7 +108,9 @@ pub fn role(requested: Option<usize>, device: &str) -> anyhow::Result<Role> {
     let visible = trace_train::dist::visible_gpus();
     let world = match (requested, &spec) {
         (Some(n), _) => n,
+        // The CPU, or one GPU named by its index: one rank.
         (None, trace_train::config::DeviceSpec::Cpu) => 1,
+        (None, _) if device.contains(':') => 1,
         (None, _) => visible.max(1),
     };
     if world <= 1 {
@@ -334,6 +336,7 @@ mod tests {
         // These run without the parent's variables.
         assert_eq!(role(None, "cpu").unwrap(), Role::Alone);
         assert_eq!(role(Some(1), "auto").unwrap(), Role::Alone);
+        assert_eq!(role(None, "cuda:1").unwrap(), Role::Alone);
         let e = format!("{:#}", role(Some(2), "cpu").unwrap_err());
         assert!(e.contains("GPUs only") && e.contains("hint:"), "{e}");
         let e = format!("{:#}", role(Some(2), "cuda:1").unwrap_err());

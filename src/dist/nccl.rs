@@ -59,6 +59,9 @@ impl Nccl {
             );
         };
         let id = parse_id(id_hex)?;
+        // NCCL joins with the calling thread's current device: make it this
+        // rank's.
+        dev.cuda_stream().context().bind_to_thread()?;
         let comm = Comm::from_rank(dev.cuda_stream(), rank, world, id)
             .map_err(|e| nccl_error(e, &format!("init of rank {rank} of {world}")))?;
         Ok(Nccl {
