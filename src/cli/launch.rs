@@ -150,8 +150,13 @@ struct Rank {
 /// Rank 0's standard output is this process's; every rank's messages are
 /// forwarded with a `[rank r]` prefix.
 pub fn run_children(world: usize) -> anyhow::Result<()> {
+    run_children_with(world, std::env::args_os().skip(1).collect())
+}
+
+/// [`run_children`] with the ranks' arguments given (`args`, without the
+/// program name).
+pub fn run_children_with(world: usize, args: Vec<OsString>) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("cannot find this program's own path")?;
-    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let dir = tempfile::Builder::new()
         .prefix("trace-train-dist-")
         .tempdir()

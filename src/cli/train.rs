@@ -13,7 +13,7 @@ use trace_train::config::{self, HardwareConfig, ModelConfig, PipelineConfig, Sft
 use trace_train::dist::{Communicator, Single};
 use trace_train::train::sft::{self, SftJob, SftSummary};
 
-#[derive(Args, Clone, Default)]
+#[derive(Args, Clone, Debug, Default)]
 #[command(rename_all = "snake_case")]
 pub struct TrainArgs {
     /// Stage config (default: config/<stage>.json when present).
@@ -77,6 +77,83 @@ pub struct TrainArgs {
     /// number: the ranks share each step's micro-batches.
     #[arg(long)]
     pub num_gpus: Option<usize>,
+}
+
+impl TrainArgs {
+    /// Flags that parse back into these arguments: the command line of the
+    /// ranks the pipeline starts for a stage.
+    pub fn to_argv(&self) -> Vec<std::ffi::OsString> {
+        let TrainArgs {
+            config,
+            pipeline_config,
+            model,
+            train_file,
+            eval_file,
+            output_dir,
+            epochs,
+            batch_size,
+            gradient_accumulation_steps,
+            learning_rate,
+            lora_r,
+            max_length,
+            save_steps,
+            seed,
+            max_steps,
+            device,
+            resume,
+            force,
+            gradient_checkpointing,
+            no_4bit,
+            num_gpus,
+        } = self;
+        let mut out: Vec<std::ffi::OsString> = Vec::new();
+        let mut opt = |name: &str, v: Option<std::ffi::OsString>| {
+            if let Some(v) = v {
+                out.push(format!("--{name}").into());
+                out.push(v);
+            }
+        };
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.as_os_str().to_owned());
+        let text = |v: Option<String>| v.map(Into::into);
+        opt("config", path(config));
+        opt("pipeline_config", path(pipeline_config));
+        opt("model", text(model.clone()));
+        opt("train_file", path(train_file));
+        opt("eval_file", path(eval_file));
+        opt("output_dir", path(output_dir));
+        opt("epochs", text(epochs.map(|v| v.to_string())));
+        opt("batch_size", text(batch_size.map(|v| v.to_string())));
+        opt(
+            "gradient_accumulation_steps",
+            text(gradient_accumulation_steps.map(|v| v.to_string())),
+        );
+        // `{:?}` of an f64 parses back to the same value.
+        opt(
+            "learning_rate",
+            text(learning_rate.map(|v| format!("{v:?}"))),
+        );
+        opt("lora_r", text(lora_r.map(|v| v.to_string())));
+        opt("max_length", text(max_length.map(|v| v.to_string())));
+        opt("save_steps", text(save_steps.map(|v| v.to_string())));
+        opt("seed", text(seed.map(|v| v.to_string())));
+        opt("max_steps", text(max_steps.map(|v| v.to_string())));
+        opt("device", text(device.clone()));
+        opt(
+            "gradient_checkpointing",
+            text(gradient_checkpointing.map(|v| v.to_string())),
+        );
+        opt("num_gpus", text(num_gpus.map(|v| v.to_string())));
+        for (flag, on) in [
+            ("--resume", resume),
+            ("--force", force),
+            ("--no_4bit", no_4bit),
+        ] {
+            if *on {
+                out.push(flag.into());
+            }
+        }
+        out
+    }
 }
 
 /// The stage's defaults: (config file, training file, eval file, output).
@@ -335,5 +412,41 @@ impl sft::Progress for Bar {
     }
     fn finish(&self) {
         self.0.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: TrainArgs,
+    }
+
+    #[test]
+    fn arguments_survive_the_command_line() {
+        let args = TrainArgs {
+            config: Some("c .json".into()),
+            model: Some("base".into()),
+            output_dir: Some("out dir".into()),
+            batch_size: Some(4),
+            learning_rate: Some(1.0e-4 / 3.0),
+            max_steps: Some(7),
+            device: Some("cuda".into()),
+            resume: true,
+            gradient_checkpointing: Some(false),
+            no_4bit: true,
+            num_gpus: Some(2),
+            ..TrainArgs::default()
+        };
+        let mut argv = vec![std::ffi::OsString::from("trace-train")];
+        argv.extend(args.to_argv());
+        let back = Wrap::try_parse_from(argv).unwrap().args;
+        assert_eq!(format!("{back:?}"), format!("{args:?}"));
+        let none = Wrap::try_parse_from(["trace-train"]).unwrap().args;
+        assert!(none.to_argv().is_empty());
     }
 }
