@@ -9,6 +9,10 @@ use candle_core::{DType, Device, Tensor};
 use trace_train::dist::nccl::{Nccl, unique_id_hex};
 use trace_train::dist::{self, Communicator};
 
+/// One rank's results: all-reduce, broadcast, scalar sums, and samples
+/// (first, second, last value) of each bucketed all-reduced tensor.
+type RankResults = (Vec<f32>, Vec<f32>, Vec<f64>, Vec<Vec<f32>>);
+
 #[test]
 fn collectives_and_bucketed_all_reduce_on_the_gpus() {
     let world = dist::visible_gpus().min(2);
@@ -17,7 +21,7 @@ fn collectives_and_bucketed_all_reduce_on_the_gpus() {
         return;
     }
     let id = unique_id_hex().unwrap();
-    let results: Vec<(Vec<f32>, Vec<f32>, Vec<f64>, Vec<Vec<f32>>)> = std::thread::scope(|s| {
+    let results: Vec<RankResults> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..world)
             .map(|rank| {
                 let id = id.clone();
