@@ -428,8 +428,9 @@ pub struct HardwareConfig {
     /// `auto` (CUDA when built with it and present, else CPU), `cpu`, `cuda`,
     /// or `cuda:N`. Default `auto`.
     pub device: String,
-    /// Number of GPUs. Default 1.
-    pub num_gpus: usize,
+    /// GPUs a training run uses, one process each (data parallel). Default
+    /// `null`: every visible GPU when the device is CUDA, 1 on the CPU.
+    pub num_gpus: Option<usize>,
     /// Trade compute for memory by recomputing activations. Default true.
     pub gradient_checkpointing: bool,
     /// The `--b200` preset for one large GPU (see
@@ -446,7 +447,7 @@ impl Default for HardwareConfig {
     fn default() -> Self {
         HardwareConfig {
             device: "auto".into(),
-            num_gpus: 1,
+            num_gpus: None,
             gradient_checkpointing: true,
             b200_mode: false,
             no_4bit: None,
@@ -463,7 +464,7 @@ impl Validate for HardwareConfig {
                 self.device
             ));
         }
-        if self.num_gpus == 0 {
+        if self.num_gpus == Some(0) {
             p.push("num_gpus: must be at least 1".into());
         }
         p

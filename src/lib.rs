@@ -10,6 +10,7 @@ pub mod bench;
 pub mod config;
 pub mod data;
 pub mod dataset;
+pub mod dist;
 pub mod eval;
 pub mod generate;
 pub mod gpu;

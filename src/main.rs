@@ -246,6 +246,14 @@ enum BenchCommand {
         /// Timed steps, after two untimed ones.
         #[arg(long, default_value_t = 10)]
         steps: usize,
+        /// Micro-batches of `--batch` rows a step (the global batch is
+        /// batch x accum on any number of GPUs).
+        #[arg(long, default_value_t = 1)]
+        accum: usize,
+        /// GPUs, one process each, sharing each step's rows (data parallel
+        /// over NCCL); tokens/s is the whole job's.
+        #[arg(long, default_value_t = 1)]
+        num_gpus: usize,
         /// Recompute each layer in the backward pass (the peer's `--gc`).
         #[arg(long)]
         gc: bool,
@@ -342,11 +350,11 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Warmup(args) => {
-            cli::train::run_stage("warmup", &args)?;
+            cli::train::run_command("warmup", &args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Sft(args) => {
-            cli::train::run_stage("sft", &args)?;
+            cli::train::run_command("sft", &args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Serve(args) => {
@@ -409,21 +417,41 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             seq,
             rank,
             steps,
+            accum,
+            num_gpus,
             gc,
             four_bit,
             device,
         }) => {
-            let device = cli::train::pick_device(&device)?;
             let bench = trace_train::bench::train::TrainBench {
                 model,
                 batch,
                 seq,
                 rank,
                 steps,
+                accum,
                 gradient_checkpointing: gc,
                 four_bit,
             };
-            let r = trace_train::bench::train::train(&bench, &device)?;
+            let r = match cli::launch::role(Some(num_gpus), &device)? {
+                cli::launch::Role::Parent { world } => {
+                    cli::launch::run_children(world)?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+                cli::launch::Role::Alone => {
+                    let device = cli::train::pick_device(&device)?;
+                    trace_train::bench::train::train(&bench, &device)?
+                }
+                cli::launch::Role::Child(child) => {
+                    let device = cli::train::pick_device(&child.device())?;
+                    let comm = child.communicator(&device)?;
+                    let r = trace_train::bench::train::train_with(&bench, &device, &*comm)?;
+                    if child.rank != 0 {
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    r
+                }
+            };
             println!("{}", serde_json::to_string(&r)?);
             Ok(ExitCode::SUCCESS)
         }

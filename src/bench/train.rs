@@ -132,6 +132,10 @@ pub struct TrainBench {
     pub seq: usize,
     pub rank: usize,
     pub steps: usize,
+    /// Micro-batches of `batch` rows an optimizer step: the global batch is
+    /// `batch x accum` rows whatever the number of GPUs, which share them
+    /// (`dist::shard`).
+    pub accum: usize,
     /// Per-layer gradient checkpointing.
     pub gradient_checkpointing: bool,
     /// Frozen projections in NF4 (QLoRA).
@@ -153,6 +157,9 @@ pub struct TrainResult {
     /// Causal attention through the fused kernel.
     pub fused_attention: bool,
     pub steps: usize,
+    pub accum: usize,
+    /// Ranks (GPUs) the step ran on; tokens/s is the whole job's.
+    pub num_gpus: usize,
     pub tokens_per_s: f64,
     pub step_ms: f64,
     /// Peak device memory in use during the steps (weights included), from
@@ -166,15 +173,32 @@ pub struct TrainResult {
 /// peer): two untimed warm-up steps, then `steps` timed ones. A shape name
 /// gets random weights; a folder is loaded as a real model.
 pub fn train(b: &TrainBench, device: &Device) -> anyhow::Result<TrainResult> {
+    train_with(b, device, &crate::dist::Single)
+}
+
+/// [`train`] as one rank of `comm`: each rank computes its share of the
+/// `batch x accum` rows of a step, gradients are summed over ranks before
+/// AdamW, and tokens/s counts every rank's tokens (rank 0's clock, from a
+/// barrier to a barrier).
+pub fn train_with(
+    b: &TrainBench,
+    device: &Device,
+    comm: &dyn crate::dist::Communicator,
+) -> anyhow::Result<TrainResult> {
     let TrainBench {
         model: shape,
         batch,
         seq,
         rank,
         steps,
+        accum,
         gradient_checkpointing,
         four_bit,
     } = b.clone();
+    anyhow::ensure!(
+        accum >= 1 && batch >= 1 && seq >= 2,
+        "batch, accum >= 1 and seq >= 2"
+    );
     let dtype = sft::train_dtype("bf16", device);
     let mut m = if std::path::Path::new(&shape).is_dir() {
         model::load(
@@ -192,12 +216,40 @@ pub fn train(b: &TrainBench, device: &Device) -> anyhow::Result<TrainResult> {
     }
     crate::gpu::reset_peak_memory(device)?;
     let vocab = m.model.vocab_size() as u32;
-    let ids: Vec<u32> = (0..batch * seq)
-        .map(|i| ((i as u64 * 2_654_435_761) % vocab as u64) as u32)
+    // Rows of the global batch, numbered as one GPU sees them; this rank's
+    // share of them.
+    let micro: Vec<Vec<usize>> = (0..accum)
+        .map(|k| (k * batch..(k + 1) * batch).collect())
         .collect();
-    let ids = Tensor::from_vec(ids, (batch, seq), device)?;
-    let labels = ids.to_dtype(DType::I64)?;
+    let parts = crate::dist::shard::split_step(&micro, comm.world(), comm.rank())
+        .into_iter()
+        .map(|p| -> anyhow::Result<(Tensor, Tensor, usize)> {
+            let ids: Vec<u32> = p
+                .rows
+                .iter()
+                .flat_map(|&r| {
+                    (r * seq..(r + 1) * seq)
+                        .map(|i| ((i as u64 * 2_654_435_761) % vocab as u64) as u32)
+                })
+                .collect();
+            let ids = Tensor::from_vec(ids, (p.rows.len(), seq), device)?;
+            let labels = ids.to_dtype(DType::I64)?;
+            Ok((ids, labels, p.rows.len()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // Every position but each row's last predicts the next token.
+    let global_n = (batch * accum * (seq - 1)) as f64;
     let mut opt = AdamW::new(m.named_trainable_vars(), 0.0)?;
+    if comm.world() > 1 {
+        let ts: Vec<Tensor> = opt
+            .vars()
+            .iter()
+            .map(|(_, v)| v.as_tensor().clone())
+            .collect();
+        for ((_, v), t) in opt.vars().iter().zip(crate::dist::broadcast(comm, &ts, 0)?) {
+            v.set(&t)?;
+        }
+    }
     let mut last_loss = f64::NAN;
     // TRACE_TRAIN_PROFILE=1 prints the time of each phase of each step
     // (synchronising the device between phases, so the total grows).
@@ -212,27 +264,71 @@ pub fn train(b: &TrainBench, device: &Device) -> anyhow::Result<TrainResult> {
     };
     let step = |opt: &mut AdamW| -> anyhow::Result<f64> {
         let mut t = Instant::now();
-        let hidden = m.model.forward_hidden(&ids, None, true)?;
-        phase(&mut t, "forward")?;
-        let (sum, n) = loss::lm_head_cross_entropy(&hidden, &m.model.lm_head().weight()?, &labels)?;
-        let loss = (sum / n.max(1) as f64)?;
-        phase(&mut t, "loss")?;
-        let grads = opt.gradients(&m.model.backward(&loss)?)?;
-        phase(&mut t, "backward")?;
+        let mut grads: Option<Vec<Tensor>> = None;
+        let mut loss_sum: Option<Tensor> = None;
+        for (ids, labels, rows) in &parts {
+            let hidden = m.model.forward_hidden(ids, None, true)?;
+            phase(&mut t, "forward")?;
+            let (sum, n) =
+                loss::lm_head_cross_entropy(&hidden, &m.model.lm_head().weight()?, labels)?;
+            anyhow::ensure!(
+                n == rows * (seq - 1),
+                "{n} learned positions in {rows} rows"
+            );
+            let loss = (sum / global_n)?;
+            phase(&mut t, "loss")?;
+            let g = opt.gradients(&m.model.backward(&loss)?)?;
+            phase(&mut t, "backward")?;
+            loss_sum = Some(match loss_sum {
+                None => loss.detach(),
+                Some(l) => (l + loss.detach())?,
+            });
+            grads = Some(match grads {
+                None => g,
+                Some(acc) => acc
+                    .iter()
+                    .zip(&g)
+                    .map(|(a, b)| a + b)
+                    .collect::<candle_core::Result<_>>()?,
+            });
+        }
+        let grads = match grads {
+            Some(g) => g,
+            None => opt
+                .vars()
+                .iter()
+                .map(|(_, v)| v.as_tensor().zeros_like())
+                .collect::<candle_core::Result<_>>()?,
+        };
+        let grads = crate::dist::all_reduce_sum(comm, &grads)?;
+        phase(&mut t, "all-reduce")?;
         opt.step(&grads, 1e-4, 1.0)?;
         phase(&mut t, "optimizer")?;
-        Ok(loss.to_scalar::<f32>()? as f64)
+        let local = match loss_sum {
+            Some(l) => l.to_scalar::<f32>()? as f64,
+            None => 0.0,
+        };
+        Ok(comm.sum_f64(&[local])?[0])
     };
     for _ in 0..2 {
         last_loss = step(&mut opt)?;
     }
     device.synchronize()?;
+    comm.barrier()?;
     let t = Instant::now();
     for _ in 0..steps {
         last_loss = step(&mut opt)?;
     }
     device.synchronize()?;
+    comm.barrier()?;
     let s = t.elapsed().as_secs_f64();
+    crate::dist::check_in_sync(
+        comm,
+        &opt.vars()
+            .iter()
+            .map(|(_, v)| v.as_tensor().clone())
+            .collect::<Vec<_>>(),
+    )?;
     anyhow::ensure!(last_loss.is_finite(), "the loss is not finite: {last_loss}");
     let peak = crate::gpu::peak_memory(device)?;
     Ok(TrainResult {
@@ -246,8 +342,10 @@ pub fn train(b: &TrainBench, device: &Device) -> anyhow::Result<TrainResult> {
         four_bit,
         fused_attention: m.model.decoder().fused_attention(),
         steps,
+        accum,
+        num_gpus: comm.world(),
         peak_mem_gib: peak.map(|b| (b as f64 / (1u64 << 30) as f64 * 100.0).round() / 100.0),
-        tokens_per_s: (batch * seq * steps) as f64 / s,
+        tokens_per_s: (batch * accum * seq * steps) as f64 / s,
         step_ms: 1e3 * s / steps as f64,
         loss: last_loss,
     })
@@ -359,6 +457,7 @@ mod tests {
             seq: 16,
             rank: 4,
             steps: 1,
+            accum: 1,
             gradient_checkpointing: false,
             four_bit: false,
         };
@@ -378,7 +477,7 @@ mod tests {
         assert_eq!(train(&checkpointed, &cpu).unwrap().loss, r.loss);
         let quantized = TrainBench {
             four_bit: true,
-            ..bench
+            ..bench.clone()
         };
         let q = train(&quantized, &cpu).unwrap();
         // 4-bit weights change the numbers (each weight moves by about 9%
@@ -386,6 +485,25 @@ mod tests {
         assert!(q.loss != r.loss, "NF4 weights left the loss unchanged");
         assert!((q.loss - uniform).abs() < 0.3, "{} vs {uniform}", q.loss);
         assert!(r.tokens_per_s > 0.0);
+        // The same global batch on 2 ranks (threads): the same losses after
+        // three updates, so the same gradients and weights.
+        let global = TrainBench {
+            batch: 2,
+            seq: 8,
+            accum: 2,
+            ..bench.clone()
+        };
+        let one = train(&global, &cpu).unwrap();
+        let two = crate::dist::inprocess::run_ranks(2, |c| train_with(&global, &cpu, &c)).unwrap();
+        for r in &two {
+            assert!(
+                (r.loss - one.loss).abs() < 1e-5 * one.loss,
+                "{} vs {}",
+                r.loss,
+                one.loss
+            );
+            assert_eq!(r.num_gpus, 2);
+        }
         let g = sample("smollm2-135m", 2, 4, 3, Some(4), &cpu).unwrap();
         assert_eq!((g.batch, g.new), (2, 3));
         // The CPU runs f32, where sampler and trainer agree closely.

@@ -4,6 +4,7 @@
 pub mod config;
 pub mod env;
 pub mod eval;
+pub mod launch;
 pub mod pipeline;
 pub mod ppo;
 pub mod progress;

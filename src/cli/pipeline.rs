@@ -15,6 +15,7 @@ use trace_train::config::{self, PipelineConfig, Source, Sources};
 use trace_train::generate::{self, RunOptions};
 
 use super::eval::{EvalArgs, run_eval};
+use super::launch::{Role, role, run_children_with};
 use super::ppo::PpoArgs;
 use super::train::{TrainArgs, run_stage};
 
@@ -333,13 +334,42 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             // On (the default) means "on a GPU"; the stage decides.
             gradient_checkpointing: (!cfg.hardware.gradient_checkpointing).then_some(false),
             no_4bit: !cfg.model.load_in_4bit,
+            num_gpus: None,
         }
     };
     for (stage, name) in [(1u8, "warmup"), (2u8, "sft")] {
         if todo(stage, &state) {
             eprintln!("== stage {stage}: {name}");
-            let s = run_stage(name, &stage_args(stage))?;
-            if s.interrupted {
+            let a = stage_args(stage);
+            let requested = cfg.hardware.num_gpus;
+            let interrupted = match role(requested, a.device.as_deref().unwrap_or("auto"))? {
+                Role::Parent { world } => {
+                    // One process a GPU, each running this stage alone.
+                    let started = std::time::SystemTime::now();
+                    let mut argv = vec![std::ffi::OsString::from(name)];
+                    argv.extend(
+                        TrainArgs {
+                            num_gpus: Some(world),
+                            ..a.clone()
+                        }
+                        .to_argv(),
+                    );
+                    run_children_with(world, argv)?;
+                    let out = a.output_dir.clone().unwrap_or_default();
+                    !finished_since(&out, started)
+                }
+                _ => {
+                    run_stage(
+                        name,
+                        &TrainArgs {
+                            num_gpus: Some(1),
+                            ..a
+                        },
+                    )?
+                    .interrupted
+                }
+            };
+            if interrupted {
                 anyhow::bail!("pipeline stopped during {name}; continue with --resume");
             }
             finish(stage, &mut state)?;
@@ -406,4 +436,12 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         finish(4, &mut state)?;
     }
     Ok(())
+}
+
+/// Whether the stage writing to `out` wrote its final adapter at or after
+/// `since` (a stage stopped by a signal writes none).
+fn finished_since(out: &std::path::Path, since: std::time::SystemTime) -> bool {
+    std::fs::metadata(out.join("final/adapter_config.json"))
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t >= since)
 }

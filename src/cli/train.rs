@@ -6,12 +6,16 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 
+use super::launch::Role;
+
 use trace_train::config::{
     self, HardwareConfig, ModelConfig, PipelineConfig, SftConfig, Source, Sources,
 };
+use trace_train::dist::{Communicator, Single};
+use trace_train::progress::{NoProgress, Progress};
 use trace_train::train::sft::{self, SftJob, SftSummary};
 
-#[derive(Args, Clone, Default)]
+#[derive(Args, Clone, Debug, Default)]
 #[command(rename_all = "snake_case")]
 pub struct TrainArgs {
     /// Stage config (default: config/<stage>.json when present).
@@ -87,6 +91,92 @@ pub struct TrainArgs {
     /// as the pipeline config's `model.load_in_4bit` says, i.e. QLoRA).
     #[arg(long)]
     pub no_4bit: bool,
+    /// GPUs to train on, one process each, data parallel over NCCL
+    /// (default: the pipeline config's `hardware.num_gpus`, else every
+    /// visible GPU when the device is CUDA, 1 on the CPU). The global batch
+    /// (batch_size x gradient_accumulation_steps) is the same for any
+    /// number: the ranks share each step's micro-batches.
+    #[arg(long)]
+    pub num_gpus: Option<usize>,
+}
+
+impl TrainArgs {
+    /// Flags that parse back into these arguments: the command line of the
+    /// ranks the pipeline starts for a stage.
+    pub fn to_argv(&self) -> Vec<std::ffi::OsString> {
+        let TrainArgs {
+            config,
+            pipeline_config,
+            model,
+            revision,
+            train_file,
+            eval_file,
+            output_dir,
+            epochs,
+            batch_size,
+            gradient_accumulation_steps,
+            learning_rate,
+            lora_r,
+            max_length,
+            save_steps,
+            seed,
+            max_steps,
+            device,
+            resume,
+            force,
+            gradient_checkpointing,
+            no_4bit,
+            num_gpus,
+        } = self;
+        let mut out: Vec<std::ffi::OsString> = Vec::new();
+        let mut opt = |name: &str, v: Option<std::ffi::OsString>| {
+            if let Some(v) = v {
+                out.push(format!("--{name}").into());
+                out.push(v);
+            }
+        };
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.as_os_str().to_owned());
+        let text = |v: Option<String>| v.map(Into::into);
+        opt("config", path(config));
+        opt("pipeline_config", path(pipeline_config));
+        opt("model", text(model.clone()));
+        opt("revision", text(revision.clone()));
+        opt("train_file", path(train_file));
+        opt("eval_file", path(eval_file));
+        opt("output_dir", path(output_dir));
+        opt("epochs", text(epochs.map(|v| v.to_string())));
+        opt("batch_size", text(batch_size.map(|v| v.to_string())));
+        opt(
+            "gradient_accumulation_steps",
+            text(gradient_accumulation_steps.map(|v| v.to_string())),
+        );
+        // `{:?}` of an f64 parses back to the same value.
+        opt(
+            "learning_rate",
+            text(learning_rate.map(|v| format!("{v:?}"))),
+        );
+        opt("lora_r", text(lora_r.map(|v| v.to_string())));
+        opt("max_length", text(max_length.map(|v| v.to_string())));
+        opt("save_steps", text(save_steps.map(|v| v.to_string())));
+        opt("seed", text(seed.map(|v| v.to_string())));
+        opt("max_steps", text(max_steps.map(|v| v.to_string())));
+        opt("device", text(device.clone()));
+        opt(
+            "gradient_checkpointing",
+            text(gradient_checkpointing.map(|v| v.to_string())),
+        );
+        opt("num_gpus", text(num_gpus.map(|v| v.to_string())));
+        for (flag, on) in [
+            ("--resume", resume),
+            ("--force", force),
+            ("--no_4bit", no_4bit),
+        ] {
+            if *on {
+                out.push(flag.into());
+            }
+        }
+        out
+    }
 }
 
 /// The stage's defaults: (config file, training file, eval file, output).
@@ -201,6 +291,7 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
         force: _,
         gradient_checkpointing,
         no_4bit,
+        num_gpus: _,
     } = args.clone();
     if no_4bit {
         model.load_in_4bit = false;
@@ -328,16 +419,64 @@ pub fn pick_device(name: &str) -> anyhow::Result<candle_core::Device> {
         .open()
 }
 
+/// The `hardware` section of the pipeline config the stage reads.
+fn hardware(args: &TrainArgs) -> anyhow::Result<HardwareConfig> {
+    Ok(match &args.pipeline_config {
+        Some(p) => config::load::<PipelineConfig>(p)?.hardware,
+        None if Path::new("config/pipeline_config.json").is_file() => {
+            config::load::<PipelineConfig>(Path::new("config/pipeline_config.json"))?.hardware
+        }
+        None => HardwareConfig::default(),
+    })
+}
+
+/// `warmup` or `sft` from the command line: on one device, or on several
+/// GPUs (this process starts one child a GPU, each child runs one rank).
+pub fn run_command(stage: &str, args: &TrainArgs) -> anyhow::Result<()> {
+    let requested = args.num_gpus.or(hardware(args)?.num_gpus);
+    match super::launch::role(requested, args.device.as_deref().unwrap_or("auto"))? {
+        Role::Alone => run_stage(stage, args).map(|_| ()),
+        Role::Parent { world } => super::launch::run_children(world),
+        Role::Child(child) => {
+            let args = TrainArgs {
+                device: Some(child.device()),
+                ..args.clone()
+            };
+            let job = resolve(stage, &args)?;
+            let comm = child.communicator(&job.device)?;
+            if child.rank == 0 {
+                run_job(stage, &job, &*comm, &super::progress::Bar::new("step")).map(|_| ())
+            } else {
+                run_job(stage, &job, &*comm, &NoProgress).map(|_| ())
+            }
+        }
+    }
+}
+
+/// One stage on one device.
 pub fn run_stage(stage: &str, args: &TrainArgs) -> anyhow::Result<SftSummary> {
     let job = resolve(stage, args)?;
-    let s = sft::run(&job, &super::progress::Bar::new("step")).map_err(|e| {
+    run_job(stage, &job, &Single, &super::progress::Bar::new("step"))
+}
+
+/// Runs `job` as `comm`'s rank and, on rank 0, reports it.
+fn run_job(
+    stage: &str,
+    job: &SftJob,
+    comm: &dyn Communicator,
+    progress: &dyn Progress,
+) -> anyhow::Result<SftSummary> {
+    let s = sft::run_with(job, comm, progress).map_err(|e| {
         super::out_of_memory_hint(
             e,
             "lower batch_size (raise gradient_accumulation_steps to keep the effective batch) or max_length; checkpoints written so far are intact, continue with --resume",
         )
     })?;
+    if comm.rank() != 0 {
+        return Ok(s);
+    }
     eprintln!(
-        "{stage}: {} steps{}, loss {} -> {}, eval loss {}, {:.0} tokens/s; {} examples ({} records, {} longer than max_length dropped)",
+        "{stage}: {} steps{}, loss {} -> {}, eval loss {}, {:.0} tokens/s{}; {} examples ({} records, {} longer than max_length dropped)",
         s.steps,
         s.resumed_from
             .map(|r| format!(" (resumed at {r})"))
@@ -346,6 +485,11 @@ pub fn run_stage(stage: &str, args: &TrainArgs) -> anyhow::Result<SftSummary> {
         fmt_opt(s.last_loss),
         fmt_opt(s.eval_loss),
         s.tokens_per_s,
+        if comm.world() > 1 {
+            format!(" on {} GPUs", comm.world())
+        } else {
+            String::new()
+        },
         s.examples.examples,
         s.examples.records,
         s.examples.dropped_too_long,
@@ -364,4 +508,40 @@ pub fn run_stage(stage: &str, args: &TrainArgs) -> anyhow::Result<SftSummary> {
 
 fn fmt_opt(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.4}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: TrainArgs,
+    }
+
+    #[test]
+    fn arguments_survive_the_command_line() {
+        let args = TrainArgs {
+            config: Some("c .json".into()),
+            model: Some("base".into()),
+            output_dir: Some("out dir".into()),
+            batch_size: Some(4),
+            learning_rate: Some(1.0e-4 / 3.0),
+            max_steps: Some(7),
+            device: Some("cuda".into()),
+            resume: true,
+            gradient_checkpointing: Some(false),
+            no_4bit: true,
+            num_gpus: Some(2),
+            ..TrainArgs::default()
+        };
+        let mut argv = vec![std::ffi::OsString::from("trace-train")];
+        argv.extend(args.to_argv());
+        let back = Wrap::try_parse_from(argv).unwrap().args;
+        assert_eq!(format!("{back:?}"), format!("{args:?}"));
+        let none = Wrap::try_parse_from(["trace-train"]).unwrap().args;
+        assert!(none.to_argv().is_empty());
+    }
 }

@@ -13,7 +13,6 @@
 //! module, e.g. `model.layers.0.self_attn.q_proj.lora_A.weight`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{DType, Result, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
@@ -267,20 +266,24 @@ fn flatten(x: &Tensor, out_dim: usize) -> Result<(Tensor, Vec<usize>)> {
     Ok((x.reshape(((), in_dim))?.contiguous()?, out_shape))
 }
 
-/// The dropout stream of the current training step. Set by the trainer
-/// before each forward pass ([`set_dropout_seed`]); masks are drawn from it
-/// and the layer's name, so a step's masks are the same in a run and in its
-/// resumption, whatever the device (candle's own generator cannot be seeded).
-static DROPOUT_SEED: AtomicU64 = AtomicU64::new(0);
-
-/// Seeds the LoRA dropout masks of the next forward passes.
-pub fn set_dropout_seed(seed: u64) {
-    DROPOUT_SEED.store(seed, Ordering::Relaxed);
+thread_local! {
+    /// The dropout stream of the current training step. Set by the trainer
+    /// before each forward pass ([`set_dropout_seed`]); masks are drawn from
+    /// it and the layer's name, so a step's masks are the same in a run and
+    /// in its resumption, whatever the device (candle's own generator cannot
+    /// be seeded). One a thread: ranks trained as threads of one process
+    /// (the data-parallel tests) each keep their own.
+    static DROPOUT_SEED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// The seed [`set_dropout_seed`] set last.
+/// Seeds the LoRA dropout masks of this thread's next forward passes.
+pub fn set_dropout_seed(seed: u64) {
+    DROPOUT_SEED.with(|s| s.set(seed));
+}
+
+/// The seed [`set_dropout_seed`] set last on this thread.
 pub fn dropout_seed() -> u64 {
-    DROPOUT_SEED.load(Ordering::Relaxed)
+    DROPOUT_SEED.with(std::cell::Cell::get)
 }
 
 thread_local! {

@@ -19,6 +19,15 @@
 //!
 //! Everything that decides the numbers (data order, dropout masks, init) is
 //! seeded, so a resumed run repeats the uninterrupted one exactly on CPU.
+//!
+//! Data parallel ([`run_with`] and a [`Communicator`] of several ranks):
+//! every rank plans the same global batches and computes its share of each
+//! step's micro-batches ([`crate::dist::shard`]); the loss of every share is
+//! divided by the step's global answer-token count, so the gradients summed
+//! over ranks are the one-rank gradients (up to the order of additions).
+//! The guard, clipping and AdamW then run on every rank on the same summed
+//! gradients, so the weights stay identical (checked at each checkpoint and
+//! at the end). Rank 0 alone writes metrics, checkpoints and the outputs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +45,7 @@ use crate::data::batch::{Batch, Batcher};
 use crate::data::example::{BuildStats, Example, build_examples};
 use crate::data::records::read_records;
 use crate::data::tokenizer::ChatTokenizer;
+use crate::dist::{self, Communicator, Single, shard};
 use crate::model::lora::{LoraConfig, TargetModule, set_dropout_seed};
 use crate::model::{self, LoadedModel};
 use crate::runlog::{self, RunLog};
@@ -93,9 +103,26 @@ pub struct SftSummary {
 /// Consecutive non-finite steps tolerated before the run stops.
 const MAX_BAD_STEPS: u64 = 10;
 
+/// One run on one device.
 pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> {
+    run_with(job, &Single, progress)
+}
+
+/// One rank of a run over `comm`'s ranks (every rank calls it with the same
+/// job, on its own device); with [`Single`], the usual one-device run.
+pub fn run_with(
+    job: &SftJob,
+    comm: &dyn Communicator,
+    progress: &dyn Progress,
+) -> anyhow::Result<SftSummary> {
     let cfg = &job.config;
-    let _lock = RunLock::acquire(&job.output_dir)?;
+    let (rank, world) = (comm.rank(), comm.world());
+    let lead = rank == 0;
+    let _lock = if lead {
+        Some(RunLock::acquire(&job.output_dir)?)
+    } else {
+        None
+    };
     let stop = stop_flag()?;
 
     // 1. Tokenizer, model, data.
@@ -184,10 +211,16 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         extra: serde_json::Value::Null,
     };
     let mut resumed_from = None;
-    match (
-        job.resume,
-        checkpoint::latest(&job.output_dir, &job.device)?,
-    ) {
+    // Rank 0 looks first (it removes interrupted saves), the others after.
+    let latest = if lead {
+        let l = checkpoint::latest(&job.output_dir, &job.device)?;
+        comm.barrier()?;
+        l
+    } else {
+        comm.barrier()?;
+        checkpoint::latest(&job.output_dir, &job.device)?
+    };
+    match (job.resume, latest) {
         (true, Some(ck)) => {
             let diff = fingerprint.differences(&ck.state.fingerprint);
             if !diff.is_empty() && !job.force {
@@ -220,11 +253,26 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         ),
         (_, None) => {}
     }
-    // Keeps the steps up to the checkpoint (all of them on a fresh start: none).
-    let mut log = RunLog::open(&job.output_dir, resumed_from)?;
+    // Every rank starts from rank 0's weights (they are equal already when
+    // initialisation and checkpoint agree; this makes it certain).
+    if world > 1 {
+        let ts: Vec<Tensor> = vars.iter().map(|(_, v)| v.as_tensor().clone()).collect();
+        for ((_, v), t) in vars.iter().zip(dist::broadcast(comm, &ts, 0)?) {
+            v.set(&t)?;
+        }
+    }
+    // Rank 0 alone logs; it keeps the steps up to the checkpoint (all of
+    // them on a fresh start: none).
+    let mut log = if lead {
+        Some(RunLog::open(&job.output_dir, resumed_from)?)
+    } else {
+        None
+    };
 
     // 3-4. The loop.
-    progress.start(Some(total_steps), state.step);
+    if lead {
+        progress.start(Some(total_steps), state.step);
+    }
     let (mut first_loss, mut last_loss, mut eval_loss) = (None, None, None);
     let mut bad_in_a_row = 0u64;
     let mut interrupted = false;
@@ -233,8 +281,9 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
     let mut plan = batcher.plan(state.epoch as u64);
     while state.step < total_steps {
         let t0 = Instant::now();
-        // This step's micro-batches, from the saved data position.
-        let mut micro: Vec<Batch> = Vec::with_capacity(accum);
+        // This step's micro-batches (example indices), from the saved data
+        // position; every rank plans all of them and computes its share.
+        let mut micro: Vec<Vec<usize>> = Vec::with_capacity(accum);
         while micro.len() < accum {
             if state.batch >= per_epoch {
                 if !micro.is_empty() {
@@ -244,15 +293,27 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
                 state.batch = 0;
                 plan = batcher.plan(state.epoch as u64);
             }
-            micro.push(batcher.batch(&plan[state.batch]));
+            micro.push(plan[state.batch].clone());
             state.batch += 1;
         }
-        let answer_tokens: usize = micro.iter().map(|b| b.answer_tokens).sum();
+        let answer_tokens: usize = micro
+            .iter()
+            .flatten()
+            .map(|&i| examples[i].answer_len())
+            .sum();
+        let step_tokens: usize = micro.iter().flatten().map(|&i| examples[i].len()).sum();
         let mut grads: Option<Vec<Tensor>> = None;
         let mut loss_sum = 0f64;
-        for (i, b) in micro.iter().enumerate() {
-            set_dropout_seed(mix(cfg.seed, state.step, i as u64));
-            let (ids, mask, labels) = tensors(b, &job.device)?;
+        for part in shard::split_step(&micro, world, rank) {
+            // A whole micro-batch draws the masks a one-rank run draws; a
+            // row slice its own.
+            let key = match part.slice {
+                None => part.micro as u64,
+                Some(s) => ((part.micro * world + s) as u64) | (1 << 32),
+            };
+            set_dropout_seed(mix(cfg.seed, state.step, key));
+            let b = batcher.batch(&part.rows);
+            let (ids, mask, labels) = tensors(&b, &job.device)?;
             let hidden = loaded.model.forward_hidden(&ids, Some(&mask), true)?;
             let head = &loaded.model.lm_head().weight()?;
             let (sum, _) = lm_head_cross_entropy(&hidden, head, &labels)?;
@@ -268,9 +329,24 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
                     .map(|(a, b)| a + b)
                     .collect::<candle_core::Result<_>>()?,
             });
-            state.tokens_seen += b.tokens as u64;
         }
-        let grads = grads.expect("at least one micro-batch");
+        state.tokens_seen += step_tokens as u64;
+        // A rank with no share this step (an epoch's short last step on
+        // many ranks) adds zeros.
+        let grads = match grads {
+            Some(g) => g,
+            None => vars
+                .iter()
+                .map(|(_, v)| v.as_tensor().zeros_like())
+                .collect::<candle_core::Result<_>>()?,
+        };
+        let grads = dist::all_reduce_sum(comm, &grads)?;
+        // The loss and the stop request, agreed by all ranks (a signal seen
+        // by one rank stops all of them at the same step).
+        let agreed =
+            comm.sum_f64(&[loss_sum, f64::from(u8::from(stop.load(Ordering::Relaxed)))])?;
+        let loss_sum = agreed[0];
+        let stopping = agreed[1] > 0.0;
         let norm = AdamW::grad_norm(&grads)?;
         let lr = schedule.lr(state.step as usize);
         if !loss_sum.is_finite() || !norm.is_finite() {
@@ -297,7 +373,6 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         }
         state.step += 1;
         let secs = t0.elapsed().as_secs_f64();
-        let step_tokens: usize = micro.iter().map(|b| b.tokens).sum();
         first_loss.get_or_insert(loss_sum);
         last_loss = Some(loss_sum);
         let mut scalars = vec![
@@ -313,33 +388,48 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             && state.step.is_multiple_of(cfg.eval_steps as u64)
             && !eval_examples.is_empty()
         {
-            let e = evaluate_loss(&loaded, &eval_examples, cfg.batch_size, pad, &job.device)?;
+            let e = evaluate_loss(
+                &loaded,
+                &eval_examples,
+                cfg.batch_size,
+                pad,
+                &job.device,
+                comm,
+            )?;
             scalars.push(("eval_loss", e));
             eval_loss = Some(e);
         }
-        log.log(state.step, &scalars)?;
-        progress.set(state.step);
-        progress.status(&format!(
-            "loss {loss_sum:.4} {:.0} tok/s",
-            step_tokens as f64 / secs.max(1e-9)
-        ));
+        if let Some(log) = log.as_mut() {
+            scalars.push(("world_size", world as f64));
+            log.log(state.step, &scalars)?;
+            progress.set(state.step);
+            progress.status(&format!(
+                "loss {loss_sum:.4} {:.0} tok/s",
+                step_tokens as f64 / secs.max(1e-9)
+            ));
+        }
 
-        let stopping = stop.load(Ordering::Relaxed);
         let periodic = cfg.save_steps > 0 && state.step.is_multiple_of(cfg.save_steps as u64);
         if (periodic || stopping) && state.step < total_steps {
-            save_checkpoint(&job.output_dir, &state, &opt, cfg.save_total_limit)?;
+            dist::check_in_sync(comm, &var_tensors(&vars))?;
+            if lead {
+                save_checkpoint(&job.output_dir, &state, &opt, cfg.save_total_limit)?;
+            }
         }
         if stopping {
             interrupted = true;
             break;
         }
     }
-    progress.finish();
+    if lead {
+        progress.finish();
+    }
 
     // 5. Outputs of the stage.
     let final_dir = job.output_dir.join("final");
     let merged_dir = job.output_dir.join("merged");
-    if !interrupted {
+    dist::check_in_sync(comm, &var_tensors(&vars))?;
+    if !interrupted && lead {
         save_checkpoint(&job.output_dir, &state, &opt, cfg.save_total_limit)?;
         // A hub model is named by its id, as PEFT records it; a folder by its path.
         let base_name = job
@@ -456,6 +546,10 @@ fn save_checkpoint(
     Ok(())
 }
 
+fn var_tensors(vars: &[(String, candle_core::Var)]) -> Vec<Tensor> {
+    vars.iter().map(|(_, v)| v.as_tensor().clone()).collect()
+}
+
 /// Input ids, attention mask and labels of a batch, as (B, L) tensors.
 fn tensors(b: &Batch, dev: &Device) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
     let shape = (b.batch, b.seq_len);
@@ -466,17 +560,23 @@ fn tensors(b: &Batch, dev: &Device) -> candle_core::Result<(Tensor, Tensor, Tens
     ))
 }
 
-/// Mean cross-entropy over the eval set's answer tokens (no gradients).
+/// Mean cross-entropy over the eval set's answer tokens (no gradients);
+/// rank r evaluates batches r, r + world, ... and the sums are combined.
 fn evaluate_loss(
     m: &LoadedModel,
     examples: &[Example],
     batch_size: usize,
     pad: u32,
     dev: &Device,
+    comm: &dyn Communicator,
 ) -> anyhow::Result<f64> {
     let batcher = Batcher::new(examples, batch_size, 0, pad)?;
     let (mut sum, mut n) = (0f64, 0usize);
-    for ids in batcher.plan(0) {
+    let (rank, world) = (comm.rank(), comm.world());
+    for (j, ids) in batcher.plan(0).into_iter().enumerate() {
+        if j % world != rank {
+            continue;
+        }
         let b = batcher.batch(&ids);
         let (ids, mask, labels) = tensors(&b, dev)?;
         let hidden = m.model.forward_hidden(&ids, Some(&mask), false)?;
@@ -484,7 +584,8 @@ fn evaluate_loss(
         sum += s.to_scalar::<f32>()? as f64;
         n += c;
     }
-    Ok(sum / n.max(1) as f64)
+    let total = comm.sum_f64(&[sum, n as f64])?;
+    Ok(total[0] / total[1].max(1.0))
 }
 
 /// A seed for (run seed, step, micro-batch): dropout masks differ per step

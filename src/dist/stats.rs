@@ -1,0 +1,312 @@
+//! The statistics an RL step needs over its whole batch when each rank holds
+//! a share of it: which GRPO groups a rank samples and scores (groups stay
+//! whole on one rank), advantage whitening over every rank's valid tokens,
+//! batch-level reward scaling, reward summaries and counts. Each function
+//! gives every rank the single-process result, up to the order of
+//! additions.
+//!
+//! Means and variances are computed in two passes (the global mean first,
+//! then the global sum of squared deviations), as a single process would,
+//! rather than from sums of squares, which lose digits when the mean is
+//! large against the spread.
+
+use std::ops::Range;
+
+use candle_core::{DType, Tensor};
+
+use super::Communicator;
+
+/// The groups rank `rank` samples and scores: a contiguous block of
+/// `0..groups`, the first `groups % world` ranks one longer. Whole groups
+/// only, so a group's mean and standard deviation need no communication.
+pub fn groups_of_rank(groups: usize, world: usize, rank: usize) -> Range<usize> {
+    let (lo, hi) = super::shard::slice_bounds(groups, world, rank);
+    lo..hi
+}
+
+/// Count, mean and variance (unbiased, Bessel-corrected, as `torch.var`)
+/// of values pooled over all ranks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Moments {
+    pub count: f64,
+    pub mean: f64,
+    pub var: f64,
+}
+
+/// [`Moments`] of the values of every rank (`values` are this rank's).
+pub fn moments(comm: &dyn Communicator, values: &[f64]) -> anyhow::Result<Moments> {
+    let s = comm.sum_f64(&[values.len() as f64, values.iter().sum()])?;
+    let (count, mean) = (s[0], s[1] / s[0].max(1.0));
+    let dev: f64 = values.iter().map(|v| (v - mean).powi(2)).sum();
+    let ss = comm.sum_f64(&[dev])?[0];
+    Ok(Moments {
+        count,
+        mean,
+        var: if count > 1.0 { ss / (count - 1.0) } else { 0.0 },
+    })
+}
+
+/// [`Moments`] of `values` where `mask` is 1, pooled over all ranks
+/// (tensors of any shape, the same on both; computed on the device, only
+/// three numbers travel).
+pub fn masked_moments(
+    comm: &dyn Communicator,
+    values: &Tensor,
+    mask: &Tensor,
+) -> anyhow::Result<Moments> {
+    let x = values.to_dtype(DType::F64)?;
+    let m = mask.to_dtype(DType::F64)?;
+    let n = m.sum_all()?.to_scalar::<f64>()?;
+    let s = (&x * &m)?.sum_all()?.to_scalar::<f64>()?;
+    let g = comm.sum_f64(&[n, s])?;
+    let (count, mean) = (g[0], g[1] / g[0].max(1.0));
+    let dev = ((x - mean)?.sqr()? * &m)?.sum_all()?.to_scalar::<f64>()?;
+    let ss = comm.sum_f64(&[dev])?[0];
+    Ok(Moments {
+        count,
+        mean,
+        var: if count > 1.0 { ss / (count - 1.0) } else { 0.0 },
+    })
+}
+
+/// Advantages whitened over every rank's valid tokens:
+/// `(x - mean) / sqrt(var + 1e-8)` with the pooled [`masked_moments`]
+/// (PPO's advantage normalisation, as TRL's `masked_whiten`), the mean
+/// added back when `shift_mean` is false; 0 where `mask` is 0. In
+/// `values`' dtype.
+pub fn whiten(
+    comm: &dyn Communicator,
+    values: &Tensor,
+    mask: &Tensor,
+    shift_mean: bool,
+) -> anyhow::Result<Tensor> {
+    let mo = masked_moments(comm, values, mask)?;
+    let x = values.to_dtype(DType::F64)?;
+    let mut w = ((x - mo.mean)? * (1.0 / (mo.var + 1e-8).sqrt()))?;
+    if !shift_mean {
+        w = (w + mo.mean)?;
+    }
+    Ok((w * mask.to_dtype(DType::F64)?)?.to_dtype(values.dtype())?)
+}
+
+/// How GRPO scales a group's centred rewards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RewardScale {
+    /// By the group's own standard deviation (DeepSeekMath's GRPO).
+    Group,
+    /// By the standard deviation of the whole batch, over all ranks.
+    Batch,
+    /// Not at all (Dr. GRPO).
+    None,
+}
+
+/// GRPO advantages of this rank's whole groups (`rewards` in group order,
+/// `group_size` each): `r - mean(group)`, divided by the scale's standard
+/// deviation plus 1e-4 (Shao et al., "DeepSeekMath", 2024, section 4.1.2,
+/// outcome supervision; the batch and no-scaling variants as TRL offers
+/// them). Only `RewardScale::Batch` communicates.
+pub fn grpo_advantages(
+    comm: &dyn Communicator,
+    rewards: &[f64],
+    group_size: usize,
+    scale: RewardScale,
+) -> anyhow::Result<Vec<f64>> {
+    anyhow::ensure!(
+        group_size > 0 && rewards.len().is_multiple_of(group_size),
+        "{} rewards are not whole groups of {group_size}\nhint: a rank must hold whole groups (see groups_of_rank)",
+        rewards.len()
+    );
+    let batch_std = match scale {
+        RewardScale::Batch => Some(moments(comm, rewards)?.var.sqrt()),
+        _ => None,
+    };
+    let mut out = Vec::with_capacity(rewards.len());
+    for g in rewards.chunks(group_size) {
+        let mean = g.iter().sum::<f64>() / g.len() as f64;
+        let std = match scale {
+            RewardScale::Group => sample_std(g, mean),
+            RewardScale::Batch => batch_std.unwrap_or(0.0),
+            RewardScale::None => 0.0,
+        };
+        let denom = if scale == RewardScale::None {
+            1.0
+        } else {
+            std + 1e-4
+        };
+        out.extend(g.iter().map(|r| (r - mean) / denom));
+    }
+    Ok(out)
+}
+
+fn sample_std(g: &[f64], mean: f64) -> f64 {
+    if g.len() < 2 {
+        return 0.0;
+    }
+    (g.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (g.len() - 1) as f64).sqrt()
+}
+
+/// A step's rewards summarised over all ranks, for the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct RewardSummary {
+    pub count: f64,
+    pub mean: f64,
+    pub std: f64,
+    pub min: f64,
+    pub max: f64,
+    /// Groups whose rewards are all equal (no learning signal), as a
+    /// fraction of all groups.
+    pub frac_zero_std_groups: f64,
+}
+
+/// [`RewardSummary`] of every rank's rewards (this rank's whole groups of
+/// `group_size`).
+pub fn reward_summary(
+    comm: &dyn Communicator,
+    rewards: &[f64],
+    group_size: usize,
+) -> anyhow::Result<RewardSummary> {
+    let mo = moments(comm, rewards)?;
+    let groups = rewards.chunks(group_size.max(1));
+    let flat = groups
+        .clone()
+        .filter(|g| g.iter().all(|r| *r == g[0]))
+        .count() as f64;
+    let (lo, hi) = rewards
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &r| {
+            (a.min(r), b.max(r))
+        });
+    let all = comm.all_gather_f64(&[lo, hi, flat, groups.count() as f64])?;
+    let total_groups: f64 = all.iter().map(|v| v[3]).sum();
+    Ok(RewardSummary {
+        count: mo.count,
+        mean: mo.mean,
+        std: mo.var.sqrt(),
+        min: all.iter().map(|v| v[0]).fold(f64::INFINITY, f64::min),
+        max: all.iter().map(|v| v[1]).fold(f64::NEG_INFINITY, f64::max),
+        frac_zero_std_groups: all.iter().map(|v| v[2]).sum::<f64>() / total_groups.max(1.0),
+    })
+}
+
+/// A count summed over all ranks (valid tokens for a token-mean loss,
+/// sequences, truncated answers).
+pub fn global_count(comm: &dyn Communicator, n: usize) -> anyhow::Result<usize> {
+    Ok(comm.sum_f64(&[n as f64])?[0].round() as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dist::Single;
+    use crate::dist::inprocess::run_ranks;
+    use candle_core::Device;
+
+    const G: usize = 4;
+
+    /// 7 groups of 4 rewards: mixed, flat and binary groups.
+    fn rewards() -> Vec<f64> {
+        (0..7 * G)
+            .map(|i| match i / G {
+                2 => 1.0,
+                5 => 0.0,
+                g => ((i * 37 + g) % 5) as f64 / 4.0,
+            })
+            .collect()
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-12 * (1.0 + a.abs().max(b.abs()))
+    }
+
+    #[test]
+    fn groups_are_whole_and_cover_the_batch() {
+        for world in 1..=4 {
+            let mut all: Vec<usize> = (0..world)
+                .flat_map(|r| groups_of_rank(7, world, r))
+                .collect();
+            all.sort();
+            assert_eq!(all, (0..7).collect::<Vec<_>>());
+        }
+        assert_eq!(groups_of_rank(7, 3, 0), 0..3);
+    }
+
+    #[test]
+    fn rl_statistics_on_several_ranks_match_one_process() {
+        let r = rewards();
+        let single_adv = {
+            let mut v = Vec::new();
+            for s in [RewardScale::Group, RewardScale::Batch, RewardScale::None] {
+                v.push(grpo_advantages(&Single, &r, G, s).unwrap());
+            }
+            v
+        };
+        let single_sum = reward_summary(&Single, &r, G).unwrap();
+        assert_eq!(single_sum.frac_zero_std_groups, 2.0 / 7.0);
+        // Token-level values: 28 sequences of 5 positions, a ragged mask.
+        let values: Vec<f32> = (0..28 * 5).map(|i| ((i * 13) % 11) as f32 - 3.0).collect();
+        let mask: Vec<f32> = (0..28 * 5)
+            .map(|i| f32::from(i % 5 < 1 + (i / 5) % 4))
+            .collect();
+        let dev = Device::Cpu;
+        let tv = Tensor::from_vec(values.clone(), (28, 5), &dev).unwrap();
+        let tm = Tensor::from_vec(mask.clone(), (28, 5), &dev).unwrap();
+        let single_w = whiten(&Single, &tv, &tm, true)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        let single_mo = masked_moments(&Single, &tv, &tm).unwrap();
+        assert!(close(single_mo.count, mask.iter().sum::<f32>() as f64));
+
+        for world in [2, 3] {
+            let per_rank = run_ranks(world, |c| {
+                let groups = groups_of_rank(7, world, c.rank());
+                let mine = &r[groups.start * G..groups.end * G];
+                let adv = [RewardScale::Group, RewardScale::Batch, RewardScale::None]
+                    .map(|s| grpo_advantages(&c, mine, G, s).unwrap());
+                let sum = reward_summary(&c, mine, G)?;
+                let rows = groups.start * G..groups.end * G;
+                let v = tv.narrow(0, rows.start, rows.len())?;
+                let m = tm.narrow(0, rows.start, rows.len())?;
+                let w = whiten(&c, &v, &m, true)?.to_vec2::<f32>()?;
+                let mo = masked_moments(&c, &v, &m)?;
+                let n = global_count(&c, rows.len())?;
+                Ok((adv, sum, w, mo, n))
+            })
+            .unwrap();
+            let mut adv: [Vec<f64>; 3] = Default::default();
+            let mut w = Vec::new();
+            for (a, sum, wr, mo, n) in per_rank {
+                for k in 0..3 {
+                    adv[k].extend(&a[k]);
+                }
+                w.extend(wr);
+                assert_eq!(n, 28);
+                assert!(close(mo.mean, single_mo.mean) && close(mo.var, single_mo.var));
+                assert_eq!(sum.count, single_sum.count);
+                assert!(close(sum.mean, single_sum.mean) && close(sum.std, single_sum.std));
+                assert_eq!((sum.min, sum.max), (single_sum.min, single_sum.max));
+                assert_eq!(sum.frac_zero_std_groups, single_sum.frac_zero_std_groups);
+            }
+            for k in 0..3 {
+                assert_eq!(adv[k].len(), single_adv[k].len());
+                for (a, b) in adv[k].iter().zip(&single_adv[k]) {
+                    assert!(close(*a, *b), "scale {k} on {world} ranks: {a} vs {b}");
+                }
+            }
+            for (a, b) in w.iter().flatten().zip(single_w.iter().flatten()) {
+                assert!((a - b).abs() < 1e-6, "whitened {a} vs {b}");
+            }
+        }
+        // The whitened valid values have mean 0 and unit variance.
+        let valid: Vec<f64> = single_w
+            .iter()
+            .flatten()
+            .zip(&mask)
+            .filter(|(_, m)| **m > 0.0)
+            .map(|(w, _)| *w as f64)
+            .collect();
+        let mean = valid.iter().sum::<f64>() / valid.len() as f64;
+        assert!(mean.abs() < 1e-6, "{mean}");
+        assert!(grpo_advantages(&Single, &r[..5], G, RewardScale::Group).is_err());
+    }
+}

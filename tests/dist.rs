@@ -1,0 +1,213 @@
+//! Data-parallel SFT against one process: the same global batch trained by
+//! 2 and 3 ranks (threads sharing memory through `dist::InProcess`) gives
+//! the one-rank losses and LoRA weights, up to the order of additions; a
+//! checkpoint written by 2 ranks resumes on 1.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use trace_train::config::{ModelConfig, SftConfig};
+use trace_train::dist::inprocess::run_ranks;
+use trace_train::train::sft::{self, NoProgress, SftJob, SftSummary};
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    trace_train::model::tiny::write_tiny_chat_model(&root.join("base"), 3).unwrap();
+    common::train::write_records(&root.join("train.jsonl"), 24);
+    common::train::write_records(&root.join("eval.jsonl"), 5);
+    Setup { _dir: dir, root }
+}
+
+fn job(root: &Path, out: &str, batch: usize, accum: usize, dropout: f64, steps: u64) -> SftJob {
+    let config = SftConfig {
+        batch_size: batch,
+        gradient_accumulation_steps: accum,
+        epochs: 3,
+        learning_rate: 3e-3,
+        lora_r: 4,
+        lora_alpha: 8.0,
+        lora_dropout: dropout,
+        eval_steps: 2,
+        save_steps: 2,
+        seed: 7,
+        ..SftConfig::default()
+    };
+    SftJob {
+        stage: "warmup".into(),
+        config,
+        model: ModelConfig {
+            name: "base".into(),
+            revision: None,
+            load_in_4bit: false,
+            dtype: "f32".into(),
+            max_length: 256,
+        },
+        base_dir: root.join("base"),
+        base: trace_train::model::resolve::Resolved {
+            spec: root.join("base").display().to_string(),
+            dir: root.join("base"),
+            repo: None,
+            revision: None,
+            commit: None,
+        },
+        train_file: root.join("train.jsonl"),
+        eval_file: Some(root.join("eval.jsonl")),
+        output_dir: root.join(out),
+        device: Device::Cpu,
+        resume: false,
+        force: false,
+        max_steps: Some(steps),
+        gradient_checkpointing: false,
+    }
+}
+
+fn losses(out: &Path) -> Vec<(f64, Option<f64>)> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["loss"].as_f64().unwrap(), v["eval_loss"].as_f64())
+        })
+        .collect()
+}
+
+fn adapter(out: &Path) -> Vec<(String, Tensor)> {
+    let mut t: Vec<_> =
+        candle_core::safetensors::load(out.join("final/adapter_model.safetensors"), &Device::Cpu)
+            .unwrap()
+            .into_iter()
+            .collect();
+    t.sort_by(|a, b| a.0.cmp(&b.0));
+    t
+}
+
+fn rel(a: f64, b: f64) -> f64 {
+    (a - b).abs() / a.abs().max(b.abs()).max(1e-12)
+}
+
+/// Trains `job` on `world` ranks (rank 0's summary), or on one with 1.
+fn train(job: &SftJob, world: usize) -> SftSummary {
+    if world == 1 {
+        return sft::run(job, &NoProgress).unwrap();
+    }
+    let mut all = run_ranks(world, |c| sft::run_with(job, &c, &NoProgress)).unwrap();
+    all.swap_remove(0)
+}
+
+fn assert_same_training(root: &Path, one: &str, many: &str, what: &str) {
+    let (a, b) = (losses(&root.join(one)), losses(&root.join(many)));
+    assert_eq!(a.len(), b.len(), "{what}: steps");
+    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(
+            rel(x.0, y.0) < 1e-5,
+            "{what}: step {} loss {} vs {}",
+            step + 1,
+            x.0,
+            y.0
+        );
+        match (x.1, y.1) {
+            (Some(e1), Some(e2)) => assert!(rel(e1, e2) < 1e-5, "{what}: eval loss {e1} vs {e2}"),
+            (None, None) => {}
+            other => panic!("{what}: eval losses {other:?}"),
+        }
+    }
+    let (wa, wb) = (adapter(&root.join(one)), adapter(&root.join(many)));
+    assert_eq!(wa.len(), wb.len());
+    for ((name, x), (_, y)) in wa.iter().zip(&wb) {
+        let scale = x
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let diff = common::max_diff(x, y);
+        assert!(
+            diff <= 1e-4 * scale.max(1e-3),
+            "{what}: `{name}` differs by {diff} (scale {scale})"
+        );
+    }
+}
+
+#[test]
+fn two_and_three_ranks_train_as_one() {
+    let s = setup();
+    let root = &s.root;
+    // Whole micro-batches a rank (6 divides by 2 and 3): the dropout masks
+    // are the one-rank ones, so dropout stays on.
+    let one = train(&job(root, "one", 2, 6, 0.1, 4), 1);
+    assert!(one.last_loss.unwrap() < one.first_loss.unwrap());
+    for world in [2, 3] {
+        let out = format!("whole{world}");
+        let many = train(&job(root, &out, 2, 6, 0.1, 4), world);
+        assert_eq!(many.steps, 4);
+        assert_same_training(
+            root,
+            "one",
+            &out,
+            &format!("{world} ranks, whole micro-batches"),
+        );
+        let first: serde_json::Value = serde_json::from_str(
+            std::fs::read_to_string(root.join(&out).join("metrics.jsonl"))
+                .unwrap()
+                .lines()
+                .next()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(first["world_size"], world);
+    }
+    // One micro-batch a step: its rows are split over the ranks (a slice
+    // draws its own dropout masks, so dropout is off to compare).
+    train(&job(root, "rows1", 4, 1, 0.0, 5), 1);
+    for world in [2, 3] {
+        let out = format!("rows{world}");
+        train(&job(root, &out, 4, 1, 0.0, 5), world);
+        assert_same_training(root, "rows1", &out, &format!("{world} ranks, row slices"));
+    }
+}
+
+#[test]
+fn a_checkpoint_of_two_ranks_resumes_on_one() {
+    let s = setup();
+    let root = &s.root;
+    // A constant rate, so a run stopped by max_steps 2 sees the rates of
+    // the first two steps of a 4-step run.
+    let constant = |out: &str, steps: u64| {
+        let mut j = job(root, out, 2, 2, 0.1, steps);
+        j.config.warmup_ratio = 0.0;
+        j.config.min_lr_ratio = 1.0;
+        j
+    };
+    train(&constant("straight", 4), 1);
+    // Two ranks train steps 1-2 and leave a checkpoint at step 2 ...
+    train(&constant("resumed", 2), 2);
+    // ... from which one rank continues to step 4.
+    let mut rest = constant("resumed", 4);
+    rest.resume = true;
+    let s1 = train(&rest, 1);
+    assert_eq!(s1.resumed_from, Some(2));
+    let (a, b) = (
+        losses(&root.join("straight")),
+        losses(&root.join("resumed")),
+    );
+    assert_eq!(b.len(), 4);
+    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(
+            rel(x.0, y.0) < 1e-5,
+            "step {}: {} vs {}",
+            step + 1,
+            x.0,
+            y.0
+        );
+    }
+}

@@ -1,0 +1,96 @@
+//! The NCCL communicator on the GPUs of this machine (`cargo test --features
+//! cuda --test nccl`): one thread a GPU (two at most; one GPU makes a group
+//! of one, which still goes through NCCL), each with its own communicator,
+//! against the sums computed on the host. Without a device each test prints
+//! SKIPPED (libnccl.so.2 must be on the loader path: see docs/GPU.md).
+#![cfg(feature = "cuda")]
+
+use candle_core::{DType, Device, Tensor};
+use trace_train::dist::nccl::{Nccl, unique_id_hex};
+use trace_train::dist::{self, Communicator};
+
+/// One rank's results: all-reduce, broadcast, scalar sums, and samples
+/// (first, second, last value) of each bucketed all-reduced tensor.
+type RankResults = (Vec<f32>, Vec<f32>, Vec<f64>, Vec<Vec<f32>>);
+
+#[test]
+fn collectives_and_bucketed_all_reduce_on_the_gpus() {
+    let world = dist::visible_gpus().min(2);
+    if world == 0 {
+        eprintln!("SKIPPED: no CUDA device");
+        return;
+    }
+    let id = unique_id_hex().unwrap();
+    let results: Vec<RankResults> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let id = id.clone();
+                s.spawn(move || {
+                    let dev = Device::new_cuda(rank).unwrap();
+                    let c = Nccl::new(&dev, rank, world, &id).unwrap();
+                    assert_eq!((c.rank(), c.world()), (rank, world));
+                    let r = rank as f32;
+                    let t = Tensor::new(&[r + 1.0, 10.0 * r], &dev).unwrap();
+                    let sum = c.all_reduce_f32(&t).unwrap().to_vec1::<f32>().unwrap();
+                    let b = c
+                        .broadcast_f32(&t, world - 1)
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap();
+                    let s = c.sum_f64(&[1.0, rank as f64]).unwrap();
+                    c.barrier().unwrap();
+                    // Many tensors of mixed dtypes and shapes, larger than a
+                    // bucket in all.
+                    let ts: Vec<Tensor> = (0..5)
+                        .map(|k| {
+                            let n = if k == 2 {
+                                dist::BUCKET_ELEMS + 3
+                            } else {
+                                1000 * (k + 1)
+                            };
+                            let t = (Tensor::arange(0f32, n as f32, &dev).unwrap()
+                                * (r + 1.0) as f64)
+                                .unwrap();
+                            if k == 1 {
+                                t.to_dtype(DType::BF16).unwrap()
+                            } else {
+                                t
+                            }
+                        })
+                        .collect();
+                    let red = dist::all_reduce_sum(&c, &ts).unwrap();
+                    let samples: Vec<Vec<f32>> = red
+                        .iter()
+                        .map(|t| {
+                            assert_eq!(t.device().location(), dev.location());
+                            let v = t.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+                            vec![v[0], v[1], v[v.len() - 1]]
+                        })
+                        .collect();
+                    dist::check_in_sync(&c, &red).unwrap();
+                    (sum, b, s, samples)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let w = world as f32;
+    let scale = w * (w + 1.0) / 2.0; // sum over ranks of (rank + 1)
+    for (sum, b, s, samples) in results {
+        assert_eq!(sum, [scale, 10.0 * (w - 1.0) * w / 2.0]);
+        assert_eq!(b, [w, 10.0 * (w - 1.0)]);
+        assert_eq!(s, [world as f64, ((world - 1) * world / 2) as f64]);
+        for (k, v) in samples.iter().enumerate() {
+            let n = if k == 2 {
+                dist::BUCKET_ELEMS + 3
+            } else {
+                1000 * (k + 1)
+            };
+            let last = (n - 1) as f32 * scale;
+            let tol = if k == 1 { 1e-2 * last } else { 1e-6 * last };
+            assert_eq!(v[0], 0.0);
+            assert_eq!(v[1], scale);
+            assert!((v[2] - last).abs() <= tol, "tensor {k}: {} vs {last}", v[2]);
+        }
+    }
+}
