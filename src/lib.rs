@@ -14,6 +14,7 @@ pub mod eval;
 pub mod generate;
 pub mod gpu;
 pub mod model;
+pub mod progress;
 pub mod prompt;
 pub mod reward;
 pub mod sandbox;

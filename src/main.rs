@@ -1,13 +1,11 @@
 //! The `trace-train` command: parse flags → resolve settings → run a stage →
 //! print the error chain and exit non-zero on failure.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
 
 mod cli;
 
@@ -18,7 +16,7 @@ mod cli;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use trace_train::config::{self, GenerateConfig, PipelineConfig, SeedScheme};
-use trace_train::generate::{self, Progress, RunOptions};
+use trace_train::generate::{self, RunOptions};
 use trace_train::sandbox::{self, Executor, ExecutorConfig, Request};
 
 #[derive(Parser)]
@@ -268,6 +266,10 @@ enum BenchCommand {
         /// New tokens a sequence.
         #[arg(long, default_value_t = 256)]
         new: usize,
+        /// A LoRA adapter of this rank on all seven projections, with
+        /// non-zero factors, as an RL policy samples (the peer has none).
+        #[arg(long)]
+        rank: Option<usize>,
         /// `cpu`, `cuda`, `cuda:N` or `auto`.
         #[arg(long, default_value = "auto")]
         device: String,
@@ -410,10 +412,11 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             batch,
             prompt,
             new,
+            rank,
             device,
         }) => {
             let device = cli::train::pick_device(&device)?;
-            let r = trace_train::bench::train::sample(&model, batch, prompt, new, &device)?;
+            let r = trace_train::bench::train::sample(&model, batch, prompt, new, rank, &device)?;
             println!("{}", serde_json::to_string(&r)?);
             Ok(ExitCode::SUCCESS)
         }
@@ -654,7 +657,7 @@ fn generate_cmd(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     let opts = RunOptions {
         unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
     };
-    let bar = Bar::new();
+    let bar = cli::progress::Bar::new("rows");
     let s = generate::run(&cfg, &opts, &bar)?;
     let dropped = |m: &std::collections::BTreeMap<String, u64>| {
         if m.is_empty() {
@@ -708,38 +711,4 @@ fn generate_cmd(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     }
     println!("{}", cfg.output_dir.display());
     Ok(ExitCode::SUCCESS)
-}
-
-/// Progress on stderr; hidden when stderr is not a terminal.
-struct Bar(ProgressBar);
-
-impl Bar {
-    fn new() -> Self {
-        let pb = if std::io::stderr().is_terminal() {
-            ProgressBar::new(0)
-        } else {
-            ProgressBar::hidden()
-        };
-        pb.set_style(
-            ProgressStyle::with_template(
-                "{spinner} rows {pos}/{len} [{elapsed_precise}] {bar:30} {per_sec} ETA {eta}",
-            )
-            .expect("valid template"),
-        );
-        Bar(pb)
-    }
-}
-
-impl Progress for Bar {
-    fn start(&self, total: Option<u64>) {
-        if let Some(t) = total {
-            self.0.set_length(t);
-        }
-    }
-    fn advance(&self, rows: u64) {
-        self.0.inc(rows);
-    }
-    fn finish(&self) {
-        self.0.finish_and_clear();
-    }
 }

@@ -262,22 +262,34 @@ pub struct GenResult {
     pub batch: usize,
     pub prompt: usize,
     pub new: usize,
+    /// LoRA rank of the sampled policy, if any.
+    pub rank: Option<usize>,
     pub new_tokens_per_s: f64,
     pub seconds: f64,
+    /// Largest difference between a sampled token's log-prob and the
+    /// trainer's full forward over the same tokens (first prompt).
+    pub logprob_mismatch: f64,
 }
 
 /// Sampling at temperature 0.7 with the KV cache: `batch` random prompts of
 /// `prompt` tokens, `new` tokens each (no stop token), after an untimed
-/// 8-token warm-up.
+/// 8-token warm-up; with a LoRA adapter of rank `rank` when given.
 pub fn sample(
     shape: &str,
     batch: usize,
     prompt: usize,
     new: usize,
+    rank: Option<usize>,
     device: &Device,
 ) -> anyhow::Result<GenResult> {
     let dtype = sft::train_dtype("bf16", device);
-    let m = random_model(shape, None, dtype, device)?;
+    let m = random_model(shape, rank, dtype, device)?;
+    for (name, var) in m.named_trainable_vars() {
+        // B starts at zero; a policy being trained has moved it.
+        if name.contains("lora_B") {
+            var.set(&(Tensor::ones_like(var.as_tensor())? * 1e-3)?)?;
+        }
+    }
     let vocab = m.model.vocab_size() as u32;
     let prompts: Vec<Vec<u32>> = (0..batch)
         .map(|b| {
@@ -290,24 +302,36 @@ pub fn sample(
         .collect();
     let sampling = generate::Sampling {
         temperature: 0.7,
-        top_p: 1.0,
-        seed: 0,
+        ..generate::Sampling::default()
     };
-    let run = |n: usize| -> anyhow::Result<usize> {
-        let out = generate::sample(&m.model, &prompts, n, &[], 0, &sampling, device)?;
-        Ok(out.iter().map(|g| g.tokens.len()).sum())
-    };
+    let run = |n: usize| generate::sample(&m.model, &prompts, n, &[], 0, 0, &sampling, device);
     run(8)?;
     device.synchronize()?;
     let t = Instant::now();
-    let produced = run(new)?;
+    let out = run(new)?;
     device.synchronize()?;
     let s = t.elapsed().as_secs_f64();
+    let produced: usize = out.iter().map(|g| g.tokens.len()).sum();
     anyhow::ensure!(
         produced == batch * new,
         "expected {} new tokens, got {produced}",
         batch * new
     );
+    // What an RL step logs: the sampler's log-probs against a full forward
+    // over prompt + answer, on the first prompt.
+    let seq: Vec<u32> = prompts[0].iter().chain(&out[0].tokens).copied().collect();
+    let ids = Tensor::new(seq.as_slice(), device)?.unsqueeze(0)?;
+    let logits =
+        (m.model.forward(&ids, None, false)?.to_dtype(DType::F32)? / sampling.temperature)?;
+    let trainer: Vec<f32> = loss::next_token_logprobs(&logits, &ids)?
+        .squeeze(0)?
+        .to_vec1()?;
+    let logprob_mismatch = out[0]
+        .logprobs
+        .iter()
+        .zip(&trainer[prompt - 1..])
+        .map(|(a, b)| f64::from((a - b).abs()))
+        .fold(0.0, f64::max);
     Ok(GenResult {
         ours: "trace-train",
         job: "sample",
@@ -315,8 +339,10 @@ pub fn sample(
         batch,
         prompt,
         new,
+        rank,
         new_tokens_per_s: produced as f64 / s,
         seconds: s,
+        logprob_mismatch,
     })
 }
 
@@ -360,8 +386,10 @@ mod tests {
         assert!(q.loss != r.loss, "NF4 weights left the loss unchanged");
         assert!((q.loss - uniform).abs() < 0.3, "{} vs {uniform}", q.loss);
         assert!(r.tokens_per_s > 0.0);
-        let g = sample("smollm2-135m", 2, 4, 3, &cpu).unwrap();
+        let g = sample("smollm2-135m", 2, 4, 3, Some(4), &cpu).unwrap();
         assert_eq!((g.batch, g.new), (2, 3));
+        // The CPU runs f32, where sampler and trainer agree closely.
+        assert!(g.logprob_mismatch < 1e-3, "{}", g.logprob_mismatch);
         assert!(shape_config("gpt2").is_err());
     }
 }

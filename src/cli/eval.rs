@@ -174,6 +174,7 @@ pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
             args.max_new_tokens,
             &stop,
             tok.pad().id,
+            0,
             &device,
         )
         .map_err(|e| {

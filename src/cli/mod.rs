@@ -5,6 +5,7 @@ pub mod config;
 pub mod env;
 pub mod eval;
 pub mod pipeline;
+pub mod progress;
 pub mod train;
 
 /// Adds what to do to a device out-of-memory error; other errors pass.

@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 
 use trace_train::config::{
     self, HardwareConfig, ModelConfig, PipelineConfig, SftConfig, Source, Sources,
@@ -331,7 +330,7 @@ pub fn pick_device(name: &str) -> anyhow::Result<candle_core::Device> {
 
 pub fn run_stage(stage: &str, args: &TrainArgs) -> anyhow::Result<SftSummary> {
     let job = resolve(stage, args)?;
-    let s = sft::run(&job, &Bar::new()).map_err(|e| {
+    let s = sft::run(&job, &super::progress::Bar::new("step")).map_err(|e| {
         super::out_of_memory_hint(
             e,
             "lower batch_size (raise gradient_accumulation_steps to keep the effective batch) or max_length; checkpoints written so far are intact, continue with --resume",
@@ -365,38 +364,4 @@ pub fn run_stage(stage: &str, args: &TrainArgs) -> anyhow::Result<SftSummary> {
 
 fn fmt_opt(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.4}"))
-}
-
-struct Bar(ProgressBar);
-
-impl Bar {
-    fn new() -> Self {
-        let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-            ProgressBar::new(0)
-        } else {
-            ProgressBar::hidden()
-        };
-        pb.set_style(
-            ProgressStyle::with_template(
-                "{spinner} step {pos}/{len} [{elapsed_precise}] {bar:30} ETA {eta} {msg}",
-            )
-            .expect("valid template"),
-        );
-        Bar(pb)
-    }
-}
-
-impl sft::Progress for Bar {
-    fn start(&self, total: u64, done: u64) {
-        self.0.set_length(total);
-        self.0.set_position(done);
-    }
-    fn step(&self, step: u64, loss: f64, tokens_per_s: f64) {
-        self.0.set_position(step);
-        self.0
-            .set_message(format!("loss {loss:.4} {tokens_per_s:.0} tok/s"));
-    }
-    fn finish(&self) {
-        self.0.finish_and_clear();
-    }
 }

@@ -155,6 +155,125 @@ impl Cache {
         Ok(())
     }
 
+    /// Starts the cache at column `start`: the first step writes there, and
+    /// every column before it counts as padding (each row's padding, set
+    /// with [`Cache::with_left_padding`], must be at least `start`). A
+    /// prompt joining a batch mid-decoding is prefilled this way so that its
+    /// last token lands on the batch's last filled column
+    /// ([`Cache::set_rows`]) without computing the columns before it.
+    pub fn starting_at(mut self, start: usize) -> Self {
+        self.len = start;
+        self
+    }
+
+    /// Puts row `j` of `src` into batch row `rows[j]` of this cache: keys,
+    /// values and padding. `src` must hold as many columns as this cache,
+    /// in buffers of the same capacity (make it with
+    /// `with_capacity(self.capacity())`). Copies the new rows only.
+    pub fn set_rows(&mut self, rows: &[usize], src: &Cache) -> Result<()> {
+        if src.len != self.len || src.layers.len() != self.layers.len() {
+            candle_core::bail!(
+                "set_rows: a cache of {} columns and {} layers into one of {} and {}",
+                src.len,
+                src.layers.len(),
+                self.len,
+                self.layers.len()
+            );
+        }
+        let b = match self.layers.first() {
+            Some(Some((k, _))) => k.dim(0)?,
+            _ => candle_core::bail!("set_rows: the cache has no rows yet"),
+        };
+        if rows.iter().any(|&r| r >= b) || src.pads.len() < rows.len() {
+            candle_core::bail!("set_rows: rows {rows:?} of a batch of {b}");
+        }
+        for (dst, from) in self.layers.iter().zip(&src.layers) {
+            let (Some((dk, dv)), Some((sk, sv))) = (dst, from) else {
+                candle_core::bail!("set_rows: a layer was never written");
+            };
+            for (j, &r) in rows.iter().enumerate() {
+                dk.slice_set(&sk.narrow(0, j, 1)?, 0, r)?;
+                dv.slice_set(&sv.narrow(0, j, 1)?, 0, r)?;
+            }
+        }
+        if self.pads.is_empty() {
+            self.pads = vec![0; b];
+        }
+        for (j, &r) in rows.iter().enumerate() {
+            self.pads[r] = src.pads[j];
+        }
+        self.pad_mask = None;
+        Ok(())
+    }
+
+    /// Grows the buffers, if need be, to hold `columns` columns (one copy).
+    pub fn reserve(&mut self, columns: usize) -> Result<()> {
+        self.capacity = self.capacity.max(columns);
+        for (k, v) in self.layers.iter_mut().flatten() {
+            let (b, h, cap, d) = k.dims4()?;
+            if cap < columns {
+                let zeros = Tensor::zeros((b, h, columns - cap, d), k.dtype(), k.device())?;
+                *k = Tensor::cat(&[&*k, &zeros], 2)?;
+                *v = Tensor::cat(&[&*v, &zeros], 2)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Prepends `c` padding columns to every row: room for a joining prompt
+    /// longer than the filled length. Copies the cache once.
+    pub fn grow_front(&mut self, c: usize) -> Result<()> {
+        if c == 0 {
+            return Ok(());
+        }
+        let mut b = self.pads.len();
+        for (k, v) in self.layers.iter_mut().flatten() {
+            let (rows, h, _, d) = k.dims4()?;
+            b = rows;
+            let zeros = Tensor::zeros((rows, h, c, d), k.dtype(), k.device())?;
+            *k = Tensor::cat(&[&zeros, &*k], 2)?;
+            *v = Tensor::cat(&[&zeros, &*v], 2)?;
+        }
+        if self.pads.is_empty() {
+            self.pads = vec![0; b];
+        }
+        self.pads.iter_mut().for_each(|p| *p += c);
+        self.len += c;
+        self.capacity += c;
+        self.pad_mask = None;
+        Ok(())
+    }
+
+    /// Drops the first `c` columns, padding in every row of `live` (rows
+    /// not listed hold nothing anyone reads; their padding is cut to what
+    /// is left). Positions do not change: a row's column and its padding
+    /// both move by `c`. Copies the cache once.
+    pub fn trim_front(&mut self, c: usize, live: &[usize]) -> Result<()> {
+        if c == 0 {
+            return Ok(());
+        }
+        if c >= self.len
+            || live
+                .iter()
+                .any(|&r| self.pads.get(r).copied().unwrap_or(0) < c)
+        {
+            candle_core::bail!(
+                "trim_front: {c} of {} columns are not padding in every live row",
+                self.len
+            );
+        }
+        for (k, v) in self.layers.iter_mut().flatten() {
+            let cap = k.dim(2)?;
+            *k = k.narrow(2, c, cap - c)?.contiguous()?;
+            *v = v.narrow(2, c, cap - c)?.contiguous()?;
+        }
+        self.pads.iter_mut().for_each(|p| *p = p.saturating_sub(c));
+        self.len -= c;
+        self.capacity = self.capacity.saturating_sub(c);
+        self.pad_mask = None;
+        Ok(())
+    }
+
     /// Checks a step of `(B, L)` ids at `offset` against the cache and
     /// returns its positions and mask.
     pub(crate) fn frame(
@@ -319,6 +438,13 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Resu
     let groups = h / h_kv;
     let q = q.contiguous()?.reshape((b, h_kv, groups * l, d))?; // (B, H_kv, G*L, D)
     let scores = q.matmul(&gemm_ready(k)?.t()?)?; // (B, H_kv, G*L, T)
+    #[cfg(feature = "cuda")]
+    if scores.device().is_cuda() && !scores.track_op() {
+        // Inference on CUDA: one kernel for the five element-wise ops below.
+        let scale = (1.0 / (d as f64).sqrt()) as f32;
+        let probs = cuda::scaled_masked_softmax(&scores, mask, h * l, l, scale)?;
+        return probs.matmul(&gemm_ready(v)?)?.reshape((b, h, l, d));
+    }
     let scores =
         (scores.to_dtype(DType::F32)? * (1.0 / (d as f64).sqrt()))?.reshape((b, h, l, t))?;
     let scores = match mask {
@@ -333,7 +459,134 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Resu
     let probs = probs
         .to_dtype(v.dtype())?
         .reshape((b, h_kv, groups * l, t))?;
-    probs.matmul(&v.contiguous()?)?.reshape((b, h, l, d)) // (B, H_kv, G*L, D) -> (B, H, L, D)
+    // The cache's value prefix is read in place, as its keys are: no copy
+    // of every cached value each step.
+    probs.matmul(&gemm_ready(v)?)?.reshape((b, h, l, d)) // (B, H_kv, G*L, D) -> (B, H, L, D)
+}
+
+/// The softmax of inference attention on CUDA (`src/kernels/attention.cu`).
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::{CudaDType, CudaStorage, WrapErr};
+    use candle_core::op::BackpropOp;
+    use candle_core::{DType, Result, Storage, Tensor, bail};
+    use half::{bf16, f16};
+
+    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/attention.ptx"));
+    const MODULE: &str = "trace_train_attention";
+
+    /// `softmax(scores * scale + mask)` over the last dimension of the
+    /// contiguous `scores: (B, .., T)` whose rows are (batch, head, query),
+    /// `per_batch` rows a batch and `queries` a head; `mask: (B or 1, 1,
+    /// L or 1, T)` f32. In `scores`' dtype, f32 inside.
+    pub fn scaled_masked_softmax(
+        scores: &Tensor,
+        mask: Option<&Tensor>,
+        per_batch: usize,
+        queries: usize,
+        scale: f32,
+    ) -> Result<Tensor> {
+        let scores = scores.contiguous()?;
+        match scores.dtype() {
+            DType::F32 => launch::<f32>(&scores, mask, per_batch, queries, scale, "f32"),
+            DType::BF16 => launch::<bf16>(&scores, mask, per_batch, queries, scale, "bf16"),
+            DType::F16 => launch::<f16>(&scores, mask, per_batch, queries, scale, "f16"),
+            other => bail!("attention softmax takes f32, bf16 or f16, not {other:?}"),
+        }
+    }
+
+    fn launch<T: CudaDType + DeviceRepr>(
+        scores: &Tensor,
+        mask: Option<&Tensor>,
+        per_batch: usize,
+        queries: usize,
+        scale: f32,
+        suffix: &str,
+    ) -> Result<Tensor> {
+        let t = scores.dim(candle_core::D::Minus1)?;
+        let rows = scores.elem_count() / t;
+        let mask = match mask {
+            Some(m) => {
+                let m = m.to_dtype(DType::F32)?;
+                let (mb, _, ml, mt) = m.dims4()?;
+                let st = m.stride();
+                if mt != t || st[3] != 1 || (ml != 1 && ml != queries) {
+                    bail!(
+                        "attention mask {:?} for {t} keys, {queries} queries",
+                        m.dims()
+                    );
+                }
+                let b = if mb == 1 { 0 } else { st[0] as i64 };
+                let i = if ml == 1 { 0 } else { st[2] as i64 };
+                Some((m, b, i))
+            }
+            None => None,
+        };
+        let (ss, sl) = scores.storage_and_layout();
+        let Storage::Cuda(cs) = &*ss else {
+            bail!("attention softmax: expected a CUDA tensor");
+        };
+        let dev = cs.device.clone();
+        let s = cs
+            .as_cuda_slice::<T>()?
+            .slice(sl.start_offset()..sl.start_offset() + rows * t);
+        // SAFETY: every element is written by the kernel.
+        let mut p = unsafe { dev.alloc::<T>(rows * t) }?;
+        let func =
+            dev.get_or_load_custom_func(&format!("scaled_masked_softmax_{suffix}"), MODULE, PTX)?;
+        let (t32, pb32, q32) = (t as i32, per_batch as i32, queries as i32);
+        let config = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        match &mask {
+            Some((m, mask_b, mask_i)) => {
+                let (ms, ml) = m.storage_and_layout();
+                let Storage::Cuda(mc) = &*ms else {
+                    bail!("attention mask: expected a CUDA tensor");
+                };
+                let mv = mc.as_cuda_slice::<f32>()?.slice(ml.start_offset()..);
+                let mut builder = func.builder();
+                builder.arg(&s);
+                builder.arg(&mv);
+                builder.arg(&mut p);
+                builder.arg(&t32);
+                builder.arg(&pb32);
+                builder.arg(&q32);
+                builder.arg(mask_b);
+                builder.arg(mask_i);
+                builder.arg(&scale);
+                // SAFETY: the arguments match `scaled_masked_softmax_*`;
+                // the mask's strides were read from its layout and checked.
+                unsafe { builder.launch(config) }.w()?;
+            }
+            None => {
+                let (none, zero): (u64, i64) = (0, 0); // a null mask pointer
+                let mut builder = func.builder();
+                builder.arg(&s);
+                builder.arg(&none);
+                builder.arg(&mut p);
+                builder.arg(&t32);
+                builder.arg(&pb32);
+                builder.arg(&q32);
+                builder.arg(&zero);
+                builder.arg(&zero);
+                builder.arg(&scale);
+                // SAFETY: as above, with no mask (the kernel checks null).
+                unsafe { builder.launch(config) }.w()?;
+            }
+        }
+        drop(ss);
+        let storage = CudaStorage::wrap_cuda_slice(p, dev);
+        Ok(Tensor::from_storage(
+            Storage::Cuda(storage),
+            scores.shape().clone(),
+            BackpropOp::none(),
+            false,
+        ))
+    }
 }
 
 /// Whether [`attend_causal_fused`] serves inputs of this dtype, device and
@@ -540,6 +793,118 @@ mod tests {
             .to_vec1()
             .unwrap();
         assert_eq!(first, [4.0, 5.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn rows_join_trim_and_grow_keeping_keys_and_positions() {
+        let dev = Device::Cpu;
+        let keys = |c: &mut Cache, b: usize| -> Vec<Vec<f32>> {
+            let z = Tensor::zeros((b, 1, 1, 1), DType::F32, &dev).unwrap();
+            let (k, _) = c.append(0, &z, &z).unwrap();
+            (0..b)
+                .map(|r| {
+                    k.narrow(0, r, 1)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1()
+                        .unwrap()
+                })
+                .collect()
+        };
+        // Two rows, three columns: row 0 padded by 1.
+        let mut cache = Cache::new(1).with_capacity(6).with_left_padding(vec![1, 0]);
+        let k = Tensor::new(&[[[[1f32], [2.], [3.]]], [[[4.], [5.], [6.]]]], &dev).unwrap();
+        cache.append(0, &k, &k).unwrap();
+        cache.advance(3);
+        // A one-token prompt joins row 1 at column 2.
+        let mut fresh = Cache::new(1)
+            .with_capacity(cache.capacity())
+            .with_left_padding(vec![2])
+            .starting_at(2);
+        let f = fresh.frame(1, 1, 2, &dev).unwrap();
+        assert!(
+            matches!(&f.positions, Positions::PerRow(p) if p.to_vec2::<u32>().unwrap() == [[0]])
+        );
+        fresh
+            .append(
+                0,
+                &Tensor::new(&[[[[9f32]]]], &dev).unwrap(),
+                &k.narrow(0, 0, 1).unwrap().narrow(2, 0, 1).unwrap(),
+            )
+            .unwrap();
+        fresh.advance(1);
+        assert!(
+            cache.set_rows(&[1], &Cache::new(1)).is_err(),
+            "other length"
+        );
+        cache.set_rows(&[1], &fresh).unwrap();
+        assert_eq!(cache.pads(), [1, 2]);
+        assert_eq!(
+            keys(&mut cache, 2),
+            [vec![1., 2., 3., 0.], vec![0., 0., 9., 0.]]
+        );
+        // Column 0 is padding in both rows: it can go, positions stay.
+        assert!(
+            cache.trim_front(2, &[0, 1]).is_err(),
+            "row 0's column 1 is a token"
+        );
+        cache.trim_front(1, &[0, 1]).unwrap();
+        assert_eq!((cache.len(), cache.pads()), (2, &[0usize, 1][..]));
+        assert_eq!(keys(&mut cache, 2), [vec![2., 3., 0.], vec![0., 9., 0.]]);
+        let f = cache.frame(2, 1, 2, &dev).unwrap();
+        assert!(
+            matches!(&f.positions, Positions::PerRow(p) if p.to_vec2::<u32>().unwrap() == [[2], [1]])
+        );
+        cache.grow_front(2).unwrap();
+        assert_eq!((cache.len(), cache.pads()), (4, &[2usize, 3][..]));
+        assert_eq!(
+            keys(&mut cache, 2),
+            [vec![0., 0., 2., 3., 0.], vec![0., 0., 0., 9., 0.]]
+        );
+        let f = cache.frame(2, 1, 4, &dev).unwrap();
+        assert!(
+            matches!(&f.positions, Positions::PerRow(p) if p.to_vec2::<u32>().unwrap() == [[2], [1]])
+        );
+    }
+
+    /// The CUDA softmax kernel against the op-by-op CPU path, with a
+    /// per-row padding mask read through a narrowed view and a causal one.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_inference_attention_matches_the_cpu() {
+        use crate::model::init::Rng;
+        let Ok(gpu) = Device::new_cuda(0) else {
+            eprintln!("SKIPPED: no CUDA device");
+            return;
+        };
+        let cpu = Device::Cpu;
+        let rand = |shape: (usize, usize, usize, usize), name: &str| {
+            let n = shape.0 * shape.1 * shape.2 * shape.3;
+            Tensor::from_vec(Rng::for_tensor(4, name).uniform(n, -2.0, 2.0), shape, &cpu).unwrap()
+        };
+        for (l, t) in [(1, 9), (4, 9)] {
+            let (q, k, v) = (
+                rand((2, 4, l, 8), "q"),
+                rand((2, 2, t, 8), "k"),
+                rand((2, 2, t, 8), "v"),
+            );
+            let mut cache = Cache::new(1)
+                .with_capacity(16)
+                .with_left_padding(vec![3, 0]);
+            cache.len = t - l;
+            let frame = cache.frame(2, l, t - l, &cpu).unwrap();
+            let mask = frame.mask.unwrap();
+            let want = attend(&q, &k, &v, Some(&mask)).unwrap();
+            let on = |x: &Tensor| x.to_device(&gpu).unwrap();
+            let got = attend(&on(&q), &on(&k), &on(&v), Some(&on(&mask))).unwrap();
+            let diff = crate::model::max_abs_diff(&got.to_device(&cpu).unwrap(), &want);
+            assert!(diff < 1e-5, "L {l}: {diff}");
+            let plain = attend(&q, &k, &v, None).unwrap();
+            let got = attend(&on(&q), &on(&k), &on(&v), None).unwrap();
+            let diff = crate::model::max_abs_diff(&got.to_device(&cpu).unwrap(), &plain);
+            assert!(diff < 1e-5, "L {l}, no mask: {diff}");
+        }
     }
 
     #[test]

@@ -1,31 +1,55 @@
 //! Batched decoding with the KV cache: greedy ([`greedy`]) and sampled
-//! ([`sample`]) continuations of a batch of token prompts.
+//! ([`sample`]) continuations of a batch of token prompts, with continuous
+//! batching.
 //!
-//! Prompts of different lengths are left-padded to the longest and
-//! prefilled together, [`PREFILL_CHUNK`] columns a pass; the cache gives
-//! each row its own positions and hides its padding (see [`Cache`]), so a
-//! row decodes to the tokens it would decode alone. Then one token a step
-//! for every unfinished row. A row finishes on a stop id (not kept) or
-//! after `max_new_tokens`; a finished row is fed `pad_id` and its output
-//! ignored until finished rows are half the batch, when they leave it (one
-//! copy of the cache each time, at most log2(B) times). Decoding ends when
-//! every row has finished.
+//! At most `max_rows` prompts decode at once (all of them for 0). The first
+//! `max_rows` are left-padded to the longest and prefilled together,
+//! [`PREFILL_CHUNK`] columns a pass; the cache gives each row its own
+//! positions and hides its padding (see [`Cache`]), so a row decodes to the
+//! tokens it would decode alone. Then one token a step for every row. A row
+//! finishes on a stop id (not kept) or after `max_new_tokens`.
 //!
-//! The cache is allocated once, for the longest prompt plus
-//! `max_new_tokens - 1` columns a row: the memory a generation can need,
-//! used or not (Qwen3-4B in bf16: 144 KiB a column a row). Every row pays
-//! for the longest prompt's columns, so callers should batch prompts of
-//! similar length (sort by length).
+//! Continuous batching within the one cache: the cache's columns are shared
+//! by every row, each row with its own leading padding. When rows finish
+//! and prompts wait, the waiting prompts take the free rows at once: they
+//! are prefilled together in a cache of their own that starts where their
+//! tokens do ([`Cache::starting_at`]), left-padded so that their last token
+//! lands on the batch's last filled column, and their rows are copied into
+//! the free rows ([`Cache::set_rows`]); from the next step they decode in
+//! step with the others. A prompt longer than the filled length gets
+//! padding columns in front of every row ([`Cache::grow_front`]); leading
+//! columns that no decoding row uses any more (every row's padding) are
+//! dropped when they are a quarter of the cache or more
+//! ([`Cache::trim_front`]), so the cache holds about the longest prompt plus
+//! `max_new_tokens` columns however many prompts pass through. Positions
+//! never change (a row's column and padding move together). When no prompt
+//! waits, finished rows are fed `pad_id` until they are half the batch and
+//! then leave it (one copy of the cache each time, at most log2(B) times).
+//! Each row's keys are its own and padding is hidden, so a prompt decodes
+//! to the same tokens whatever its neighbours and `max_rows` (the tests
+//! hold every prompt to its decoding alone).
 //!
-//! Greedy picks on the device and moves `B` ids a step to the host.
-//! Sampling moves the `(B, vocab)` logits to the host in f32 a step and
-//! draws there, each prompt from its own seeded stream, so a prompt's
-//! sample does not depend on the others in the batch.
+//! Every kept token comes with its log-probability under the untruncated
+//! `softmax(logits / temperature)`, the number an RL trainer recomputes.
+//! On CUDA one kernel picks each row's token and log-probability on the
+//! device (`src/kernels/sample.cu`: top-k and top-p as one threshold found
+//! by bisection, the draw by the Gumbel-max trick with noise hashed from
+//! the row's seed), so `2 B` numbers reach the host a step instead of the
+//! `(B, vocab)` logits (19 MB at Qwen3's vocabulary and batch 32, with a
+//! host softmax over all of it). Elsewhere greedy picks with tensor ops and
+//! sampling draws on the host from exact f64 probabilities (temperature,
+//! then top-k, then top-p). Either way each prompt draws from its own
+//! seeded stream (prompt `i`: `(seed, i)`; on CUDA one seed a step from that
+//! stream), so a prompt's sample does not depend on the others in the batch
+//! and a seed repeats it; the CUDA and CPU draws differ from each other
+//! (`TRACE_TRAIN_HOST_SAMPLING` set draws on the host on CUDA too).
 //! Nothing here knows about tokenizers or text.
 
 use candle_core::{D, DType, Device, Result, Tensor};
 
 use super::Model;
+use super::attention::Cache;
+use super::decoder::DecodeView;
 use super::init::Rng;
 
 /// Columns a prefill pass takes. Eager attention holds `(B, H, L, T)` f32
@@ -35,10 +59,17 @@ use super::init::Rng;
 pub const PREFILL_CHUNK: usize = 256;
 
 /// One prompt's continuation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Generation {
     /// The new tokens, without the stop token.
     pub tokens: Vec<u32>,
+    /// One per token of `tokens`: its log-probability under
+    /// `softmax(logits / temperature)` over the whole vocabulary, before
+    /// top-k and top-p truncation (the raw logits at temperature 0 and in
+    /// [`greedy`]). That is what a trainer's forward over prompt + tokens
+    /// computes (`train::loss::next_token_logprobs` of the logits divided by
+    /// the temperature), so the two can be compared.
+    pub logprobs: Vec<f32>,
     /// Whether a stop id ended it (else `max_new_tokens` did).
     pub stopped: bool,
 }
@@ -50,51 +81,77 @@ pub struct Sampling {
     pub temperature: f64,
     /// Nucleus sampling (Holtzman et al. 2020, "The Curious Case of Neural
     /// Text Degeneration", sec. 3.1): draw from the fewest most likely
-    /// tokens whose probability reaches `top_p`; 1 keeps every token.
+    /// tokens whose probability reaches `top_p` of what top-k kept; 1 keeps
+    /// every token.
     pub top_p: f64,
+    /// Draw from the `top_k` most likely tokens only (Fan et al. 2018,
+    /// "Hierarchical Neural Story Generation", sec. 5.4), before top-p;
+    /// 0 keeps every token.
+    pub top_k: usize,
     /// Prompt `i` draws from the stream `(seed, i)`.
     pub seed: u64,
 }
 
-/// Greedy continuations of `prompts` (token ids, none empty), decoded
-/// together. See the module header for stopping and padding.
+impl Default for Sampling {
+    /// Plain sampling from the model's distribution.
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        }
+    }
+}
+
+/// Greedy continuations of `prompts` (token ids, none empty), at most
+/// `max_rows` decoding at once (0: all of them). See the module header for
+/// stopping and padding.
 pub fn greedy(
     model: &Model,
     prompts: &[Vec<u32>],
     max_new_tokens: usize,
     stop_ids: &[u32],
     pad_id: u32,
+    max_rows: usize,
     device: &Device,
 ) -> Result<Vec<Generation>> {
-    let mut pick =
-        |logits: &Tensor, _: &[(usize, usize)]| logits.argmax(D::Minus1)?.to_vec1::<u32>();
+    let mut pick = |logits: &Tensor, _: &[(usize, usize)]| {
+        #[cfg(feature = "cuda")]
+        if logits.device().is_cuda() {
+            return cuda::sample_rows(logits, &vec![0; logits.dim(0)?], 0.0, 0, 1.0);
+        }
+        pick_greedy(logits)
+    };
     decode(
         model,
         prompts,
         max_new_tokens,
         stop_ids,
         pad_id,
+        max_rows,
         device,
         PREFILL_CHUNK,
         &mut pick,
     )
 }
 
-/// Sampled continuations of `prompts`, decoded together; reproducible for
-/// a given `sampling.seed`.
+/// Sampled continuations of `prompts`, at most `max_rows` decoding at once
+/// (0: all of them); reproducible for a given `sampling.seed`, and each
+/// prompt's sample is the one it gets alone.
+#[allow(clippy::too_many_arguments)] // each is a separate knob of one call
 pub fn sample(
     model: &Model,
     prompts: &[Vec<u32>],
     max_new_tokens: usize,
     stop_ids: &[u32],
     pad_id: u32,
+    max_rows: usize,
     sampling: &Sampling,
     device: &Device,
 ) -> Result<Vec<Generation>> {
     let Sampling {
-        temperature,
-        top_p,
-        seed,
+        temperature, top_p, ..
     } = *sampling;
     if !(temperature.is_finite() && temperature >= 0.0) {
         candle_core::bail!("temperature must be finite and >= 0, not {temperature}");
@@ -103,13 +160,28 @@ pub fn sample(
         candle_core::bail!("top_p must be in (0, 1], not {top_p}");
     }
     let mut rngs: Vec<Rng> = (0..prompts.len())
-        .map(|i| Rng::for_tensor(seed, &format!("sample/{i}")))
+        .map(|i| Rng::for_tensor(sampling.seed, &format!("sample/{i}")))
         .collect();
-    let mut pick = |logits: &Tensor, live: &[(usize, usize)]| -> Result<Vec<u32>> {
+    let mut pick = |logits: &Tensor, live: &[(usize, usize)]| -> Result<Vec<(u32, f32)>> {
+        #[cfg(feature = "cuda")]
+        if logits.device().is_cuda() && std::env::var_os("TRACE_TRAIN_HOST_SAMPLING").is_none() {
+            // One seed a row a step from the prompt's own stream: a
+            // prompt's draws do not depend on its batch row or neighbours.
+            let mut seeds = vec![0u64; logits.dim(0)?];
+            for &(row, prompt) in live {
+                seeds[row] = rngs[prompt].next_u64();
+            }
+            let inv_temp = if temperature == 0.0 {
+                0.0
+            } else {
+                (1.0 / temperature) as f32
+            };
+            return cuda::sample_rows(logits, &seeds, inv_temp, sampling.top_k, top_p as f32);
+        }
         let rows = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-        let mut out = vec![0; rows.len()];
+        let mut out = vec![(0, 0.0); rows.len()];
         for &(row, prompt) in live {
-            out[row] = draw(&rows[row], temperature, top_p, &mut rngs[prompt]);
+            out[row] = draw(&rows[row], sampling, &mut rngs[prompt]);
         }
         Ok(out)
     };
@@ -119,15 +191,28 @@ pub fn sample(
         max_new_tokens,
         stop_ids,
         pad_id,
+        max_rows,
         device,
         PREFILL_CHUNK,
         &mut pick,
     )
 }
 
-/// Picks the next token of each batch row from the last logits `(B, vocab)`;
-/// only the `(batch row, prompt)` pairs given are still decoding.
-type Pick<'a> = dyn FnMut(&Tensor, &[(usize, usize)]) -> Result<Vec<u32>> + 'a;
+/// The most likely token of each row of `logits: (B, vocab)` and its
+/// log-probability, picked on the device: only `2 B` numbers move.
+fn pick_greedy(logits: &Tensor) -> Result<Vec<(u32, f32)>> {
+    let ids = logits.argmax_keepdim(D::Minus1)?; // (B, 1)
+    let logp = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?
+        .gather(&ids, 1)?
+        .squeeze(1)?;
+    let ids = ids.squeeze(1)?.to_vec1::<u32>()?;
+    Ok(ids.into_iter().zip(logp.to_vec1::<f32>()?).collect())
+}
+
+/// Picks the next token of each row of the last logits `(rows, vocab)`,
+/// with its log-probability; only the `(logits row, prompt)` pairs given
+/// are decoding (the other rows' picks are ignored).
+type Pick<'a> = dyn FnMut(&Tensor, &[(usize, usize)]) -> Result<Vec<(u32, f32)>> + 'a;
 
 #[allow(clippy::too_many_arguments)] // private; the public entry points name them
 fn decode(
@@ -136,94 +221,259 @@ fn decode(
     max_new_tokens: usize,
     stop_ids: &[u32],
     pad_id: u32,
+    max_rows: usize,
     device: &Device,
     prefill_chunk: usize,
     pick: &mut Pick,
 ) -> Result<Vec<Generation>> {
-    let mut out = vec![
-        Generation {
-            tokens: Vec::new(),
-            stopped: false,
-        };
-        prompts.len()
-    ];
+    let empty = Generation {
+        tokens: Vec::new(),
+        logprobs: Vec::new(),
+        stopped: false,
+    };
     if prompts.is_empty() || max_new_tokens == 0 {
-        return Ok(out);
+        return Ok(vec![empty; prompts.len()]);
     }
     if let Some(i) = prompts.iter().position(|p| p.is_empty()) {
         candle_core::bail!("prompt {i} is empty: decoding needs at least one token");
     }
-    let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    let pads: Vec<usize> = prompts.iter().map(|p| width - p.len()).collect();
-    let ids: Vec<u32> = prompts
-        .iter()
-        .flat_map(|p| std::iter::repeat_n(pad_id, width - p.len()).chain(p.iter().copied()))
-        .collect();
-    let ids = Tensor::from_vec(ids, (prompts.len(), width), device)?; // (B, W)
+    let slots = match max_rows {
+        0 => prompts.len(),
+        cap => cap.min(prompts.len()),
+    };
+    let first: Vec<usize> = (0..slots).collect();
+    let width = prompts[..slots].iter().map(Vec::len).max().unwrap_or(0);
+    let pads: Vec<usize> = prompts[..slots].iter().map(|p| width - p.len()).collect();
     // The last new token is never fed back, so it needs no column.
-    let mut cache = model
+    let cache = model
         .new_cache()
         .with_capacity(width + max_new_tokens - 1)
         .with_left_padding(pads);
-    let mut logits = None;
-    for start in (0..width).step_by(prefill_chunk.max(1)) {
-        let len = prefill_chunk.min(width - start);
-        logits = Some(model.forward_with_cache(&ids.narrow(1, start, len)?, start, &mut cache)?);
-    }
-    let mut logits = logits.expect("prompts are not empty"); // (B, vocab)
-    // Batch row i decodes prompt rows[i]; live[i] while it has not finished.
-    let mut rows: Vec<usize> = (0..prompts.len()).collect();
-    let mut live = vec![true; rows.len()];
+    let mut d = Decoding {
+        model,
+        prompts,
+        max_new_tokens,
+        stop_ids,
+        pad_id,
+        device,
+        prefill_chunk: prefill_chunk.max(1),
+        out: vec![empty; prompts.len()],
+        rows: first.iter().map(|&p| Some(p)).collect(),
+        next: vec![pad_id; slots],
+        cache,
+        view: model.decode_view()?,
+    };
+    let ids = d.left_padded(&first, width)?;
+    let logits = d.prefill(&ids, 0, None)?;
+    d.take(
+        &logits,
+        &first.iter().map(|&r| (r, r)).collect::<Vec<_>>(),
+        pick,
+    )?;
+    let mut waiting = slots..prompts.len();
     loop {
-        let decoding: Vec<(usize, usize)> = (0..rows.len())
-            .filter(|&i| live[i])
-            .map(|i| (i, rows[i]))
-            .collect();
-        let mut next = pick(&logits, &decoding)?;
-        for &(i, prompt) in &decoding {
-            let g = &mut out[prompt];
-            if stop_ids.contains(&next[i]) {
-                g.stopped = true;
-                live[i] = false;
-            } else {
-                g.tokens.push(next[i]);
-                live[i] = g.tokens.len() < max_new_tokens;
+        // Finished rows make room for waiting prompts at once.
+        loop {
+            let free: Vec<usize> = (0..d.rows.len()).filter(|&r| d.rows[r].is_none()).collect();
+            let joining: Vec<usize> = waiting.by_ref().take(free.len()).collect();
+            if joining.is_empty() {
+                break;
             }
+            let at = &free[..joining.len()];
+            let logits = d.admit(at, &joining)?;
+            let pairs: Vec<(usize, usize)> = at.iter().copied().enumerate().collect();
+            d.take(&logits, &pairs, pick)?;
         }
-        let n_live = live.iter().filter(|&&l| l).count();
-        if n_live == 0 {
+        let live = d.live();
+        if live.is_empty() {
             break;
         }
-        if 2 * n_live <= rows.len() {
-            let keep: Vec<usize> = (0..rows.len()).filter(|&i| live[i]).collect();
-            cache.retain_rows(&keep)?;
-            rows = keep.iter().map(|&i| rows[i]).collect();
-            next = keep.iter().map(|&i| next[i]).collect();
-            live = vec![true; n_live];
+        if waiting.is_empty() && 2 * live.len() <= d.rows.len() {
+            // Nothing left to admit: the finished rows leave the batch
+            // (one copy of the cache, at most log2(B) times).
+            d.cache.retain_rows(&live)?;
+            d.rows = live.iter().map(|&r| d.rows[r]).collect();
+            d.next = live.iter().map(|&r| d.next[r]).collect();
         }
-        let feed: Vec<u32> = (0..rows.len())
-            .map(|i| if live[i] { next[i] } else { pad_id })
-            .collect();
-        let ids = Tensor::from_vec(feed, (rows.len(), 1), device)?; // (B', 1)
-        logits = model.forward_with_cache(&ids, cache.len(), &mut cache)?;
+        let ids = Tensor::from_vec(d.next.clone(), (d.rows.len(), 1), device)?; // (B, 1)
+        let logits = d
+            .model
+            .forward_with_view(&ids, d.cache.len(), &mut d.cache, &d.view)?;
+        let at: Vec<(usize, usize)> = d.live().into_iter().map(|r| (r, r)).collect();
+        d.take(&logits, &at, pick)?;
     }
-    Ok(out)
+    Ok(d.out)
 }
 
-/// Draws a token from one row of logits.
-fn draw(logits: &[f32], temperature: f64, top_p: f64, rng: &mut Rng) -> u32 {
-    let by_logit = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
-    if temperature == 0.0 {
-        return (0..logits.len()).min_by(by_logit).unwrap_or(0) as u32;
+/// The state of one [`decode`] call: a batch of rows over one cache, each
+/// row decoding a prompt or free.
+struct Decoding<'a> {
+    model: &'a Model,
+    prompts: &'a [Vec<u32>],
+    max_new_tokens: usize,
+    stop_ids: &'a [u32],
+    pad_id: u32,
+    device: &'a Device,
+    prefill_chunk: usize,
+    out: Vec<Generation>,
+    /// The prompt batch row `i` decodes; `None` while it is free.
+    rows: Vec<Option<usize>>,
+    /// The token each row feeds at the next step (`pad_id` when free).
+    next: Vec<u32>,
+    cache: Cache,
+    /// The weights as they are now, folded for decoding (built per call,
+    /// so never older than the call).
+    view: DecodeView,
+}
+
+impl Decoding<'_> {
+    /// The rows still decoding.
+    fn live(&self) -> Vec<usize> {
+        (0..self.rows.len())
+            .filter(|&r| self.rows[r].is_some())
+            .collect()
     }
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+
+    /// `(k, width)` ids of the prompts `which`, each left-padded to `width`.
+    fn left_padded(&self, which: &[usize], width: usize) -> Result<Tensor> {
+        let ids: Vec<u32> = which
+            .iter()
+            .flat_map(|&p| {
+                let p = &self.prompts[p];
+                std::iter::repeat_n(self.pad_id, width - p.len()).chain(p.iter().copied())
+            })
+            .collect();
+        Tensor::from_vec(ids, (which.len(), width), self.device)
+    }
+
+    /// Runs `ids: (k, W)` into columns `start..start + W` of `fresh` (the
+    /// batch's own cache when `None`), [`PREFILL_CHUNK`] columns a pass;
+    /// the last column's logits `(k, vocab)`.
+    fn prefill(&mut self, ids: &Tensor, start: usize, fresh: Option<&mut Cache>) -> Result<Tensor> {
+        let cache = match fresh {
+            Some(c) => c,
+            None => &mut self.cache,
+        };
+        let width = ids.dim(1)?;
+        let mut logits = None;
+        for s in (0..width).step_by(self.prefill_chunk) {
+            let len = self.prefill_chunk.min(width - s);
+            logits = Some(self.model.forward_with_cache(
+                &ids.narrow(1, s, len)?,
+                start + s,
+                cache,
+            )?);
+        }
+        logits.ok_or_else(|| candle_core::Error::Msg("prefill of an empty prompt".into()))
+    }
+
+    /// Prefills the prompts `joining` into the free rows `at` and returns
+    /// their last logits `(k, vocab)`. A joining prompt is left-padded so
+    /// that its last token sits on the batch's last filled column, then
+    /// decodes in step with the others; its own columns only are computed
+    /// ([`Cache::starting_at`]). Leading columns that no live row uses any
+    /// more are dropped first when they are a quarter of the cache or more,
+    /// and columns are added in front when a prompt is longer than the
+    /// filled length.
+    fn admit(&mut self, at: &[usize], joining: &[usize]) -> Result<Tensor> {
+        let longest = joining
+            .iter()
+            .map(|&p| self.prompts[p].len())
+            .max()
+            .unwrap_or(0);
+        let live = self.live();
+        let len = self.cache.len();
+        let pad = |r: usize| self.cache.pads().get(r).copied().unwrap_or(0);
+        let unused = live.iter().map(|&r| pad(r)).min().unwrap_or(len);
+        let drop = unused.min(len.saturating_sub(longest));
+        if drop > 0 && 4 * drop >= len {
+            self.cache.trim_front(drop, &live)?;
+        }
+        let len = self.cache.len();
+        if longest > len {
+            self.cache.grow_front(longest - len)?;
+        }
+        let len = self.cache.len();
+        self.cache.reserve(len + self.max_new_tokens - 1)?;
+        let pads: Vec<usize> = joining
+            .iter()
+            .map(|&p| len - self.prompts[p].len())
+            .collect();
+        let start = len - longest;
+        let mut fresh = self
+            .model
+            .new_cache()
+            .with_capacity(self.cache.capacity())
+            .with_left_padding(pads)
+            .starting_at(start);
+        let ids = self.left_padded(joining, longest)?;
+        let logits = self.prefill(&ids, start, Some(&mut fresh))?;
+        self.cache.set_rows(at, &fresh)?;
+        for (&r, &p) in at.iter().zip(joining) {
+            self.rows[r] = Some(p);
+        }
+        Ok(logits)
+    }
+
+    /// Picks from `logits` for the `(logits row, batch row)` pairs `at` and
+    /// records each pick in its prompt's output; rows that finish are freed.
+    fn take(&mut self, logits: &Tensor, at: &[(usize, usize)], pick: &mut Pick) -> Result<()> {
+        let pairs: Vec<(usize, usize)> = at
+            .iter()
+            .map(|&(l, r)| (l, self.rows[r].expect("a decoding row")))
+            .collect();
+        let picked = pick(logits, &pairs)?;
+        for (&(l, r), &(_, prompt)) in at.iter().zip(&pairs) {
+            let (token, logprob) = picked[l];
+            let g = &mut self.out[prompt];
+            let done = if self.stop_ids.contains(&token) {
+                g.stopped = true;
+                true
+            } else {
+                g.tokens.push(token);
+                g.logprobs.push(logprob);
+                g.tokens.len() >= self.max_new_tokens
+            };
+            if done {
+                self.rows[r] = None;
+                self.next[r] = self.pad_id;
+            } else {
+                self.next[r] = token;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Draws a token from one row of logits: the token and its log-probability
+/// under `softmax(logits / temperature)` over the whole row (the raw logits
+/// at temperature 0), before any truncation.
+fn draw(logits: &[f32], s: &Sampling, rng: &mut Rng) -> (u32, f32) {
+    let by_logit = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+    let max = f64::from(logits.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+    let temperature = if s.temperature == 0.0 {
+        1.0
+    } else {
+        s.temperature
+    };
     let weights: Vec<f64> = logits
         .iter()
-        .map(|&x| ((f64::from(x) - f64::from(max)) / temperature).exp())
+        .map(|&x| ((f64::from(x) - max) / temperature).exp())
         .collect();
     let total: f64 = weights.iter().sum();
+    let logprob = |t: usize| ((f64::from(logits[t]) - max) / temperature - total.ln()) as f32;
+    if s.temperature == 0.0 {
+        let t = (0..logits.len()).min_by(by_logit).unwrap_or(0);
+        return (t as u32, logprob(t));
+    }
     let mut order: Vec<usize> = (0..logits.len()).collect();
-    let nucleus: &[usize] = if top_p >= 1.0 {
+    let mut kept = total;
+    if s.top_k > 0 && s.top_k < order.len() {
+        order.select_nth_unstable_by(s.top_k - 1, by_logit);
+        order.truncate(s.top_k);
+        kept = order.iter().map(|&t| weights[t]).sum();
+    }
+    let nucleus: &[usize] = if s.top_p >= 1.0 {
         &order
     } else {
         // The nucleus is usually small: sort a top-k that grows until it
@@ -237,7 +487,7 @@ fn draw(logits: &[f32], temperature: f64, top_p: f64, rng: &mut Rng) -> u32 {
             let mut mass = 0.0;
             let end = order[..k].iter().position(|&t| {
                 mass += weights[t];
-                mass >= top_p * total
+                mass >= s.top_p * kept
             });
             match end {
                 Some(end) => break &order[..=end],
@@ -251,10 +501,93 @@ fn draw(logits: &[f32], temperature: f64, top_p: f64, rng: &mut Rng) -> u32 {
     for &t in nucleus {
         u -= weights[t];
         if u < 0.0 {
-            return t as u32;
+            return (t as u32, logprob(t));
         }
     }
-    *nucleus.last().unwrap_or(&0) as u32
+    let t = *nucleus.last().unwrap_or(&0);
+    (t as u32, logprob(t))
+}
+
+/// The sampling kernel (`src/kernels/sample.cu`): one block a row picks
+/// the token and its log-probability on the device, so two numbers a row
+/// reach the host instead of the row of logits.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::{CudaDType, WrapErr};
+    use candle_core::{DType, Result, Storage, Tensor, bail};
+    use half::{bf16, f16};
+
+    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sample.ptx"));
+    const MODULE: &str = "trace_train_sample";
+    const THREADS: u32 = 1024;
+
+    /// The token and log-probability of each row of `logits: (B, V)`:
+    /// temperature `1 / inv_temp` (0: the most likely token), then top-k
+    /// (0: off) and top-p, drawn with the row's seed.
+    pub fn sample_rows(
+        logits: &Tensor,
+        seeds: &[u64],
+        inv_temp: f32,
+        top_k: usize,
+        top_p: f32,
+    ) -> Result<Vec<(u32, f32)>> {
+        let logits = logits.contiguous()?;
+        match logits.dtype() {
+            DType::F32 => launch::<f32>(&logits, seeds, inv_temp, top_k, top_p, "f32"),
+            DType::BF16 => launch::<bf16>(&logits, seeds, inv_temp, top_k, top_p, "bf16"),
+            DType::F16 => launch::<f16>(&logits, seeds, inv_temp, top_k, top_p, "f16"),
+            other => bail!("sampling takes f32, bf16 or f16 logits, not {other:?}"),
+        }
+    }
+
+    fn launch<T: CudaDType + DeviceRepr>(
+        logits: &Tensor,
+        seeds: &[u64],
+        inv_temp: f32,
+        top_k: usize,
+        top_p: f32,
+        suffix: &str,
+    ) -> Result<Vec<(u32, f32)>> {
+        let (b, v) = logits.dims2()?;
+        if seeds.len() != b {
+            bail!("sampling: {b} rows but {} seeds", seeds.len());
+        }
+        let (storage, layout) = logits.storage_and_layout();
+        let Storage::Cuda(cuda) = &*storage else {
+            bail!("sampling kernel: expected a CUDA tensor");
+        };
+        let dev = cuda.device.clone();
+        let start = layout.start_offset();
+        let x = cuda.as_cuda_slice::<T>()?.slice(start..start + b * v);
+        let seeds = dev.clone_htod(seeds)?;
+        // SAFETY: the kernel writes both values of every row.
+        let mut out = unsafe { dev.alloc::<u32>(2 * b) }?;
+        let func = dev.get_or_load_custom_func(&format!("sample_rows_{suffix}"), MODULE, PTX)?;
+        let (v32, k32) = (v as i32, top_k.min(i32::MAX as usize) as i32);
+        let mut builder = func.builder();
+        builder.arg(&x);
+        builder.arg(&v32);
+        builder.arg(&seeds);
+        builder.arg(&inv_temp);
+        builder.arg(&k32);
+        builder.arg(&top_p);
+        builder.arg(&mut out);
+        let config = LaunchConfig {
+            grid_dim: (b as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match `sample_rows_*` in sample.cu; `x`
+        // holds b rows of v values, `seeds` b and `out` 2 b.
+        unsafe { builder.launch(config) }.w()?;
+        drop(storage);
+        let host = dev.clone_dtoh(&out)?;
+        Ok(host
+            .chunks_exact(2)
+            .map(|pair| (pair[0], f32::from_bits(pair[1])))
+            .collect())
+    }
 }
 
 #[cfg(test)]
@@ -269,13 +602,13 @@ mod tests {
         let m = load(dir.path(), None, DType::F32, &Device::Cpu).unwrap();
         let prompts: Vec<Vec<u32>> = vec![(1..10).collect(), (20..24).collect()];
         let run = |chunk| {
-            let mut pick =
-                |logits: &Tensor, _: &[(usize, usize)]| logits.argmax(D::Minus1)?.to_vec1::<u32>();
+            let mut pick = |logits: &Tensor, _: &[(usize, usize)]| pick_greedy(logits);
             decode(
                 &m.model,
                 &prompts,
                 6,
                 &[],
+                0,
                 0,
                 &Device::Cpu,
                 chunk,
@@ -284,15 +617,28 @@ mod tests {
             .unwrap()
         };
         let whole = run(64);
-        assert_eq!(run(2), whole);
-        assert_eq!(run(1), whole);
+        for chunk in [2, 1] {
+            for (a, b) in run(chunk).iter().zip(&whole) {
+                assert_eq!(
+                    (&a.tokens, a.stopped),
+                    (&b.tokens, b.stopped),
+                    "chunk {chunk}"
+                );
+                for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+                    assert!((x - y).abs() < 1e-5, "chunk {chunk}: {x} vs {y}");
+                }
+            }
+        }
     }
 
     fn draws(logits: &[f32], temperature: f64, top_p: f64, n: usize) -> Vec<u32> {
+        let s = Sampling {
+            temperature,
+            top_p,
+            ..Sampling::default()
+        };
         let mut rng = Rng::for_tensor(3, "t");
-        (0..n)
-            .map(|_| draw(logits, temperature, top_p, &mut rng))
-            .collect()
+        (0..n).map(|_| draw(logits, &s, &mut rng).0).collect()
     }
 
     #[test]
@@ -327,6 +673,187 @@ mod tests {
             let share = d.iter().filter(|&&x| x == t).count() as f64 / d.len() as f64;
             let p = (1.0 - t as f64).exp() / z;
             assert!((share - p).abs() < 0.015, "token {t}: {share} vs {p}");
+        }
+    }
+
+    #[test]
+    fn top_k_keeps_the_k_most_likely_and_logprobs_ignore_truncation() {
+        let logits = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln(), -100.0];
+        let s = Sampling {
+            top_k: 2,
+            ..Sampling::default()
+        };
+        let mut rng = Rng::for_tensor(4, "k");
+        let mut zeros = 0;
+        for _ in 0..4000 {
+            let (t, lp) = draw(&logits, &s, &mut rng);
+            assert!(t < 2, "{t}");
+            zeros += usize::from(t == 0);
+            // The log-prob is the full distribution's, not the truncated one's.
+            assert!((lp - logits[t as usize]).abs() < 1e-6, "{lp}");
+        }
+        assert!((zeros as f64 / 4000.0 - 0.625).abs() < 0.03, "{zeros}");
+        // At temperature 2 the log-prob is that of softmax(logits / 2).
+        let hot = Sampling {
+            temperature: 2.0,
+            ..Sampling::default()
+        };
+        let (t, lp) = draw(&logits, &hot, &mut rng);
+        let z: f64 = logits.iter().map(|&x| (f64::from(x) / 2.0).exp()).sum();
+        let want = f64::from(logits[t as usize]) / 2.0 - z.ln();
+        assert!((f64::from(lp) - want).abs() < 1e-6, "{lp} vs {want}");
+    }
+}
+
+/// The CUDA sampler against the distributions it must draw from; run on a
+/// machine with a GPU (`cargo test --features cuda`), skipped elsewhere.
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use super::*;
+    use crate::model::{load, tiny};
+
+    fn gpu() -> Option<Device> {
+        match Device::new_cuda(0) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                eprintln!("SKIPPED: no CUDA device ({e})");
+                None
+            }
+        }
+    }
+
+    fn share(picks: &[(u32, f32)], t: u32) -> f64 {
+        picks.iter().filter(|p| p.0 == t).count() as f64 / picks.len() as f64
+    }
+
+    #[test]
+    fn kernel_draws_follow_the_truncated_distribution() {
+        let Some(dev) = gpu() else { return };
+        let rows = 4000;
+        let row = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln(), -100.0];
+        let logits = Tensor::from_vec(row.repeat(rows), (rows, 4), &dev).unwrap();
+        let seeds: Vec<u64> = (0..rows as u64).map(|i| i * 7919 + 1).collect();
+        let all = cuda::sample_rows(&logits, &seeds, 1.0, 0, 1.0).unwrap();
+        for (t, p) in [(0, 0.5), (1, 0.3), (2, 0.2)] {
+            assert!(
+                (share(&all, t) - p).abs() < 0.03,
+                "token {t}: {}",
+                share(&all, t)
+            );
+        }
+        for &(t, lp) in &all {
+            assert!((lp - row[t as usize]).abs() < 1e-5, "{t}: {lp}");
+        }
+        let again = cuda::sample_rows(&logits, &seeds, 1.0, 0, 1.0).unwrap();
+        assert_eq!(all, again, "a seed repeats its draws");
+        for (k, p) in [(2, 1.0), (0, 0.75), (3, 0.75)] {
+            let cut = cuda::sample_rows(&logits, &seeds, 1.0, k, p).unwrap();
+            assert!(cut.iter().all(|x| x.0 < 2), "top_k {k} top_p {p}");
+            assert!((share(&cut, 0) - 0.625).abs() < 0.03, "top_k {k} top_p {p}");
+            // The log-prob stays the untruncated one.
+            assert!(
+                cut.iter()
+                    .all(|&(t, lp)| (lp - row[t as usize]).abs() < 1e-5)
+            );
+        }
+        let hot = cuda::sample_rows(&logits, &seeds, 0.5, 0, 1.0).unwrap();
+        let z: f64 = row.iter().map(|&x| (f64::from(x) / 2.0).exp()).sum();
+        for &(t, lp) in &hot {
+            let want = f64::from(row[t as usize]) / 2.0 - z.ln();
+            assert!(
+                (f64::from(lp) - want).abs() < 1e-5,
+                "temperature 2: {lp} vs {want}"
+            );
+        }
+        let greedy = cuda::sample_rows(&logits, &seeds, 0.0, 0, 1.0).unwrap();
+        assert!(greedy.iter().all(|x| x.0 == 0));
+        // A Qwen3-sized row in bf16: log-probs as the host computes them.
+        let v = 151_936;
+        let big = Tensor::arange(0f32, v as f32, &dev)
+            .unwrap()
+            .affine(1e-3, 0.0)
+            .unwrap()
+            .sin()
+            .unwrap()
+            .affine(4.0, 0.0)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap()
+            .repeat((8, 1))
+            .unwrap();
+        let host = big.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap();
+        let picks = cuda::sample_rows(&big, &seeds[..8], 1.0, 50, 0.9).unwrap();
+        for (r, &(t, lp)) in picks.iter().enumerate() {
+            let max = host[r].iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let lse = max
+                + host[r]
+                    .iter()
+                    .map(|&x| (x as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            let exact = host[r][t as usize] as f64 - lse;
+            assert!(
+                (f64::from(lp) - exact).abs() < 1e-3,
+                "row {r}: {lp} vs {exact}"
+            );
+            // Among the 50 most likely (ties included).
+            let above = host[r].iter().filter(|&&x| x > host[r][t as usize]).count();
+            assert!(above < 50, "row {r}: token {t} has {above} above it");
+        }
+    }
+
+    #[test]
+    fn gpu_decoding_matches_the_trainer_and_repeats() {
+        let Some(dev) = gpu() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        tiny::write_tiny_qwen3(dir.path(), 42).unwrap();
+        let m = load(dir.path(), None, DType::F32, &dev).unwrap();
+        let prompts: Vec<Vec<u32>> = vec![
+            (1..10).collect(),
+            (20..24).collect(),
+            vec![7],
+            (100..130).collect(),
+        ];
+        let g = greedy(&m.model, &prompts, 8, &[], 0, 0, &dev).unwrap();
+        let s = Sampling {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.9,
+            seed: 5,
+        };
+        let a = sample(&m.model, &prompts, 8, &[], 0, 0, &s, &dev).unwrap();
+        let b = sample(&m.model, &prompts, 8, &[], 0, 2, &s, &dev).unwrap();
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x.tokens, y.tokens, "continuous batching on the GPU");
+        }
+        for (gens, t) in [(&g, 1.0), (&a, 0.8)] {
+            for (p, out) in prompts.iter().zip(gens) {
+                let seq: Vec<u32> = p.iter().chain(&out.tokens).copied().collect();
+                let ids = Tensor::new(seq.as_slice(), &dev)
+                    .unwrap()
+                    .unsqueeze(0)
+                    .unwrap();
+                let logits = (m.model.forward(&ids, None, false).unwrap() / t).unwrap();
+                let lp: Vec<f32> = crate::train::loss::next_token_logprobs(&logits, &ids)
+                    .unwrap()
+                    .squeeze(0)
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                for (x, y) in out.logprobs.iter().zip(&lp[p.len() - 1..]) {
+                    assert!((x - y).abs() < 1e-3, "T {t}: {x} vs {y}");
+                }
+            }
+        }
+        let top1 = Sampling {
+            top_k: 1,
+            ..Sampling::default()
+        };
+        let t1 = sample(&m.model, &prompts, 8, &[], 0, 0, &top1, &dev).unwrap();
+        for (x, y) in t1.iter().zip(&g) {
+            assert_eq!(x.tokens, y.tokens, "top_k 1 is greedy");
         }
     }
 }

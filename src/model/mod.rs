@@ -274,6 +274,23 @@ impl Model {
         self.decoder().forward_with_cache(ids, offset, cache)
     }
 
+    /// [`Self::forward_with_cache`] through decoding's folded weights.
+    pub fn forward_with_view(
+        &self,
+        ids: &Tensor,
+        offset: usize,
+        cache: &mut Cache,
+        view: &decoder::DecodeView,
+    ) -> candle_core::Result<Tensor> {
+        self.decoder().forward_with_view(ids, offset, cache, view)
+    }
+
+    /// Decoding's folded weights from the LoRA factors' current values
+    /// ([`decoder::DecodeView`]).
+    pub fn decode_view(&self) -> candle_core::Result<decoder::DecodeView> {
+        self.decoder().decode_view()
+    }
+
     /// An empty KV cache for this model; see [`Cache`] for capacity and
     /// padding.
     pub fn new_cache(&self) -> Cache {

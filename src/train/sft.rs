@@ -43,20 +43,7 @@ use crate::train::loss::lm_head_cross_entropy;
 use crate::train::optim::AdamW;
 use crate::train::schedule::Cosine;
 
-/// Where SFT reports progress; the CLI draws a bar, tests ignore it.
-pub trait Progress: Sync {
-    fn start(&self, total_steps: u64, done: u64);
-    fn step(&self, step: u64, loss: f64, tokens_per_s: f64);
-    fn finish(&self);
-}
-
-pub struct NoProgress;
-
-impl Progress for NoProgress {
-    fn start(&self, _: u64, _: u64) {}
-    fn step(&self, _: u64, _: f64, _: f64) {}
-    fn finish(&self) {}
-}
+pub use crate::progress::{NoProgress, Progress};
 
 /// One SFT run.
 pub struct SftJob {
@@ -241,7 +228,7 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         .with_context(|| format!("cannot write `{}`", metrics_path.display()))?;
 
     // 3-4. The loop.
-    progress.start(total_steps, state.step);
+    progress.start(Some(total_steps), state.step);
     let (mut first_loss, mut last_loss, mut eval_loss) = (None, None, None);
     let mut bad_in_a_row = 0u64;
     let mut interrupted = false;
@@ -337,7 +324,11 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         }
         writeln!(metrics, "{line}")?;
         metrics.flush()?;
-        progress.step(state.step, loss_sum, step_tokens as f64 / secs.max(1e-9));
+        progress.set(state.step);
+        progress.status(&format!(
+            "loss {loss_sum:.4} {:.0} tok/s",
+            step_tokens as f64 / secs.max(1e-9)
+        ));
 
         let stopping = stop.load(Ordering::Relaxed);
         let periodic = cfg.save_steps > 0 && state.step.is_multiple_of(cfg.save_steps as u64);
