@@ -17,7 +17,9 @@ pub mod model;
 pub mod progress;
 pub mod prompt;
 pub mod reward;
+pub mod runlog;
 pub mod sandbox;
+pub mod serve;
 pub mod train;
 pub mod transform;
 

@@ -65,6 +65,11 @@ enum Command {
     /// Prepare model folders.
     #[command(subcommand)]
     Model(ModelCommand),
+    /// Serve a model over an OpenAI-compatible HTTP API
+    /// (/v1/chat/completions, /v1/models, /health).
+    Serve(cli::serve::ServeArgs),
+    /// Redraw a training run's curves and print its summary.
+    Report(cli::report::ReportArgs),
 }
 
 #[derive(Subcommand)]
@@ -339,6 +344,14 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Sft(args) => {
             cli::train::run_stage("sft", &args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve(args) => {
+            cli::serve::run(&args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Report(args) => {
+            cli::report::run(&args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Generate(args) => generate_cmd(args),

@@ -184,6 +184,15 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run_bit_for_bit_on(base: Base, t
         losses(&dir.path().join("full/metrics.jsonl")),
         losses(&metrics)
     );
+    // The TensorBoard events hold each step once, as metrics.jsonl does.
+    let steps: Vec<i64> = trace_train::runlog::tfevents::event_files(&dir.path().join("cut"))
+        .unwrap()
+        .iter()
+        .flat_map(|f| trace_train::runlog::tfevents::read_events(f).unwrap())
+        .filter(|e| !e.values().is_empty())
+        .map(|e| e.step)
+        .collect();
+    assert_eq!(steps, (1..=10).collect::<Vec<i64>>());
     assert_eq!(
         std::fs::read(dir.path().join("full/final/adapter_model.safetensors")).unwrap(),
         std::fs::read(dir.path().join("cut/final/adapter_model.safetensors")).unwrap(),

@@ -6,6 +6,8 @@ pub mod env;
 pub mod eval;
 pub mod pipeline;
 pub mod progress;
+pub mod report;
+pub mod serve;
 pub mod train;
 
 /// Adds what to do to a device out-of-memory error; other errors pass.

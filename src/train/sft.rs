@@ -9,17 +9,17 @@
 //!    cross-entropy, backward, gradients summed; a non-finite loss or gradient
 //!    skips the step (counted; too many in a row stops the run); clip; AdamW
 //!    at the cosine schedule's rate;
-//! 4. metrics as JSONL, eval loss every `eval_steps`, a checkpoint every
-//!    `save_steps` and on SIGTERM/SIGINT (then a clean exit);
+//! 4. metrics through `runlog` (JSONL and TensorBoard events), eval loss
+//!    every `eval_steps`, a checkpoint every `save_steps` and on
+//!    SIGTERM/SIGINT (then a clean exit);
 //! 5. at the end, the adapter in PEFT's layout in `final/` and the merged
 //!    model (with the tokenizer files) in `merged/`, each with a model card
-//!    and `generation_config.json` (`train::card`).
+//!    and `generation_config.json` (`train::card`), the curves in `curves/`.
 //!
 //! Everything that decides the numbers (data order, dropout masks, init) is
 //! seeded, so a resumed run repeats the uninterrupted one exactly on CPU.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +37,7 @@ use crate::data::records::read_records;
 use crate::data::tokenizer::ChatTokenizer;
 use crate::model::lora::{LoraConfig, TargetModule, set_dropout_seed};
 use crate::model::{self, LoadedModel};
+use crate::runlog::{self, RunLog};
 use crate::train::card;
 use crate::train::checkpoint::{self, Fingerprint, RunLock, TrainerState};
 use crate::train::loss::lm_head_cross_entropy;
@@ -180,7 +181,6 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         skipped_steps: 0,
         fingerprint: fingerprint.clone(),
     };
-    let metrics_path = job.output_dir.join("metrics.jsonl");
     let mut resumed_from = None;
     match (
         job.resume,
@@ -209,7 +209,6 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
                 fingerprint: fingerprint.clone(),
                 ..ck.state
             };
-            truncate_metrics(&metrics_path, state.step)?;
             tracing::info!("resuming {} at step {}", job.stage, state.step);
         }
         (false, Some(ck)) => bail!(
@@ -217,15 +216,10 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             job.output_dir.display(),
             ck.dir.display()
         ),
-        (_, None) => {
-            let _ = std::fs::remove_file(&metrics_path);
-        }
+        (_, None) => {}
     }
-    let mut metrics = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&metrics_path)
-        .with_context(|| format!("cannot write `{}`", metrics_path.display()))?;
+    // Keeps the steps up to the checkpoint (all of them on a fresh start: none).
+    let mut log = RunLog::open(&job.output_dir, resumed_from)?;
 
     // 3-4. The loop.
     progress.start(Some(total_steps), state.step);
@@ -304,26 +298,24 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         let step_tokens: usize = micro.iter().map(|b| b.tokens).sum();
         first_loss.get_or_insert(loss_sum);
         last_loss = Some(loss_sum);
-        let mut line = serde_json::json!({
-            "step": state.step,
-            "epoch": state.epoch,
-            "loss": loss_sum,
-            "lr": lr,
-            "grad_norm": norm,
-            "answer_tokens": answer_tokens,
-            "tokens_per_s": step_tokens as f64 / secs.max(1e-9),
-            "skipped_steps": state.skipped_steps,
-        });
+        let mut scalars = vec![
+            ("epoch", state.epoch as f64),
+            ("loss", loss_sum),
+            ("lr", lr),
+            ("grad_norm", norm),
+            ("answer_tokens", answer_tokens as f64),
+            ("tokens_per_s", step_tokens as f64 / secs.max(1e-9)),
+            ("skipped_steps", state.skipped_steps as f64),
+        ];
         if cfg.eval_steps > 0
             && state.step.is_multiple_of(cfg.eval_steps as u64)
             && !eval_examples.is_empty()
         {
             let e = evaluate_loss(&loaded, &eval_examples, cfg.batch_size, pad, &job.device)?;
-            line["eval_loss"] = serde_json::json!(e);
+            scalars.push(("eval_loss", e));
             eval_loss = Some(e);
         }
-        writeln!(metrics, "{line}")?;
-        metrics.flush()?;
+        log.log(state.step, &scalars)?;
         progress.set(state.step);
         progress.status(&format!(
             "loss {loss_sum:.4} {:.0} tok/s",
@@ -393,6 +385,17 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             }))?
             .as_bytes(),
         )?;
+    }
+    // The trained outputs are safe by now: a failed drawing only warns.
+    let metrics = job.output_dir.join(runlog::METRICS_FILE);
+    if let Err(e) =
+        runlog::read_metrics(&metrics).and_then(|r| runlog::curves::draw(&job.output_dir, &r))
+    {
+        tracing::warn!(
+            "{}: curves not drawn: {e:#}\nhint: `trace-train report {}` draws them again",
+            job.stage,
+            job.output_dir.display()
+        );
     }
     let secs = started.elapsed().as_secs_f64();
     Ok(SftSummary {
@@ -517,24 +520,6 @@ fn weights_fingerprint(dir: &Path) -> anyhow::Result<String> {
         }
     }
     Ok(crate::hex(&h.finalize()))
-}
-
-/// Drops metric lines past `step` (they belong to work the resume redoes).
-fn truncate_metrics(path: &Path, step: u64) -> anyhow::Result<()> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Ok(());
-    };
-    let kept: String = text
-        .lines()
-        .filter(|l| {
-            serde_json::from_str::<serde_json::Value>(l)
-                .ok()
-                .and_then(|v| v["step"].as_u64())
-                .is_some_and(|s| s <= step)
-        })
-        .map(|l| format!("{l}\n"))
-        .collect();
-    crate::atomic::write(path, kept.as_bytes())
 }
 
 /// Set on SIGTERM or SIGINT: checkpoint, then exit cleanly.
