@@ -358,8 +358,7 @@ fn gpu() -> Gpu {
         if let Some(f) = unsafe { lib.sym::<unsafe extern "C" fn() -> usize>(c"cudnnGetVersion") } {
             // SAFETY: takes nothing, returns a number.
             let v = unsafe { f() };
-            // cuDNN 9 encodes major*10000 + minor*100 + patch.
-            g.cudnn = Some(format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100));
+            g.cudnn = Some(cudnn_version(v));
         }
     }
     if let Some(lib) = Lib::open(&[c"libcublas.so.13", c"libcublas.so.12", c"libcublas.so"]) {
@@ -376,6 +375,16 @@ fn gpu() -> Gpu {
         }
     }
     g
+}
+
+/// cudnnGetVersion's number as text: cuDNN 9 encodes major*10000 +
+/// minor*100 + patch, cuDNN 8 and older major*1000 + minor*100 + patch.
+fn cudnn_version(v: usize) -> String {
+    if v >= 90000 {
+        format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100)
+    } else {
+        format!("{}.{}.{}", v / 1000, v / 100 % 10, v % 100)
+    }
 }
 
 /// The CUDA driver API's version and devices.
@@ -436,5 +445,14 @@ fn cuda_devices(cuda: &Lib, g: &mut Gpu) {
                 memory_bytes: bytes as u64,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cudnn_versions_decode() {
+        assert_eq!(super::cudnn_version(91002), "9.10.2");
+        assert_eq!(super::cudnn_version(8907), "8.9.7");
     }
 }
