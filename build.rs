@@ -1,4 +1,5 @@
-//! Build steps of the GPU features; without them, nothing.
+//! Build steps: the git commit for `trace-train env`, and the GPU
+//! features' (without them, nothing more).
 //!
 //! - `cuda`: compiles every `src/kernels/*.cu` to PTX in `OUT_DIR` with nvcc
 //!   (`$CUDA_HOME/bin/nvcc` when `CUDA_HOME` is set, else `nvcc` on the
@@ -16,9 +17,41 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
+    git_commit();
     ptx_kernels();
     #[cfg(feature = "cudnn")]
     cudnn::build();
+}
+
+/// `TRACE_TRAIN_GIT_COMMIT` for `trace-train env`: the commit being built,
+/// when this is a git checkout with git installed (a tarball build has
+/// none). The build reruns when HEAD or the branch it names moves.
+fn git_commit() {
+    let git = |args: &[&str]| -> Option<String> {
+        let o = Command::new("git").args(args).output().ok()?;
+        o.status
+            .success()
+            .then(|| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .filter(|s| !s.is_empty())
+    };
+    let Some(commit) = git(&["rev-parse", "HEAD"]) else {
+        return;
+    };
+    // No "-dirty" mark: the script does not rerun on every source edit, so
+    // it could not keep one true.
+    println!("cargo:rustc-env=TRACE_TRAIN_GIT_COMMIT={commit}");
+    let mut watched = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
+    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        watched.push(branch);
+    }
+    for name in watched {
+        // Only files that exist: a missing one would rerun every build.
+        if let Some(path) = git(&["rev-parse", "--git-path", &name]).map(PathBuf::from)
+            && path.exists()
+        {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+    }
 }
 
 fn ptx_kernels() {

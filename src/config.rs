@@ -3,6 +3,14 @@
 //!
 //! Every struct rejects unknown fields and documents its defaults; a file may
 //! leave out any field. CLI flags override file values (see `cli`).
+//!
+//! Files written for the Python pipeline load as they are: its names
+//! ([`USER_NAMES`]: `model.base_model`, `hardware.no_4bit`,
+//! `stage0.variants_per_sample`, `stage3.num_steps`) are accepted beside
+//! ours, and `hardware.b200_mode` is the `--b200` preset. A file that gives
+//! one setting under both names is refused. [`Sources`] records where each
+//! resolved value came from (default, file, preset, flag) for
+//! `trace-train config` and the run's record.
 
 use std::path::{Path, PathBuf};
 
@@ -47,22 +55,47 @@ pub fn parse<T: for<'de> Deserialize<'de> + Validate>(
     text: &str,
     path: &Path,
 ) -> Result<T, ConfigError> {
-    let value: T = serde_json::from_str(text).map_err(|e| {
+    let parse_error = |e: serde_json::Error| {
         let message = e.to_string();
         let hint = if message.contains("unknown field") {
-            "remove the field or check its spelling; the expected fields are listed above"
+            let mut hint = String::from(
+                "remove the field or check its spelling; the expected fields are listed above",
+            );
+            // serde lists our names only; say which also go by the Python
+            // pipeline's.
+            if let Some(expected) = message.split("expected one of").nth(1) {
+                for (_, theirs, ours) in USER_NAMES {
+                    if expected.contains(&format!("`{ours}`")) {
+                        hint += &format!(" (`{ours}` may also be written `{theirs}`)");
+                    }
+                }
+            }
+            hint
+        } else if let Some((theirs, ours)) = USER_NAMES
+            .iter()
+            .find(|(_, _, ours)| message.contains(&format!("duplicate field `{ours}`")))
+            .map(|(_, theirs, ours)| (theirs, ours))
+        {
+            format!(
+                "`{theirs}` (the Python pipeline's name) and `{ours}` are one setting; keep one of them"
+            )
+        } else if message.contains("duplicate field") {
+            "a key appears twice in one object; keep one".into()
         } else {
-            "the file must be a JSON object; see the shipped files in `config/` for examples"
+            "the file must be a JSON object; see the shipped files in `config/` for examples".into()
         };
         ConfigError::Parse {
             path: path.to_owned(),
             line: e.line(),
             column: e.column(),
             message,
-            hint: hint.into(),
+            hint,
         }
-    })?;
-    let problems = value.problems();
+    };
+    let mut value: T = serde_json::from_str(text).map_err(parse_error)?;
+    let tree: serde_json::Value = serde_json::from_str(text).map_err(parse_error)?;
+    let mut problems = value.settle(&tree);
+    problems.extend(value.problems());
     if problems.is_empty() {
         Ok(value)
     } else {
@@ -76,6 +109,175 @@ pub fn parse<T: for<'de> Deserialize<'de> + Validate>(
 /// Semantic checks beyond the types; all problems are gathered at once.
 pub trait Validate {
     fn problems(&self) -> Vec<String>;
+
+    /// Folds settings a file may give in another section (the Python
+    /// pipeline's `hardware.no_4bit`) into ours, given the file as parsed
+    /// JSON; returns the conflicts. Most configs have none.
+    fn settle(&mut self, _file: &serde_json::Value) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// The Python pipeline's names for our settings: (section, its key, ours).
+/// Either loads; a file that gives both is refused. `hardware.no_4bit`
+/// (the negation of `model.load_in_4bit`, in another section) is folded by
+/// [`PipelineConfig`]'s [`Validate::settle`].
+pub const USER_NAMES: [(&str, &str, &str); 3] = [
+    ("model", "base_model", "name"),
+    ("stage0", "variants_per_sample", "variants"),
+    ("stage3", "num_steps", "steps"),
+];
+
+/// Where a resolved setting came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "from")]
+pub enum Source {
+    /// The built-in default.
+    Default,
+    /// A config file, under the key as written there.
+    File { path: PathBuf, key: String },
+    /// A preset switched on by a flag or a file key (`--b200`).
+    Preset { by: String },
+    /// A command-line flag.
+    Flag { flag: String },
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Default => write!(f, "default"),
+            Source::File { path, key } => write!(f, "file {} ({key})", path.display()),
+            Source::Preset { by } => write!(f, "preset {by}"),
+            Source::Flag { flag } => write!(f, "flag {flag}"),
+        }
+    }
+}
+
+/// Where each resolved value came from, by dotted key in our names
+/// (`stage1.epochs`); a key not recorded is a default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sources(std::collections::BTreeMap<String, Source>);
+
+impl Sources {
+    /// The keys a config file sets. `file` is the file as parsed JSON;
+    /// `section` is the pipeline section its top level stands for (`""`
+    /// for pipeline_config.json, `stage0` for generate.json), so that the
+    /// Python pipeline's names map to ours.
+    pub fn from_file(path: &Path, file: &serde_json::Value, section: &str) -> Self {
+        let mut out = Sources::default();
+        let mut leaves = Vec::new();
+        leaf_keys(file, "", &mut leaves);
+        for key in leaves {
+            let (parent, last) = key.rsplit_once('.').unwrap_or(("", key.as_str()));
+            let full_parent = match (section, parent) {
+                ("", p) => p.to_owned(),
+                (s, "") => s.to_owned(),
+                (s, p) => format!("{s}.{p}"),
+            };
+            let ours = if full_parent == "hardware" && last == "no_4bit" {
+                "model.load_in_4bit".to_owned()
+            } else {
+                let name = USER_NAMES
+                    .iter()
+                    .find(|(s, theirs, _)| *s == full_parent && *theirs == last)
+                    .map_or(last, |(_, _, ours)| ours);
+                if parent.is_empty() {
+                    name.to_owned()
+                } else {
+                    format!("{parent}.{name}")
+                }
+            };
+            out.0.insert(
+                ours,
+                Source::File {
+                    path: path.to_owned(),
+                    key,
+                },
+            );
+        }
+        out
+    }
+
+    /// Records that `key` was set by `source` (later calls win).
+    pub fn set(&mut self, key: &str, source: Source) {
+        self.0.insert(key.to_owned(), source);
+    }
+
+    /// Records a flag's setting of `key`.
+    pub fn flag(&mut self, key: &str, flag: &str) {
+        self.set(
+            key,
+            Source::Flag {
+                flag: flag.to_owned(),
+            },
+        );
+    }
+
+    /// Where `key` came from.
+    pub fn get(&self, key: &str) -> Source {
+        self.0.get(key).cloned().unwrap_or(Source::Default)
+    }
+
+    /// Every leaf of `resolved` (settings serialised to JSON) with its
+    /// value and source, in key order: what `trace-train config` prints.
+    pub fn table(&self, resolved: &serde_json::Value) -> Vec<(String, serde_json::Value, Source)> {
+        let mut leaves = Vec::new();
+        leaf_keys(resolved, "", &mut leaves);
+        leaves
+            .into_iter()
+            .map(|k| {
+                let v = resolved
+                    .pointer(&format!("/{}", k.replace('.', "/")))
+                    .cloned()
+                    .unwrap_or(serde_json::Value::Null);
+                let src = self.get(&k);
+                (k, v, src)
+            })
+            .collect()
+    }
+
+    /// [`Self::table`] as JSON: `{key: {"value": v, "from": ...}}`.
+    pub fn to_json(&self, resolved: &serde_json::Value) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        for (k, v, src) in self.table(resolved) {
+            let mut entry = serde_json::to_value(&src).expect("serialises");
+            entry["value"] = v;
+            m.insert(k, entry);
+        }
+        serde_json::Value::Object(m)
+    }
+}
+
+/// The dotted keys of every non-object value under `v`.
+fn leaf_keys(v: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) if !m.is_empty() => {
+            for (k, child) in m {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                leaf_keys(child, &key, out);
+            }
+        }
+        _ if !prefix.is_empty() => out.push(prefix.to_owned()),
+        _ => {}
+    }
+}
+
+/// A config file parsed as `T`, with the keys it set.
+pub fn load_with_sources<T: for<'de> Deserialize<'de> + Validate>(
+    path: &Path,
+    section: &str,
+) -> Result<(T, Sources), ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let value = parse(&text, path)?;
+    let tree: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    Ok((value, Sources::from_file(path, &tree, section)))
 }
 
 /// The whole pipeline, as `config/pipeline_config.json`.
@@ -109,14 +311,65 @@ impl Validate for PipelineConfig {
         }
         p
     }
+
+    fn settle(&mut self, file: &serde_json::Value) -> Vec<String> {
+        let mut p = Vec::new();
+        if let Some(no_4bit) = self.hardware.no_4bit.take() {
+            if file.pointer("/model/load_in_4bit").is_some() {
+                p.push(
+                    "hardware.no_4bit and model.load_in_4bit: both set 4-bit loading (no_4bit is the Python pipeline's name for the opposite of load_in_4bit); keep one".into(),
+                );
+            } else {
+                self.model.load_in_4bit = !no_4bit;
+            }
+        }
+        p
+    }
+}
+
+impl PipelineConfig {
+    /// The preset for one large GPU (B200, H200, H100 80 GB), as `--b200`
+    /// or `hardware.b200_mode: true` ask: bf16 base weights (no 4-bit), no
+    /// gradient checkpointing, micro-batches of 8 with 4 accumulation
+    /// steps, over what the file says. Measured on an H200 at the Qwen3-4B
+    /// shape: without checkpointing and 4-bit weights a step runs 1.35x
+    /// faster than with them, and 4 x 1024 tokens take 20 GiB of which 8
+    /// are weights; 8 x 2048 tokens then need about 56 GiB (an estimate
+    /// from that figure, activations growing with tokens). `by` names what
+    /// asked for it, for `sources`.
+    pub fn apply_b200(&mut self, sources: &mut Sources, by: &str) {
+        self.hardware.b200_mode = true;
+        self.model.dtype = "bf16".into();
+        self.model.load_in_4bit = false;
+        self.hardware.gradient_checkpointing = false;
+        for s in [&mut self.stage1, &mut self.stage2] {
+            s.batch_size = 8;
+            s.gradient_accumulation_steps = 4;
+        }
+        for key in [
+            "model.dtype",
+            "model.load_in_4bit",
+            "hardware.gradient_checkpointing",
+            "stage1.batch_size",
+            "stage1.gradient_accumulation_steps",
+            "stage2.batch_size",
+            "stage2.gradient_accumulation_steps",
+        ] {
+            sources.set(key, Source::Preset { by: by.to_owned() });
+        }
+    }
 }
 
 /// The base model.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// Hub id or local folder. Default `Qwen/Qwen3-4B`.
+    /// Hub id or local folder (the Python pipeline's `base_model`). Default
+    /// `Qwen/Qwen3-4B`.
+    #[serde(alias = "base_model")]
     pub name: String,
+    /// With a hub id: the branch, tag or commit (null: `main`). Default null.
+    pub revision: Option<String>,
     /// Load the frozen base weights in 4 bits (QLoRA). Default true.
     pub load_in_4bit: bool,
     /// Training and inference dtype: `bf16`, `f16` or `f32`. Default `bf16`.
@@ -129,6 +382,7 @@ impl Default for ModelConfig {
     fn default() -> Self {
         ModelConfig {
             name: "Qwen/Qwen3-4B".into(),
+            revision: None,
             load_in_4bit: true,
             dtype: "bf16".into(),
             max_length: 2048,
@@ -169,6 +423,14 @@ pub struct HardwareConfig {
     pub num_gpus: usize,
     /// Trade compute for memory by recomputing activations. Default true.
     pub gradient_checkpointing: bool,
+    /// The `--b200` preset for one large GPU (see
+    /// [`PipelineConfig::apply_b200`]). Default false.
+    pub b200_mode: bool,
+    /// The Python pipeline's spelling of `model.load_in_4bit: false`
+    /// (`--no_4bit`); folded into `model.load_in_4bit` on load, so it is
+    /// never set after loading. Default absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_4bit: Option<bool>,
 }
 
 impl Default for HardwareConfig {
@@ -177,6 +439,8 @@ impl Default for HardwareConfig {
             device: "auto".into(),
             num_gpus: 1,
             gradient_checkpointing: true,
+            b200_mode: false,
+            no_4bit: None,
         }
     }
 }
@@ -376,7 +640,9 @@ pub struct GenerateConfig {
     pub output_dir: PathBuf,
     /// Use at most this many rows (null: all). Default null.
     pub max_samples: Option<usize>,
-    /// Transformed variants a program. Default 3.
+    /// Transformed variants a program (the Python pipeline's
+    /// `variants_per_sample`). Default 3.
+    #[serde(alias = "variants_per_sample")]
     pub variants: usize,
     /// `env` or `peer`. Default `env`.
     pub seed_scheme: SeedScheme,
@@ -489,7 +755,8 @@ pub struct SftConfig {
     pub train_file: Option<PathBuf>,
     /// Evaluation JSONL (null: the stage's test file).
     pub eval_file: Option<PathBuf>,
-    /// Output folder (null: `checkpoints/<stage>`).
+    /// Output folder (null: `checkpoints/stage1_warmup` for Stage 1,
+    /// `checkpoints/stage2_sft` for Stage 2).
     pub output_dir: Option<PathBuf>,
     /// Default 1.
     pub epochs: usize,
@@ -619,7 +886,8 @@ pub struct RlConfig {
     pub temperature: f64,
     /// Longest completion in tokens. Default 1024.
     pub max_new_tokens: usize,
-    /// Optimizer steps. Default 200.
+    /// Optimizer steps (the Python pipeline's `num_steps`). Default 200.
+    #[serde(alias = "num_steps")]
     pub steps: usize,
     /// Order prompts from easy to hard. Default false.
     pub curriculum: bool,
@@ -750,6 +1018,137 @@ mod tests {
         assert!(
             err.contains("min_lines") && err.contains("typo.json"),
             "{err}"
+        );
+    }
+
+    /// The Python pipeline's `config/pipeline_config.json`, whole.
+    const USER_PIPELINE: &str = r#"{
+  "model": {"base_model": "Qwen/Qwen3-4B"},
+  "hardware": {"b200_mode": true, "no_4bit": false},
+  "stage0": {"variants_per_sample": 3, "num_workers": 32},
+  "stage1": {"epochs": 2},
+  "stage2": {"epochs": 3},
+  "stage3": {"num_steps": 5000}
+}"#;
+
+    #[test]
+    fn the_python_pipelines_names_load_and_mean_ours() {
+        let p: PipelineConfig = parse(USER_PIPELINE, Path::new("p.json")).unwrap();
+        assert_eq!(p.model.name, "Qwen/Qwen3-4B");
+        assert!(p.hardware.b200_mode);
+        // `no_4bit: false` keeps 4-bit loading; folded away on load.
+        assert!(p.model.load_in_4bit && p.hardware.no_4bit.is_none());
+        assert_eq!((p.stage0.variants, p.stage0.num_workers), (3, 32));
+        assert_eq!((p.stage1.epochs, p.stage2.epochs), (2, 3));
+        assert_eq!(p.stage3.steps, 5000);
+        let p: PipelineConfig =
+            parse(r#"{"hardware": {"no_4bit": true}}"#, Path::new("p.json")).unwrap();
+        assert!(!p.model.load_in_4bit);
+        // Any subset loads; the rest are defaults.
+        let p: PipelineConfig =
+            parse(r#"{"stage3": {"num_steps": 7}}"#, Path::new("p.json")).unwrap();
+        assert_eq!((p.stage3.steps, p.stage1.epochs), (7, 1));
+        // The sources name the key as the file wrote it.
+        let tree: serde_json::Value = serde_json::from_str(USER_PIPELINE).unwrap();
+        let s = Sources::from_file(Path::new("p.json"), &tree, "");
+        let key = |k: &str| match s.get(k) {
+            Source::File { key, .. } => key,
+            other => panic!("{k}: {other:?}"),
+        };
+        assert_eq!(key("model.name"), "model.base_model");
+        assert_eq!(key("model.load_in_4bit"), "hardware.no_4bit");
+        assert_eq!(key("stage0.variants"), "stage0.variants_per_sample");
+        assert_eq!(key("stage3.steps"), "stage3.num_steps");
+        assert_eq!(key("stage1.epochs"), "stage1.epochs");
+        assert_eq!(s.get("stage1.seed"), Source::Default);
+        // A stage file: `generate.json` stands for `stage0`.
+        let tree = serde_json::json!({"variants_per_sample": 2, "filters": {"drop_empty": false}});
+        let s = Sources::from_file(Path::new("g.json"), &tree, "stage0");
+        assert!(
+            matches!(s.get("variants"), Source::File { key, .. } if key == "variants_per_sample")
+        );
+        assert!(matches!(s.get("filters.drop_empty"), Source::File { .. }));
+    }
+
+    #[test]
+    fn one_setting_under_both_names_is_refused() {
+        let err = parse::<PipelineConfig>(
+            "{\n  \"model\": {\"base_model\": \"a/b\",\n \"name\": \"c/d\"}\n}",
+            Path::new("both.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("both.json") && err.contains("line 3") && err.contains("`base_model`"),
+            "{err}"
+        );
+        assert!(err.contains("hint:") && err.contains("keep one"), "{err}");
+        let err = parse::<GenerateConfig>(
+            r#"{"variants": 2, "variants_per_sample": 3}"#,
+            Path::new("g.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("variants_per_sample"), "{err}");
+        let err = parse::<PipelineConfig>(
+            r#"{"model": {"load_in_4bit": true}, "hardware": {"no_4bit": true}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("hardware.no_4bit") && err.contains("model.load_in_4bit"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_misspelled_key_names_file_line_and_the_expected_keys() {
+        let err =
+            parse::<PipelineConfig>(r#"{"model": {"base_modle": "a/b"}}"#, Path::new("p.json"))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("`name` may also be written `base_model`"),
+            "{err}"
+        );
+        let text = USER_PIPELINE.replace("\"epochs\": 3", "\"epoch\": 3");
+        let err = parse::<PipelineConfig>(&text, Path::new("config/pipeline_config.json"))
+            .unwrap_err()
+            .to_string();
+        for want in [
+            "config/pipeline_config.json",
+            "line 6",
+            "unknown field `epoch`",
+            "`epochs`",
+            "`learning_rate`",
+            "hint:",
+        ] {
+            assert!(err.contains(want), "missing {want}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_b200_preset_is_recorded_as_such() {
+        let mut p: PipelineConfig = parse(USER_PIPELINE, Path::new("p.json")).unwrap();
+        let mut s = Sources::default();
+        p.apply_b200(&mut s, "hardware.b200_mode");
+        assert!(!p.model.load_in_4bit && !p.hardware.gradient_checkpointing);
+        assert_eq!(
+            (p.stage2.batch_size, p.stage2.gradient_accumulation_steps),
+            (8, 4)
+        );
+        assert_eq!(
+            s.get("stage1.batch_size"),
+            Source::Preset {
+                by: "hardware.b200_mode".into()
+            }
+        );
+        let table = s.table(&serde_json::to_value(&p).unwrap());
+        assert!(
+            table
+                .iter()
+                .any(|(k, v, _)| k == "stage3.steps" && v == 5000)
         );
     }
 

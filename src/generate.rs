@@ -32,21 +32,7 @@ use crate::reward::python_strip;
 use crate::sandbox::{Executor, ExecutorConfig, Outcome, Request, Status};
 use crate::transform::{self, Transformed};
 
-/// Where `generate` reports progress; the CLI draws bars, tests ignore it.
-pub trait Progress: Sync {
-    fn start(&self, total: Option<u64>);
-    fn advance(&self, rows: u64);
-    fn finish(&self);
-}
-
-/// Progress that goes nowhere.
-pub struct NoProgress;
-
-impl Progress for NoProgress {
-    fn start(&self, _: Option<u64>) {}
-    fn advance(&self, _: u64) {}
-    fn finish(&self) {}
-}
+pub use crate::progress::{NoProgress, Progress};
 
 /// The files `generate` writes, relative to its output folder.
 pub const STAGE1_TRAIN: &str = "stage1_original_train.jsonl";
@@ -214,7 +200,7 @@ pub fn run(
         timings: Timings::default(),
     };
 
-    progress.start(Some(total));
+    progress.start(Some(total), 0);
     let chunk_size = (workers * 8).max(16);
     let mut rows = source.rows()?;
     let mut taken = 0u64;

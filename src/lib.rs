@@ -14,9 +14,12 @@ pub mod eval;
 pub mod generate;
 pub mod gpu;
 pub mod model;
+pub mod progress;
 pub mod prompt;
 pub mod reward;
+pub mod runlog;
 pub mod sandbox;
+pub mod serve;
 pub mod train;
 pub mod transform;
 

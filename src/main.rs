@@ -1,13 +1,11 @@
 //! The `trace-train` command: parse flags → resolve settings → run a stage →
 //! print the error chain and exit non-zero on failure.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
 
 mod cli;
 
@@ -18,7 +16,7 @@ mod cli;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use trace_train::config::{self, GenerateConfig, PipelineConfig, SeedScheme};
-use trace_train::generate::{self, Progress, RunOptions};
+use trace_train::generate::{self, RunOptions};
 use trace_train::sandbox::{self, Executor, ExecutorConfig, Request};
 
 #[derive(Parser)]
@@ -46,8 +44,14 @@ enum Command {
     /// Measure against the peer approach, in one run.
     #[command(subcommand)]
     Bench(BenchCommand),
-    /// Check config files: parse and validate each, naming what is wrong.
+    /// Check config files (parse and validate each, naming what is wrong),
+    /// then show the settings of the pipeline and each stage with where
+    /// each value came from; `config pipeline|warmup|sft FLAGS` shows them
+    /// with those flags.
     Config(ConfigArgs),
+    /// What to paste into a bug report: versions, GPU stack, sandbox, HF
+    /// settings.
+    Env(cli::env::EnvArgs),
     /// Stage 1: LoRA SFT on the original programs.
     Warmup(cli::train::TrainArgs),
     /// Stage 2: LoRA SFT on the transformed programs, from Stage 1's merged
@@ -61,6 +65,11 @@ enum Command {
     /// Prepare model folders.
     #[command(subcommand)]
     Model(ModelCommand),
+    /// Serve a model over an OpenAI-compatible HTTP API
+    /// (/v1/chat/completions, /v1/models, /health).
+    Serve(cli::serve::ServeArgs),
+    /// Redraw a training run's curves and print its summary.
+    Report(cli::report::ReportArgs),
 }
 
 #[derive(Subcommand)]
@@ -77,7 +86,9 @@ enum ModelCommand {
     /// Write a tiny random Qwen3 chat model (byte-level tokenizer, ChatML
     /// template) that trains in seconds: for quick runs and tests.
     Tiny {
+        /// The folder to write (created if needed).
         out: PathBuf,
+        /// Seed of the random weights.
         #[arg(long, default_value_t = 7)]
         seed: u64,
     },
@@ -93,13 +104,15 @@ struct GenerateArgs {
     /// `builtin`, a JSONL path, `humaneval:PATH`, or a hub dataset id.
     #[arg(long)]
     dataset: Option<String>,
+    /// Where the datasets and stats go (default datasets/trace_training).
     #[arg(long)]
     output_dir: Option<PathBuf>,
     /// Use at most this many rows.
     #[arg(long)]
     max_samples: Option<usize>,
-    /// Transformed variants a program.
-    #[arg(long)]
+    /// Transformed variants a program (the Python pipeline's
+    /// `--variants_per_sample`).
+    #[arg(long, alias = "variants_per_sample")]
     variants: Option<usize>,
     /// Sandbox worker slots (default: two a core).
     #[arg(long)]
@@ -163,8 +176,10 @@ enum SandboxCommand {
         /// File whose bytes are the program's stdin.
         #[arg(long)]
         stdin: Option<PathBuf>,
+        /// CPU time limit in seconds.
         #[arg(long, default_value_t = 10)]
         cpu_seconds: u64,
+        /// Wall-clock deadline in milliseconds.
         #[arg(long, default_value_t = 30_000)]
         wall_ms: u64,
         #[command(flatten)]
@@ -175,6 +190,7 @@ enum SandboxCommand {
 #[derive(Args)]
 #[command(rename_all = "snake_case")]
 struct SandboxCommon {
+    /// The interpreter, runnable by every uid.
     #[arg(long, default_value = "/usr/bin/python3")]
     python: PathBuf,
     #[command(flatten)]
@@ -187,6 +203,7 @@ enum BenchCommand {
     /// subprocess.run in a thread pool, same cores, same programs.
     #[command(rename_all = "snake_case")]
     Sandbox {
+        /// The interpreter both sides run.
         #[arg(long, default_value = "/usr/bin/python3")]
         python: PathBuf,
         /// Our worker slots (default: two a core). The peer runs with one
@@ -196,6 +213,7 @@ enum BenchCommand {
         /// Passes over the built-in corpus.
         #[arg(long, default_value_t = 3)]
         repeat: usize,
+        /// Runs of the empty program for the per-program overhead.
         #[arg(long, default_value_t = 200)]
         overhead_runs: usize,
         /// Interleaved rounds of each side; medians are reported.
@@ -213,10 +231,13 @@ enum BenchCommand {
         /// weights), or a model folder (its own weights).
         #[arg(long, default_value = "smollm2-135m")]
         model: String,
+        /// Sequences a step.
         #[arg(long, default_value_t = 4)]
         batch: usize,
+        /// Tokens a sequence.
         #[arg(long, default_value_t = 1024)]
         seq: usize,
+        /// LoRA rank.
         #[arg(long, default_value_t = 16)]
         rank: usize,
         /// Timed steps, after two untimed ones.
@@ -237,27 +258,40 @@ enum BenchCommand {
     /// weights (run the peer's `hf_peer.py gen` with the same flags).
     #[command(rename_all = "snake_case")]
     Gen {
+        /// smollm2-135m, qwen3-0.6b, qwen3-1.7b or qwen3-4b (random
+        /// weights), or a model folder (its own weights).
         #[arg(long, default_value = "smollm2-135m")]
         model: String,
+        /// Sequences decoded together.
         #[arg(long, default_value_t = 64)]
         batch: usize,
+        /// Prompt tokens a sequence.
         #[arg(long, default_value_t = 256)]
         prompt: usize,
+        /// New tokens a sequence.
         #[arg(long, default_value_t = 256)]
         new: usize,
         /// A LoRA adapter of this rank on all seven projections, with
         /// non-zero factors, as an RL policy samples (the peer has none).
         #[arg(long)]
         rank: Option<usize>,
+        /// `cpu`, `cuda`, `cuda:N` or `auto`.
         #[arg(long, default_value = "auto")]
         device: String,
     },
 }
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
 struct ConfigArgs {
-    /// Config files to check (default: every file in config/).
+    #[command(subcommand)]
+    show: Option<cli::config::Show>,
+    /// Config files to check (default: every file in config/, then the
+    /// resolved settings are shown).
     files: Vec<PathBuf>,
+    /// Show the resolved settings as JSON.
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 fn main() -> ExitCode {
@@ -310,6 +344,14 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Sft(args) => {
             cli::train::run_stage("sft", &args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve(args) => {
+            cli::serve::run(&args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Report(args) => {
+            cli::report::run(&args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Generate(args) => generate_cmd(args),
@@ -470,7 +512,29 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Config(ConfigArgs { files }) => {
+        Command::Env(args) => {
+            cli::env::run(&args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config(ConfigArgs {
+            show: Some(show),
+            json,
+            ..
+        }) => {
+            let (title, settings) = cli::config::resolved(&show)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&settings)?);
+            } else {
+                print!("{}", cli::config::table(&title, &settings));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config(ConfigArgs {
+            show: None,
+            files,
+            json,
+        }) => {
+            let show_all = files.is_empty();
             let files = if files.is_empty() {
                 let mut v: Vec<PathBuf> = std::fs::read_dir("config")
                     .context("cannot list `config/`")?
@@ -484,7 +548,20 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             };
             for f in files {
                 check_config_file(&f)?;
-                println!("ok  {}", f.display());
+                if !json {
+                    println!("ok  {}", f.display());
+                }
+            }
+            if show_all {
+                let all = cli::config::resolved_all()?;
+                if json {
+                    let map: serde_json::Map<_, _> = all.into_iter().collect();
+                    println!("{}", serde_json::to_string_pretty(&map)?);
+                } else {
+                    for (title, settings) in &all {
+                        print!("{}", cli::config::table(title, settings));
+                    }
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -593,7 +670,7 @@ fn generate_cmd(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     let opts = RunOptions {
         unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
     };
-    let bar = Bar::new();
+    let bar = cli::progress::Bar::new("rows");
     let s = generate::run(&cfg, &opts, &bar)?;
     let dropped = |m: &std::collections::BTreeMap<String, u64>| {
         if m.is_empty() {
@@ -647,38 +724,4 @@ fn generate_cmd(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     }
     println!("{}", cfg.output_dir.display());
     Ok(ExitCode::SUCCESS)
-}
-
-/// Progress on stderr; hidden when stderr is not a terminal.
-struct Bar(ProgressBar);
-
-impl Bar {
-    fn new() -> Self {
-        let pb = if std::io::stderr().is_terminal() {
-            ProgressBar::new(0)
-        } else {
-            ProgressBar::hidden()
-        };
-        pb.set_style(
-            ProgressStyle::with_template(
-                "{spinner} rows {pos}/{len} [{elapsed_precise}] {bar:30} {per_sec} ETA {eta}",
-            )
-            .expect("valid template"),
-        );
-        Bar(pb)
-    }
-}
-
-impl Progress for Bar {
-    fn start(&self, total: Option<u64>) {
-        if let Some(t) = total {
-            self.0.set_length(t);
-        }
-    }
-    fn advance(&self, rows: u64) {
-        self.0.inc(rows);
-    }
-    fn finish(&self) {
-        self.0.finish_and_clear();
-    }
 }

@@ -1,6 +1,12 @@
-//! Every shipped config file parses and validates.
+//! Every shipped config file parses and validates; the Python pipeline's
+//! own file loads and resolves to what it says; `trace-train config` shows
+//! each setting with where it came from.
+
+mod common;
 
 use std::path::Path;
+
+use common::{stderr, trace_train};
 
 use trace_train::config::{self, GenerateConfig, PipelineConfig, RlConfig, SftConfig};
 
@@ -37,6 +43,137 @@ fn pipeline_config_matches_the_stage_files() {
         serde_json::to_value(&g).unwrap()
     );
     assert_eq!(p.model.name, "Qwen/Qwen3-4B");
+}
+
+/// The Python pipeline's `config/pipeline_config.json`, exactly as its
+/// users have it.
+const USER_PIPELINE: &str = r#"{
+  "model": {"base_model": "Qwen/Qwen3-4B"},
+  "hardware": {"b200_mode": true, "no_4bit": false},
+  "stage0": {"variants_per_sample": 3, "num_workers": 32},
+  "stage1": {"epochs": 2},
+  "stage2": {"epochs": 3},
+  "stage3": {"num_steps": 5000}
+}
+"#;
+
+/// `trace-train ARGS --json` in `dir`, parsed.
+fn settings(dir: &Path, args: &[&str]) -> serde_json::Value {
+    let mut args = args.to_vec();
+    args.push("--json");
+    let o = trace_train(dir, &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn the_python_pipelines_file_resolves_the_pipeline_to_what_it_says() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("config")).unwrap();
+    std::fs::write(
+        dir.path().join("config/pipeline_config.json"),
+        USER_PIPELINE,
+    )
+    .unwrap();
+    let s = settings(dir.path(), &["config", "pipeline"]);
+    let value = |k: &str| s[k]["value"].clone();
+    let from = |k: &str| {
+        let e = &s[k];
+        match e["from"].as_str().unwrap() {
+            "file" => format!("file {}", e["key"].as_str().unwrap()),
+            "preset" => format!("preset {}", e["by"].as_str().unwrap()),
+            "flag" => format!("flag {}", e["flag"].as_str().unwrap()),
+            other => other.to_owned(),
+        }
+    };
+    assert_eq!(value("model.name"), "Qwen/Qwen3-4B");
+    assert_eq!(from("model.name"), "file model.base_model");
+    assert_eq!(value("hardware.b200_mode"), true);
+    // b200_mode is the --b200 preset: bf16 weights, no checkpointing,
+    // micro-batches of 8 x 4.
+    assert_eq!(value("model.load_in_4bit"), false);
+    assert_eq!(from("model.load_in_4bit"), "preset hardware.b200_mode");
+    assert_eq!(value("hardware.gradient_checkpointing"), false);
+    assert_eq!(value("stage1.batch_size"), 8);
+    assert_eq!(value("stage2.gradient_accumulation_steps"), 4);
+    assert_eq!(value("stage0.variants"), 3);
+    assert_eq!(from("stage0.variants"), "file stage0.variants_per_sample");
+    assert_eq!(value("stage0.num_workers"), 32);
+    assert_eq!(
+        (value("stage1.epochs"), value("stage2.epochs")),
+        (2.into(), 3.into())
+    );
+    assert_eq!(value("stage3.steps"), 5000);
+    assert_eq!(from("stage3.steps"), "file stage3.num_steps");
+    assert_eq!(from("stage1.learning_rate"), "default");
+    // The user's folder layout.
+    assert_eq!(value("stage1.output_dir"), "checkpoints/stage1_warmup");
+    assert_eq!(value("stage2.output_dir"), "checkpoints/stage2_sft");
+    assert_eq!(
+        value("stage2.train_file"),
+        "datasets/trace_training/stage2_transformed_train.jsonl"
+    );
+    // A flag wins, and says so.
+    let s = settings(
+        dir.path(),
+        &["config", "pipeline", "--device", "cpu", "--revision", "v2"],
+    );
+    assert_eq!(s["hardware.device"]["value"], "cpu");
+    assert_eq!(s["hardware.device"]["flag"], "--device");
+    assert_eq!(s["model.revision"]["value"], "v2");
+
+    // The stages run alone read the same file's model and hardware.
+    let s = settings(dir.path(), &["config", "warmup"]);
+    assert_eq!(s["base_model"]["value"], "Qwen/Qwen3-4B");
+    assert_eq!(s["output_dir"]["value"], "checkpoints/stage1_warmup");
+    assert_eq!(s["batch_size"]["value"], 8);
+    let s = settings(dir.path(), &["config", "sft", "--batch_size", "3"]);
+    assert_eq!(s["base_model"]["value"], "checkpoints/stage1_warmup/merged");
+    assert_eq!(s["output_dir"]["value"], "checkpoints/stage2_sft");
+    assert_eq!(s["batch_size"]["value"], 3);
+    assert_eq!(s["batch_size"]["flag"], "--batch_size");
+}
+
+#[test]
+fn config_checks_the_shipped_files_and_shows_every_stage() {
+    let o = trace_train(&common::repo(), &["config"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("ok  config/pipeline_config.json"), "{out}");
+    for title in ["== pipeline", "== generate", "== warmup", "== sft"] {
+        assert!(out.contains(title), "missing {title}: {out}");
+    }
+    // The shipped file uses the Python pipeline's names.
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("model.name ") && l.contains("(model.base_model)")),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_misspelled_key_is_refused_with_file_line_and_expected_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pipeline_config.json");
+    std::fs::write(
+        &path,
+        USER_PIPELINE.replace("\"variants_per_sample\"", "\"variant_per_sample\""),
+    )
+    .unwrap();
+    let o = trace_train(dir.path(), &["config", path.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    for want in [
+        "pipeline_config.json",
+        "line 4",
+        "unknown field `variant_per_sample`",
+        "`variants`",
+        "`num_workers`",
+        "may also be written `variants_per_sample`",
+        "hint:",
+    ] {
+        assert!(err.contains(want), "missing {want}: {err}");
+    }
 }
 
 #[test]

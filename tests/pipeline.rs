@@ -1,5 +1,6 @@
-//! `pipeline --quick_test` end to end on a fresh folder, offline: Stage 0 on
-//! the built-in corpus, Stages 1-2 on the tiny chat model, eval; then a
+//! `pipeline --quick_test` end to end on a fresh folder, offline, with the
+//! Python pipeline's own `config/pipeline_config.json`: Stage 0 on the
+//! built-in corpus, Stages 1-2 on the tiny chat model, eval; then a
 //! `--resume` that finds everything done.
 
 mod common;
@@ -11,21 +12,61 @@ use common::{stderr, trace_train};
 #[test]
 fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
     let dir = tempfile::tempdir().unwrap();
+    // The Python pipeline's file, exactly as its users have it.
+    std::fs::create_dir(dir.path().join("config")).unwrap();
+    std::fs::write(
+        dir.path().join("config/pipeline_config.json"),
+        r#"{
+  "model": {"base_model": "Qwen/Qwen3-4B"},
+  "hardware": {"b200_mode": true, "no_4bit": false},
+  "stage0": {"variants_per_sample": 3, "num_workers": 32},
+  "stage1": {"epochs": 2},
+  "stage2": {"epochs": 3},
+  "stage3": {"num_steps": 5000}
+}
+"#,
+    )
+    .unwrap();
     let o = trace_train(dir.path(), &["pipeline", "--quick_test", "--device", "cpu"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let root = dir.path().join("checkpoints/quick");
     for f in [
         "data/stage1_original_train.jsonl",
         "data/stage2_transformed_train.jsonl",
-        "warmup/final/adapter_model.safetensors",
-        "warmup/merged/model.safetensors",
-        "sft/final/adapter_config.json",
-        "sft/merged/tokenizer.json",
+        "stage1_warmup/final/adapter_model.safetensors",
+        "stage1_warmup/final/README.md",
+        "stage1_warmup/merged/model.safetensors",
+        "stage1_warmup/merged/generation_config.json",
+        "stage2_sft/final/adapter_config.json",
+        "stage2_sft/merged/tokenizer.json",
+        "stage2_sft/merged/README.md",
         "eval/report.json",
         "eval/heldout_short.json",
     ] {
         assert!(root.join(f).exists(), "missing {f}\n{}", stderr(&o));
     }
+    // Stage names in messages stay short.
+    assert!(stderr(&o).contains("== stage 1: warmup"), "{}", stderr(&o));
+    // The run records its settings and where each came from.
+    let resolved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("resolved_config.json")).unwrap()).unwrap();
+    assert_eq!(resolved["stage0.num_workers"]["value"], 32);
+    assert_eq!(resolved["stage0.num_workers"]["from"], "file");
+    assert_eq!(resolved["stage3.steps"]["value"], 5000);
+    assert_eq!(resolved["hardware.b200_mode"]["value"], true);
+    assert_eq!(resolved["stage1.batch_size"]["flag"], "--quick_test");
+    // Stage 2 trained from Stage 1's merged model in the user's layout.
+    let sft: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root.join("stage2_sft/final/adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        sft["base_model_name_or_path"]
+            .as_str()
+            .unwrap()
+            .ends_with("stage1_warmup/merged"),
+        "{sft}"
+    );
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("eval/report.json")).unwrap()).unwrap();
     assert!(report["n"].as_u64().unwrap() >= 2, "{report}");
@@ -37,7 +78,7 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
     assert_eq!(state["finished"], serde_json::json!([0, 1, 2, 3]));
 
     let t = Instant::now();
-    let before = std::fs::read(root.join("sft/final/adapter_model.safetensors")).unwrap();
+    let before = std::fs::read(root.join("stage2_sft/final/adapter_model.safetensors")).unwrap();
     let o = trace_train(
         dir.path(),
         &["pipeline", "--quick_test", "--resume", "--device", "cpu"],
@@ -51,6 +92,6 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
     assert!(t.elapsed().as_secs() < 20);
     assert_eq!(
         before,
-        std::fs::read(root.join("sft/final/adapter_model.safetensors")).unwrap()
+        std::fs::read(root.join("stage2_sft/final/adapter_model.safetensors")).unwrap()
     );
 }

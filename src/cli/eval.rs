@@ -20,9 +20,13 @@ use trace_train::sandbox::{Executor, ExecutorConfig};
 #[derive(Args, Clone)]
 #[command(rename_all = "snake_case")]
 pub struct EvalArgs {
-    /// Model folder (a merged model, or the base model with --adapter).
+    /// Model folder (a merged model, or the base model with --adapter), or
+    /// a hub id in the Hugging Face cache.
     #[arg(long, required_unless_present = "compare")]
     pub model: Option<PathBuf>,
+    /// With a hub id: the branch, tag or commit to load (default `main`).
+    #[arg(long)]
+    pub revision: Option<String>,
     /// Print two eval reports side by side (overall and every bucket, with
     /// intervals and the change), and nothing else.
     #[arg(long, num_args = 2, value_names = ["A.json", "B.json"], conflicts_with_all = ["model", "adapter", "data", "heldout"])]
@@ -52,6 +56,7 @@ pub struct EvalArgs {
     /// Evaluate only the first N records.
     #[arg(long)]
     pub limit: Option<usize>,
+    /// Longest answer in tokens; longer ones are cut and scored as they are.
     #[arg(long, default_value_t = 2048)]
     pub max_new_tokens: usize,
     /// Prompts decoded together.
@@ -120,10 +125,16 @@ pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
     } else {
         DType::BF16
     };
-    let model_dir = args
+    let model_spec = args
         .model
         .clone()
         .context("--model is required\nhint: pass the model folder to evaluate")?;
+    let resolved =
+        model::resolve::resolve_revision(&model_spec.to_string_lossy(), args.revision.as_deref())?;
+    if let Some(commit) = &resolved.commit {
+        eprintln!("model `{}` at commit {commit}", resolved.spec);
+    }
+    let model_dir = resolved.dir;
     let items = match &args.heldout {
         Some(name) => heldout_items(args, name)?,
         None => {

@@ -1,8 +1,13 @@
 //! Subcommands whose settings need more than a few lines of glue, one
 //! module each (the binary's own; the library knows nothing of them).
 
+pub mod config;
+pub mod env;
 pub mod eval;
 pub mod pipeline;
+pub mod progress;
+pub mod report;
+pub mod serve;
 pub mod train;
 
 /// Adds what to do to a device out-of-memory error; other errors pass.
@@ -12,5 +17,43 @@ pub fn out_of_memory_hint(e: anyhow::Error, what_to_do: &str) -> anyhow::Error {
         e.context(format!("the device ran out of memory\nhint: {what_to_do}"))
     } else {
         e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every argument of every subcommand, with the path that reaches it,
+    /// that `--help` would list without a line of help.
+    fn without_help(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            if arg.is_hide_set() {
+                continue;
+            }
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                out.push(format!("{path} {}", arg.get_id()));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            without_help(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    #[test]
+    fn every_argument_of_every_subcommand_has_help() {
+        let cmd = crate::Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        without_help(&cmd, "trace-train", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "arguments without help:\n{}",
+            missing.join("\n")
+        );
+        // The walk sees the subcommands' flags (it would pass vacuously on
+        // an empty tree).
+        let pipeline = cmd.find_subcommand("pipeline").expect("pipeline");
+        assert!(pipeline.get_arguments().any(|a| a.get_id() == "b200"));
     }
 }

@@ -5,13 +5,13 @@
 //! `<checkpoints>/pipeline_state.json`; `--resume` skips those and resumes
 //! the interrupted one from its checkpoint.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use trace_train::config::{self, PipelineConfig};
+use trace_train::config::{self, PipelineConfig, Source, Sources};
 use trace_train::generate::{self, RunOptions};
 
 use super::eval::{EvalArgs, run_eval};
@@ -20,6 +20,7 @@ use super::train::{TrainArgs, run_stage};
 #[derive(Args)]
 #[command(rename_all = "snake_case")]
 pub struct PipelineArgs {
+    /// The pipeline config (the Python pipeline's file loads as it is).
     #[arg(long, default_value = "config/pipeline_config.json")]
     pub config: PathBuf,
     /// First stage to run (0 generate, 1 warmup, 2 sft, 3 eval).
@@ -31,7 +32,7 @@ pub struct PipelineArgs {
     pub quick_test: bool,
     /// Preset for one large GPU (B200, H200, H100 80 GB): bf16 base weights
     /// (no 4-bit), no gradient checkpointing, micro-batches of 8 with 4
-    /// accumulation steps.
+    /// accumulation steps (as `hardware.b200_mode: true`).
     #[arg(long)]
     pub b200: bool,
     /// Keep the base weights in 16 bits instead of 4.
@@ -45,7 +46,11 @@ pub struct PipelineArgs {
     /// the quick test).
     #[arg(long)]
     pub checkpoints: Option<PathBuf>,
-    /// `cpu`, `cuda`, `cuda:N` or `auto`.
+    /// With a hub id as the base model: the branch, tag or commit (default:
+    /// `model.revision`, else `main`); the commit is recorded.
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// `cpu`, `cuda`, `cuda:N` or `auto` (default: `hardware.device`).
     #[arg(long)]
     pub device: Option<String>,
     #[command(flatten)]
@@ -57,11 +62,38 @@ struct PipelineState {
     finished: Vec<u8>,
 }
 
-pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
-    let mut cfg: PipelineConfig = if args.config.is_file() {
-        config::load(&args.config)?
+/// The folders of the stages under the checkpoints root: the Python
+/// pipeline's layout (messages name the stages short: warmup, sft).
+pub const STAGE1_DIR: &str = "stage1_warmup";
+pub const STAGE2_DIR: &str = "stage2_sft";
+
+/// What a pipeline run will do: the settings from the config file and the
+/// flags, with where each came from, and the folders.
+pub struct Plan {
+    pub cfg: PipelineConfig,
+    pub sources: Sources,
+    /// Where stage outputs go.
+    pub root: PathBuf,
+    /// Stage 0's output, the training stages' input.
+    pub data_dir: PathBuf,
+    max_steps: Option<u64>,
+    eval_limit: Option<usize>,
+    max_new_tokens: usize,
+}
+
+impl Plan {
+    /// The settings as JSON, each with its value and source.
+    pub fn resolved(&self) -> anyhow::Result<serde_json::Value> {
+        Ok(self.sources.to_json(&serde_json::to_value(&self.cfg)?))
+    }
+}
+
+/// File values, then flags; nothing is written.
+pub fn resolve(args: &PipelineArgs) -> anyhow::Result<Plan> {
+    let (mut cfg, mut sources): (PipelineConfig, Sources) = if args.config.is_file() {
+        config::load_with_sources(&args.config, "")?
     } else if args.quick_test {
-        PipelineConfig::default()
+        Default::default()
     } else {
         anyhow::bail!(
             "pipeline config `{}` not found\nhint: run from the repository root, or pass --config",
@@ -75,30 +107,23 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             "checkpoints"
         })
     });
-    if args.quick_test && !args.resume && root.exists() {
-        // The quick test's folder is scratch: a new quick test starts afresh.
-        eprintln!("removing the previous quick test in `{}`", root.display());
-        std::fs::remove_dir_all(&root)
-            .with_context(|| format!("cannot remove `{}`", root.display()))?;
-    }
-    std::fs::create_dir_all(&root)
-        .with_context(|| format!("cannot create `{}`", root.display()))?;
     if args.no_4bit {
         cfg.model.load_in_4bit = false;
+        sources.flag("model.load_in_4bit", "--no_4bit");
     }
     if args.b200 {
-        // One large card (B200, H200, H100 80 GB). Measured on an H200 at
-        // the Qwen3-4B shape: without checkpointing and 4-bit weights a step
-        // runs 1.35x faster than with them, and 4 x 1024 tokens take 20 GiB
-        // of which 8 are weights; 8 x 2048 tokens then need about 56 GiB
-        // (an estimate from that figure, activations growing with tokens).
-        cfg.model.dtype = "bf16".into();
-        cfg.model.load_in_4bit = false;
-        cfg.hardware.gradient_checkpointing = false;
-        for s in [&mut cfg.stage1, &mut cfg.stage2] {
-            s.batch_size = 8;
-            s.gradient_accumulation_steps = 4;
-        }
+        cfg.apply_b200(&mut sources, "--b200");
+        sources.flag("hardware.b200_mode", "--b200");
+    } else if cfg.hardware.b200_mode {
+        cfg.apply_b200(&mut sources, "hardware.b200_mode");
+    }
+    if let Some(r) = &args.revision {
+        cfg.model.revision = Some(r.clone());
+        sources.flag("model.revision", "--revision");
+    }
+    if let Some(d) = &args.device {
+        cfg.hardware.device = d.clone();
+        sources.flag("hardware.device", "--device");
     }
     let data_dir = if args.quick_test {
         root.join("data")
@@ -109,18 +134,36 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     let mut eval_limit = None;
     let mut max_new_tokens = 2048;
     if args.quick_test {
+        let quick = |sources: &mut Sources, keys: &[&str]| {
+            for k in keys {
+                sources.flag(k, "--quick_test");
+            }
+        };
         cfg.stage0.dataset = "builtin".into();
         cfg.stage0.max_samples = Some(32);
         cfg.stage0.variants = 1;
         // Enough held-out programs for eval to have something to score.
         cfg.stage0.test_ratio = 0.25;
-        let base = root.join("base-model");
-        trace_train::model::tiny::write_tiny_chat_model(&base, 7)?;
-        cfg.model.name = base.display().to_string();
+        quick(
+            &mut sources,
+            &[
+                "stage0.dataset",
+                "stage0.max_samples",
+                "stage0.variants",
+                "stage0.test_ratio",
+                "stage0.output_dir",
+            ],
+        );
+        // `run` writes this tiny model before Stage 1.
+        cfg.model.name = root.join("base-model").display().to_string();
         // Byte-level tokens: a corpus prompt is one to three thousand.
         cfg.model.max_length = 4096;
         cfg.model.load_in_4bit = false;
-        for s in [&mut cfg.stage1, &mut cfg.stage2] {
+        quick(
+            &mut sources,
+            &["model.name", "model.max_length", "model.load_in_4bit"],
+        );
+        for (name, s) in [("stage1", &mut cfg.stage1), ("stage2", &mut cfg.stage2)] {
             s.batch_size = 2;
             s.gradient_accumulation_steps = 1;
             s.epochs = 1;
@@ -128,12 +171,96 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             s.eval_steps = 0;
             s.learning_rate = 1e-3;
             s.warmup_ratio = 0.0;
+            for k in [
+                "batch_size",
+                "gradient_accumulation_steps",
+                "epochs",
+                "save_steps",
+                "eval_steps",
+                "learning_rate",
+                "warmup_ratio",
+            ] {
+                sources.flag(&format!("{name}.{k}"), "--quick_test");
+            }
         }
         max_steps = Some(6);
         eval_limit = Some(4);
         max_new_tokens = 24;
     }
     cfg.stage0.output_dir = data_dir.clone();
+    // The stages' files follow the pipeline's layout under `root`.
+    for (name, s, dir, train, test) in [
+        (
+            "stage1",
+            &mut cfg.stage1,
+            STAGE1_DIR,
+            "stage1_original_train.jsonl",
+            "stage1_original_test.jsonl",
+        ),
+        (
+            "stage2",
+            &mut cfg.stage2,
+            STAGE2_DIR,
+            "stage2_transformed_train.jsonl",
+            "stage2_transformed_test.jsonl",
+        ),
+    ] {
+        s.train_file = Some(data_dir.join(train));
+        s.eval_file = Some(data_dir.join(test));
+        s.output_dir = Some(root.join(dir));
+        for k in ["train_file", "eval_file", "output_dir"] {
+            sources.set(
+                &format!("{name}.{k}"),
+                Source::Preset {
+                    by: format!("the pipeline's layout under `{}`", root.display()),
+                },
+            );
+        }
+    }
+    let problems = config::Validate::problems(&cfg);
+    anyhow::ensure!(
+        problems.is_empty(),
+        "invalid settings:\n  - {}",
+        problems.join("\n  - ")
+    );
+    Ok(Plan {
+        cfg,
+        sources,
+        root,
+        data_dir,
+        max_steps,
+        eval_limit,
+        max_new_tokens,
+    })
+}
+
+pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
+    let plan = resolve(args)?;
+    let Plan {
+        cfg,
+        root,
+        data_dir,
+        max_steps,
+        eval_limit,
+        max_new_tokens,
+        ..
+    } = &plan;
+    let (max_steps, eval_limit, max_new_tokens) = (*max_steps, *eval_limit, *max_new_tokens);
+    if args.quick_test && !args.resume && root.exists() {
+        // The quick test's folder is scratch: a new quick test starts afresh.
+        eprintln!("removing the previous quick test in `{}`", root.display());
+        std::fs::remove_dir_all(root)
+            .with_context(|| format!("cannot remove `{}`", root.display()))?;
+    }
+    std::fs::create_dir_all(root).with_context(|| format!("cannot create `{}`", root.display()))?;
+    if args.quick_test {
+        trace_train::model::tiny::write_tiny_chat_model(Path::new(&cfg.model.name), 7)?;
+    }
+    // The run's settings, each with where it came from.
+    trace_train::atomic::write(
+        &root.join("resolved_config.json"),
+        &serde_json::to_vec_pretty(&plan.resolved()?)?,
+    )?;
 
     let state_path = root.join("pipeline_state.json");
     let mut state: PipelineState = if args.resume {
@@ -168,29 +295,24 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         finish(0, &mut state)?;
     }
     let stage_args = |stage: u8| -> TrainArgs {
-        let (train, test, out, sft) = match stage {
-            1 => (
-                "stage1_original_train.jsonl",
-                "stage1_original_test.jsonl",
-                "warmup",
-                &cfg.stage1,
-            ),
-            _ => (
-                "stage2_transformed_train.jsonl",
-                "stage2_transformed_test.jsonl",
-                "sft",
-                &cfg.stage2,
-            ),
-        };
+        let sft = if stage == 1 { &cfg.stage1 } else { &cfg.stage2 };
+        let out = sft
+            .output_dir
+            .clone()
+            .expect("resolve sets the stage folders");
         TrainArgs {
             model: Some(if stage == 1 {
                 cfg.model.name.clone()
             } else {
-                root.join("warmup/merged").display().to_string()
+                root.join(STAGE1_DIR).join("merged").display().to_string()
             }),
-            train_file: Some(data_dir.join(train)),
-            eval_file: Some(data_dir.join(test)),
-            output_dir: Some(root.join(out)),
+            revision: if stage == 1 {
+                cfg.model.revision.clone()
+            } else {
+                None
+            },
+            train_file: sft.train_file.clone(),
+            eval_file: sft.eval_file.clone(),
             epochs: Some(sft.epochs),
             batch_size: Some(sft.batch_size),
             gradient_accumulation_steps: Some(sft.gradient_accumulation_steps),
@@ -200,8 +322,9 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             save_steps: Some(sft.save_steps),
             seed: Some(sft.seed),
             max_steps,
-            device: args.device.clone(),
-            resume: args.resume && root.join(out).exists(),
+            device: Some(cfg.hardware.device.clone()),
+            resume: args.resume && out.exists(),
+            output_dir: Some(out),
             config: None,
             pipeline_config: Some(args.config.clone()).filter(|p| p.is_file()),
             force: false,
@@ -223,7 +346,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     if todo(3, &state) {
         eprintln!("== eval");
         run_eval(&EvalArgs {
-            model: Some(root.join("sft/merged")),
+            model: Some(root.join(STAGE2_DIR).join("merged")),
             adapter: None,
             compare: None,
             heldout: None,
@@ -234,7 +357,8 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             limit: eval_limit,
             max_new_tokens,
             batch_size: 8,
-            device: args.device.clone(),
+            device: Some(cfg.hardware.device.clone()),
+            revision: None,
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
         })?;
         // The held-out short set: programs no training split holds, one
@@ -242,7 +366,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         // its answer shows here first.
         eprintln!("== eval: held-out short set");
         run_eval(&EvalArgs {
-            model: Some(root.join("sft/merged")),
+            model: Some(root.join(STAGE2_DIR).join("merged")),
             adapter: None,
             compare: None,
             heldout: Some("short".into()),
@@ -253,7 +377,8 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             limit: eval_limit,
             max_new_tokens,
             batch_size: 8,
-            device: args.device.clone(),
+            device: Some(cfg.hardware.device.clone()),
+            revision: None,
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
         })?;
         finish(3, &mut state)?;

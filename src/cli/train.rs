@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 
-use trace_train::config::{self, HardwareConfig, ModelConfig, PipelineConfig, SftConfig};
+use trace_train::config::{
+    self, HardwareConfig, ModelConfig, PipelineConfig, SftConfig, Source, Sources,
+};
 use trace_train::train::sft::{self, SftJob, SftSummary};
 
 #[derive(Args, Clone, Default)]
@@ -20,30 +21,49 @@ pub struct TrainArgs {
     /// config/pipeline_config.json when present).
     #[arg(long)]
     pub pipeline_config: Option<PathBuf>,
-    /// Base model: a local HF folder or a hub id (Stage 2 default: Stage 1's
-    /// merged model).
+    /// Base model: a local HF folder or a hub id (Stage 1 default: the
+    /// pipeline config's `model.base_model`; Stage 2: Stage 1's merged model
+    /// in checkpoints/stage1_warmup/merged).
     #[arg(long)]
     pub model: Option<String>,
+    /// With a hub id: the branch, tag or commit to load (default: the
+    /// pipeline config's `model.revision` for its model, else `main`);
+    /// the commit it resolves to is recorded with the outputs.
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// Training records (JSONL from `generate`; default: the stage's file in
+    /// datasets/trace_training/).
     #[arg(long)]
     pub train_file: Option<PathBuf>,
+    /// Records for the eval loss (default: the stage's test file).
     #[arg(long)]
     pub eval_file: Option<PathBuf>,
+    /// Where checkpoints, `final/` and `merged/` go (default:
+    /// checkpoints/stage1_warmup or checkpoints/stage2_sft).
     #[arg(long)]
     pub output_dir: Option<PathBuf>,
+    /// Passes over the training set.
     #[arg(long)]
     pub epochs: Option<usize>,
+    /// Sequences a micro-batch.
     #[arg(long)]
     pub batch_size: Option<usize>,
+    /// Micro-batches an optimizer step.
     #[arg(long)]
     pub gradient_accumulation_steps: Option<usize>,
+    /// Peak learning rate (cosine schedule with warmup).
     #[arg(long)]
     pub learning_rate: Option<f64>,
+    /// LoRA rank.
     #[arg(long)]
     pub lora_r: Option<usize>,
+    /// Longest example in tokens; longer ones are dropped and counted.
     #[arg(long)]
     pub max_length: Option<usize>,
+    /// Write a checkpoint every N optimizer steps.
     #[arg(long)]
     pub save_steps: Option<usize>,
+    /// Seed of the data order, LoRA init and dropout.
     #[arg(long)]
     pub seed: Option<u64>,
     /// Stop after this many optimizer steps.
@@ -76,40 +96,94 @@ fn defaults(stage: &str) -> (&'static str, &'static str, &'static str, &'static 
             "config/warmup.json",
             "datasets/trace_training/stage1_original_train.jsonl",
             "datasets/trace_training/stage1_original_test.jsonl",
-            "checkpoints/warmup",
+            "checkpoints/stage1_warmup",
         ),
         _ => (
             "config/sft.json",
             "datasets/trace_training/stage2_transformed_train.jsonl",
             "datasets/trace_training/stage2_transformed_test.jsonl",
-            "checkpoints/sft",
+            "checkpoints/stage2_sft",
         ),
     }
 }
 
-/// File values, then flags. Every flag is handled here.
-pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
+/// A stage's settings before anything is opened: the stage config with its
+/// files filled in, the pipeline config's model and hardware sections, the
+/// base model as named, and where each value came from.
+pub struct Settings {
+    pub config: SftConfig,
+    pub model: ModelConfig,
+    pub hardware: HardwareConfig,
+    /// The base model as given (a folder or a hub id).
+    pub base_model: String,
+    pub revision: Option<String>,
+    pub sources: Sources,
+}
+
+impl Settings {
+    /// The settings as JSON, each with its value and source.
+    pub fn resolved(&self) -> anyhow::Result<serde_json::Value> {
+        let mut v = serde_json::to_value(&self.config)?;
+        v["model"] = serde_json::to_value(&self.model)?;
+        v["hardware"] = serde_json::to_value(&self.hardware)?;
+        v["base_model"] = self.base_model.clone().into();
+        v["revision"] = self.revision.clone().into();
+        Ok(self.sources.to_json(&v))
+    }
+}
+
+/// File values, then flags; nothing is opened. Every flag is handled here.
+pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
     let (cfg_file, train_default, eval_default, out_default) = defaults(stage);
-    let mut cfg: SftConfig = match &args.config {
-        Some(p) => config::load(p)?,
-        None if Path::new(cfg_file).is_file() => config::load(Path::new(cfg_file))?,
-        None => SftConfig::default(),
-    };
-    let (mut model, hardware): (ModelConfig, HardwareConfig) = match &args.pipeline_config {
-        Some(p) => {
-            let c = config::load::<PipelineConfig>(p)?;
-            (c.model, c.hardware)
-        }
-        None if Path::new("config/pipeline_config.json").is_file() => {
-            let c = config::load::<PipelineConfig>(Path::new("config/pipeline_config.json"))?;
-            (c.model, c.hardware)
+    let (mut cfg, mut sources): (SftConfig, Sources) = match &args.config {
+        Some(p) => config::load_with_sources(p, "")?,
+        None if Path::new(cfg_file).is_file() => {
+            config::load_with_sources(Path::new(cfg_file), "")?
         }
         None => Default::default(),
     };
+    let pipeline_file = args
+        .pipeline_config
+        .clone()
+        .or_else(|| Some(PathBuf::from("config/pipeline_config.json")).filter(|p| p.is_file()));
+    let (mut pipeline, mut pipeline_sources): (PipelineConfig, Sources) = match &pipeline_file {
+        Some(p) => config::load_with_sources(p, "")?,
+        None => Default::default(),
+    };
+    if pipeline.hardware.b200_mode {
+        // The one-large-GPU preset of the pipeline applies to its stages
+        // run alone too; flags still win.
+        pipeline.apply_b200(&mut pipeline_sources, "hardware.b200_mode");
+        let s = if stage == "warmup" {
+            &pipeline.stage1
+        } else {
+            &pipeline.stage2
+        };
+        cfg.batch_size = s.batch_size;
+        cfg.gradient_accumulation_steps = s.gradient_accumulation_steps;
+        for k in ["batch_size", "gradient_accumulation_steps"] {
+            sources.set(
+                k,
+                Source::Preset {
+                    by: "hardware.b200_mode".into(),
+                },
+            );
+        }
+    }
+    // The pipeline file's model and hardware keys keep their sources.
+    let model_hardware =
+        serde_json::json!({"model": &pipeline.model, "hardware": &pipeline.hardware});
+    for (k, _, src) in pipeline_sources.table(&model_hardware) {
+        if src != Source::Default {
+            sources.set(&k, src);
+        }
+    }
+    let (mut model, mut hardware) = (pipeline.model, pipeline.hardware);
     let TrainArgs {
         config: _,
         pipeline_config: _,
         model: model_flag,
+        revision,
         train_file,
         eval_file,
         output_dir,
@@ -121,77 +195,129 @@ pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
         max_length,
         save_steps,
         seed,
-        max_steps,
+        max_steps: _,
         device,
-        resume,
-        force,
+        resume: _,
+        force: _,
         gradient_checkpointing,
         no_4bit,
     } = args.clone();
     if no_4bit {
         model.load_in_4bit = false;
+        sources.flag("model.load_in_4bit", "--no_4bit");
     }
     macro_rules! set {
-        ($flag:expr, $field:expr) => {
+        ($flag:ident, $field:expr, $key:expr) => {
             if let Some(v) = $flag {
                 $field = v;
+                sources.flag($key, concat!("--", stringify!($flag)));
             }
         };
     }
-    set!(epochs, cfg.epochs);
-    set!(batch_size, cfg.batch_size);
-    set!(gradient_accumulation_steps, cfg.gradient_accumulation_steps);
-    set!(learning_rate, cfg.learning_rate);
-    set!(lora_r, cfg.lora_r);
-    set!(save_steps, cfg.save_steps);
-    set!(seed, cfg.seed);
-    set!(max_length, model.max_length);
-    if let Some(p) = train_file {
-        cfg.train_file = Some(p);
-    }
-    if let Some(p) = eval_file {
-        cfg.eval_file = Some(p);
-    }
-    if let Some(p) = output_dir {
-        cfg.output_dir = Some(p);
-    }
+    set!(epochs, cfg.epochs, "epochs");
+    set!(batch_size, cfg.batch_size, "batch_size");
+    set!(
+        gradient_accumulation_steps,
+        cfg.gradient_accumulation_steps,
+        "gradient_accumulation_steps"
+    );
+    set!(learning_rate, cfg.learning_rate, "learning_rate");
+    set!(lora_r, cfg.lora_r, "lora_r");
+    set!(save_steps, cfg.save_steps, "save_steps");
+    set!(seed, cfg.seed, "seed");
+    set!(max_length, model.max_length, "model.max_length");
+    set!(device, hardware.device, "hardware.device");
+    set!(
+        gradient_checkpointing,
+        hardware.gradient_checkpointing,
+        "hardware.gradient_checkpointing"
+    );
+    let train_file = train_file.map(Some);
+    let eval_file = eval_file.map(Some);
+    let output_dir = output_dir.map(Some);
+    set!(train_file, cfg.train_file, "train_file");
+    set!(eval_file, cfg.eval_file, "eval_file");
+    set!(output_dir, cfg.output_dir, "output_dir");
+    cfg.train_file.get_or_insert_with(|| train_default.into());
+    cfg.eval_file.get_or_insert_with(|| eval_default.into());
+    cfg.output_dir.get_or_insert_with(|| out_default.into());
     let problems = config::Validate::problems(&cfg);
     anyhow::ensure!(
         problems.is_empty(),
         "invalid settings:\n  - {}",
         problems.join("\n  - ")
     );
-
-    let base_spec = match (model_flag, stage) {
-        (Some(m), _) => m,
-        (None, "warmup") => model.name.clone(),
-        (None, _) => "checkpoints/warmup/merged".into(),
-    };
-    let base_dir = trace_train::model::resolve::resolve(&base_spec).with_context(|| {
-        if stage == "sft" {
-            format!("no base model for Stage 2 at `{base_spec}`\nhint: run `trace-train warmup` first, or pass --model")
-        } else {
-            format!("base model `{base_spec}` not found")
+    let base_model = match (model_flag, stage) {
+        (Some(m), _) => {
+            sources.flag("base_model", "--model");
+            m
         }
-    })?;
-    let device = pick_device(device.as_deref().unwrap_or("auto"))?;
-    let gradient_checkpointing =
-        gradient_checkpointing.unwrap_or(hardware.gradient_checkpointing && !device.is_cpu());
-    Ok(SftJob {
-        stage: stage.into(),
-        train_file: cfg
-            .train_file
-            .clone()
-            .unwrap_or_else(|| train_default.into()),
-        eval_file: Some(cfg.eval_file.clone().unwrap_or_else(|| eval_default.into())),
-        output_dir: cfg.output_dir.clone().unwrap_or_else(|| out_default.into()),
+        (None, "warmup") => {
+            sources.set("base_model", sources.get("model.name"));
+            model.name.clone()
+        }
+        (None, _) => {
+            sources.set(
+                "base_model",
+                Source::Preset {
+                    by: "Stage 2 starts from Stage 1's merged model".into(),
+                },
+            );
+            "checkpoints/stage1_warmup/merged".into()
+        }
+    };
+    // The pipeline file's `model.revision` names the revision of its
+    // `model.name`; a model given by flag has only the flag's.
+    let revision = match (revision, &base_model) {
+        (Some(r), _) => {
+            sources.flag("revision", "--revision");
+            Some(r)
+        }
+        (None, m) if *m == model.name => {
+            sources.set("revision", sources.get("model.revision"));
+            model.revision.clone()
+        }
+        (None, _) => None,
+    };
+    Ok(Settings {
         config: cfg,
         model,
-        base_dir,
+        hardware,
+        base_model,
+        revision,
+        sources,
+    })
+}
+
+/// The settings, then the base model found and the device opened.
+pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
+    let s = settings(stage, args)?;
+    let base = trace_train::model::resolve::resolve_revision(&s.base_model, s.revision.as_deref())
+        .with_context(|| {
+            if stage == "sft" {
+                format!("no base model for Stage 2 at `{}`\nhint: run `trace-train warmup` first, or pass --model", s.base_model)
+            } else {
+                format!("base model `{}` not found", s.base_model)
+            }
+        })?;
+    let device = pick_device(&s.hardware.device)?;
+    // On (the default) means "on a GPU"; an explicit flag applies anywhere.
+    let gradient_checkpointing = args
+        .gradient_checkpointing
+        .unwrap_or(s.hardware.gradient_checkpointing && !device.is_cpu());
+    Ok(SftJob {
+        stage: stage.into(),
+        train_file: s.config.train_file.clone().expect("settings fill it"),
+        eval_file: s.config.eval_file.clone(),
+        output_dir: s.config.output_dir.clone().expect("settings fill it"),
+        config: s.config,
+        model: s.model,
+        base: base.clone(),
+        base_dir: base.dir,
         device,
-        resume,
-        force,
-        max_steps,
+        resume: args.resume,
+        force: args.force,
+        max_steps: args.max_steps,
         gradient_checkpointing,
     })
 }
@@ -204,7 +330,7 @@ pub fn pick_device(name: &str) -> anyhow::Result<candle_core::Device> {
 
 pub fn run_stage(stage: &str, args: &TrainArgs) -> anyhow::Result<SftSummary> {
     let job = resolve(stage, args)?;
-    let s = sft::run(&job, &Bar::new()).map_err(|e| {
+    let s = sft::run(&job, &super::progress::Bar::new("step")).map_err(|e| {
         super::out_of_memory_hint(
             e,
             "lower batch_size (raise gradient_accumulation_steps to keep the effective batch) or max_length; checkpoints written so far are intact, continue with --resume",
@@ -238,38 +364,4 @@ pub fn run_stage(stage: &str, args: &TrainArgs) -> anyhow::Result<SftSummary> {
 
 fn fmt_opt(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.4}"))
-}
-
-struct Bar(ProgressBar);
-
-impl Bar {
-    fn new() -> Self {
-        let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-            ProgressBar::new(0)
-        } else {
-            ProgressBar::hidden()
-        };
-        pb.set_style(
-            ProgressStyle::with_template(
-                "{spinner} step {pos}/{len} [{elapsed_precise}] {bar:30} ETA {eta} {msg}",
-            )
-            .expect("valid template"),
-        );
-        Bar(pb)
-    }
-}
-
-impl sft::Progress for Bar {
-    fn start(&self, total: u64, done: u64) {
-        self.0.set_length(total);
-        self.0.set_position(done);
-    }
-    fn step(&self, step: u64, loss: f64, tokens_per_s: f64) {
-        self.0.set_position(step);
-        self.0
-            .set_message(format!("loss {loss:.4} {tokens_per_s:.0} tok/s"));
-    }
-    fn finish(&self) {
-        self.0.finish_and_clear();
-    }
 }

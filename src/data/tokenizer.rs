@@ -12,9 +12,11 @@
 //! the model to stop.
 //!
 //! Token specs in `tokenizer_config.json` may be strings or
-//! `{"content": ...}` objects; `chat_template` may be a string, a list of
-//! `{name, template}` (the `default` one is used), or absent with a
-//! `chat_template.jinja` file beside it.
+//! `{"content": ...}` objects. The chat template is the model's own: a
+//! `chat_template.jinja` file beside the config when there is one (where
+//! newer Hugging Face exports keep it, and what transformers reads first),
+//! else `chat_template` in the config, a string or a list of
+//! `{name, template}` (the `default` one is used).
 
 use std::path::{Path, PathBuf};
 
@@ -311,6 +313,11 @@ fn chat_template_source(config: &Json, dir: &Path, cfg_path: &Path) -> Result<St
         hint: "use a Jinja string, or a list of {\"name\", \"template\"} with a `default` entry"
             .into(),
     };
+    let file = dir.join(CHAT_TEMPLATE_FILE);
+    if file.is_file() {
+        return std::fs::read_to_string(&file)
+            .map_err(|source| DataError::Read { path: file, source });
+    }
     match config.get("chat_template") {
         Some(Json::String(s)) => Ok(s.clone()),
         Some(Json::Array(list)) => list
@@ -319,22 +326,15 @@ fn chat_template_source(config: &Json, dir: &Path, cfg_path: &Path) -> Result<St
             .and_then(|t| t.get("template").and_then(Json::as_str))
             .map(str::to_owned)
             .ok_or_else(|| invalid("a list without a `default` template".into())),
-        None | Some(Json::Null) => {
-            let file = dir.join(CHAT_TEMPLATE_FILE);
-            if file.is_file() {
-                return std::fs::read_to_string(&file)
-                    .map_err(|source| DataError::Read { path: file, source });
-            }
-            Err(DataError::Invalid {
-                path: cfg_path.to_owned(),
-                field: Some("chat_template".into()),
-                message: format!("missing, and there is no `{CHAT_TEMPLATE_FILE}` beside it"),
-                hint: format!(
-                    "use an instruct model's tokenizer, or put the model's Jinja chat template in `{}`",
-                    dir.join(CHAT_TEMPLATE_FILE).display()
-                ),
-            })
-        }
+        None | Some(Json::Null) => Err(DataError::Invalid {
+            path: cfg_path.to_owned(),
+            field: Some("chat_template".into()),
+            message: format!("missing, and there is no `{CHAT_TEMPLATE_FILE}` beside it"),
+            hint: format!(
+                "use an instruct model's tokenizer, or put the model's Jinja chat template in `{}`",
+                dir.join(CHAT_TEMPLATE_FILE).display()
+            ),
+        }),
         Some(other) => Err(invalid(format!("unexpected value {other}"))),
     }
 }
@@ -481,6 +481,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         testing::write_dir(dir.path(), &testing::tokenizer_json(), &c);
         std::fs::write(dir.path().join(CHAT_TEMPLATE_FILE), testing::TEMPLATE).unwrap();
+        let t = ChatTokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(t.template().source(), testing::TEMPLATE);
+        // The file wins over the config's template.
+        let mut with_both = testing::config_json();
+        with_both["chat_template"] = "{{ raise_exception('the config template was used') }}".into();
+        testing::write_dir(dir.path(), &testing::tokenizer_json(), &with_both);
         let t = ChatTokenizer::from_dir(dir.path()).unwrap();
         assert_eq!(t.template().source(), testing::TEMPLATE);
 

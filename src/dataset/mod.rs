@@ -113,15 +113,23 @@ fn looks_like_hub_id(s: &str) -> bool {
 }
 
 /// A hub dataset file: the HF cache first (offline works when it is there),
-/// then the hub.
+/// then the hub unless `HF_HUB_OFFLINE` is set.
 fn hub_file_path(id: &str, file: &str) -> anyhow::Result<PathBuf> {
+    let settings = crate::model::resolve::HubSettings::from_env();
     let repo = hf_hub::Repo::new(id.to_owned(), hf_hub::RepoType::Dataset);
-    if let Some(p) = hf_hub::Cache::from_env().repo(repo.clone()).get(file) {
+    if let Some(p) = hf_hub::Cache::new(settings.cache.clone())
+        .repo(repo.clone())
+        .get(file)
+    {
         return Ok(p);
     }
-    let api = hf_hub::api::sync::ApiBuilder::from_env()
-        .with_progress(false)
-        .build()
+    anyhow::ensure!(
+        !settings.offline,
+        "dataset `{id}` file `{file}` is not in the HF cache `{}`, and HF_HUB_OFFLINE is set\nhint: download `{file}` on a machine that is online and pass its local path as the dataset",
+        settings.cache.display()
+    );
+    let api = settings
+        .api()
         .map_err(|e| anyhow::anyhow!("cannot set up the hub client: {e}"))?;
     api.repo(repo).get(file).map_err(|e| {
         anyhow::anyhow!(

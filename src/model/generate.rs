@@ -212,7 +212,37 @@ fn pick_greedy(logits: &Tensor) -> Result<Vec<(u32, f32)>> {
 /// Picks the next token of each row of the last logits `(rows, vocab)`,
 /// with its log-probability; only the `(logits row, prompt)` pairs given
 /// are decoding (the other rows' picks are ignored).
-type Pick<'a> = dyn FnMut(&Tensor, &[(usize, usize)]) -> Result<Vec<(u32, f32)>> + 'a;
+pub type Pick<'a> = dyn FnMut(&Tensor, &[(usize, usize)]) -> Result<Vec<(u32, f32)>> + 'a;
+
+/// Continuations of `prompts` decoded together, `pick` choosing every
+/// token: for callers with rules of their own per prompt (the server: each
+/// request's sampling, stop strings, streaming, a client gone). A pick
+/// ends a row early by returning one of `stop_ids`; at most `max_rows`
+/// rows decode at once (0: all), finished rows making room for waiting
+/// prompts.
+#[allow(clippy::too_many_arguments)] // the decoding loop's own arguments, named
+pub fn decode_with(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+    stop_ids: &[u32],
+    pad_id: u32,
+    max_rows: usize,
+    device: &Device,
+    pick: &mut Pick,
+) -> Result<Vec<Generation>> {
+    decode(
+        model,
+        prompts,
+        max_new_tokens,
+        stop_ids,
+        pad_id,
+        max_rows,
+        device,
+        PREFILL_CHUNK,
+        pick,
+    )
+}
 
 #[allow(clippy::too_many_arguments)] // private; the public entry points name them
 fn decode(
@@ -448,7 +478,7 @@ impl Decoding<'_> {
 /// Draws a token from one row of logits: the token and its log-probability
 /// under `softmax(logits / temperature)` over the whole row (the raw logits
 /// at temperature 0), before any truncation.
-fn draw(logits: &[f32], s: &Sampling, rng: &mut Rng) -> (u32, f32) {
+pub(crate) fn draw(logits: &[f32], s: &Sampling, rng: &mut Rng) -> (u32, f32) {
     let by_logit = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
     let max = f64::from(logits.iter().copied().fold(f32::NEG_INFINITY, f32::max));
     let temperature = if s.temperature == 0.0 {

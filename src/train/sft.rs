@@ -9,16 +9,17 @@
 //!    cross-entropy, backward, gradients summed; a non-finite loss or gradient
 //!    skips the step (counted; too many in a row stops the run); clip; AdamW
 //!    at the cosine schedule's rate;
-//! 4. metrics as JSONL, eval loss every `eval_steps`, a checkpoint every
-//!    `save_steps` and on SIGTERM/SIGINT (then a clean exit);
+//! 4. metrics through `runlog` (JSONL and TensorBoard events), eval loss
+//!    every `eval_steps`, a checkpoint every `save_steps` and on
+//!    SIGTERM/SIGINT (then a clean exit);
 //! 5. at the end, the adapter in PEFT's layout in `final/` and the merged
-//!    model (with the tokenizer files) in `merged/`.
+//!    model (with the tokenizer files) in `merged/`, each with a model card
+//!    and `generation_config.json` (`train::card`), the curves in `curves/`.
 //!
 //! Everything that decides the numbers (data order, dropout masks, init) is
 //! seeded, so a resumed run repeats the uninterrupted one exactly on CPU.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,25 +37,14 @@ use crate::data::records::read_records;
 use crate::data::tokenizer::ChatTokenizer;
 use crate::model::lora::{LoraConfig, TargetModule, set_dropout_seed};
 use crate::model::{self, LoadedModel};
+use crate::runlog::{self, RunLog};
+use crate::train::card;
 use crate::train::checkpoint::{self, Fingerprint, RunLock, TrainerState};
 use crate::train::loss::lm_head_cross_entropy;
 use crate::train::optim::AdamW;
 use crate::train::schedule::Cosine;
 
-/// Where SFT reports progress; the CLI draws a bar, tests ignore it.
-pub trait Progress: Sync {
-    fn start(&self, total_steps: u64, done: u64);
-    fn step(&self, step: u64, loss: f64, tokens_per_s: f64);
-    fn finish(&self);
-}
-
-pub struct NoProgress;
-
-impl Progress for NoProgress {
-    fn start(&self, _: u64, _: u64) {}
-    fn step(&self, _: u64, _: f64, _: f64) {}
-    fn finish(&self) {}
-}
+pub use crate::progress::{NoProgress, Progress};
 
 /// One SFT run.
 pub struct SftJob {
@@ -64,6 +54,9 @@ pub struct SftJob {
     pub model: ModelConfig,
     /// The base model folder (Stage 2: Stage 1's merged model).
     pub base_dir: PathBuf,
+    /// How the base model was found (name, revision, commit), for the
+    /// record and the model cards.
+    pub base: crate::model::resolve::Resolved,
     pub train_file: PathBuf,
     pub eval_file: Option<PathBuf>,
     pub output_dir: PathBuf,
@@ -188,7 +181,6 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         skipped_steps: 0,
         fingerprint: fingerprint.clone(),
     };
-    let metrics_path = job.output_dir.join("metrics.jsonl");
     let mut resumed_from = None;
     match (
         job.resume,
@@ -217,7 +209,6 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
                 fingerprint: fingerprint.clone(),
                 ..ck.state
             };
-            truncate_metrics(&metrics_path, state.step)?;
             tracing::info!("resuming {} at step {}", job.stage, state.step);
         }
         (false, Some(ck)) => bail!(
@@ -225,18 +216,13 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
             job.output_dir.display(),
             ck.dir.display()
         ),
-        (_, None) => {
-            let _ = std::fs::remove_file(&metrics_path);
-        }
+        (_, None) => {}
     }
-    let mut metrics = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&metrics_path)
-        .with_context(|| format!("cannot write `{}`", metrics_path.display()))?;
+    // Keeps the steps up to the checkpoint (all of them on a fresh start: none).
+    let mut log = RunLog::open(&job.output_dir, resumed_from)?;
 
     // 3-4. The loop.
-    progress.start(total_steps, state.step);
+    progress.start(Some(total_steps), state.step);
     let (mut first_loss, mut last_loss, mut eval_loss) = (None, None, None);
     let mut bad_in_a_row = 0u64;
     let mut interrupted = false;
@@ -312,27 +298,29 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
         let step_tokens: usize = micro.iter().map(|b| b.tokens).sum();
         first_loss.get_or_insert(loss_sum);
         last_loss = Some(loss_sum);
-        let mut line = serde_json::json!({
-            "step": state.step,
-            "epoch": state.epoch,
-            "loss": loss_sum,
-            "lr": lr,
-            "grad_norm": norm,
-            "answer_tokens": answer_tokens,
-            "tokens_per_s": step_tokens as f64 / secs.max(1e-9),
-            "skipped_steps": state.skipped_steps,
-        });
+        let mut scalars = vec![
+            ("epoch", state.epoch as f64),
+            ("loss", loss_sum),
+            ("lr", lr),
+            ("grad_norm", norm),
+            ("answer_tokens", answer_tokens as f64),
+            ("tokens_per_s", step_tokens as f64 / secs.max(1e-9)),
+            ("skipped_steps", state.skipped_steps as f64),
+        ];
         if cfg.eval_steps > 0
             && state.step.is_multiple_of(cfg.eval_steps as u64)
             && !eval_examples.is_empty()
         {
             let e = evaluate_loss(&loaded, &eval_examples, cfg.batch_size, pad, &job.device)?;
-            line["eval_loss"] = serde_json::json!(e);
+            scalars.push(("eval_loss", e));
             eval_loss = Some(e);
         }
-        writeln!(metrics, "{line}")?;
-        metrics.flush()?;
-        progress.step(state.step, loss_sum, step_tokens as f64 / secs.max(1e-9));
+        log.log(state.step, &scalars)?;
+        progress.set(state.step);
+        progress.status(&format!(
+            "loss {loss_sum:.4} {:.0} tok/s",
+            step_tokens as f64 / secs.max(1e-9)
+        ));
 
         let stopping = stop.load(Ordering::Relaxed);
         let periodic = cfg.save_steps > 0 && state.step.is_multiple_of(cfg.save_steps as u64);
@@ -351,13 +339,19 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
     let merged_dir = job.output_dir.join("merged");
     if !interrupted {
         save_checkpoint(&job.output_dir, &state, &opt, cfg.save_total_limit)?;
-        model::adapter::save(&loaded, &final_dir, &job.base_dir.display().to_string())?;
+        // A hub model is named by its id, as PEFT records it; a folder by its path.
+        let base_name = job
+            .base
+            .repo
+            .clone()
+            .unwrap_or_else(|| job.base_dir.display().to_string());
+        model::adapter::save(&loaded, &final_dir, &base_name)?;
         model::adapter::merge(&loaded, &merged_dir)?;
         for f in [
             "tokenizer.json",
             "tokenizer_config.json",
-            "generation_config.json",
             "special_tokens_map.json",
+            crate::data::tokenizer::CHAT_TEMPLATE_FILE,
         ] {
             let src = job.base_dir.join(f);
             if src.exists() {
@@ -365,14 +359,43 @@ pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> 
                     .with_context(|| format!("cannot copy `{}`", src.display()))?;
             }
         }
+        let info = card::CardInfo {
+            base_model: base_name,
+            base_commit: job.base.commit.clone(),
+            stage: match job.stage.as_str() {
+                "warmup" => "stage1_warmup".into(),
+                "sft" => "stage2_sft".into(),
+                other => other.into(),
+            },
+            train_file: job.train_file.display().to_string(),
+            steps: state.step,
+            lora_r: cfg.lora_r,
+            lora_alpha: cfg.lora_alpha,
+            target_modules: cfg.target_modules.clone(),
+        };
+        let generation = card::generation_config(&job.base_dir, &tok)?;
+        card::write(&final_dir, &info, card::Kind::Adapter, &generation)?;
+        card::write(&merged_dir, &info, card::Kind::Merged, &generation)?;
         crate::atomic::write(
             &job.output_dir.join("train_config.json"),
             serde_json::to_string_pretty(&serde_json::json!({
                 "stage": job.stage, "config": cfg, "model": job.model,
-                "base_dir": job.base_dir, "train_file": job.train_file,
+                "base_dir": job.base_dir, "base_model": job.base,
+                "train_file": job.train_file,
             }))?
             .as_bytes(),
         )?;
+    }
+    // The trained outputs are safe by now: a failed drawing only warns.
+    let metrics = job.output_dir.join(runlog::METRICS_FILE);
+    if let Err(e) =
+        runlog::read_metrics(&metrics).and_then(|r| runlog::curves::draw(&job.output_dir, &r))
+    {
+        tracing::warn!(
+            "{}: curves not drawn: {e:#}\nhint: `trace-train report {}` draws them again",
+            job.stage,
+            job.output_dir.display()
+        );
     }
     let secs = started.elapsed().as_secs_f64();
     Ok(SftSummary {
@@ -497,24 +520,6 @@ fn weights_fingerprint(dir: &Path) -> anyhow::Result<String> {
         }
     }
     Ok(crate::hex(&h.finalize()))
-}
-
-/// Drops metric lines past `step` (they belong to work the resume redoes).
-fn truncate_metrics(path: &Path, step: u64) -> anyhow::Result<()> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Ok(());
-    };
-    let kept: String = text
-        .lines()
-        .filter(|l| {
-            serde_json::from_str::<serde_json::Value>(l)
-                .ok()
-                .and_then(|v| v["step"].as_u64())
-                .is_some_and(|s| s <= step)
-        })
-        .map(|l| format!("{l}\n"))
-        .collect();
-    crate::atomic::write(path, kept.as_bytes())
 }
 
 /// Set on SIGTERM or SIGINT: checkpoint, then exit cleanly.

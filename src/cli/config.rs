@@ -1,0 +1,131 @@
+//! `config`: what the settings of a run would be, each with where it came
+//! from (default, a file and its key as written, a preset, a flag), for the
+//! pipeline and for each stage. Checking the files themselves stays in
+//! `main.rs`.
+
+use std::path::Path;
+
+use clap::Subcommand;
+use serde_json::Value;
+
+use trace_train::config::{self, GenerateConfig, Sources};
+
+use super::pipeline::{self, PipelineArgs};
+use super::train::{self, TrainArgs};
+
+/// `config pipeline|warmup|sft [FLAGS]`: the settings with these flags.
+#[derive(Subcommand)]
+pub enum Show {
+    /// The settings `pipeline` would run with, given these flags.
+    Pipeline(PipelineArgs),
+    /// The settings `warmup` would run with, given these flags.
+    Warmup(TrainArgs),
+    /// The settings `sft` would run with, given these flags.
+    Sft(TrainArgs),
+}
+
+/// Resolves `show` and returns its settings as JSON
+/// (`{key: {"value", "from", ...}}`).
+pub fn resolved(show: &Show) -> anyhow::Result<(String, Value)> {
+    Ok(match show {
+        Show::Pipeline(a) => (
+            format!("pipeline ({})", a.config.display()),
+            pipeline::resolve(a)?.resolved()?,
+        ),
+        Show::Warmup(a) => ("warmup".into(), train::settings("warmup", a)?.resolved()?),
+        Show::Sft(a) => ("sft".into(), train::settings("sft", a)?.resolved()?),
+    })
+}
+
+/// The settings of the pipeline and of each stage with no flags, from the
+/// files in `config/` (or the defaults where a file is absent).
+pub fn resolved_all() -> anyhow::Result<Vec<(String, Value)>> {
+    let pipeline_file = Path::new("config/pipeline_config.json");
+    let mut out = Vec::new();
+    if pipeline_file.is_file() {
+        let args = PipelineArgs {
+            config: pipeline_file.to_owned(),
+            start_stage: 0,
+            quick_test: false,
+            b200: false,
+            no_4bit: false,
+            resume: false,
+            checkpoints: None,
+            revision: None,
+            device: None,
+            unsafe_flag: crate::UnsafeFlag {
+                unsafe_no_sandbox: false,
+            },
+        };
+        out.push(resolved(&Show::Pipeline(args))?);
+    }
+    let generate_file = Path::new("config/generate.json");
+    let (g, sources): (GenerateConfig, Sources) = if generate_file.is_file() {
+        config::load_with_sources(generate_file, "stage0")?
+    } else {
+        Default::default()
+    };
+    out.push((
+        "generate".into(),
+        sources.to_json(&serde_json::to_value(&g)?),
+    ));
+    for stage in ["warmup", "sft"] {
+        out.push((
+            stage.into(),
+            train::settings(stage, &TrainArgs::default())?.resolved()?,
+        ));
+    }
+    Ok(out)
+}
+
+/// One table: `key  value  source`, keys aligned.
+pub fn table(title: &str, settings: &Value) -> String {
+    let Some(map) = settings.as_object() else {
+        return String::new();
+    };
+    let width = map.keys().map(String::len).max().unwrap_or(0);
+    let vwidth = map
+        .values()
+        .map(|e| e["value"].to_string().len())
+        .filter(|&w| w <= 48)
+        .max()
+        .unwrap_or(0);
+    let mut out = format!("== {title}\n");
+    for (k, e) in map {
+        let from = match e["from"].as_str() {
+            Some("file") => format!(
+                "file {} ({})",
+                e["path"].as_str().unwrap_or("?"),
+                e["key"].as_str().unwrap_or("?")
+            ),
+            Some("preset") => format!("preset {}", e["by"].as_str().unwrap_or("?")),
+            Some("flag") => format!("flag {}", e["flag"].as_str().unwrap_or("?")),
+            Some(other) => other.to_owned(),
+            None => "?".into(),
+        };
+        out += &format!("{k:<width$}  {:<vwidth$}  {from}\n", e["value"].to_string());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_names_each_source() {
+        let v = serde_json::json!({
+            "model.name": {"from": "file", "path": "p.json", "key": "model.base_model", "value": "Org/M"},
+            "stage1.epochs": {"from": "flag", "flag": "--epochs", "value": 2},
+            "stage1.seed": {"from": "default", "value": 42},
+        });
+        let t = table("pipeline", &v);
+        assert!(t.contains("file p.json (model.base_model)"), "{t}");
+        assert!(t.contains("flag --epochs"), "{t}");
+        assert!(
+            t.lines()
+                .any(|l| l.starts_with("stage1.seed") && l.ends_with("default")),
+            "{t}"
+        );
+    }
+}

@@ -1,0 +1,116 @@
+//! `serve`: flags → the server's options → load the model → listen until
+//! Ctrl-C or SIGTERM.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+
+use trace_train::serve::{self, AppState, ServeOptions};
+
+/// The environment variable read when `--api_key` is not given.
+pub const API_KEY_ENV: &str = "TRACE_TRAIN_API_KEY";
+
+#[derive(Args, Clone)]
+#[command(rename_all = "snake_case")]
+pub struct ServeArgs {
+    /// Model folder (a merged model, or the base model with --adapter), or
+    /// a hub id in the Hugging Face cache.
+    #[arg(long)]
+    pub model: String,
+    /// A LoRA adapter folder (PEFT layout) to apply to --model.
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
+    /// Address to listen on (`0.0.0.0` for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the address is printed on stdout).
+    #[arg(long, default_value_t = 8001)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1 (default: the
+    /// TRACE_TRAIN_API_KEY environment variable; unset: no key).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// The model id clients name (default: the model or adapter folder's name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Most requests decoded together.
+    #[arg(long, default_value_t = 16)]
+    pub max_batch: usize,
+    /// Most new tokens a request may ask for, and what it gets when it
+    /// does not say.
+    #[arg(long, default_value_t = 2048)]
+    pub max_tokens: usize,
+    /// `cpu`, `cuda`, `cuda:N` or `auto`.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+}
+
+pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
+    let device = super::train::pick_device(&args.device)?;
+    let model_dir = trace_train::model::resolve(&args.model)?;
+    let api_key = args
+        .api_key
+        .clone()
+        .or_else(|| std::env::var(API_KEY_ENV).ok())
+        .filter(|k| !k.is_empty());
+    let state = AppState::load(&ServeOptions {
+        model_dir,
+        adapter: args.adapter.clone(),
+        name: args.name.clone(),
+        api_key: api_key.clone(),
+        max_batch: args.max_batch,
+        max_tokens: args.max_tokens,
+        device,
+    })?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot listen on {}:{}\nhint: another process may hold the port; choose another with --port",
+                    args.host, args.port
+                )
+            })?;
+        let addr = listener.local_addr()?;
+        // The address on stdout (a script reads it), the rest on stderr.
+        println!("http://{addr}/v1");
+        std::io::stdout().flush()?;
+        eprintln!(
+            "serving `{}` at http://{addr}/v1 (batches of up to {}, {}); Ctrl-C stops",
+            state.name(),
+            args.max_batch,
+            if api_key.is_some() {
+                "bearer key required"
+            } else {
+                "no key"
+            }
+        );
+        serve::serve(listener, state, shutdown()).await?;
+        anyhow::Ok(())
+    })
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot watch SIGTERM ({e}); Ctrl-C still stops the server");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}

@@ -1,0 +1,389 @@
+//! `trace-train serve`: an OpenAI-compatible HTTP server for a trained model.
+//!
+//! Owns the HTTP side: the routes (`GET /health`, `GET /v1/models`,
+//! `POST /v1/chat/completions`), the optional bearer key, turning messages
+//! into prompt tokens with the model's own chat template, and answers as
+//! JSON or as server-sent events. The model runs on one thread of its own
+//! ([`engine`]), which decodes the requests waiting for it together; the
+//! wire format and its checks are in [`api`]. axum on tokio serves the
+//! connections.
+
+pub mod api;
+pub mod engine;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use candle_core::Device;
+use serde_json::{Value, json};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::data::ChatTokenizer;
+use api::{ApiError, ChatRequest};
+use engine::{Engine, Job, Params, Update};
+
+/// What to serve and how.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// A model folder (a merged model, or the base of `adapter`).
+    pub model_dir: PathBuf,
+    /// A PEFT adapter folder applied to `model_dir`.
+    pub adapter: Option<PathBuf>,
+    /// The id clients name in `model` (default: the folder's name).
+    pub name: Option<String>,
+    /// Requests must carry `Authorization: Bearer <key>` when set.
+    pub api_key: Option<String>,
+    /// Most requests decoded together.
+    pub max_batch: usize,
+    /// The most new tokens a request may ask for, and what it gets when it
+    /// does not say (less where the context would overflow).
+    pub max_tokens: usize,
+    pub device: Device,
+}
+
+/// The server's shared state.
+pub struct AppState {
+    name: String,
+    api_key: Option<String>,
+    tok: Arc<ChatTokenizer>,
+    engine: Engine,
+    /// `max_position_embeddings`, when the config says.
+    context: Option<usize>,
+    max_tokens: usize,
+    created: u64,
+    ids: AtomicU64,
+}
+
+impl AppState {
+    /// Loads the tokenizer and model and starts the model's thread.
+    pub fn load(opts: &ServeOptions) -> anyhow::Result<Arc<Self>> {
+        anyhow::ensure!(
+            opts.max_batch >= 1 && opts.max_tokens >= 1,
+            "--max_batch and --max_tokens must be at least 1"
+        );
+        let tok = Arc::new(ChatTokenizer::from_dir(&opts.model_dir)?);
+        let model = engine::load_model(&opts.model_dir, opts.adapter.as_deref(), &opts.device)?;
+        tok.check_against_vocab(model.model.vocab_size())?;
+        let config_path = opts.model_dir.join(crate::model::CONFIG_FILE);
+        let config: Value = serde_json::from_slice(
+            &std::fs::read(&config_path)
+                .with_context(|| format!("cannot read `{}`", config_path.display()))?,
+        )
+        .with_context(|| format!("`{}` is not valid JSON", config_path.display()))?;
+        let context = config["max_position_embeddings"]
+            .as_u64()
+            .map(|n| n as usize);
+        let name = opts.name.clone().unwrap_or_else(|| {
+            let dir = opts.adapter.as_ref().unwrap_or(&opts.model_dir);
+            let canonical = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+            canonical
+                .file_name()
+                .map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned())
+        });
+        let engine = Engine::start(model, Arc::clone(&tok), opts.device.clone(), opts.max_batch)
+            .context("cannot start the model thread")?;
+        Ok(Arc::new(AppState {
+            name,
+            api_key: opts.api_key.clone().filter(|k| !k.is_empty()),
+            tok,
+            engine,
+            context,
+            max_tokens: opts.max_tokens,
+            created: unix_now(),
+            ids: AtomicU64::new(0),
+        }))
+    }
+
+    /// The id the model is served under.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn next_id(&self) -> String {
+        let n = self.ids.fetch_add(1, Ordering::Relaxed);
+        format!("chatcmpl-{:x}{n:08x}", self.created)
+    }
+}
+
+/// The routes.
+pub fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/v1/chat/completions", post(chat))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+    Router::new()
+        .route(
+            "/health",
+            get(|| async { axum::Json(json!({"status": "ok"})) }),
+        )
+        .merge(v1)
+        .fallback(|| async {
+            ApiError::not_found(
+                "no such route (this server has /health, /v1/models and /v1/chat/completions)",
+                None,
+            )
+        })
+        .with_state(state)
+}
+
+/// Serves `router(state)` on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !same(given.trim().as_bytes(), key.as_bytes()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares in time that does not depend on where the bytes differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn model_json(state: &AppState) -> Value {
+    json!({"id": state.name, "object": "model", "created": state.created, "owned_by": "trace-train"})
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({"object": "list", "data": [model_json(&state)]})).into_response()
+}
+
+async fn model(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if id == state.name {
+        axum::Json(model_json(&state)).into_response()
+    } else {
+        ApiError::not_found(
+            format!(
+                "The model `{id}` does not exist; this server serves `{}`",
+                state.name
+            ),
+            Some("model_not_found"),
+        )
+        .into_response()
+    }
+}
+
+async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    match start(&state, &body) {
+        Ok((req, id, updates)) if req.stream => stream(state, req, id, updates),
+        Ok((_, id, updates)) => whole(&state, id, updates).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Checks the request, renders and tokenizes the prompt, queues the job.
+fn start(
+    state: &AppState,
+    body: &[u8],
+) -> Result<(ChatRequest, String, UnboundedReceiver<Update>), ApiError> {
+    let req = api::parse_chat(body, &state.name)?;
+    let prompt = state.tok.encode_prompt(&req.messages).map_err(|e| {
+        ApiError::invalid(
+            format!("the chat template refused the messages: {e}"),
+            Some("messages"),
+            None,
+        )
+    })?;
+    let room = state.context.map(|c| c.saturating_sub(prompt.len()));
+    if room == Some(0) {
+        return Err(ApiError::invalid(
+            format!(
+                "This model's maximum context length is {} tokens; the messages take {}",
+                state.context.unwrap_or(0),
+                prompt.len()
+            ),
+            Some("messages"),
+            Some("context_length_exceeded"),
+        ));
+    }
+    let max_tokens = match req.max_tokens {
+        Some(n) if n > state.max_tokens => {
+            return Err(ApiError::invalid(
+                format!(
+                    "`max_tokens` is {n}; this server allows at most {} (its --max_tokens)",
+                    state.max_tokens
+                ),
+                Some("max_tokens"),
+                Some("invalid_value"),
+            ));
+        }
+        Some(n) if room.is_some_and(|r| n > r) => {
+            return Err(ApiError::invalid(
+                format!(
+                    "This model's maximum context length is {} tokens; the messages take {} and `max_tokens` asks {n} more",
+                    state.context.unwrap_or(0),
+                    prompt.len()
+                ),
+                Some("max_tokens"),
+                Some("context_length_exceeded"),
+            ));
+        }
+        Some(n) => n,
+        None => room.map_or(state.max_tokens, |r| r.min(state.max_tokens)),
+    };
+    let seed = req.seed.unwrap_or_else(|| {
+        // Unseeded requests differ from each other.
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        t ^ state
+            .ids
+            .load(Ordering::Relaxed)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    });
+    let (tx, rx) = unbounded_channel();
+    let job = Job {
+        prompt,
+        params: Params {
+            max_tokens,
+            temperature: req.temperature,
+            top_p: req.top_p,
+            seed,
+            stop: req.stop.clone(),
+        },
+        updates: tx,
+    };
+    if state.engine.submit(job).is_err() {
+        return Err(ApiError::server(
+            "the model thread has stopped; restart the server",
+        ));
+    }
+    Ok((req, state.next_id(), rx))
+}
+
+/// A non-streamed answer: collects the text, then one JSON object.
+async fn whole(state: &AppState, id: String, mut updates: UnboundedReceiver<Update>) -> Response {
+    let mut text = String::new();
+    while let Some(u) = updates.recv().await {
+        match u {
+            Update::Text(t) => text.push_str(&t),
+            Update::Done {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                return axum::Json(api::completion(
+                    &id,
+                    unix_now(),
+                    &state.name,
+                    &text,
+                    reason.as_str(),
+                    api::usage(prompt_tokens, completion_tokens),
+                ))
+                .into_response();
+            }
+            Update::Failed(msg) => return ApiError::server(msg).into_response(),
+        }
+    }
+    ApiError::server("the model thread stopped before answering").into_response()
+}
+
+/// A streamed answer: a role chunk, a chunk a piece of text, a chunk with
+/// the finish reason, the usage chunk when asked, then `[DONE]`.
+fn stream(
+    state: Arc<AppState>,
+    req: ChatRequest,
+    id: String,
+    mut updates: UnboundedReceiver<Update>,
+) -> Response {
+    let (tx, rx) = unbounded_channel::<Result<Event, std::convert::Infallible>>();
+    let created = unix_now();
+    let usage_too = req.include_usage;
+    // The relay ends when the client leaves (its stream, and so `tx`, is
+    // dropped); dropping `updates` then tells the engine to stop the row.
+    tokio::spawn(async move {
+        let data = |v: Value| Ok(Event::default().data(v.to_string()));
+        let chunk = |delta: Value, finish: Option<&str>| {
+            data(api::chunk(
+                &id,
+                created,
+                &state.name,
+                Some((delta, finish)),
+                None,
+                usage_too,
+            ))
+        };
+        if tx
+            .send(chunk(json!({"role": "assistant", "content": ""}), None))
+            .is_err()
+        {
+            return;
+        }
+        while let Some(u) = updates.recv().await {
+            let sent = match u {
+                Update::Text(t) => tx.send(chunk(json!({"content": t}), None)),
+                Update::Done {
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                } => {
+                    let _ = tx.send(chunk(json!({}), Some(reason.as_str())));
+                    if usage_too {
+                        let usage = api::usage(prompt_tokens, completion_tokens);
+                        let _ = tx.send(data(api::chunk(
+                            &id,
+                            created,
+                            &state.name,
+                            None,
+                            Some(usage),
+                            true,
+                        )));
+                    }
+                    let _ = tx.send(Ok(Event::default().data("[DONE]")));
+                    return;
+                }
+                Update::Failed(msg) => {
+                    // Headers are gone: the error travels as an event.
+                    let _ = tx.send(data(ApiError::server(msg).body()));
+                    let _ = tx.send(Ok(Event::default().data("[DONE]")));
+                    return;
+                }
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+    });
+    Sse::new(UnboundedReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,277 @@
+//! What a trained model folder carries beside its weights, so that the hub,
+//! PEFT and transformers read it as one of theirs: a model card
+//! (`README.md` whose YAML front matter has the fields PEFT writes:
+//! `base_model`, `library_name`, `tags`) and `generation_config.json` (the
+//! bos/eos/pad ids, with the chat template's end-of-turn token among the
+//! eos ids so that `generate` stops where our decoding stops).
+//!
+//! The front matter is written by hand: it is a handful of scalars and one
+//! list, and each string is emitted as a JSON string, which YAML reads as a
+//! double-quoted scalar, so no YAML library is needed to escape it.
+
+use std::path::Path;
+
+use anyhow::Context;
+use serde_json::{Value, json};
+
+use crate::data::tokenizer::ChatTokenizer;
+
+/// Which kind of folder a card describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A LoRA adapter in PEFT's layout (`final/`).
+    Adapter,
+    /// The adapter merged into the base weights (`merged/`).
+    Merged,
+}
+
+/// What a card says about a trained folder.
+#[derive(Debug, Clone)]
+pub struct CardInfo {
+    /// The base model: a hub id, or the folder it was loaded from.
+    pub base_model: String,
+    /// The base model's commit, when it came from the hub cache.
+    pub base_commit: Option<String>,
+    /// The pipeline stage's folder name (`stage1_warmup`, `stage2_sft`).
+    pub stage: String,
+    pub train_file: String,
+    pub steps: u64,
+    pub lora_r: usize,
+    pub lora_alpha: f64,
+    pub target_modules: Vec<String>,
+}
+
+/// The card's text: YAML front matter, then a short description.
+pub fn model_card(info: &CardInfo, kind: Kind) -> String {
+    let q = |s: &str| serde_json::to_string(s).expect("a string serialises");
+    let (library, relation, what) = match kind {
+        Kind::Adapter => ("peft", "adapter", "A LoRA adapter"),
+        Kind::Merged => (
+            "transformers",
+            "finetune",
+            "A LoRA adapter merged into its base model",
+        ),
+    };
+    let mut tags = vec![
+        "trace-train".to_owned(),
+        "lora".to_owned(),
+        info.stage.clone(),
+    ];
+    // The hub's lineage tag: what this folder is to its base.
+    tags.push(format!("base_model:{relation}:{}", info.base_model));
+    tags.push("text-generation".into());
+    let mut out = String::from("---\n");
+    out += &format!("base_model: {}\n", q(&info.base_model));
+    out += &format!("library_name: {library}\n");
+    out += "pipeline_tag: text-generation\n";
+    out += "tags:\n";
+    for t in &tags {
+        out += &format!("- {}\n", q(t));
+    }
+    out += "---\n\n";
+    out += &format!(
+        "# {} ({})\n\n{what}, trained by trace-train on the Trace task: given a Python \
+         program with injected `__DBG_` prints and its stdin, predict the program's \
+         exact stdout.\n\n",
+        info.stage,
+        match kind {
+            Kind::Adapter => "adapter",
+            Kind::Merged => "merged model",
+        }
+    );
+    out += &format!(
+        "- base model: `{}`{}\n",
+        info.base_model,
+        info.base_commit
+            .as_deref()
+            .map(|c| format!(" at commit `{c}`"))
+            .unwrap_or_default()
+    );
+    out += &format!("- training data: `{}`\n", info.train_file);
+    out += &format!("- optimizer steps: {}\n", info.steps);
+    out += &format!(
+        "- LoRA: r {}, alpha {}, on {}\n",
+        info.lora_r,
+        info.lora_alpha,
+        info.target_modules.join(", ")
+    );
+    if kind == Kind::Adapter {
+        out += "\nLoad it with PEFT: `PeftModel.from_pretrained(base, this_folder)`.\n";
+    } else {
+        out +=
+            "\nLoad it with transformers: `AutoModelForCausalLM.from_pretrained(this_folder)`.\n";
+    }
+    out
+}
+
+/// `generation_config.json` for a model trained from `base_dir`: the base's
+/// own file when it has one (its sampling defaults kept), with bos, eos and
+/// pad ids from the model's `config.json` and the tokenizer, and the chat
+/// end-of-turn token among the eos ids.
+pub fn generation_config(base_dir: &Path, tok: &ChatTokenizer) -> anyhow::Result<Value> {
+    let read = |name: &str| -> anyhow::Result<Option<Value>> {
+        let p = base_dir.join(name);
+        if !p.exists() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&p)
+            .with_context(|| format!("cannot read `{}`", p.display()))?;
+        Ok(Some(serde_json::from_str(&text).with_context(|| {
+            format!("`{}` is not valid JSON", p.display())
+        })?))
+    };
+    let model_config = read("config.json")?.unwrap_or_else(|| json!({}));
+    let mut generation = read("generation_config.json")?
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}));
+    let ids = |v: &Value| -> Vec<u64> {
+        match v {
+            Value::Number(n) => n.as_u64().into_iter().collect(),
+            Value::Array(a) => a.iter().filter_map(Value::as_u64).collect(),
+            _ => Vec::new(),
+        }
+    };
+    let mut eos: Vec<u64> = Vec::new();
+    for id in ids(&generation["eos_token_id"])
+        .into_iter()
+        .chain(ids(&model_config["eos_token_id"]))
+        .chain([tok.end_of_turn().id as u64, tok.eos().id as u64])
+    {
+        if !eos.contains(&id) {
+            eos.push(id);
+        }
+    }
+    let bos = ids(&model_config["bos_token_id"])
+        .first()
+        .copied()
+        .or(tok.bos().map(|t| t.id as u64))
+        .or_else(|| ids(&generation["bos_token_id"]).first().copied());
+    let pad = ids(&model_config["pad_token_id"])
+        .first()
+        .copied()
+        .unwrap_or(tok.pad().id as u64);
+    let obj = generation.as_object_mut().expect("an object");
+    if let Some(bos) = bos {
+        obj.insert("bos_token_id".into(), json!(bos));
+    }
+    obj.insert(
+        "eos_token_id".into(),
+        if eos.len() == 1 {
+            json!(eos[0])
+        } else {
+            json!(eos)
+        },
+    );
+    obj.insert("pad_token_id".into(), json!(pad));
+    Ok(generation)
+}
+
+/// Writes `README.md` and `generation_config.json` into `dir`.
+pub fn write(dir: &Path, info: &CardInfo, kind: Kind, generation: &Value) -> anyhow::Result<()> {
+    crate::atomic::write(&dir.join("README.md"), model_card(info, kind).as_bytes())?;
+    crate::atomic::write(
+        &dir.join("generation_config.json"),
+        &serde_json::to_vec_pretty(generation)?,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> CardInfo {
+        CardInfo {
+            base_model: "Qwen/Qwen3-4B".into(),
+            base_commit: Some("c".repeat(40)),
+            stage: "stage1_warmup".into(),
+            train_file: "datasets/trace_training/stage1_original_train.jsonl".into(),
+            steps: 12,
+            lora_r: 16,
+            lora_alpha: 32.0,
+            target_modules: vec!["q_proj".into(), "v_proj".into()],
+        }
+    }
+
+    /// The front matter's lines between the `---` fences.
+    fn front_matter(card: &str) -> Vec<&str> {
+        let mut lines = card.lines();
+        assert_eq!(lines.next(), Some("---"), "{card}");
+        lines.take_while(|l| *l != "---").collect()
+    }
+
+    #[test]
+    fn adapter_card_has_peft_metadata() {
+        let card = model_card(&info(), Kind::Adapter);
+        let fm = front_matter(&card);
+        assert!(fm.contains(&"base_model: \"Qwen/Qwen3-4B\""), "{card}");
+        assert!(fm.contains(&"library_name: peft"), "{card}");
+        for tag in [
+            "- \"trace-train\"",
+            "- \"lora\"",
+            "- \"stage1_warmup\"",
+            "- \"base_model:adapter:Qwen/Qwen3-4B\"",
+        ] {
+            assert!(fm.contains(&tag), "missing {tag}: {card}");
+        }
+        assert!(card.contains(&"c".repeat(40)), "{card}");
+    }
+
+    #[test]
+    fn merged_card_is_a_transformers_model_and_strings_are_escaped() {
+        let mut i = info();
+        i.base_model = "checkpoints/my \"odd\" folder".into();
+        i.stage = "stage2_sft".into();
+        let card = model_card(&i, Kind::Merged);
+        let fm = front_matter(&card);
+        assert!(fm.contains(&"library_name: transformers"), "{card}");
+        assert!(fm.contains(&"- \"stage2_sft\""), "{card}");
+        assert!(
+            fm.contains(&r#"base_model: "checkpoints/my \"odd\" folder""#),
+            "{card}"
+        );
+    }
+
+    #[test]
+    fn generation_config_has_the_end_of_turn_among_eos() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::model::tiny::write_tiny_chat_model(dir.path(), 1).unwrap();
+        // A base model whose eos is not the end of turn (as Qwen3 base's
+        // `<|endoftext|>`), and a generation config with a sampling default.
+        let tc = dir.path().join("tokenizer_config.json");
+        let mut t: Value = serde_json::from_slice(&std::fs::read(&tc).unwrap()).unwrap();
+        t["eos_token"] = json!("<|endoftext|>");
+        std::fs::write(&tc, serde_json::to_vec(&t).unwrap()).unwrap();
+        std::fs::write(
+            dir.path().join("generation_config.json"),
+            r#"{"temperature": 0.6, "eos_token_id": 256}"#,
+        )
+        .unwrap();
+        let tok = ChatTokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!((tok.eos().id, tok.end_of_turn().id), (256, 258));
+        let g = generation_config(dir.path(), &tok).unwrap();
+        assert_eq!(g["temperature"], json!(0.6));
+        assert_eq!(g["bos_token_id"], json!(257));
+        assert_eq!(g["pad_token_id"], json!(256));
+        let eos: Vec<u64> = g["eos_token_id"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        assert!(eos.contains(&258) && eos.contains(&256), "{g}");
+        // Without a generation config of its own: one eos id, the end of turn.
+        std::fs::remove_file(dir.path().join("generation_config.json")).unwrap();
+        std::fs::write(
+            &tc,
+            serde_json::to_vec(&{
+                t["eos_token"] = json!("<|im_end|>");
+                t
+            })
+            .unwrap(),
+        )
+        .unwrap();
+        let tok = ChatTokenizer::from_dir(dir.path()).unwrap();
+        let g = generation_config(dir.path(), &tok).unwrap();
+        assert_eq!(g["eos_token_id"], json!(258), "{g}");
+    }
+}
