@@ -103,8 +103,8 @@ fn the_python_pipelines_file_resolves_the_pipeline_to_what_it_says() {
         (value("stage1.epochs"), value("stage2.epochs")),
         (2.into(), 3.into())
     );
-    assert_eq!(value("stage3.steps"), 5000);
-    assert_eq!(from("stage3.steps"), "file stage3.num_steps");
+    assert_eq!(value("stage3.ppo.num_train_steps"), 5000);
+    assert_eq!(from("stage3.ppo.num_train_steps"), "file stage3.num_steps");
     assert_eq!(from("stage1.learning_rate"), "default");
     // The user's folder layout.
     assert_eq!(value("stage1.output_dir"), "checkpoints/stage1_warmup");

@@ -56,7 +56,7 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
         serde_json::from_slice(&std::fs::read(root.join("resolved_config.json")).unwrap()).unwrap();
     assert_eq!(resolved["stage0.num_workers"]["value"], 32);
     assert_eq!(resolved["stage0.num_workers"]["from"], "file");
-    assert_eq!(resolved["stage3.steps"]["value"], 5000);
+    assert_eq!(resolved["stage3.ppo.num_train_steps"]["value"], 5000);
     assert_eq!(resolved["hardware.b200_mode"]["value"], true);
     assert_eq!(resolved["stage1.batch_size"]["flag"], "--quick_test");
     // Stage 2 trained from Stage 1's merged model in the user's layout.

@@ -463,9 +463,11 @@ pub fn run_with(
         )?;
     }
     // The trained outputs are safe by now: a failed drawing only warns.
+    // Rank 0 wrote the metrics, so it alone draws them.
     let metrics = job.output_dir.join(runlog::METRICS_FILE);
-    if let Err(e) =
-        runlog::read_metrics(&metrics).and_then(|r| runlog::curves::draw(&job.output_dir, &r))
+    if lead
+        && let Err(e) =
+            runlog::read_metrics(&metrics).and_then(|r| runlog::curves::draw(&job.output_dir, &r))
     {
         tracing::warn!(
             "{}: curves not drawn: {e:#}\nhint: `trace-train report {}` draws them again",
