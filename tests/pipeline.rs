@@ -77,6 +77,21 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
     assert!(
         report["interval"]["lo"].as_f64().unwrap() <= report["interval"]["hi"].as_f64().unwrap()
     );
+    // Every training stage leaves TensorBoard events and its curves.
+    for stage in ["stage1_warmup", "stage2_sft", "stage3_ppo"] {
+        let names: Vec<String> = std::fs::read_dir(root.join(stage))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().any(|n| n.starts_with("events.out.tfevents.")),
+            "{stage}: {names:?}"
+        );
+        assert!(
+            root.join(stage).join("curves").read_dir().unwrap().count() > 0,
+            "{stage}: no curves"
+        );
+    }
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("pipeline_state.json")).unwrap()).unwrap();
     assert_eq!(state["finished"], serde_json::json!([0, 1, 2, 3, 4]));

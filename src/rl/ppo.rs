@@ -23,7 +23,6 @@
 //! its cursor, so a resumed run repeats the uninterrupted one on CPU.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -38,11 +37,11 @@ use crate::data::{ChatTokenizer, Message, Role};
 use crate::model::generate::{self, Generation, Sampling};
 use crate::model::lora::{LoraConfig, TargetModule, set_dropout_seed, without_adapters};
 use crate::model::{self, LoadedModel};
+use crate::runlog::{self, RunLog};
 use crate::train::checkpoint::{self, Fingerprint, RunLock, TrainerState};
 use crate::train::optim::AdamW;
 use crate::train::sft::{
-    Progress, mix, sha256_of, stop_flag, train_dtype, truncate_metrics, weights_fingerprint,
-    write_adapter_and_merged,
+    Progress, mix, sha256_of, stop_flag, train_dtype, weights_fingerprint, write_adapter_and_merged,
 };
 
 use super::advantage::{gae, group_advantages, informative, token_rewards, whiten};
@@ -108,36 +107,24 @@ pub struct RlState {
     pub value_optimizer_steps: u64,
 }
 
-/// Writes each step's scalars as one JSON line. The single place metrics
-/// leave the recipe, so another sink (TensorBoard event files) can be
-/// added here.
+/// Where each step's scalars go: the run log every stage shares
+/// (`metrics.jsonl`, TensorBoard events; curves at the end).
 pub struct Metrics {
-    file: std::fs::File,
+    log: RunLog,
 }
 
 impl Metrics {
-    pub fn open(path: &Path) -> anyhow::Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| format!("cannot write `{}`", path.display()))?;
-        Ok(Self { file })
+    /// Opens the run log of `dir`; a resume keeps the steps up to
+    /// `resumed_from` and drops the rest (the redone steps are logged again).
+    pub fn open(dir: &Path, resumed_from: Option<u64>) -> anyhow::Result<Self> {
+        Ok(Self {
+            log: RunLog::open(dir, resumed_from)?,
+        })
     }
 
     pub fn log(&mut self, step: u64, scalars: &BTreeMap<String, f64>) -> anyhow::Result<()> {
-        let mut line = serde_json::Map::new();
-        line.insert("step".into(), step.into());
-        for (k, v) in scalars {
-            // JSON has no NaN or infinity: such a value is written as null.
-            line.insert(
-                k.clone(),
-                serde_json::Number::from_f64(*v).map_or(serde_json::Value::Null, Into::into),
-            );
-        }
-        writeln!(self.file, "{}", serde_json::Value::Object(line))?;
-        self.file.flush()?;
-        Ok(())
+        let pairs: Vec<(&str, f64)> = scalars.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        self.log.log(step, &pairs)
     }
 }
 
@@ -670,7 +657,6 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
     };
     let mut rl = RlState::default();
     let mut curriculum = Curriculum::new(&job.curriculum);
-    let metrics_path = job.output_dir.join("metrics.jsonl");
     let mut resumed_from = None;
     match (
         job.resume,
@@ -696,7 +682,6 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
                 fingerprint: fingerprint.clone(),
                 ..ck.state
             };
-            truncate_metrics(&metrics_path, state.step)?;
             tracing::info!("resuming Stage 3 at step {}", state.step);
         }
         (false, Some(ck)) => bail!(
@@ -704,11 +689,9 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
             job.output_dir.display(),
             ck.dir.display()
         ),
-        (_, None) => {
-            let _ = std::fs::remove_file(&metrics_path);
-        }
+        (_, None) => {}
     }
-    let mut metrics = Metrics::open(&metrics_path)?;
+    let mut metrics = Metrics::open(&job.output_dir, resumed_from)?;
     let group = cfg.group_size();
     let mut stream = TaskStream::start(
         Arc::clone(&job.env),
@@ -1001,6 +984,16 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
             }))?
             .as_bytes(),
         )?;
+    }
+    drop(metrics);
+    // The trained outputs are safe by now: a failed drawing only warns.
+    if let Err(e) = runlog::read_metrics(&job.output_dir.join(runlog::METRICS_FILE))
+        .and_then(|r| runlog::curves::draw(&job.output_dir, &r))
+    {
+        tracing::warn!(
+            "stage 3: curves not drawn: {e:#}\nhint: `trace-train report {}` draws them again",
+            job.output_dir.display()
+        );
     }
     Ok(RlSummary {
         steps: state.step,

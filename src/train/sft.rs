@@ -642,24 +642,6 @@ pub(crate) fn weights_fingerprint(dir: &Path) -> anyhow::Result<String> {
     Ok(crate::hex(&h.finalize()))
 }
 
-/// Drops metric lines past `step` (they belong to work the resume redoes).
-pub(crate) fn truncate_metrics(path: &Path, step: u64) -> anyhow::Result<()> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Ok(());
-    };
-    let kept: String = text
-        .lines()
-        .filter(|l| {
-            serde_json::from_str::<serde_json::Value>(l)
-                .ok()
-                .and_then(|v| v["step"].as_u64())
-                .is_some_and(|s| s <= step)
-        })
-        .map(|l| format!("{l}\n"))
-        .collect();
-    crate::atomic::write(path, kept.as_bytes())
-}
-
 /// Set on SIGTERM or SIGINT: checkpoint, then exit cleanly.
 pub(crate) fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
