@@ -78,6 +78,8 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
         report["interval"]["lo"].as_f64().unwrap() <= report["interval"]["hi"].as_f64().unwrap()
     );
     // Every training stage leaves TensorBoard events and its curves.
+    assert!(!stderr(&o).contains("curves not drawn"), "{}", stderr(&o));
+    assert!(root.join("stage3_ppo/curves/reward.png").is_file());
     for stage in ["stage1_warmup", "stage2_sft", "stage3_ppo"] {
         let names: Vec<String> = std::fs::read_dir(root.join(stage))
             .unwrap()

@@ -64,6 +64,20 @@ pub fn charts(records: &[Record]) -> Vec<Chart> {
     charts.into_iter().collect()
 }
 
+/// A chart's file name: a scalar's name with the characters a file name
+/// cannot hold (`/` of RL's `accuracy/output_lines=1`) made `_`.
+fn file_stem(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '=' | '+') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// Draws every chart of `records` into `run_dir/curves/`; returns the
 /// files written.
 pub fn draw(run_dir: &Path, records: &[Record]) -> anyhow::Result<Vec<PathBuf>> {
@@ -73,16 +87,17 @@ pub fn draw(run_dir: &Path, records: &[Record]) -> anyhow::Result<Vec<PathBuf>> 
         .with_context(|| format!("cannot create folder `{}`", dir.display()))?;
     let mut written = Vec::new();
     for (name, lines) in charts(records) {
-        let png = dir.join(format!("{name}.png"));
+        let file = file_stem(&name);
+        let png = dir.join(format!("{file}.png"));
         // The image crate picks the format from the extension.
-        let tmp = dir.join(format!(".tmp-{name}.png"));
+        let tmp = dir.join(format!(".tmp-{file}.png"));
         {
             let area = BitMapBackend::new(&tmp, SIZE).into_drawing_area();
             chart_on(&area, &name, &lines)
                 .with_context(|| format!("cannot draw `{}`", png.display()))?;
         }
         std::fs::rename(&tmp, &png).with_context(|| format!("cannot write `{}`", png.display()))?;
-        let svg = dir.join(format!("{name}.svg"));
+        let svg = dir.join(format!("{file}.svg"));
         let mut text = String::new();
         {
             let area = SVGBackend::with_string(&mut text, SIZE).into_drawing_area();
@@ -232,6 +247,24 @@ mod tests {
             .filter(|n| n.to_string_lossy().starts_with(".tmp"))
             .collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_scalar_named_like_a_path_gets_one_flat_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = vec![Record {
+            step: 1,
+            wall_time: None,
+            values: [("accuracy/output_lines=1".to_owned(), 0.5)]
+                .into_iter()
+                .collect(),
+        }];
+        draw(dir.path(), &r).unwrap();
+        assert!(
+            dir.path()
+                .join("curves/accuracy_output_lines=1.png")
+                .is_file()
+        );
     }
 
     #[test]
