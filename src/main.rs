@@ -707,16 +707,7 @@ fn generate_cmd(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     };
     let bar = cli::progress::Bar::new("rows");
     let s = generate::run(&cfg, &opts, &bar)?;
-    let dropped = |m: &std::collections::BTreeMap<String, u64>| {
-        if m.is_empty() {
-            "none".to_owned()
-        } else {
-            m.iter()
-                .map(|(k, v)| format!("{k} {v}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        }
-    };
+    let dropped = cli::counts;
     eprintln!(
         "read {} rows from {} in {:.1}s ({} sandbox runs, {:.0} runs/s, Python {})",
         s.rows_read,

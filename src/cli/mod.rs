@@ -12,6 +12,18 @@ pub mod report;
 pub mod serve;
 pub mod train;
 
+/// Named counts for a summary line (`error_exit 6, timeout 1`), or `none`.
+pub fn counts(m: &std::collections::BTreeMap<String, u64>) -> String {
+    if m.is_empty() {
+        "none".to_owned()
+    } else {
+        m.iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// Adds what to do to a device out-of-memory error; other errors pass.
 pub fn out_of_memory_hint(e: anyhow::Error, what_to_do: &str) -> anyhow::Error {
     let text = format!("{e:#}");

@@ -259,16 +259,7 @@ pub fn run(args: &PpoArgs) -> anyhow::Result<RlSummary> {
         )
     })?;
     let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}"));
-    let counts = |m: &std::collections::BTreeMap<String, u64>| {
-        if m.is_empty() {
-            "none".to_owned()
-        } else {
-            m.iter()
-                .map(|(k, v)| format!("{k} {v}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        }
-    };
+    let counts = super::counts;
     eprintln!(
         "stage 3: {} steps{}, reward {} -> {}, curriculum level {}; masked completions: {}; tasks passed over: {}",
         s.steps,

@@ -35,13 +35,14 @@ use serde::{Deserialize, Serialize};
 use crate::config::{CurriculumConfig, ModelConfig, RlConfig};
 use crate::data::{ChatTokenizer, Message, Role};
 use crate::model::generate::{self, Generation, Sampling};
-use crate::model::lora::{LoraConfig, TargetModule, set_dropout_seed, without_adapters};
+use crate::model::lora::{LoraConfig, set_dropout_seed, without_adapters};
 use crate::model::{self, LoadedModel};
 use crate::runlog::{self, RunLog};
 use crate::train::checkpoint::{self, Fingerprint, RunLock, TrainerState};
 use crate::train::optim::AdamW;
 use crate::train::sft::{
-    Progress, mix, sha256_of, stop_flag, train_dtype, weights_fingerprint, write_adapter_and_merged,
+    Progress, mix, sha256_of, stop_flag, target_modules, train_dtype, weights_fingerprint,
+    write_adapter_and_merged,
 };
 
 use super::advantage::{gae, group_advantages, informative, token_rewards, whiten};
@@ -211,15 +212,7 @@ impl Policy {
             alpha: cfg.lora_alpha,
             // No dropout: the ratio of the first minibatch must be 1.
             dropout: 0.0,
-            target_modules: cfg
-                .target_modules
-                .iter()
-                .map(|m| {
-                    TargetModule::parse(m).with_context(|| {
-                        format!("target module `{m}` is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj")
-                    })
-                })
-                .collect::<anyhow::Result<_>>()?,
+            target_modules: target_modules(&cfg.target_modules)?,
             seed: cfg.seed,
         };
         let mut loaded = model::load(base_dir, Some(&lora), dtype, device)?;

@@ -132,15 +132,7 @@ pub fn run_with(
         r: cfg.lora_r,
         alpha: cfg.lora_alpha,
         dropout: cfg.lora_dropout as f32,
-        target_modules: cfg
-            .target_modules
-            .iter()
-            .map(|m| {
-                TargetModule::parse(m).with_context(|| {
-                    format!("target module `{m}` is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj")
-                })
-            })
-            .collect::<anyhow::Result<_>>()?,
+        target_modules: target_modules(&cfg.target_modules)?,
         seed: cfg.seed,
     };
     let mut loaded = model::load(&job.base_dir, Some(&lora), dtype, &job.device)?;
@@ -520,6 +512,18 @@ pub(crate) fn write_adapter_and_merged(
     card::write(final_dir, info, card::Kind::Adapter, &generation)?;
     card::write(merged_dir, info, card::Kind::Merged, &generation)?;
     Ok(())
+}
+
+/// The projections named in a config's `target_modules`, each checked.
+pub(crate) fn target_modules(names: &[String]) -> anyhow::Result<Vec<TargetModule>> {
+    names
+        .iter()
+        .map(|m| {
+            TargetModule::parse(m).with_context(|| {
+                format!("target module `{m}` is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj")
+            })
+        })
+        .collect()
 }
 
 /// The dtype a run computes in: the configured one (`bf16`, `f16` or
