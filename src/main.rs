@@ -366,7 +366,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Ppo(args) => {
-            cli::ppo::run(&args)?;
+            cli::ppo::run_command(&args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Generate(args) => generate_cmd(args),

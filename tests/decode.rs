@@ -269,6 +269,7 @@ fn logprobs_match_the_trainer_and_top_k_one_is_greedy() {
                 top_p: 0.9,
                 top_k: 50,
                 seed: 3,
+                first_stream: 0,
             };
             let gens =
                 generate::sample(&m.model, &prompts, 8, &[], PAD, 0, &s, &Device::Cpu).unwrap();
@@ -326,6 +327,7 @@ fn continuous_batching_decodes_each_prompt_as_alone() {
             top_p: 0.95,
             top_k: 100,
             seed: 11,
+            first_stream: 0,
         };
         for sampling in [None, Some(&sampled)] {
             // Stop ids that end some rows early, so rows free up at
@@ -345,6 +347,32 @@ fn continuous_batching_decodes_each_prompt_as_alone() {
                     assert_same(a, b, &what);
                 }
             }
+        }
+        // The batch split in two, as over two ranks: the second share,
+        // starting at its first prompt's stream, draws what it drew in the
+        // whole batch.
+        let whole = run(0, &[], Some(&sampled));
+        let share = Sampling {
+            first_stream: 2,
+            ..sampled
+        };
+        let tail = generate::sample(
+            &m.model,
+            &prompts[2..],
+            12,
+            &[],
+            PAD,
+            0,
+            &share,
+            &Device::Cpu,
+        )
+        .unwrap();
+        for (i, (a, b)) in whole[2..].iter().zip(&tail).enumerate() {
+            assert_same(
+                a,
+                b,
+                &format!("{arch}: prompt {} in a share of the batch", i + 2),
+            );
         }
         // Greedy prompts in a one-prompt call match too.
         let free = run(0, &[], None);

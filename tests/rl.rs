@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use candle_core::{D, Device, Tensor};
 use common::{stderr, trace_train};
 use trace_train::config::{CurriculumConfig, ModelConfig, RlConfig};
+use trace_train::dist::inprocess::run_ranks;
 use trace_train::model::generate::Generation;
 use trace_train::rl::env::{Environment, WordEnv};
 use trace_train::rl::ppo::{self, Policy, RlJob, Sample};
@@ -329,4 +330,115 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run() {
         std::fs::read(dir.path().join("cut/final/adapter_model.safetensors")).unwrap(),
         "final adapters differ"
     );
+}
+
+/// One RL run of `config` on `world` in-process ranks (threads); rank 0's
+/// metrics.
+fn run_on_ranks(
+    dir: &Path,
+    base: &Path,
+    word: &str,
+    config: &RlConfig,
+    world: usize,
+) -> Vec<serde_json::Value> {
+    let out = dir.join(format!("{}-{world}", config.algorithm));
+    let job = RlJob {
+        config: config.clone(),
+        curriculum: CurriculumConfig::default(),
+        model: ModelConfig::default(),
+        base_dir: base.to_path_buf(),
+        output_dir: out.clone(),
+        device: Device::Cpu,
+        env: Arc::new(WordEnv::new(&[word])),
+        env_description: format!("word:{word}"),
+        resume: false,
+        force: false,
+        max_steps: None,
+    };
+    let summaries = run_ranks(world, |c| ppo::run_with(&job, &c, &NoProgress)).unwrap();
+    assert!(
+        summaries
+            .iter()
+            .all(|s| s.steps == config.num_train_steps as u64)
+    );
+    assert!(out.join("final/adapter_model.safetensors").exists());
+    lines_of(&out.join("metrics.jsonl"))
+}
+
+#[test]
+fn two_and_three_ranks_train_as_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = tiny_model(dir.path());
+    let (word, temperature) = learnable_word(&base);
+    // GRPO: whole groups a rank, dynamic sampling's rounds decided on the
+    // kept groups of every rank; minibatches of 24 completions cut across
+    // the ranks' shares. PPO: three new tokens (completions of several
+    // lengths, so token weights matter) and advantages whitened over every
+    // rank's tokens.
+    let mut grpo = tiny_config("grpo");
+    grpo.temperature = temperature;
+    grpo.num_train_steps = 5;
+    grpo.mini_batch_size = 24;
+    let mut ppo_cfg = tiny_config("ppo");
+    ppo_cfg.temperature = temperature;
+    ppo_cfg.num_train_steps = 5;
+    ppo_cfg.mini_batch_size = 6;
+    ppo_cfg.max_new_tokens = 3;
+    ppo_cfg.kl_coef = Some(0.05);
+    // Gentle steps: at the learning test's rates three-token answers
+    // collapse onto one sequence within five steps (entropy near 1e-5),
+    // where rounding alone moves the value loss.
+    ppo_cfg.learning_rate = 2e-3;
+    ppo_cfg.value_learning_rate = 1e-3;
+    for config in [grpo, ppo_cfg] {
+        let one = run_on_ranks(dir.path(), &base, &word, &config, 1);
+        let rewards: Vec<f64> = one.iter().map(|m| m["reward"].as_f64().unwrap()).collect();
+        assert!(
+            rewards.iter().any(|&r| r > 0.0),
+            "{}: no reward at all, nothing is compared: {rewards:?}",
+            config.algorithm
+        );
+        for world in [2, 3] {
+            let many = run_on_ranks(dir.path(), &base, &word, &config, world);
+            assert_eq!(one.len(), many.len());
+            if std::env::var_os("RL_DEBUG").is_some() {
+                for (a, b) in one.iter().zip(&many) {
+                    eprintln!("{a}\n{b}\n");
+                }
+            }
+            for (step, (a, b)) in one.iter().zip(&many).enumerate() {
+                for key in [
+                    "reward",
+                    "scored",
+                    "trained_samples",
+                    "sampling_rounds",
+                    "stopped_fraction",
+                ] {
+                    assert_eq!(
+                        a[key], b[key],
+                        "{} on {world} ranks, step {step}, {key}",
+                        config.algorithm
+                    );
+                }
+                for key in [
+                    "policy_loss",
+                    "grad_norm",
+                    "entropy",
+                    "kl",
+                    "clip_fraction",
+                    "value_loss",
+                ] {
+                    let (Some(x), Some(y)) = (a[key].as_f64(), b[key].as_f64()) else {
+                        assert_eq!(a.get(key).is_some(), b.get(key).is_some(), "{key}");
+                        continue;
+                    };
+                    assert!(
+                        (x - y).abs() <= 1e-4 * (1.0 + x.abs().max(y.abs())),
+                        "{} on {world} ranks, step {step}, {key}: {x} vs {y}",
+                        config.algorithm
+                    );
+                }
+            }
+        }
+    }
 }

@@ -378,7 +378,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     if todo(3, &state) {
         eprintln!("== stage 3: ppo");
         let out = root.join(STAGE3_DIR);
-        let s = super::ppo::run(&PpoArgs {
+        let a = PpoArgs {
             model: Some(root.join(STAGE2_DIR).join("merged").display().to_string()),
             output_dir: Some(out.clone()),
             settings: Some(Box::new(cfg.stage3.clone())),
@@ -387,9 +387,28 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             no_4bit: !cfg.model.load_in_4bit,
             quick_test: args.quick_test,
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
+            pipeline_config: Some(args.config.clone()).filter(|p| p.is_file()),
             ..PpoArgs::default()
-        })?;
-        if s.interrupted {
+        };
+        let device = a.device.clone().unwrap_or_else(|| "auto".into());
+        let interrupted = match role(cfg.hardware.num_gpus, &device)? {
+            Role::Parent { world } => {
+                // The ranks read the stage's settings from a file beside
+                // its outputs (a child gets a command line, not a value).
+                std::fs::create_dir_all(&out)
+                    .with_context(|| format!("cannot create `{}`", out.display()))?;
+                let settings = out.join("pipeline_stage3_config.json");
+                trace_train::atomic::write(
+                    &settings,
+                    serde_json::to_string_pretty(&cfg.stage3)?.as_bytes(),
+                )?;
+                let started = std::time::SystemTime::now();
+                run_children_with(world, a.to_argv(&settings, world))?;
+                !finished_since(&out, started)
+            }
+            _ => super::ppo::run(&a)?.interrupted,
+        };
+        if interrupted {
             anyhow::bail!("pipeline stopped during ppo; continue with --resume");
         }
         finish(3, &mut state)?;

@@ -8,8 +8,12 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
-use trace_train::config::{self, ModelConfig, PipelineConfig, Stage3Config};
+use super::launch::Role;
+
+use trace_train::config::{self, HardwareConfig, ModelConfig, PipelineConfig, Stage3Config};
 use trace_train::dataset::Source;
+use trace_train::dist::{Communicator, Single};
+use trace_train::progress::{NoProgress, Progress};
 use trace_train::rl::env::{Environment, TraceEnv, WordEnv};
 use trace_train::rl::ppo::{self, RlJob, RlSummary};
 use trace_train::sandbox::{self, Executor, ExecutorConfig};
@@ -84,6 +88,11 @@ pub struct PpoArgs {
     /// `cpu`, `cuda`, `cuda:N` or `auto`.
     #[arg(long)]
     pub device: Option<String>,
+    /// GPUs to train on, one process each (default: the pipeline config's
+    /// `hardware.num_gpus`, else every visible GPU with `--device cuda` or
+    /// `auto`); each samples and scores its share of the groups.
+    #[arg(long)]
+    pub num_gpus: Option<usize>,
     /// Continue from the newest valid `step_N/` checkpoint.
     #[arg(long)]
     pub resume: bool,
@@ -107,6 +116,58 @@ pub struct PpoArgs {
     pub settings: Option<Box<Stage3Config>>,
 }
 
+impl PpoArgs {
+    /// The `ppo` command line of a rank that the pipeline starts: these
+    /// arguments, with the settings read from `settings` (a Stage 3 config
+    /// file) and `world` GPUs.
+    pub fn to_argv(&self, settings: &Path, world: usize) -> Vec<std::ffi::OsString> {
+        let mut v: Vec<std::ffi::OsString> = vec!["ppo".into(), "--config".into(), settings.into()];
+        let mut opt = |flag: &str, value: Option<String>| {
+            if let Some(x) = value {
+                v.push(flag.into());
+                v.push(x.into());
+            }
+        };
+        opt("--model", self.model.clone());
+        opt(
+            "--output_dir",
+            self.output_dir.as_ref().map(|p| p.display().to_string()),
+        );
+        opt(
+            "--pipeline_config",
+            self.pipeline_config
+                .as_ref()
+                .map(|p| p.display().to_string()),
+        );
+        opt("--device", self.device.clone());
+        opt("--num_gpus", Some(world.to_string()));
+        opt("--max_steps", self.max_steps.map(|m| m.to_string()));
+        for (on, flag) in [
+            (self.resume, "--resume"),
+            (self.force, "--force"),
+            (self.no_4bit, "--no_4bit"),
+            (self.quick_test, "--quick_test"),
+            (self.unsafe_no_sandbox, "--unsafe-no-sandbox"),
+        ] {
+            if on {
+                v.push(flag.into());
+            }
+        }
+        v
+    }
+}
+
+/// The pipeline config of `args` (its `model` and `hardware` sections
+/// apply), when one is named or `config/pipeline_config.json` exists.
+fn pipeline_config(args: &PpoArgs) -> anyhow::Result<Option<PipelineConfig>> {
+    let default_file = Path::new("config/pipeline_config.json");
+    Ok(match &args.pipeline_config {
+        Some(p) => Some(config::load(p)?),
+        None if default_file.is_file() => Some(config::load(default_file)?),
+        None => None,
+    })
+}
+
 /// File values, then flags. Every flag is handled here.
 pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
     let default_file = Path::new("config/stage3_ppo_config.json");
@@ -116,13 +177,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
         (None, None) if default_file.is_file() => config::load(default_file)?,
         (None, None) => Stage3Config::default(),
     };
-    let mut model: ModelConfig = match &args.pipeline_config {
-        Some(p) => config::load::<PipelineConfig>(p)?.model,
-        None if Path::new("config/pipeline_config.json").is_file() => {
-            config::load::<PipelineConfig>(Path::new("config/pipeline_config.json"))?.model
-        }
-        None => ModelConfig::default(),
-    };
+    let mut model: ModelConfig = pipeline_config(args)?.map(|p| p.model).unwrap_or_default();
     let c = &mut s3.ppo;
     macro_rules! set {
         ($flag:expr, $field:expr) => {
@@ -239,25 +294,72 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
     })
 }
 
+/// `ppo` from the command line: on one device, or on several GPUs (this
+/// process starts one child a GPU, each child runs one rank).
+pub fn run_command(args: &PpoArgs) -> anyhow::Result<()> {
+    let hardware = pipeline_config(args)?
+        .map(|p| p.hardware)
+        .unwrap_or_else(HardwareConfig::default);
+    let requested = args.num_gpus.or(hardware.num_gpus);
+    match super::launch::role(requested, args.device.as_deref().unwrap_or("auto"))? {
+        Role::Alone => run(args).map(|_| ()),
+        Role::Parent { world } => super::launch::run_children(world),
+        Role::Child(child) => {
+            let args = PpoArgs {
+                device: Some(child.device()),
+                ..args.clone()
+            };
+            let job = resolve(&args)?;
+            let comm = child.communicator(&job.device)?;
+            if child.rank == 0 {
+                run_job(&job, &*comm, &super::progress::Bar::new("step")).map(|_| ())
+            } else {
+                run_job(&job, &*comm, &NoProgress).map(|_| ())
+            }
+        }
+    }
+}
+
+/// Stage 3 on one device.
 pub fn run(args: &PpoArgs) -> anyhow::Result<RlSummary> {
     let job = resolve(args)?;
-    eprintln!(
-        "stage 3: {} on the {} environment, {} steps of {} prompts x {} completions, from `{}`",
-        job.config.algorithm,
-        job.env.name(),
-        job.max_steps
-            .map_or(job.config.num_train_steps as u64, |m| m
-                .min(job.config.num_train_steps as u64)),
-        job.config.batch_size,
-        job.config.group_size(),
-        job.base_dir.display()
-    );
-    let s = ppo::run(&job, &super::progress::Bar::new("step")).map_err(|e| {
+    run_job(&job, &Single, &super::progress::Bar::new("step"))
+}
+
+/// Runs `job` as `comm`'s rank and, on rank 0, reports it.
+fn run_job(
+    job: &RlJob,
+    comm: &dyn Communicator,
+    progress: &dyn Progress,
+) -> anyhow::Result<RlSummary> {
+    let lead = comm.rank() == 0;
+    if lead {
+        eprintln!(
+            "stage 3: {} on the {} environment, {} steps of {} prompts x {} completions, from `{}`{}",
+            job.config.algorithm,
+            job.env.name(),
+            job.max_steps
+                .map_or(job.config.num_train_steps as u64, |m| m
+                    .min(job.config.num_train_steps as u64)),
+            job.config.batch_size,
+            job.config.group_size(),
+            job.base_dir.display(),
+            if comm.world() > 1 {
+                format!(", on {} GPUs", comm.world())
+            } else {
+                String::new()
+            }
+        );
+    }
+    let s = ppo::run_with(job, comm, progress).map_err(|e| {
         super::out_of_memory_hint(
             e,
             "lower batch_size, group_size, mini_batch_size or max_new_tokens; checkpoints written so far are intact, continue with --resume",
         )
     })?;
+    if !lead {
+        return Ok(s);
+    }
     let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}"));
     let counts = super::counts;
     eprintln!(
@@ -282,4 +384,53 @@ pub fn run(args: &PpoArgs) -> anyhow::Result<RlSummary> {
         );
     }
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: PpoArgs,
+    }
+
+    #[test]
+    fn a_rank_reads_the_pipeline_settings_back_from_its_command_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("base model");
+        trace_train::model::tiny::write_tiny_chat_model(&base, 7).unwrap();
+        let mut settings = Stage3Config::default();
+        settings.ppo.algorithm = "grpo".into();
+        settings.ppo.batch_size = 3;
+        settings.ppo.group_size = Some(5);
+        settings.ppo.learning_rate = 1.0e-4 / 3.0;
+        settings.ppo.environment = "word".into();
+        settings.curriculum.enabled = true;
+        let file = dir.path().join("pipeline_stage3_config.json");
+        std::fs::write(&file, serde_json::to_string_pretty(&settings).unwrap()).unwrap();
+        let args = PpoArgs {
+            model: Some(base.display().to_string()),
+            output_dir: Some(dir.path().join("out dir")),
+            device: Some("cpu".into()),
+            resume: true,
+            no_4bit: true,
+            settings: Some(Box::new(settings.clone())),
+            ..PpoArgs::default()
+        };
+        let argv = args.to_argv(&file, 2);
+        assert_eq!(argv[0], "ppo");
+        let mut parse = vec![std::ffi::OsString::from("trace-train")];
+        parse.extend(argv.into_iter().skip(1));
+        let back = Wrap::try_parse_from(parse).unwrap().args;
+        assert_eq!(back.num_gpus, Some(2));
+        assert!(back.resume && back.no_4bit && !back.quick_test);
+        let (job, want) = (resolve(&back).unwrap(), resolve(&args).unwrap());
+        let json = |j: &RlJob| serde_json::to_value((&j.config, &j.curriculum)).unwrap();
+        assert_eq!(json(&job), json(&want));
+        assert_eq!(job.config.group_size, Some(5));
+        assert_eq!(job.output_dir, dir.path().join("out dir"));
+    }
 }

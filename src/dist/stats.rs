@@ -10,7 +10,10 @@
 //! rather than from sums of squares, which lose digits when the mean is
 //! large against the spread.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
+
+use anyhow::Context;
 
 use candle_core::{DType, Tensor};
 
@@ -194,6 +197,61 @@ pub fn global_count(comm: &dyn Communicator, n: usize) -> anyhow::Result<usize> 
     Ok(comm.sum_f64(&[n as f64])?[0].round() as usize)
 }
 
+/// Every rank's `values`, whatever their lengths, in rank order (two
+/// collectives: the lengths, then the values padded to the longest).
+pub fn all_gather_varlen(comm: &dyn Communicator, values: &[f64]) -> anyhow::Result<Vec<Vec<f64>>> {
+    if comm.world() == 1 {
+        return Ok(vec![values.to_vec()]);
+    }
+    let lens: Vec<usize> = comm
+        .all_gather_f64(&[values.len() as f64])?
+        .iter()
+        .map(|v| v[0] as usize)
+        .collect();
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    let mut padded = values.to_vec();
+    padded.resize(longest, 0.0);
+    let all = comm.all_gather_f64(&padded)?;
+    Ok(all
+        .into_iter()
+        .zip(lens)
+        .map(|(mut v, n)| {
+            v.truncate(n);
+            v
+        })
+        .collect())
+}
+
+/// Named counts (masked completions by reason, ...) summed over all ranks,
+/// whatever names each rank saw: each rank's names travel as their bytes.
+pub fn sum_counts(
+    comm: &dyn Communicator,
+    counts: &BTreeMap<String, u64>,
+) -> anyhow::Result<BTreeMap<String, u64>> {
+    if comm.world() == 1 {
+        return Ok(counts.clone());
+    }
+    let mut flat = Vec::new();
+    for (name, n) in counts {
+        flat.push(name.len() as f64);
+        flat.extend(name.bytes().map(f64::from));
+        flat.push(*n as f64);
+    }
+    let mut out = BTreeMap::new();
+    for v in all_gather_varlen(comm, &flat)? {
+        let mut at = 0;
+        while at < v.len() {
+            let len = v[at] as usize;
+            let bytes: Vec<u8> = v[at + 1..at + 1 + len].iter().map(|&b| b as u8).collect();
+            let name =
+                String::from_utf8(bytes).context("a rank sent a count name that is not UTF-8")?;
+            *out.entry(name).or_default() += v[at + 1 + len] as u64;
+            at += len + 2;
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +274,34 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-12 * (1.0 + a.abs().max(b.abs()))
+    }
+
+    #[test]
+    fn ragged_gathers_and_named_counts_combine_every_rank() {
+        let out = run_ranks(3, |c| {
+            let mine: Vec<f64> = (0..c.rank() * 2)
+                .map(|i| (10 * c.rank() + i) as f64)
+                .collect();
+            let gathered = all_gather_varlen(&c, &mine)?;
+            let mut counts = BTreeMap::new();
+            counts.insert("truncated".to_string(), 1 + c.rank() as u64);
+            if c.rank() == 2 {
+                counts.insert("sandbox_failure".to_string(), 5);
+            }
+            Ok((gathered, sum_counts(&c, &counts)?))
+        })
+        .unwrap();
+        for (gathered, counts) in out {
+            assert_eq!(
+                gathered,
+                vec![vec![], vec![10.0, 11.0], vec![20.0, 21.0, 22.0, 23.0]]
+            );
+            assert_eq!(counts.len(), 2);
+            assert_eq!(counts["truncated"], 1 + 2 + 3);
+            assert_eq!(counts["sandbox_failure"], 5);
+        }
+        let one: BTreeMap<String, u64> = [("x".to_string(), 2)].into();
+        assert_eq!(sum_counts(&Single, &one).unwrap(), one);
     }
 
     #[test]

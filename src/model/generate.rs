@@ -88,8 +88,11 @@ pub struct Sampling {
     /// "Hierarchical Neural Story Generation", sec. 5.4), before top-p;
     /// 0 keeps every token.
     pub top_k: usize,
-    /// Prompt `i` draws from the stream `(seed, i)`.
+    /// Prompt `i` draws from the stream `(seed, first_stream + i)`.
     pub seed: u64,
+    /// The stream of the first prompt: a batch split over ranks (each
+    /// passing where its share starts) draws what the whole batch would.
+    pub first_stream: u64,
 }
 
 impl Default for Sampling {
@@ -100,6 +103,7 @@ impl Default for Sampling {
             top_p: 1.0,
             top_k: 0,
             seed: 0,
+            first_stream: 0,
         }
     }
 }
@@ -160,7 +164,10 @@ pub fn sample(
         candle_core::bail!("top_p must be in (0, 1], not {top_p}");
     }
     let mut rngs: Vec<Rng> = (0..prompts.len())
-        .map(|i| Rng::for_tensor(sampling.seed, &format!("sample/{i}")))
+        .map(|i| {
+            let stream = sampling.first_stream + i as u64;
+            Rng::for_tensor(sampling.seed, &format!("sample/{stream}"))
+        })
         .collect();
     let mut pick = |logits: &Tensor, live: &[(usize, usize)]| -> Result<Vec<(u32, f32)>> {
         #[cfg(feature = "cuda")]
@@ -850,11 +857,24 @@ mod cuda_tests {
             top_k: 40,
             top_p: 0.9,
             seed: 5,
+            first_stream: 0,
         };
         let a = sample(&m.model, &prompts, 8, &[], 0, 0, &s, &dev).unwrap();
         let b = sample(&m.model, &prompts, 8, &[], 0, 2, &s, &dev).unwrap();
         for (x, y) in a.iter().zip(&b) {
             assert_eq!(x.tokens, y.tokens, "continuous batching on the GPU");
+        }
+        // The batch split in two (as over two ranks) draws the same.
+        let tail = Sampling {
+            first_stream: 1,
+            ..s
+        };
+        let c = sample(&m.model, &prompts[1..], 8, &[], 0, 0, &tail, &dev).unwrap();
+        for (x, y) in a[1..].iter().zip(&c) {
+            assert_eq!(
+                x.tokens, y.tokens,
+                "a share of the batch from its first stream"
+            );
         }
         for (gens, t) in [(&g, 1.0), (&a, 0.8)] {
             for (p, out) in prompts.iter().zip(gens) {

@@ -68,6 +68,12 @@ pub fn mean_std(rows: &[Vec<f64>]) -> (f64, f64) {
 /// `(x - mean) / (std + 1e-8)` over the valid tokens of the whole batch.
 pub fn whiten(rows: &mut [Vec<f64>]) {
     let (mean, std) = mean_std(rows);
+    whiten_with(rows, mean, std);
+}
+
+/// [`whiten`] with the mean and standard deviation given (over every
+/// rank's tokens, when a batch is split over ranks).
+pub fn whiten_with(rows: &mut [Vec<f64>], mean: f64, std: f64) {
     for x in rows.iter_mut().flatten() {
         *x = (*x - mean) / (std + 1e-8);
     }

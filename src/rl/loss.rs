@@ -38,18 +38,26 @@ impl Aggregation {
 /// The weight of each token (completions of `lens` tokens, end to end) so
 /// that `sum(w * x)` is the aggregate of `x`.
 pub fn weights(agg: Aggregation, lens: &[usize]) -> Vec<f32> {
+    let each = completion_weights(agg, lens);
+    lens.iter()
+        .zip(each)
+        .flat_map(|(&len, w)| std::iter::repeat_n(w as f32, len))
+        .collect()
+}
+
+/// The weight every token of each completion gets in [`weights`]: the
+/// same for all tokens of one completion under every aggregation, so a
+/// minibatch split over ranks weighs its tokens as the whole would.
+pub fn completion_weights(agg: Aggregation, lens: &[usize]) -> Vec<f64> {
     let total: usize = lens.iter().sum();
     let n = lens.iter().filter(|&&l| l > 0).count().max(1) as f64;
-    let mut w = Vec::with_capacity(total);
-    for &len in lens {
-        let each = match agg {
+    lens.iter()
+        .map(|&len| match agg {
             Aggregation::TokenMean => 1.0 / total.max(1) as f64,
             Aggregation::SeqMean => 1.0 / (n * len.max(1) as f64),
             Aggregation::DrGrpo { max_len } => 1.0 / (n * max_len.max(1) as f64),
-        };
-        w.extend(std::iter::repeat_n(each as f32, len));
-    }
-    w
+        })
+        .collect()
 }
 
 /// A KL estimator of KL(p || p_ref) from one sample `x ~ p` (Schulman 2020,

@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{CurriculumConfig, ModelConfig, RlConfig};
 use crate::data::{ChatTokenizer, Message, Role};
+use crate::dist::{self, Communicator, Single, stats};
 use crate::model::generate::{self, Generation, Sampling};
 use crate::model::lora::{LoraConfig, set_dropout_seed, without_adapters};
 use crate::model::{self, LoadedModel};
@@ -45,11 +46,11 @@ use crate::train::sft::{
     write_adapter_and_merged,
 };
 
-use super::advantage::{gae, group_advantages, informative, token_rewards, whiten};
+use super::advantage::{gae, group_advantages, informative, token_rewards, whiten_with};
 use super::curriculum::Curriculum;
 use super::env::{Environment, Score, Task, TaskStream};
 use super::loss::{
-    Aggregation, KlEstimator, clipped_policy_loss, clipped_value_loss, entropy, weights,
+    Aggregation, KlEstimator, clipped_policy_loss, clipped_value_loss, completion_weights, entropy,
 };
 use super::value::ValueHead;
 
@@ -253,15 +254,27 @@ impl Policy {
 
     /// Samples one completion of each prompt from the live model.
     pub fn sample(&self, prompts: &[Vec<u32>], seed: u64) -> anyhow::Result<Vec<Generation>> {
+        self.sample_share(prompts, seed, 0)
+    }
+
+    /// [`Policy::sample`] of one rank's share of a batch whose first prompt
+    /// here is the batch's `first` (its draws are the whole batch's).
+    pub fn sample_share(
+        &self,
+        prompts: &[Vec<u32>],
+        seed: u64,
+        first: u64,
+    ) -> anyhow::Result<Vec<Generation>> {
+        if prompts.is_empty() {
+            return Ok(Vec::new());
+        }
         let c = &self.cfg;
-        // Settings the sampler adds later take their defaults.
-        #[allow(clippy::needless_update)]
         let sampling = Sampling {
             temperature: c.temperature,
             top_p: c.top_p,
             top_k: c.top_k,
             seed,
-            ..Default::default()
+            first_stream: first,
         };
         Ok(generate::sample(
             &self.loaded.model,
@@ -367,6 +380,17 @@ impl Policy {
 
     /// Advantages and returns of `samples` (old log-probs and values filled).
     pub fn advantages(&self, samples: &mut [Sample]) {
+        self.advantages_with(samples, &Single)
+            .expect("one rank exchanges nothing");
+    }
+
+    /// [`Policy::advantages`] of this rank's share of a batch: GRPO's groups
+    /// are whole on one rank; PPO whitens over every rank's tokens.
+    pub fn advantages_with(
+        &self,
+        samples: &mut [Sample],
+        comm: &dyn Communicator,
+    ) -> anyhow::Result<()> {
         let c = &self.cfg;
         if c.is_grpo() {
             let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
@@ -400,12 +424,15 @@ impl Policy {
                     .iter_mut()
                     .map(|s| std::mem::take(&mut s.advantages))
                     .collect();
-                whiten(&mut rows);
+                let flat: Vec<f64> = rows.iter().flatten().copied().collect();
+                let m = stats::moments(comm, &flat)?;
+                whiten_with(&mut rows, m.mean, m.var.sqrt());
                 for (s, a) in samples.iter_mut().zip(rows) {
                     s.advantages = a;
                 }
             }
         }
+        Ok(())
     }
 
     /// `ppo_epochs` passes of minibatches over `samples` (advantages
@@ -416,71 +443,66 @@ impl Policy {
         step: u64,
         lr: f64,
     ) -> anyhow::Result<UpdateStats> {
+        let layout = Layout::alone(samples);
+        self.update_with(samples, &layout, step, lr, &Single)
+    }
+
+    /// [`Policy::update`] of this rank's share (`samples`, placed in the
+    /// whole batch by `layout`): every rank walks the same shuffled
+    /// minibatches of the whole batch, computes the loss of its own
+    /// members with the whole minibatch's token weights, and the gradients
+    /// are summed over ranks before clipping and the step, so N ranks train
+    /// as one process would on the whole batch.
+    pub fn update_with(
+        &mut self,
+        samples: &[Sample],
+        layout: &Layout,
+        step: u64,
+        lr: f64,
+        comm: &dyn Communicator,
+    ) -> anyhow::Result<UpdateStats> {
         let c = self.cfg.clone();
+        anyhow::ensure!(
+            layout.mine.len() == samples.len(),
+            "{} samples but {} places in the batch",
+            samples.len(),
+            layout.mine.len()
+        );
+        let local: BTreeMap<usize, usize> = layout
+            .mine
+            .iter()
+            .enumerate()
+            .map(|(l, &g)| (g, l))
+            .collect();
         let mut st = UpdateStats::default();
         let dev = self.loaded.device.clone();
+        let n_adapter = self.opt.vars().len();
         for epoch in 0..c.ppo_epochs {
-            // A seeded shuffle of the samples for this epoch.
-            let mut order: Vec<usize> = (0..samples.len()).collect();
+            // A seeded shuffle of the whole batch for this epoch.
+            let mut order: Vec<usize> = (0..layout.lens.len()).collect();
             order.sort_by_key(|&i| mix(c.seed ^ 0x5eed, step, (epoch * 1_000_003 + i) as u64));
             for (mbi, chunk) in order.chunks(c.mini_batch_size.max(1)).enumerate() {
-                let mb: Vec<&Sample> = chunk.iter().map(|&i| &samples[i]).collect();
-                let cat = |f: &dyn Fn(&Sample) -> &Vec<f64>| -> candle_core::Result<Tensor> {
-                    let v: Vec<f32> = mb
-                        .iter()
-                        .flat_map(|s| f(s).iter().map(|&x| x as f32))
-                        .collect();
-                    let n = v.len();
-                    Tensor::from_vec(v, n, &dev)
-                };
-                let old = cat(&|s| &s.old_logp)?;
-                let adv = cat(&|s| &s.advantages)?;
-                let p = self.pack(&mb)?;
-                let w = weights(self.agg, &p.lens);
-                let n = w.len();
-                let w = Tensor::from_vec(w, n, &dev)?;
+                let lens: Vec<usize> = chunk.iter().map(|&g| layout.lens[g]).collect();
+                let cw = completion_weights(self.agg, &lens);
+                // This rank's members of the minibatch, with their weights.
+                let (mb, mw): (Vec<&Sample>, Vec<f64>) = chunk
+                    .iter()
+                    .zip(&cw)
+                    .filter_map(|(g, &w)| local.get(g).map(|&l| (&samples[l], w)))
+                    .unzip();
                 set_dropout_seed(mix(c.seed, step, (epoch * 10_007 + mbi) as u64));
-                let (logp, ent, rows) = self.forward(&p, true)?;
-                let (pg, clip) =
-                    clipped_policy_loss(&logp, &old, &adv, &w, c.clip_low, c.clip_high)?;
-                let ent_mean = (&ent * &w)?.sum_all()?;
-                let mut loss = pg.clone();
-                if c.entropy_coef > 0.0 {
-                    loss = (loss - (&ent_mean * c.entropy_coef)?)?;
-                }
-                let mut kl_val = 0.0;
-                if c.is_grpo() && c.kl_coef() > 0.0 {
-                    let rf = cat(&|s| &s.ref_logp)?;
-                    let kl = (self.kl.tensor(&logp, &rf)? * &w)?.sum_all()?;
-                    kl_val = kl.to_scalar::<f32>()? as f64;
-                    loss = (loss + (kl * c.kl_coef())?)?;
-                }
-                let mut vl_val = 0.0;
-                if let Some(head) = &self.value {
-                    let v = head.forward(&rows)?;
-                    let vl = clipped_value_loss(
-                        &v,
-                        &cat(&|s| &s.old_values)?,
-                        &cat(&|s| &s.returns)?,
-                        &w,
-                        c.value_clip,
-                    )?;
-                    vl_val = vl.to_scalar::<f32>()? as f64;
-                    loss = (loss + (vl * c.vf_coef)?)?;
-                }
-                let loss_val = loss.to_scalar::<f32>()? as f64;
-                let grads = self.loaded.model.backward(&loss)?;
-                let g = self.opt.gradients(&grads)?;
-                let norm = AdamW::grad_norm(&g)?;
-                let vg = match &self.value_opt {
-                    Some(o) => Some(o.gradients(&grads)?),
-                    None => None,
+                let (grads, local_sums) = if mb.is_empty() {
+                    (self.zero_gradients()?, [0.0; 7])
+                } else {
+                    self.member_gradients(&mb, &mw, &dev)?
                 };
-                let vnorm = match &vg {
-                    Some(g) => AdamW::grad_norm(g)?,
-                    None => 0.0,
-                };
-                if !loss_val.is_finite() || !norm.is_finite() || !vnorm.is_finite() {
+                // [policy loss, entropy, kl, value loss, loss, clipped, tokens]
+                let sums = comm.sum_f64(&local_sums)?;
+                let grads = dist::all_reduce_sum(comm, &grads)?;
+                let (g, vg) = grads.split_at(n_adapter);
+                let norm = AdamW::grad_norm(g)?;
+                let vnorm = AdamW::grad_norm(vg)?;
+                if !sums[4].is_finite() || !norm.is_finite() || !vnorm.is_finite() {
                     tracing::warn!("step {step}: non-finite loss or gradient, minibatch skipped");
                     st.skipped_minibatches += 1;
                     continue;
@@ -492,15 +514,15 @@ impl Policy {
                         1.0
                     }
                 };
-                self.opt.step(&g, lr, scale(norm))?;
-                if let (Some(o), Some(g)) = (&mut self.value_opt, &vg) {
-                    o.step(g, c.value_learning_rate, scale(vnorm))?;
+                self.opt.step(g, lr, scale(norm))?;
+                if let Some(o) = &mut self.value_opt {
+                    o.step(vg, c.value_learning_rate, scale(vnorm))?;
                 }
-                st.policy_loss += pg.to_scalar::<f32>()? as f64;
-                st.value_loss += vl_val;
-                st.entropy += ent_mean.to_scalar::<f32>()? as f64;
-                st.clip_fraction += clip;
-                st.kl_loss += kl_val;
+                st.policy_loss += sums[0];
+                st.entropy += sums[1];
+                st.kl_loss += sums[2];
+                st.value_loss += sums[3];
+                st.clip_fraction += sums[5] / sums[6].max(1.0);
                 st.grad_norm += norm;
                 st.minibatches += 1;
             }
@@ -517,6 +539,104 @@ impl Policy {
             *x /= k;
         }
         Ok(st)
+    }
+
+    /// The loss of this rank's members `mb` of a minibatch (token weights
+    /// `w` a member, from the whole minibatch) and its gradients: the
+    /// adapter's, then the value head's; and the sums the ranks add up:
+    /// policy loss, entropy, KL, value loss, total loss, clipped tokens,
+    /// tokens.
+    fn member_gradients(
+        &self,
+        mb: &[&Sample],
+        w: &[f64],
+        dev: &Device,
+    ) -> anyhow::Result<(Vec<Tensor>, [f64; 7])> {
+        let c = &self.cfg;
+        let cat = |f: &dyn Fn(&Sample) -> &Vec<f64>| -> candle_core::Result<Tensor> {
+            let v: Vec<f32> = mb
+                .iter()
+                .flat_map(|s| f(s).iter().map(|&x| x as f32))
+                .collect();
+            let n = v.len();
+            Tensor::from_vec(v, n, dev)
+        };
+        let old = cat(&|s| &s.old_logp)?;
+        let adv = cat(&|s| &s.advantages)?;
+        let p = self.pack(mb)?;
+        let w: Vec<f32> = p
+            .lens
+            .iter()
+            .zip(w)
+            .flat_map(|(&len, &w)| std::iter::repeat_n(w as f32, len))
+            .collect();
+        let n = w.len();
+        let w = Tensor::from_vec(w, n, dev)?;
+        let (logp, ent, rows) = self.forward(&p, true)?;
+        let (pg, clip) = clipped_policy_loss(&logp, &old, &adv, &w, c.clip_low, c.clip_high)?;
+        let ent_mean = (&ent * &w)?.sum_all()?;
+        let mut loss = pg.clone();
+        if c.entropy_coef > 0.0 {
+            loss = (loss - (&ent_mean * c.entropy_coef)?)?;
+        }
+        let mut kl_val = 0.0;
+        if c.is_grpo() && c.kl_coef() > 0.0 {
+            let rf = cat(&|s| &s.ref_logp)?;
+            let kl = (self.kl.tensor(&logp, &rf)? * &w)?.sum_all()?;
+            kl_val = kl.to_scalar::<f32>()? as f64;
+            loss = (loss + (kl * c.kl_coef())?)?;
+        }
+        let mut vl_val = 0.0;
+        if let Some(head) = &self.value {
+            let v = head.forward(&rows)?;
+            let vl = clipped_value_loss(
+                &v,
+                &cat(&|s| &s.old_values)?,
+                &cat(&|s| &s.returns)?,
+                &w,
+                c.value_clip,
+            )?;
+            vl_val = vl.to_scalar::<f32>()? as f64;
+            loss = (loss + (vl * c.vf_coef)?)?;
+        }
+        let loss_val = loss.to_scalar::<f32>()? as f64;
+        let grads = self.loaded.model.backward(&loss)?;
+        let mut g = self.opt.gradients(&grads)?;
+        if let Some(o) = &self.value_opt {
+            g.extend(o.gradients(&grads)?);
+        }
+        let tokens = n as f64;
+        Ok((
+            g,
+            [
+                pg.to_scalar::<f32>()? as f64,
+                ent_mean.to_scalar::<f32>()? as f64,
+                kl_val,
+                vl_val,
+                loss_val,
+                clip * tokens,
+                tokens,
+            ],
+        ))
+    }
+
+    /// Zeros in the shapes of the adapter's and the value head's gradients:
+    /// the share of a rank with no member in a minibatch.
+    fn zero_gradients(&self) -> candle_core::Result<Vec<Tensor>> {
+        self.trainable_vars()
+            .iter()
+            .map(|v| v.as_tensor().zeros_like())
+            .collect()
+    }
+
+    /// The adapter's variables, then the value head's (the order of the
+    /// gradients).
+    fn trainable_vars(&self) -> Vec<candle_core::Var> {
+        let mut v: Vec<candle_core::Var> = self.opt.vars().iter().map(|(_, v)| v.clone()).collect();
+        if let Some(o) = &self.value_opt {
+            v.extend(o.vars().iter().map(|(_, v)| v.clone()));
+        }
+        v
     }
 
     /// The trainable tensors (adapter and value head) by name.
@@ -560,6 +680,26 @@ impl Policy {
             o.load_state(&ck.optim, rl.value_optimizer_steps)?;
         }
         Ok(())
+    }
+}
+
+/// Where a rank's samples sit in the whole batch of a step.
+#[derive(Debug, Clone, Default)]
+pub struct Layout {
+    /// Completion lengths (with the stop token) of the whole batch, every
+    /// rank's samples in batch order.
+    pub lens: Vec<usize>,
+    /// The batch position of each of this rank's samples.
+    pub mine: Vec<usize>,
+}
+
+impl Layout {
+    /// One rank holding the whole batch.
+    pub fn alone(samples: &[Sample]) -> Self {
+        Self {
+            lens: samples.iter().map(|s| s.response.len()).collect(),
+            mine: (0..samples.len()).collect(),
+        }
     }
 }
 
@@ -616,9 +756,35 @@ fn draw(
     })
 }
 
+/// One run on one device.
 pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
+    run_with(job, &Single, progress)
+}
+
+/// One rank of a run over `comm`'s ranks (every rank calls it with the same
+/// job, on its own device); with [`Single`], the one-device run.
+///
+/// Every rank draws the same tasks from its own copy of the task stream
+/// (same seed, same cursor) and samples and scores its block of the groups
+/// ([`stats::groups_of_rank`]: whole groups, so GRPO's group statistics stay
+/// on one rank), drawing the random numbers the whole batch would. What
+/// needs the whole batch is combined: the kept-group count that decides
+/// dynamic sampling's rounds, the rewards the curriculum and the metrics
+/// see, PPO's whitening, the minibatches' token weights and the gradients.
+/// Rank 0 alone logs and writes.
+pub fn run_with(
+    job: &RlJob,
+    comm: &dyn Communicator,
+    progress: &dyn Progress,
+) -> anyhow::Result<RlSummary> {
     let cfg = &job.config;
-    let _lock = RunLock::acquire(&job.output_dir)?;
+    let (rank, world) = (comm.rank(), comm.world());
+    let lead = rank == 0;
+    let _lock = if lead {
+        Some(RunLock::acquire(&job.output_dir)?)
+    } else {
+        None
+    };
     let stop = stop_flag()?;
 
     // 1. Model, value head, optimizers; fresh start or resume.
@@ -651,10 +817,16 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
     let mut rl = RlState::default();
     let mut curriculum = Curriculum::new(&job.curriculum);
     let mut resumed_from = None;
-    match (
-        job.resume,
-        checkpoint::latest_as(&job.output_dir, STEP_PREFIX, &job.device)?,
-    ) {
+    // Rank 0 looks first (it removes interrupted saves), the others after.
+    let latest = if lead {
+        let l = checkpoint::latest_as(&job.output_dir, STEP_PREFIX, &job.device)?;
+        comm.barrier()?;
+        l
+    } else {
+        comm.barrier()?;
+        checkpoint::latest_as(&job.output_dir, STEP_PREFIX, &job.device)?
+    };
+    match (job.resume, latest) {
         (true, Some(ck)) => {
             let diff = fingerprint.differences(&ck.state.fingerprint);
             if !diff.is_empty() && !job.force {
@@ -684,7 +856,19 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
         ),
         (_, None) => {}
     }
-    let mut metrics = Metrics::open(&job.output_dir, resumed_from)?;
+    // Every rank starts from rank 0's adapter and value head.
+    if world > 1 {
+        let vars = policy.trainable_vars();
+        let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+        for (v, t) in vars.iter().zip(dist::broadcast(comm, &ts, 0)?) {
+            v.set(&t)?;
+        }
+    }
+    let mut metrics = if lead {
+        Some(Metrics::open(&job.output_dir, resumed_from)?)
+    } else {
+        None
+    };
     let group = cfg.group_size();
     let mut stream = TaskStream::start(
         Arc::clone(&job.env),
@@ -702,30 +886,42 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
         let t_step = Instant::now();
         let (mut env_secs, mut sample_secs) = (0.0, 0.0);
         let mut s = BTreeMap::<String, f64>::new();
+        // This rank's samples, and the whole batch's layout.
         let mut batch: Vec<Sample> = Vec::new();
+        let mut layout = Layout::default();
+        // Every rank's scored completions (reward, bucket), in batch order.
         let mut scored: Vec<(f64, Option<usize>)> = Vec::new();
-        let mut masked_now = 0u64;
-        let (mut groups_seen, mut groups_zero_var, mut new_tokens, mut stopped) =
-            (0usize, 0usize, 0usize, 0usize);
+        let mut masked_now = BTreeMap::<String, u64>::new();
+        // This rank's counts, summed over ranks at the end of the step.
+        let (mut zero_var, mut dropped, mut new_tokens, mut stopped) =
+            (0usize, 0u64, 0usize, 0usize);
+        let mut groups_seen = 0usize;
         let mut round = 0usize;
         let mut kept_groups = 0usize;
         loop {
             let want = cfg.batch_size - kept_groups;
             let d = draw(&mut stream, &policy, &mut rl, &mut curriculum, want, step)?;
             env_secs += d.env_secs;
+            let share = stats::groups_of_rank(d.tasks.len(), world, rank);
+            let mine = &d.tasks[share.clone()];
             let t0 = Instant::now();
-            let prompts: Vec<Vec<u32>> = d
-                .tasks
+            let prompts: Vec<Vec<u32>> = mine
                 .iter()
                 .flat_map(|(_, ids, _)| std::iter::repeat_n(ids.clone(), group))
                 .collect();
-            let gens = policy.sample(&prompts, mix(cfg.seed, step, round as u64))?;
+            let gens = policy.sample_share(
+                &prompts,
+                mix(cfg.seed, step, round as u64),
+                (share.start * group) as u64,
+            )?;
             sample_secs += t0.elapsed().as_secs_f64();
             let t1 = Instant::now();
-            for (gi, (task, ids, bucket)) in d.tasks.iter().enumerate() {
-                let gid = groups_seen;
+            let (mut kept_here, mut scored_here, mut members_here) =
+                (0usize, Vec::new(), Vec::new());
+            for (k, (task, ids, bucket)) in mine.iter().enumerate() {
+                let gid = groups_seen + share.start + k;
                 let mut members = Vec::new();
-                for g in &gens[gi * group..(gi + 1) * group] {
+                for g in &gens[k * group..(k + 1) * group] {
                     new_tokens += g.tokens.len();
                     stopped += g.stopped as usize;
                     let text = policy.tok.decode(&g.tokens, true)?;
@@ -736,32 +932,53 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
                     };
                     match outcome {
                         Score::Reward(r) => {
-                            scored.push((r, *bucket));
+                            scored_here.push(r);
+                            scored_here.push(bucket.map_or(-1.0, |b| b as f64));
                             let mut smp = Sample::new(gid, ids.clone(), g, policy.stop_id(), r);
                             smp.bucket = *bucket;
                             members.push(smp);
                         }
                         Score::Masked(why) => {
-                            masked_now += 1;
-                            *rl.masked.entry(why).or_default() += 1;
+                            *masked_now.entry(why).or_default() += 1;
                         }
                     }
                 }
-                groups_seen += 1;
                 let rewards: Vec<f64> = members.iter().map(|m| m.reward).collect();
                 if group > 1 && !informative(&rewards) {
-                    groups_zero_var += 1;
+                    zero_var += 1;
                     if cfg.is_grpo() && cfg.dynamic_sampling {
-                        rl.dropped_groups += 1;
+                        dropped += 1;
                         continue;
                     }
                 }
                 members.retain(|m| !m.response.is_empty());
                 if !members.is_empty() {
-                    batch.extend(members);
-                    kept_groups += 1;
+                    members_here.extend(members);
+                    kept_here += 1;
                 }
             }
+            // The round over every rank: kept groups, scores, lengths.
+            let mut mine_flat = vec![kept_here as f64, (scored_here.len() / 2) as f64];
+            mine_flat.extend(&scored_here);
+            mine_flat.extend(members_here.iter().map(|m| m.response.len() as f64));
+            let all = stats::all_gather_varlen(comm, &mine_flat)?;
+            for (r, v) in all.iter().enumerate() {
+                kept_groups += v[0] as usize;
+                let n = v[1] as usize;
+                for pair in v[2..2 + 2 * n].chunks(2) {
+                    scored.push((pair[0], (pair[1] >= 0.0).then_some(pair[1] as usize)));
+                }
+                if r == rank {
+                    layout
+                        .mine
+                        .extend(layout.lens.len()..layout.lens.len() + members_here.len());
+                }
+                layout
+                    .lens
+                    .extend(v[2 + 2 * n..].iter().map(|&l| l as usize));
+            }
+            batch.extend(members_here);
+            groups_seen += d.tasks.len();
             env_secs += t1.elapsed().as_secs_f64();
             round += 1;
             let short = kept_groups < cfg.batch_size;
@@ -777,40 +994,64 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
         let t_train = Instant::now();
         let lr = cfg.learning_rate;
         let mut up = UpdateStats::default();
-        let mut kl_mean = 0.0;
-        let mut mismatch = None;
+        let (mut kl_sum, mut kl_n, mut mm_sum, mut mm_max, mut mm_n) =
+            (0.0, 0usize, 0.0f64, 0.0f64, 0usize);
         let mut seq_tokens = 0usize;
-        if !batch.is_empty() {
+        if !layout.lens.is_empty() {
             policy.score_old(&mut batch)?;
-            policy.advantages(&mut batch);
-            let (mut k, mut n) = (0.0, 0usize);
+            policy.advantages_with(&mut batch, comm)?;
             for smp in &batch {
                 for (&lp, &rp) in smp.old_logp.iter().zip(&smp.ref_logp) {
-                    k += KlEstimator::K1.value(lp, rp);
-                    n += 1;
+                    kl_sum += KlEstimator::K1.value(lp, rp);
+                    kl_n += 1;
                 }
                 seq_tokens += smp.prompt.len() + smp.response.len();
-            }
-            kl_mean = k / n.max(1) as f64;
-            // The sampler's log-probs against the trainer's forward on the
-            // same tokens (kernels, batching and dtype differ).
-            let (mut sum, mut max, mut m) = (0.0f64, 0.0f64, 0usize);
-            for smp in &batch {
+                // The sampler's log-probs against the trainer's forward on
+                // the same tokens (kernels, batching and dtype differ).
                 for (&a, &b) in smp.sampler_logp.iter().zip(&smp.old_logp) {
                     let d = (a as f64 - b).abs();
-                    sum += d;
-                    max = max.max(d);
-                    m += 1;
+                    mm_sum += d;
+                    mm_max = mm_max.max(d);
+                    mm_n += 1;
                 }
             }
-            if m > 0 {
-                mismatch = Some((sum / m as f64, max));
-            }
-            up = policy.update(&batch, step, lr)?;
+            up = policy.update_with(&batch, &layout, step, lr, comm)?;
         } else {
             state.skipped_steps += 1;
         }
         let train_secs = t_train.elapsed().as_secs_f64();
+
+        // The step's counts over every rank.
+        let local = [
+            zero_var as f64,
+            dropped as f64,
+            new_tokens as f64,
+            stopped as f64,
+            seq_tokens as f64,
+            kl_sum,
+            kl_n as f64,
+            mm_sum,
+            mm_n as f64,
+            mm_max,
+            f64::from(u8::from(stop.load(Ordering::Relaxed))),
+        ];
+        let all = comm.all_gather_f64(&local)?;
+        let total = |i: usize| all.iter().map(|v| v[i]).sum::<f64>();
+        let (zero_var, dropped, new_tokens, stopped, seq_tokens) =
+            (total(0), total(1) as u64, total(2), total(3), total(4));
+        let kl_mean = total(5) / total(6).max(1.0);
+        let mismatch = (total(8) > 0.0).then(|| {
+            (
+                total(7) / total(8),
+                all.iter().map(|v| v[9]).fold(0.0, f64::max),
+            )
+        });
+        let stopping = total(10) > 0.0;
+        let masked_now = stats::sum_counts(comm, &masked_now)?;
+        for (why, n) in &masked_now {
+            *rl.masked.entry(why.clone()).or_default() += n;
+        }
+        rl.dropped_groups += dropped;
         state.step += 1;
         state.tokens_seen += seq_tokens as u64;
 
@@ -823,14 +1064,15 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
         let mut put = |k: &str, v: f64| {
             s.insert(k.to_owned(), v);
         };
+        let sampled = (groups_seen * group).max(1) as f64;
         put("reward", reward_mean);
         put(
             "accuracy",
             rewards.iter().filter(|&&r| r == 1.0).count() as f64 / n_scored,
         );
         put("scored", rewards.len() as f64);
-        put("trained_samples", batch.len() as f64);
-        put("masked", masked_now as f64);
+        put("trained_samples", layout.lens.len() as f64);
+        put("masked", masked_now.values().sum::<u64>() as f64);
         put("kl", kl_mean);
         put("kl_loss", up.kl_loss);
         put("clip_fraction", up.clip_fraction);
@@ -840,33 +1082,21 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
         put("lr", lr);
         put(
             "frac_zero_variance_groups",
-            if groups_seen > 0 {
-                groups_zero_var as f64 / groups_seen as f64
-            } else {
-                0.0
-            },
+            zero_var / groups_seen.max(1) as f64,
         );
         put("sampling_rounds", round as f64);
-        put(
-            "response_tokens_mean",
-            new_tokens as f64 / (groups_seen * group).max(1) as f64,
-        );
-        put(
-            "stopped_fraction",
-            stopped as f64 / (groups_seen * group).max(1) as f64,
-        );
+        put("response_tokens_mean", new_tokens / sampled);
+        put("stopped_fraction", stopped / sampled);
         put("time_sample_s", sample_secs);
         put("time_env_s", env_secs);
         put("time_train_s", train_secs);
-        put(
-            "sample_tokens_per_s",
-            new_tokens as f64 / sample_secs.max(1e-9),
-        );
-        put(
-            "tokens_per_s",
-            (seq_tokens as f64 + new_tokens as f64) / secs.max(1e-9),
-        );
+        // Rank 0's sampling time; every rank's tokens.
+        put("sample_tokens_per_s", new_tokens / sample_secs.max(1e-9));
+        put("tokens_per_s", (seq_tokens + new_tokens) / secs.max(1e-9));
         put("task_cursor", rl.cursor as f64);
+        if world > 1 {
+            put("world_size", world as f64);
+        }
         if policy.value.is_some() {
             put("value_loss", up.value_loss);
         }
@@ -897,7 +1127,9 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
         for (why, n) in &rl.skipped_tasks {
             s.insert(format!("skipped_tasks_total/{why}"), *n as f64);
         }
-        metrics.log(state.step, &s)?;
+        if let Some(m) = &mut metrics {
+            m.log(state.step, &s)?;
+        }
         progress.set(state.step);
         progress.status(&format!(
             "reward {reward_mean:.3} kl {kl_mean:.4} clip {:.3}{} {:.0} tok/s",
@@ -910,18 +1142,20 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
             s["tokens_per_s"]
         ));
 
-        let stopping = stop.load(Ordering::Relaxed);
         let periodic = cfg.save_steps > 0 && state.step.is_multiple_of(cfg.save_steps as u64);
         if (periodic || stopping) && state.step < total_steps {
-            save(
-                &job.output_dir,
-                &job.base_dir,
-                &mut state,
-                &rl,
-                &curriculum,
-                &policy,
-                cfg.save_total_limit,
-            )?;
+            dist::check_in_sync(comm, &policy.params().into_values().collect::<Vec<_>>())?;
+            if lead {
+                save(
+                    &job.output_dir,
+                    &job.base_dir,
+                    &mut state,
+                    &rl,
+                    &curriculum,
+                    &policy,
+                    cfg.save_total_limit,
+                )?;
+            }
         }
         if stopping {
             interrupted = true;
@@ -933,7 +1167,8 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
 
     let final_dir = job.output_dir.join("final");
     let merged_dir = job.output_dir.join("merged");
-    if !interrupted {
+    dist::check_in_sync(comm, &policy.params().into_values().collect::<Vec<_>>())?;
+    if !interrupted && lead {
         save(
             &job.output_dir,
             &job.base_dir,
@@ -974,14 +1209,16 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
             serde_json::to_string_pretty(&serde_json::json!({
                 "stage": "stage3_ppo", "ppo": cfg, "curriculum": job.curriculum,
                 "model": job.model, "base_dir": job.base_dir, "environment": job.env.name(),
+                "world_size": world,
             }))?
             .as_bytes(),
         )?;
     }
     drop(metrics);
     // The trained outputs are safe by now: a failed drawing only warns.
-    if let Err(e) = runlog::read_metrics(&job.output_dir.join(runlog::METRICS_FILE))
-        .and_then(|r| runlog::curves::draw(&job.output_dir, &r))
+    if lead
+        && let Err(e) = runlog::read_metrics(&job.output_dir.join(runlog::METRICS_FILE))
+            .and_then(|r| runlog::curves::draw(&job.output_dir, &r))
     {
         tracing::warn!(
             "stage 3: curves not drawn: {e:#}\nhint: `trace-train report {}` draws them again",

@@ -182,6 +182,7 @@ fn run_batch(
                     top_p: p.top_p,
                     top_k: 0,
                     seed: p.seed,
+                    first_stream: 0,
                 };
                 next[b] = draw(&host[b], &sampling, &mut row.rng);
                 row.accept(next[b].0, tok, &stop_ids);
