@@ -74,6 +74,16 @@ impl ChildRank {
     }
 }
 
+/// Ranks of the run this process belongs to: the world size a parent gave
+/// it, else 1. The ranks of one run share the host's cores.
+pub fn ranks_on_this_host() -> usize {
+    std::env::var(ENV_WORLD)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
 /// The role of this process: a child when the parent's variables are set;
 /// otherwise a parent when more than one GPU is asked for (or, with
 /// `requested` unset, when the device is CUDA and several are visible).

@@ -79,7 +79,8 @@ pub struct PpoArgs {
     /// Turn the curriculum on or off (default: the config's `curriculum.enabled`).
     #[arg(long)]
     pub curriculum: Option<bool>,
-    /// Sandbox worker slots (default: two a core).
+    /// Sandbox worker slots (default: two a core, shared by the ranks of a
+    /// several-GPU run).
     #[arg(long)]
     pub num_workers: Option<usize>,
     /// Stop after this many steps.
@@ -256,8 +257,10 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
                 .rows()?
                 .collect::<Result<Vec<_>, _>>()
                 .with_context(|| format!("reading the rows of `{}`", source.describe()))?;
+            // The ranks of a several-GPU run share the host's cores (each
+            // makes its share of the tasks).
             let workers = if c.num_workers == 0 {
-                sandbox::default_workers()
+                (sandbox::default_workers() / super::launch::ranks_on_this_host()).max(1)
             } else {
                 c.num_workers
             };

@@ -222,8 +222,38 @@ pub fn all_gather_varlen(comm: &dyn Communicator, values: &[f64]) -> anyhow::Res
         .collect())
 }
 
+/// Bytes a value carries in [`all_gather_bytes`]: six, so every packed
+/// value is an integer below 2^48, exact in an f64.
+const BYTES_PER_VALUE: usize = 6;
+
+/// Every rank's `bytes`, whatever their lengths, in rank order (serialized
+/// records: tasks, named counts), packed six to a value.
+pub fn all_gather_bytes(comm: &dyn Communicator, bytes: &[u8]) -> anyhow::Result<Vec<Vec<u8>>> {
+    if comm.world() == 1 {
+        return Ok(vec![bytes.to_vec()]);
+    }
+    let mut packed = vec![bytes.len() as f64];
+    packed.extend(bytes.chunks(BYTES_PER_VALUE).map(|c| {
+        let mut v = [0u8; 8];
+        v[..c.len()].copy_from_slice(c);
+        u64::from_le_bytes(v) as f64
+    }));
+    all_gather_varlen(comm, &packed)?
+        .into_iter()
+        .map(|v| {
+            let n = *v.first().context("a rank sent no length")? as usize;
+            let mut out: Vec<u8> = v[1..]
+                .iter()
+                .flat_map(|&x| (x as u64).to_le_bytes().into_iter().take(BYTES_PER_VALUE))
+                .collect();
+            out.truncate(n);
+            Ok(out)
+        })
+        .collect()
+}
+
 /// Named counts (masked completions by reason, ...) summed over all ranks,
-/// whatever names each rank saw: each rank's names travel as their bytes.
+/// whatever names each rank saw.
 pub fn sum_counts(
     comm: &dyn Communicator,
     counts: &BTreeMap<String, u64>,
@@ -231,22 +261,12 @@ pub fn sum_counts(
     if comm.world() == 1 {
         return Ok(counts.clone());
     }
-    let mut flat = Vec::new();
-    for (name, n) in counts {
-        flat.push(name.len() as f64);
-        flat.extend(name.bytes().map(f64::from));
-        flat.push(*n as f64);
-    }
     let mut out = BTreeMap::new();
-    for v in all_gather_varlen(comm, &flat)? {
-        let mut at = 0;
-        while at < v.len() {
-            let len = v[at] as usize;
-            let bytes: Vec<u8> = v[at + 1..at + 1 + len].iter().map(|&b| b as u8).collect();
-            let name =
-                String::from_utf8(bytes).context("a rank sent a count name that is not UTF-8")?;
-            *out.entry(name).or_default() += v[at + 1 + len] as u64;
-            at += len + 2;
+    for bytes in all_gather_bytes(comm, &serde_json::to_vec(counts)?)? {
+        let theirs: BTreeMap<String, u64> =
+            serde_json::from_slice(&bytes).context("a rank sent unreadable counts")?;
+        for (name, n) in theirs {
+            *out.entry(name).or_default() += n;
         }
     }
     Ok(out)
@@ -288,10 +308,15 @@ mod tests {
             if c.rank() == 2 {
                 counts.insert("sandbox_failure".to_string(), 5);
             }
-            Ok((gathered, sum_counts(&c, &counts)?))
+            let text = "é".repeat(c.rank() * 7 + 1);
+            let bytes = all_gather_bytes(&c, text.as_bytes())?;
+            Ok((gathered, sum_counts(&c, &counts)?, bytes))
         })
         .unwrap();
-        for (gathered, counts) in out {
+        for (gathered, counts, bytes) in out {
+            for (r, b) in bytes.iter().enumerate() {
+                assert_eq!(String::from_utf8(b.clone()).unwrap(), "é".repeat(r * 7 + 1));
+            }
             assert_eq!(
                 gathered,
                 vec![vec![], vec![10.0, 11.0], vec![20.0, 21.0, 22.0, 23.0]]

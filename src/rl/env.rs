@@ -18,8 +18,10 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
 use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
 
 use crate::dataset::SourceRow;
+use crate::dist::{Communicator, stats};
 use crate::eval::Difficulty;
 use crate::reward::{self, python_strip};
 use crate::sandbox::{Executor, Limits, Request, Status};
@@ -29,7 +31,7 @@ use crate::{prompt, transform};
 pub const TASK_IDS: u64 = 1_000_000;
 
 /// One task: the user message, the ground truth, how hard it is.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Task {
     pub task_id: u64,
     /// The user message, before any chat template.
@@ -214,22 +216,38 @@ impl TaskStream {
     /// Makes the draws `from, from + 1, ...` of the run seeded `seed`,
     /// `ahead` at a time, at most about twice that many ahead of the reader.
     pub fn start(env: Arc<dyn Environment>, seed: u64, from: u64, ahead: usize) -> Self {
+        Self::strided(env, seed, from, ahead, 0, 1)
+    }
+
+    /// [`TaskStream::start`] of every `stride`-th draw: those from `from` on
+    /// whose cursor is `offset` modulo `stride` (one rank's share).
+    pub fn strided(
+        env: Arc<dyn Environment>,
+        seed: u64,
+        from: u64,
+        ahead: usize,
+        offset: usize,
+        stride: usize,
+    ) -> Self {
         let ahead = ahead.max(1);
+        let stride = stride.max(1) as u64;
+        let first = from + (offset as u64 + stride - from % stride) % stride;
         let (tx, rx): (SyncSender<Drawn>, _) = sync_channel(ahead);
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let worker = std::thread::Builder::new()
             .name("rl-tasks".into())
             .spawn(move || {
-                let mut k = from;
+                let mut k = first;
                 while !flag.load(Ordering::Relaxed) {
-                    let ids: Vec<u64> = (k..k + ahead as u64).map(|i| task_id(seed, i)).collect();
-                    for (i, (id, task)) in ids.iter().zip(env.tasks(&ids)).enumerate() {
-                        if tx.send((k + i as u64, *id, task)).is_err() {
+                    let cursors: Vec<u64> = (0..ahead as u64).map(|i| k + i * stride).collect();
+                    let ids: Vec<u64> = cursors.iter().map(|&c| task_id(seed, c)).collect();
+                    for ((c, id), task) in cursors.iter().zip(&ids).zip(env.tasks(&ids)) {
+                        if tx.send((*c, *id, task)).is_err() {
                             return; // the reader is gone
                         }
                     }
-                    k += ahead as u64;
+                    k += ahead as u64 * stride;
                 }
             })
             .expect("spawn the task thread");
@@ -258,6 +276,57 @@ impl Drop for TaskStream {
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
+    }
+}
+
+/// The task stream of a run over several ranks, the same draws in the same
+/// order on every rank: each rank makes every `world`-th draw (its share of
+/// the sandbox work), and the ranks exchange what they made, `per_rank`
+/// draws each at a time. With one rank, a plain [`TaskStream`].
+pub struct SharedTasks {
+    mine: TaskStream,
+    made: std::collections::VecDeque<Drawn>,
+    per_rank: usize,
+}
+
+impl SharedTasks {
+    /// The draws from cursor `from` on; about `ahead` made ahead in all.
+    pub fn start(
+        env: Arc<dyn Environment>,
+        seed: u64,
+        from: u64,
+        ahead: usize,
+        comm: &dyn Communicator,
+    ) -> Self {
+        let per_rank = ahead.div_ceil(comm.world()).max(1);
+        Self {
+            mine: TaskStream::strided(env, seed, from, per_rank, comm.rank(), comm.world()),
+            made: std::collections::VecDeque::new(),
+            per_rank,
+        }
+    }
+
+    /// The next draw, in cursor order (a collective when the ranks must
+    /// exchange: every rank calls it the same number of times).
+    pub fn recv(&mut self, comm: &dyn Communicator) -> anyhow::Result<Drawn> {
+        if comm.world() == 1 {
+            return self.mine.recv();
+        }
+        if self.made.is_empty() {
+            let mut batch = Vec::with_capacity(self.per_rank);
+            for _ in 0..self.per_rank {
+                batch.push(self.mine.recv()?);
+            }
+            let mut all: Vec<Drawn> = Vec::with_capacity(self.per_rank * comm.world());
+            for bytes in stats::all_gather_bytes(comm, &serde_json::to_vec(&batch)?)? {
+                let theirs: Vec<Drawn> = serde_json::from_slice(&bytes)
+                    .map_err(|e| anyhow::anyhow!("a rank sent unreadable tasks: {e}"))?;
+                all.extend(theirs);
+            }
+            all.sort_by_key(|d| d.0);
+            self.made.extend(all);
+        }
+        Ok(self.made.pop_front().expect("filled above"))
     }
 }
 
@@ -290,5 +359,28 @@ mod tests {
             assert_eq!(env.score(&t, "zz"), Score::Reward(0.0));
         }
         drop(s); // joins the worker, which is blocked on a full channel
+    }
+
+    #[test]
+    fn ranks_share_the_making_and_read_the_same_draws() {
+        let env: Arc<dyn Environment> = Arc::new(WordEnv::new(&["a", "b", "c"]));
+        let mut alone = TaskStream::start(Arc::clone(&env), 3, 11, 4);
+        let want: Vec<Drawn> = (0..20).map(|_| alone.recv().unwrap()).collect();
+        for world in [2, 3] {
+            let got = crate::dist::inprocess::run_ranks(world, |c| {
+                let mut s = SharedTasks::start(Arc::clone(&env), 3, 11, 5, &c);
+                (0..20)
+                    .map(|_| s.recv(&c))
+                    .collect::<anyhow::Result<Vec<_>>>()
+            })
+            .unwrap();
+            for ranks_draws in got {
+                assert_eq!(ranks_draws, want, "{world} ranks");
+            }
+        }
+        // One rank's share: every third cursor from 11 on, offset 1.
+        let mut share = TaskStream::strided(Arc::clone(&env), 3, 11, 2, 1, 3);
+        let cursors: Vec<u64> = (0..4).map(|_| share.recv().unwrap().0).collect();
+        assert_eq!(cursors, [13, 16, 19, 22]);
     }
 }

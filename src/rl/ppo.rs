@@ -48,7 +48,7 @@ use crate::train::sft::{
 
 use super::advantage::{gae, group_advantages, informative, token_rewards, whiten_with};
 use super::curriculum::Curriculum;
-use super::env::{Environment, Score, Task, TaskStream};
+use super::env::{Environment, Score, SharedTasks, Task};
 use super::loss::{
     Aggregation, KlEstimator, clipped_policy_loss, clipped_value_loss, completion_weights, entropy,
 };
@@ -718,7 +718,8 @@ struct Drawn {
 }
 
 fn draw(
-    stream: &mut TaskStream,
+    stream: &mut SharedTasks,
+    comm: &dyn Communicator,
     policy: &Policy,
     rl: &mut RlState,
     curriculum: &mut Curriculum,
@@ -728,7 +729,7 @@ fn draw(
     let t0 = Instant::now();
     let mut tasks = Vec::with_capacity(want);
     while tasks.len() < want {
-        let (cursor, _, task) = stream.recv()?;
+        let (cursor, _, task) = stream.recv(comm)?;
         rl.cursor = cursor + 1;
         let task = match task {
             Ok(t) => t,
@@ -870,11 +871,12 @@ pub fn run_with(
         None
     };
     let group = cfg.group_size();
-    let mut stream = TaskStream::start(
+    let mut stream = SharedTasks::start(
         Arc::clone(&job.env),
         cfg.seed,
         rl.cursor,
         (cfg.batch_size * 2).max(8),
+        comm,
     );
 
     // 2-5. The loop.
@@ -900,7 +902,15 @@ pub fn run_with(
         let mut kept_groups = 0usize;
         loop {
             let want = cfg.batch_size - kept_groups;
-            let d = draw(&mut stream, &policy, &mut rl, &mut curriculum, want, step)?;
+            let d = draw(
+                &mut stream,
+                comm,
+                &policy,
+                &mut rl,
+                &mut curriculum,
+                want,
+                step,
+            )?;
             env_secs += d.env_secs;
             let share = stats::groups_of_rank(d.tasks.len(), world, rank);
             let mine = &d.tasks[share.clone()];
