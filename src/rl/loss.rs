@@ -1,13 +1,14 @@
 //! The RL objectives on the tokens of a minibatch: the clipped policy
 //! surrogate with separate low and high clip, the clipped value loss, the
-//! entropy bonus, the KL estimators, and how per-token terms are summed
-//! into one loss (token mean, sequence mean, or Dr. GRPO's constant).
+//! KL estimators, and how per-token terms are summed into one loss (token
+//! mean, sequence mean, or Dr. GRPO's constant). The log-probabilities and
+//! entropies they take come from `train::loss::lm_head_logprobs`.
 //!
 //! Every per-token tensor here is flat, `(R,)` for the `R` completion
 //! tokens of the minibatch laid end to end; an aggregation is a weight per
 //! token ([`weights`]) so that every loss is `sum(w * term)`.
 
-use candle_core::{D, DType, Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 
 /// How per-token terms become one number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,13 +149,6 @@ pub fn clipped_value_loss(
     (a.maximum(&b)? * w)?.sum_all()? * 0.5
 }
 
-/// Entropy of each row of logits `(R, V)` -> `(R,)`, in f32:
-/// `-sum_v p_v log p_v`.
-pub fn entropy(logits: &Tensor) -> Result<Tensor> {
-    let lp = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
-    (lp.exp()? * &lp)?.sum(D::Minus1)?.neg()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,19 +242,5 @@ mod tests {
             clipped_value_loss(&v, &t(&[0.0; 3]), &t(&[1.0; 3]), &t(&[1.0 / 3.0; 3]), 0.2).unwrap();
         let want = 0.5 * (0.64 + 0.81 + 0.64) / 3.0;
         assert!((scalar(&loss) - want).abs() < 1e-6, "{}", scalar(&loss));
-    }
-
-    #[test]
-    fn entropy_of_uniform_and_peaked_rows() {
-        let logits = Tensor::new(
-            &[[0.0f32, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]],
-            &Device::Cpu,
-        )
-        .unwrap();
-        let h = entropy(&logits).unwrap().to_vec1::<f32>().unwrap();
-        assert!(
-            (h[0] - 4f32.ln()).abs() < 1e-6 && h[1].abs() < 1e-6,
-            "{h:?}"
-        );
     }
 }

@@ -29,7 +29,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use candle_core::{D, DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{CurriculumConfig, ModelConfig, RlConfig};
@@ -40,6 +40,7 @@ use crate::model::lora::{LoraConfig, set_dropout_seed, without_adapters};
 use crate::model::{self, LoadedModel};
 use crate::runlog::{self, RunLog};
 use crate::train::checkpoint::{self, Fingerprint, RunLock, TrainerState};
+use crate::train::loss::lm_head_logprobs;
 use crate::train::optim::AdamW;
 use crate::train::sft::{
     Progress, mix, sha256_of, stop_flag, target_modules, train_dtype, weights_fingerprint,
@@ -50,7 +51,7 @@ use super::advantage::{gae, group_advantages, informative, token_rewards, whiten
 use super::curriculum::Curriculum;
 use super::env::{Environment, Score, SharedTasks, Task};
 use super::loss::{
-    Aggregation, KlEstimator, clipped_policy_loss, clipped_value_loss, completion_weights, entropy,
+    Aggregation, KlEstimator, clipped_policy_loss, clipped_value_loss, completion_weights,
 };
 use super::value::ValueHead;
 
@@ -337,10 +338,11 @@ impl Policy {
         let head = m.lm_head().weight()?;
         // The policy that sampled is softmax(logits / temperature): its
         // log-probs, ratios and KL are taken under the same temperature.
-        let logits = (rows.matmul(&head.t()?)?.to_dtype(DType::F32)? / self.cfg.temperature)?; // (R, V)
-        let lp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-        let logp = lp.gather(&p.next.unsqueeze(1)?, 1)?.squeeze(1)?;
-        let ent = entropy(&logits)?;
+        // A chunk of rows at a time: the (R, V) logits are never whole.
+        let entropy_grad = train && self.cfg.entropy_coef > 0.0;
+        let out = lm_head_logprobs(&rows, &head, &p.next, self.cfg.temperature, entropy_grad)?;
+        let logp = out.narrow(1, 0, 1)?.squeeze(1)?;
+        let ent = out.narrow(1, 1, 1)?.squeeze(1)?;
         Ok((logp, ent, rows))
     }
 
