@@ -148,6 +148,23 @@ pub fn role(requested: Option<usize>, device: &str) -> anyhow::Result<Role> {
     Ok(Role::Parent { world })
 }
 
+/// Runs a training command where `role` puts this process: `alone()` on
+/// one device; as a parent, the ranks; as rank r, `rank(child, progress)`
+/// with the progress bar on rank 0 and none on the others.
+pub fn dispatch(
+    requested: Option<usize>,
+    device: &str,
+    alone: impl FnOnce() -> anyhow::Result<()>,
+    rank: impl FnOnce(&ChildRank, &dyn trace_train::progress::Progress) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    match role(requested, device)? {
+        Role::Alone => alone(),
+        Role::Parent { world } => run_children(world),
+        Role::Child(child) if child.rank == 0 => rank(&child, &super::progress::Bar::new("step")),
+        Role::Child(child) => rank(&child, &trace_train::progress::NoProgress),
+    }
+}
+
 /// A running child and what it last said.
 struct Rank {
     child: Child,

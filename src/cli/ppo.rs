@@ -8,12 +8,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
-use super::launch::Role;
-
 use trace_train::config::{self, HardwareConfig, ModelConfig, PipelineConfig, Stage3Config};
 use trace_train::dataset::Source;
 use trace_train::dist::{Communicator, Single};
-use trace_train::progress::{NoProgress, Progress};
+use trace_train::progress::Progress;
 use trace_train::rl::env::{Environment, TraceEnv, WordEnv};
 use trace_train::rl::ppo::{self, RlJob, RlSummary};
 use trace_train::sandbox::{self, Executor, ExecutorConfig};
@@ -304,23 +302,20 @@ pub fn run_command(args: &PpoArgs) -> anyhow::Result<()> {
         .map(|p| p.hardware)
         .unwrap_or_else(HardwareConfig::default);
     let requested = args.num_gpus.or(hardware.num_gpus);
-    match super::launch::role(requested, args.device.as_deref().unwrap_or("auto"))? {
-        Role::Alone => run(args).map(|_| ()),
-        Role::Parent { world } => super::launch::run_children(world),
-        Role::Child(child) => {
+    super::launch::dispatch(
+        requested,
+        args.device.as_deref().unwrap_or("auto"),
+        || run(args).map(|_| ()),
+        |child, progress| {
             let args = PpoArgs {
                 device: Some(child.device()),
                 ..args.clone()
             };
             let job = resolve(&args)?;
             let comm = child.communicator(&job.device)?;
-            if child.rank == 0 {
-                run_job(&job, &*comm, &super::progress::Bar::new("step")).map(|_| ())
-            } else {
-                run_job(&job, &*comm, &NoProgress).map(|_| ())
-            }
-        }
-    }
+            run_job(&job, &*comm, progress).map(|_| ())
+        },
+    )
 }
 
 /// Stage 3 on one device.

@@ -6,13 +6,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 
-use super::launch::Role;
-
 use trace_train::config::{
     self, HardwareConfig, ModelConfig, PipelineConfig, SftConfig, Source, Sources,
 };
 use trace_train::dist::{Communicator, Single};
-use trace_train::progress::{NoProgress, Progress};
+use trace_train::progress::Progress;
 use trace_train::train::sft::{self, SftJob, SftSummary};
 
 #[derive(Args, Clone, Debug, Default)]
@@ -434,23 +432,20 @@ fn hardware(args: &TrainArgs) -> anyhow::Result<HardwareConfig> {
 /// GPUs (this process starts one child a GPU, each child runs one rank).
 pub fn run_command(stage: &str, args: &TrainArgs) -> anyhow::Result<()> {
     let requested = args.num_gpus.or(hardware(args)?.num_gpus);
-    match super::launch::role(requested, args.device.as_deref().unwrap_or("auto"))? {
-        Role::Alone => run_stage(stage, args).map(|_| ()),
-        Role::Parent { world } => super::launch::run_children(world),
-        Role::Child(child) => {
+    super::launch::dispatch(
+        requested,
+        args.device.as_deref().unwrap_or("auto"),
+        || run_stage(stage, args).map(|_| ()),
+        |child, progress| {
             let args = TrainArgs {
                 device: Some(child.device()),
                 ..args.clone()
             };
             let job = resolve(stage, &args)?;
             let comm = child.communicator(&job.device)?;
-            if child.rank == 0 {
-                run_job(stage, &job, &*comm, &super::progress::Bar::new("step")).map(|_| ())
-            } else {
-                run_job(stage, &job, &*comm, &NoProgress).map(|_| ())
-            }
-        }
-    }
+            run_job(stage, &job, &*comm, progress).map(|_| ())
+        },
+    )
 }
 
 /// One stage on one device.

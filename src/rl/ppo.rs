@@ -767,8 +767,8 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
 /// One rank of a run over `comm`'s ranks (every rank calls it with the same
 /// job, on its own device); with [`Single`], the one-device run.
 ///
-/// Every rank draws the same tasks from its own copy of the task stream
-/// (same seed, same cursor) and samples and scores its block of the groups
+/// Every rank reads the same tasks from one task stream whose making the
+/// ranks share ([`SharedTasks`]) and samples and scores its block of the groups
 /// ([`stats::groups_of_rank`]: whole groups, so GRPO's group statistics stay
 /// on one rank), drawing the random numbers the whole batch would. What
 /// needs the whole batch is combined: the kept-group count that decides
