@@ -3,15 +3,20 @@
 # the same global batch (`bench train`, random weights of a model's shape),
 # then `warmup` of the tiny chat model on 1 and on N GPUs with their loss
 # curves side by side, then a run on N GPUs stopped by SIGTERM and resumed
-# on 1 GPU.
+# on 1 GPU; with POLICY, GRPO on the trace environment from that model on 1
+# and on N GPUs at the same global batch, step by step.
 #
-# Usage: bash scripts/multi-gpu-check.sh TRACE_TRAIN DATA_DIR [N] [SHAPE] [BATCH]
+# Usage: bash scripts/multi-gpu-check.sh TRACE_TRAIN DATA_DIR [N] [SHAPE] [BATCH] [POLICY]
 #   TRACE_TRAIN  a binary built with --features cuda (or cudnn)
 #   DATA_DIR     holds stage1_original_train.jsonl and stage1_original_test.jsonl
 #                (from `trace-train generate --quick_test`)
 #   N            GPUs to compare with one (default 2)
 #   SHAPE        bench model shape (default qwen3-0.6b; qwen3-4b also fits)
 #   BATCH        rows a micro-batch (default 4); a step is BATCH x 2N rows of 1024 tokens
+#   POLICY       a model folder that earns some reward on the trace task (e.g.
+#                Stage 1's merged model of SmolLM2); none: the GRPO part is skipped
+# UNSAFE=1 runs the environment's programs without the sandbox (machines
+# where it cannot be set up; trusted programs only).
 # NCCL comes from LD_LIBRARY_PATH (libnccl.so.2); NVLink SHARP stays off.
 set -euo pipefail
 T=$1
@@ -19,6 +24,7 @@ DATA=$2
 N=${3:-2}
 SHAPE=${4:-qwen3-0.6b}
 BATCH=${5:-4}
+POLICY=${6:-}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -74,4 +80,30 @@ for x, y, z in zip(a, b, r):
 print(f"largest relative loss difference 1 vs {n} GPUs: {worst:.2e}; world sizes in the metrics: "
       f"{sorted({x['world_size'] for x in a})} / {sorted({y['world_size'] for y in b})} / "
       f"resumed run {sorted({z['world_size'] for z in r})}")
+PY
+
+if [ -z "$POLICY" ]; then
+  echo "== GRPO skipped (no POLICY model given)"
+  exit 0
+fi
+echo "== GRPO from $POLICY on the trace environment, 32 prompts x 8, on 1 and on $N GPUs"
+for n in 1 "$N"; do
+  "$T" ppo --algorithm grpo --model "$POLICY" --output_dir "$WORK/g$n" --device cuda --num_gpus "$n" \
+    --batch_size 32 --group_size 8 --learning_rate 3e-5 --num_train_steps 8 --max_new_tokens 256 \
+    --save_steps 0 ${UNSAFE:+--unsafe-no-sandbox}
+done
+python3 - "$WORK" "$N" <<'PY'
+import json, sys
+work, n = sys.argv[1], sys.argv[2]
+runs = {k: [json.loads(l) for l in open(f"{work}/g{k}/metrics.jsonl")] for k in ("1", n)}
+print("step  reward(1 GPU)  reward(%s GPUs)   step s 1 / %s   (sample, environment, train)" % (n, n))
+def secs(m):
+    return m["time_sample_s"] + m["time_env_s"] + m["time_train_s"]
+for a, b in zip(runs["1"], runs[n]):
+    print(f"{a['step'] if 'step' in a else '':>4}  {a['reward']:13.3f}  {b['reward']:14.3f}   "
+          f"{secs(a):5.2f} / {secs(b):5.2f}   ({a['time_sample_s']:.2f}, {a['time_env_s']:.2f}, {a['time_train_s']:.2f}) / "
+          f"({b['time_sample_s']:.2f}, {b['time_env_s']:.2f}, {b['time_train_s']:.2f})")
+tail = lambda m: sum(secs(x) for x in m[1:]) / max(len(m) - 1, 1)
+print(f"mean step after the first: 1 GPU {tail(runs['1']):.2f} s, {n} GPUs {tail(runs[n]):.2f} s: "
+      f"{tail(runs['1']) / tail(runs[n]):.2f}x")
 PY
