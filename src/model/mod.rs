@@ -192,27 +192,35 @@ impl Architecture {
     }
 }
 
-/// A causal LM of one of the implemented architectures.
+/// A causal LM of one of the implemented architectures: the decoder they
+/// share, built from the architecture's own config (`qwen3::Config`,
+/// `llama::Config`: each reads its `config.json` and gives the decoder's
+/// [`decoder::Spec`]).
 #[derive(Debug, Clone)]
-pub enum Model {
-    Qwen3(qwen3::Model),
-    Llama(llama::Model),
+pub struct Model {
+    decoder: decoder::Decoder,
+    vocab_size: usize,
 }
 
 impl Model {
+    fn build(
+        spec: &decoder::Spec,
+        vb: VarBuilder,
+        lora: Option<LoraInit>,
+    ) -> candle_core::Result<Self> {
+        Ok(Self {
+            decoder: decoder::Decoder::new(spec, vb, lora)?,
+            vocab_size: spec.vocab_size,
+        })
+    }
+
     /// The decoder both architectures share.
     pub fn decoder(&self) -> &decoder::Decoder {
-        match self {
-            Self::Qwen3(m) => m.decoder(),
-            Self::Llama(m) => m.decoder(),
-        }
+        &self.decoder
     }
 
     pub fn decoder_mut(&mut self) -> &mut decoder::Decoder {
-        match self {
-            Self::Qwen3(m) => m.decoder_mut(),
-            Self::Llama(m) => m.decoder_mut(),
-        }
+        &mut self.decoder
     }
 
     /// `ids: (B, L)` u32, `attention_mask: (B, L)` (1 = token, 0 = right
@@ -303,10 +311,7 @@ impl Model {
     }
 
     pub fn vocab_size(&self) -> usize {
-        match self {
-            Self::Qwen3(m) => m.config().vocab_size,
-            Self::Llama(m) => m.config().vocab_size,
-        }
+        self.vocab_size
     }
 }
 
@@ -412,12 +417,12 @@ pub fn build(
         Architecture::Qwen3 => {
             let cfg: qwen3::Config = serde_json::from_value(config).map_err(typed)?;
             check_supported(&config_path, cfg.unsupported())?;
-            qwen3::Model::new(&cfg, vb, init).map(Model::Qwen3)
+            Model::build(&cfg.spec(), vb, init)
         }
         Architecture::Llama => {
             let cfg: llama::Config = serde_json::from_value(config).map_err(typed)?;
             check_supported(&config_path, cfg.unsupported())?;
-            llama::Model::new(&cfg, vb, init).map(Model::Llama)
+            Model::build(&cfg.spec(), vb, init)
         }
     }
     .map_err(|source| ModelError::Tensor {

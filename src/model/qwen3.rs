@@ -4,15 +4,14 @@
 //! grouped-query attention with a per-head RMSNorm on queries and keys
 //! (`q_norm`, `k_norm`) before RoPE, a SwiGLU MLP, and an optional tied
 //! `lm_head`. `head_dim` is explicit and need not be `hidden / heads`.
-//! Every projection is a [`LoraLinear`]; tensor names follow the checkpoint.
+//! Every projection is a `LoraLinear`; tensor names follow the checkpoint.
+//! This file reads the architecture's `config.json` into the [`Spec`] of
+//! the decoder every architecture shares (`super::decoder`).
 
-use candle_core::Result;
-use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
 use super::Unsupported;
-use super::decoder::{Decoder, Spec};
-use super::lora::LoraInit;
+use super::decoder::Spec;
 use super::rope::RopeFields;
 
 /// The fields of a Qwen3 `config.json` this code reads; others are ignored.
@@ -98,36 +97,5 @@ impl Config {
             ));
         }
         out
-    }
-}
-
-/// A Qwen3 causal language model: the shared [`Decoder`] built from
-/// this architecture's config.
-#[derive(Debug, Clone)]
-pub struct Model {
-    decoder: Decoder,
-    config: Config,
-}
-
-impl Model {
-    /// Builds the model from checkpoint tensors at `vb` (root prefix), adding
-    /// LoRA factors to the projections `lora` targets.
-    pub fn new(cfg: &Config, vb: VarBuilder, lora: Option<LoraInit>) -> Result<Self> {
-        Ok(Self {
-            decoder: Decoder::new(&cfg.spec(), vb, lora)?,
-            config: cfg.clone(),
-        })
-    }
-
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
-    pub fn decoder(&self) -> &Decoder {
-        &self.decoder
-    }
-
-    pub fn decoder_mut(&mut self) -> &mut Decoder {
-        &mut self.decoder
     }
 }
