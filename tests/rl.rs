@@ -13,10 +13,12 @@ use std::time::{Duration, Instant};
 use candle_core::{D, Device, Tensor};
 use common::{stderr, trace_train};
 use trace_train::config::{CurriculumConfig, ModelConfig, RlConfig};
+use trace_train::dataset::SourceRow;
 use trace_train::dist::inprocess::run_ranks;
 use trace_train::model::generate::Generation;
-use trace_train::rl::env::{Environment, WordEnv};
+use trace_train::rl::env::{Environment, TraceEnv, WordEnv};
 use trace_train::rl::ppo::{self, Policy, RlJob, Sample};
+use trace_train::sandbox::Executor;
 use trace_train::train::sft::NoProgress;
 
 /// Settings for the tiny model: one new token, so a completion is the word
@@ -441,4 +443,94 @@ fn two_and_three_ranks_train_as_one_process() {
             }
         }
     }
+}
+
+/// Sandbox uids of this file's in-process trace environment (clear of the
+/// other test binaries' ranges).
+const TRACE_UIDS: u32 = 61_070;
+
+#[test]
+fn ranks_share_the_trace_environment_and_read_the_same_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = tiny_model(dir.path());
+    // Programs printing 1 to 6 lines; each rank makes every other task in
+    // the sandbox and the ranks exchange them; the curriculum (a full
+    // window promotes) and the task cursor must move as in one process.
+    let rows: Vec<SourceRow> = (0..12u64)
+        .map(|k| {
+            let n = k % 6 + 1;
+            let output: Vec<String> = (0..n).map(|i| (i * (i + 1) / 2).to_string()).collect();
+            SourceRow {
+                index: k,
+                name: format!("row {k}"),
+                program:
+                    "n = int(input())\nt = 0\nfor i in range(n):\n    t = t + i\n    print(t)\n"
+                        .into(),
+                inputs: format!("{n}\n"),
+                output: Some(output.join("\n")),
+            }
+        })
+        .collect();
+    let exec = Executor::new(common::sandbox_config(2, TRACE_UIDS))
+        .expect("sandbox executor (needs root)");
+    let env: Arc<dyn Environment> = Arc::new(TraceEnv::new(rows, exec, 3).unwrap());
+    let mut config = tiny_config("grpo");
+    config.batch_size = 4;
+    config.group_size = Some(2);
+    config.dynamic_sampling = false;
+    config.num_train_steps = 3;
+    config.max_new_tokens = 2;
+    config.mini_batch_size = 4;
+    // The tiny model earns no reward here, so advantages are zero; a KL
+    // term alone would be float noise that AdamW scales into full steps,
+    // different on one and two ranks. Without it the weights stay put and
+    // the test is about the tasks.
+    config.kl_coef = Some(0.0);
+    config.max_prompt_tokens = 2000;
+    let run = |world: usize| {
+        let out = dir.path().join(format!("trace-{world}"));
+        let job = RlJob {
+            config: config.clone(),
+            curriculum: CurriculumConfig {
+                enabled: true,
+                promotion_threshold: 0.0,
+                window: 4,
+                ..CurriculumConfig::default()
+            },
+            model: ModelConfig::default(),
+            base_dir: base.clone(),
+            output_dir: out.clone(),
+            device: Device::Cpu,
+            env: Arc::clone(&env),
+            env_description: "trace:rows".into(),
+            resume: false,
+            force: false,
+            max_steps: None,
+        };
+        run_ranks(world, |c| ppo::run_with(&job, &c, &NoProgress)).unwrap();
+        lines_of(&out.join("metrics.jsonl"))
+    };
+    let (one, two) = (run(1), run(2));
+    assert_eq!((one.len(), two.len()), (3, 3));
+    for (step, (a, b)) in one.iter().zip(&two).enumerate() {
+        for key in [
+            "task_cursor",
+            "curriculum_level",
+            "scored",
+            "trained_samples",
+            "reward",
+            "response_tokens_mean",
+            "skipped_tasks_total/error_exit",
+        ] {
+            assert_eq!(a.get(key), b.get(key), "step {step}, {key}");
+        }
+    }
+    let levels: Vec<f64> = one
+        .iter()
+        .map(|m| m["curriculum_level"].as_f64().unwrap())
+        .collect();
+    assert!(
+        levels.windows(2).any(|w| w[1] > w[0]),
+        "the curriculum never moved: {levels:?}"
+    );
 }
