@@ -19,13 +19,7 @@
 // Temperature 0 (inv_temp == 0) picks the most likely token (the lowest id
 // among ties) with the log-probability of the raw logits.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <stdint.h>
-
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+#include "common.cuh"
 
 // Monotone map of floats to unsigned integers: a < b iff key(a) < key(b).
 __device__ __forceinline__ uint32_t key_of(float f) {
@@ -48,18 +42,6 @@ __device__ __forceinline__ float gumbel(uint64_t seed, uint32_t i) {
     return (float)(-log(-log(u)));
 }
 
-__device__ __forceinline__ float block_sum(float v, float *shared) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    const int warps = blockDim.x >> 5;
-    v = lane < warps ? shared[lane] : 0.f;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    return v;
-}
-
 __device__ __forceinline__ uint32_t block_count(uint32_t v, uint32_t *shared) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -69,18 +51,6 @@ __device__ __forceinline__ uint32_t block_count(uint32_t v, uint32_t *shared) {
     const int warps = blockDim.x >> 5;
     v = lane < warps ? shared[lane] : 0u;
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    return v;
-}
-
-__device__ __forceinline__ float block_max(float v, float *shared) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    const int warps = blockDim.x >> 5;
-    v = lane < warps ? shared[lane] : -INFINITY;
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
     return v;
 }
 
