@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Learning on programs never seen, in one go on one GPU (docs/BENCHMARKS.md,
+# "Learning on programs never seen" and "Stage 3 on the GPU"): the data
+# recipe, Stage 1, Stage 2, then RL from Stage 2 with checkpoints, and the
+# held-out evals of every model and checkpoint, summarised per bucket with
+# 80% intervals at the end.
+#
+# Usage: bash scripts/learning-check.sh TRACE_TRAIN BASE_MODEL OUT [RL_STEPS] [ALGORITHM]
+#   TRACE_TRAIN  the binary (built with --features cuda or cudnn for a GPU)
+#   BASE_MODEL   the untrained model's folder (e.g. `trace-train model
+#                import-gguf SmolLM2-135M-Instruct.Q4_1.gguf smol`)
+#   OUT          a fresh folder for the data, checkpoints and reports
+#   RL_STEPS     Stage 3 steps (default 80; 0 skips Stage 3)
+#   ALGORITHM    grpo (default) or ppo
+# Environment: HUMANEVAL=path/HumanEval.jsonl.gz adds HumanEval's programs to
+# the built-in corpus; DEVICE (default cuda); UNSAFE=1 runs the held-out and
+# RL programs without the sandbox (machines where it cannot be set up;
+# trusted programs only); SMALL=1 shrinks every budget (a CPU smoke run).
+set -euo pipefail
+T=$1
+BASE=$2
+OUT=$3
+RL_STEPS=${4:-80}
+ALGORITHM=${5:-grpo}
+DEVICE=${DEVICE:-cuda}
+U=${UNSAFE:+--unsafe-no-sandbox}
+mkdir -p "$OUT/data" "$OUT/reports"
+R=$OUT/reports
+
+# The data: every output length, four transformed variants a program, a
+# quarter of the programs held out by program.
+echo '{"test_ratio": 0.25, "variants": 4, "filters": {"max_output_chars": 1500}}' > "$OUT/data/generate.json"
+sources=(builtin)
+[ -n "${HUMANEVAL:-}" ] && sources+=("humaneval:$HUMANEVAL")
+for s in "${sources[@]}"; do
+  name=${s%%:*}
+  "$T" generate --config "$OUT/data/generate.json" --dataset "$s" --output_dir "$OUT/data/$name" $U
+done
+for split in stage1_original_train stage1_original_test stage2_transformed_train stage2_transformed_test; do
+  cat "$OUT"/data/*/"$split.jsonl" > "$OUT/data/$split.jsonl"
+done
+
+# The recipe (LoRA r16 on every projection, lr 1e-3 cosine to 10%).
+epochs1=3 epochs2=2 new_short=96 new_dbg=384 new_split=768 variants=4 limit=()
+if [ -n "${SMALL:-}" ]; then
+  epochs1=1 epochs2=1 new_short=16 new_dbg=32 new_split=32 variants=1 limit=(--limit 16)
+fi
+recipe() { # recipe EPOCHS EVAL_STEPS
+  echo "{\"epochs\": $1, \"batch_size\": 8, \"gradient_accumulation_steps\": 1, \"learning_rate\": 0.001,
+ \"warmup_ratio\": 0.05, \"min_lr_ratio\": 0.1, \"lora_r\": 16, \"lora_alpha\": 32, \"lora_dropout\": 0.05,
+ \"eval_steps\": $2, \"save_steps\": 1000, \"save_total_limit\": 1, \"seed\": 42}"
+}
+recipe "$epochs1" 30 > "$OUT/data/warmup.json"
+recipe "$epochs2" 50 > "$OUT/data/sft.json"
+
+evals() { # evals NAME MODEL [ADAPTER]: the held-out short set as written and with
+          # the environment's injections, and the Stage 2 test split
+  local a=()
+  [ -n "${3:-}" ] && a=(--adapter "$3")
+  "$T" eval --model "$2" "${a[@]}" --heldout short --max_new_tokens "$new_short" \
+    --batch_size 256 --device "$DEVICE" "${limit[@]}" $U --output "$R/$1.short.json"
+  "$T" eval --model "$2" "${a[@]}" --heldout short --prompt transformed --variants "$variants" \
+    --max_new_tokens "$new_dbg" --batch_size 256 --device "$DEVICE" "${limit[@]}" $U --output "$R/$1.dbg.json"
+  if [ "${4:-}" != "no-split" ]; then
+    "$T" eval --model "$2" "${a[@]}" --data "$OUT/data/stage2_transformed_test.jsonl" \
+      --max_new_tokens "$new_split" --batch_size 256 --device "$DEVICE" "${limit[@]}" --output "$R/$1.split.json"
+  fi
+}
+
+no4bit=()
+[ "$DEVICE" != cpu ] && no4bit=(--no_4bit)
+evals 0-untrained "$BASE"
+"$T" warmup --model "$BASE" --config "$OUT/data/warmup.json" --device "$DEVICE" "${no4bit[@]}" \
+  --train_file "$OUT/data/stage1_original_train.jsonl" --eval_file "$OUT/data/stage1_original_test.jsonl" \
+  --output_dir "$OUT/stage1_warmup"
+evals 1-stage1 "$OUT/stage1_warmup/merged"
+"$T" sft --model "$OUT/stage1_warmup/merged" --config "$OUT/data/sft.json" --device "$DEVICE" "${no4bit[@]}" \
+  --train_file "$OUT/data/stage2_transformed_train.jsonl" --eval_file "$OUT/data/stage2_transformed_test.jsonl" \
+  --output_dir "$OUT/stage2_sft"
+evals 2-stage2 "$OUT/stage2_sft/merged"
+
+if [ "$RL_STEPS" -gt 0 ]; then
+  every=$(( RL_STEPS / 4 > 0 ? RL_STEPS / 4 : 1 ))
+  rl=(--algorithm "$ALGORITHM" --batch_size 16 --learning_rate 3e-5 --max_new_tokens 256)
+  [ "$ALGORITHM" = grpo ] && rl+=(--group_size 8)
+  [ -n "${SMALL:-}" ] && rl=(--algorithm "$ALGORITHM" --batch_size 2 --learning_rate 3e-5 --max_new_tokens 8)
+  "$T" ppo --model "$OUT/stage2_sft/merged" --output_dir "$OUT/stage3_ppo" --device "$DEVICE" "${no4bit[@]}" \
+    "${rl[@]}" --num_train_steps "$RL_STEPS" --save_steps "$every" $U
+  for step in $(ls "$OUT/stage3_ppo" | sed -n 's/^step_//p' | sort -n); do
+    evals "3-rl-$(printf %05d "$step")" "$OUT/stage2_sft/merged" "$OUT/stage3_ppo/step_$step/adapter" no-split
+  done
+fi
+
+python3 - "$R" <<'PY'
+import glob, json, os, sys
+def iv(x):
+    return f"[{100 * x['interval']['lo']:.1f}-{100 * x['interval']['hi']:.1f}]"
+rows = {}
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    name, kind, _ = os.path.basename(f).rsplit(".", 2)
+    rows.setdefault(name, {})[kind] = json.load(open(f))
+for kind, title in [("short", "held-out short set"), ("dbg", "held-out short set with __DBG_"),
+                    ("split", "Stage 2 test split")]:
+    print(f"\n== {title}: exact match [80% interval]; by output lines")
+    for name, r in rows.items():
+        if kind not in r:
+            continue
+        x = r[kind]
+        buckets = "; ".join(f"{b['bucket']}: {b['correct']}/{b['n']} {iv(b)}"
+                            for b in x["by"].get("output_lines", []))
+        print(f"{name:16} {x['correct']:4}/{x['n']:<4} {100 * x['accuracy']:5.1f}% {iv(x):14} {buckets}")
+PY
+for f in stage1_warmup stage2_sft stage3_ppo; do
+  [ -f "$OUT/$f/metrics.jsonl" ] && echo "$f: $(wc -l < "$OUT/$f/metrics.jsonl") steps logged, curves in $OUT/$f/curves"
+done
