@@ -498,9 +498,19 @@ impl Policy {
                 } else {
                     self.member_gradients(&mb, &mw, &dev)?
                 };
-                // [policy loss, entropy, kl, value loss, loss, clipped, tokens]
-                let sums = comm.sum_f64(&local_sums)?;
-                let grads = dist::all_reduce_sum(comm, &grads)?;
+                // [policy loss, entropy, kl, value loss, loss, clipped, tokens],
+                // summed over ranks in the gradients' collective (one a
+                // minibatch, not two).
+                let (sums, grads) = if comm.world() == 1 {
+                    (local_sums.to_vec(), grads)
+                } else {
+                    let mut all = grads;
+                    let v: Vec<f32> = local_sums.iter().map(|&x| x as f32).collect();
+                    all.push(Tensor::from_vec(v, local_sums.len(), &dev)?);
+                    let mut all = dist::all_reduce_sum(comm, &all)?;
+                    let sums = all.pop().expect("pushed above").to_vec1::<f32>()?;
+                    (sums.into_iter().map(f64::from).collect(), all)
+                };
                 let (g, vg) = grads.split_at(n_adapter);
                 let norm = AdamW::grad_norm(g)?;
                 let vnorm = AdamW::grad_norm(vg)?;
