@@ -84,6 +84,9 @@ if [ "$RL_STEPS" -gt 0 ]; then
   rl=(--algorithm "$ALGORITHM" --batch_size 16 --learning_rate 3e-5 --max_new_tokens 256)
   [ "$ALGORITHM" = grpo ] && rl+=(--group_size 8)
   [ -n "${SMALL:-}" ] && rl=(--algorithm "$ALGORITHM" --batch_size 2 --learning_rate 3e-5 --max_new_tokens 8)
+  # RL draws from every program of the corpora (the held-out short set is
+  # never among them).
+  [ -n "${HUMANEVAL:-}" ] && rl+=(--dataset "builtin+humaneval:$HUMANEVAL")
   "$T" ppo --model "$OUT/stage2_sft/merged" --output_dir "$OUT/stage3_ppo" --device "$DEVICE" "${no4bit[@]}" \
     "${rl[@]}" --num_train_steps "$RL_STEPS" --save_steps "$every" $U
   for step in $(ls "$OUT/stage3_ppo" | sed -n 's/^step_//p' | sort -n); do

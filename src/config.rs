@@ -642,7 +642,8 @@ impl LineFilter {
 #[serde(deny_unknown_fields, default)]
 pub struct GenerateConfig {
     /// `builtin` (the shipped corpus), a local JSONL path, `humaneval:PATH`
-    /// (HumanEval.jsonl[.gz]), or a hub dataset id. Default `builtin`.
+    /// (HumanEval.jsonl[.gz]), or a hub dataset id; several joined by `+`
+    /// are read one after another. Default `builtin`.
     pub dataset: String,
     /// File inside a hub dataset. Default `python_dataset.jsonl`.
     pub hub_file: String,
@@ -993,8 +994,9 @@ pub struct RlConfig {
     /// `trace` (the Trace task, programs run in the sandbox) or `word`
     /// (answer with a given word; tests). Default `trace`.
     pub environment: String,
-    /// Rows the trace environment draws from: `builtin`, a JSONL path, or a
-    /// hub dataset id (as `generate`'s `dataset`). Default `builtin`.
+    /// Rows the trace environment draws from: `builtin`, a JSONL path, a
+    /// hub dataset id, or several joined by `+` (as `generate`'s `dataset`).
+    /// Default `builtin`.
     pub dataset: String,
     /// File inside a hub dataset. Default `python_dataset.jsonl`.
     pub hub_file: String,

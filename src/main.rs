@@ -104,7 +104,8 @@ struct GenerateArgs {
     /// built-in defaults).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// `builtin`, a JSONL path, `humaneval:PATH`, or a hub dataset id.
+    /// `builtin`, a JSONL path, `humaneval:PATH`, or a hub dataset id;
+    /// several joined by `+` (`builtin+humaneval:PATH`) are read as one.
     #[arg(long)]
     dataset: Option<String>,
     /// Where the datasets and stats go (default datasets/trace_training).

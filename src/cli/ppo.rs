@@ -71,7 +71,8 @@ pub struct PpoArgs {
     /// `trace` (programs in the sandbox) or `word` (answer with a given word).
     #[arg(long)]
     pub environment: Option<String>,
-    /// Rows of the trace environment: `builtin`, a JSONL path or a hub id.
+    /// Rows of the trace environment: `builtin`, a JSONL path, `humaneval:PATH`,
+    /// a hub id, or several joined by `+`.
     #[arg(long)]
     pub dataset: Option<String>,
     /// Turn the curriculum on or off (default: the config's `curriculum.enabled`).

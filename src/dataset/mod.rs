@@ -3,7 +3,8 @@
 //!
 //! Sources: the built-in corpus shipped in the binary, a local JSONL file
 //! (the `satpalsr/rl-python` layout), a hub dataset through the HF cache or
-//! hub, and HumanEval (its asserts' calls turned into programs).
+//! hub, HumanEval (its asserts' calls turned into programs), and several of
+//! these one after another (`builtin+humaneval:PATH`).
 
 pub mod builtin;
 pub mod humaneval;
@@ -39,16 +40,34 @@ pub struct RowError {
 pub type Rows = Box<dyn Iterator<Item = Result<SourceRow, RowError>> + Send>;
 
 /// A source that can be opened, and counted without holding it in memory.
+#[derive(Debug)]
 pub enum Source {
     Builtin,
     Jsonl(PathBuf),
     HumanEval(PathBuf),
+    /// The rows of each, in order, numbered as one source.
+    Many(Vec<Source>),
 }
 
 impl Source {
     /// Resolves a `dataset` setting: `builtin`, `humaneval:PATH`, a local
-    /// path, or a hub dataset id (from the HF cache, or the hub when online).
+    /// path, or a hub dataset id (from the HF cache, or the hub when online);
+    /// several joined by `+` are read one after another.
     pub fn resolve(dataset: &str, hub_file: &str) -> anyhow::Result<Source> {
+        if dataset.contains('+') && !Path::new(dataset).exists() {
+            let parts = dataset
+                .split('+')
+                .map(|part| {
+                    anyhow::ensure!(
+                        !part.is_empty() && !part.contains('+'),
+                        "dataset `{dataset}` has an empty part\nhint: join sources with one `+`, as in `builtin+humaneval:HumanEval.jsonl.gz`"
+                    );
+                    Source::resolve(part, hub_file)
+                        .map_err(|e| e.context(format!("in dataset `{dataset}`")))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            return Ok(Source::Many(parts));
+        }
         if dataset == "builtin" {
             return Ok(Source::Builtin);
         }
@@ -79,6 +98,11 @@ impl Source {
             Source::Builtin => "builtin".into(),
             Source::Jsonl(p) => p.display().to_string(),
             Source::HumanEval(p) => format!("humaneval:{}", p.display()),
+            Source::Many(parts) => parts
+                .iter()
+                .map(Source::describe)
+                .collect::<Vec<_>>()
+                .join("+"),
         }
     }
 
@@ -88,6 +112,7 @@ impl Source {
             Source::Builtin => Ok(builtin::programs().len() as u64),
             Source::Jsonl(p) => jsonl::count_rows(p),
             Source::HumanEval(p) => humaneval::count(p),
+            Source::Many(parts) => parts.iter().map(Source::count).sum(),
         }
     }
 
@@ -96,6 +121,20 @@ impl Source {
             Source::Builtin => Ok(Box::new(builtin::programs().into_iter().map(Ok))),
             Source::Jsonl(p) => Ok(Box::new(jsonl::JsonlRows::open(p)?)),
             Source::HumanEval(p) => humaneval::rows(p),
+            Source::Many(parts) => {
+                let mut all: Rows = Box::new(std::iter::empty());
+                for part in parts {
+                    all = Box::new(all.chain(part.rows()?));
+                }
+                // One numbering: the environment's row index is the
+                // position in the whole.
+                Ok(Box::new(all.enumerate().map(|(i, row)| {
+                    row.map(|mut r| {
+                        r.index = i as u64;
+                        r
+                    })
+                })))
+            }
         }
     }
 }
@@ -147,6 +186,36 @@ mod tests {
         assert!(looks_like_hub_id("satpalsr/rl-python"));
         assert!(!looks_like_hub_id("a/b/c"));
         assert!(!looks_like_hub_id("nofile.jsonl"));
+    }
+
+    #[test]
+    fn sources_joined_by_plus_read_one_after_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("extra.jsonl");
+        std::fs::write(
+            &file,
+            "{\"program\": \"print(1)\", \"inputs\": \"\", \"output\": \"1\"}\n{\"program\": \"print(2)\", \"inputs\": \"\", \"output\": \"2\"}\n",
+        )
+        .unwrap();
+        let spec = format!("builtin+{}", file.display());
+        let s = Source::resolve(&spec, "x").unwrap();
+        assert_eq!(s.describe(), spec);
+        let n = builtin::programs().len() as u64;
+        assert_eq!(s.count().unwrap(), n + 2);
+        let rows: Vec<SourceRow> = s.rows().unwrap().map(Result::unwrap).collect();
+        assert_eq!(rows.len() as u64, n + 2);
+        assert!(rows.iter().enumerate().all(|(i, r)| r.index == i as u64));
+        assert_eq!(rows[n as usize + 1].program, "print(2)");
+        // A missing part is named, with the whole setting.
+        let e = format!(
+            "{:#}",
+            Source::resolve("builtin+missing.jsonl", "x").unwrap_err()
+        );
+        assert!(
+            e.contains("missing.jsonl") && e.contains("builtin+missing.jsonl"),
+            "{e}"
+        );
+        assert!(Source::resolve("builtin++builtin", "x").is_err());
     }
 
     #[test]
