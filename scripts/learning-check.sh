@@ -15,7 +15,9 @@
 # Environment: HUMANEVAL=path/HumanEval.jsonl.gz adds HumanEval's programs to
 # the built-in corpus; DEVICE (default cuda); UNSAFE=1 runs the held-out and
 # RL programs without the sandbox (machines where it cannot be set up;
-# trusted programs only); SMALL=1 shrinks every budget (a CPU smoke run).
+# trusted programs only); SMALL=1 shrinks every budget (a CPU smoke run);
+# LAST_BUCKET=2-3 keeps Stage 3's curriculum on the output-line buckets up to
+# that one (the held-out short set's answers are one to three lines).
 set -euo pipefail
 T=$1
 BASE=$2
@@ -87,6 +89,10 @@ if [ "$RL_STEPS" -gt 0 ]; then
   # RL draws from every program of the corpora (the held-out short set is
   # never among them).
   [ -n "${HUMANEVAL:-}" ] && rl+=(--dataset "builtin+humaneval:$HUMANEVAL")
+  cap=""
+  [ -n "${LAST_BUCKET:-}" ] && cap=", \"last_bucket\": \"$LAST_BUCKET\""
+  echo "{\"curriculum\": {\"enabled\": true, \"promotion_threshold\": 0.7$cap}}" > "$OUT/data/stage3.json"
+  rl+=(--config "$OUT/data/stage3.json")
   "$T" ppo --model "$OUT/stage2_sft/merged" --output_dir "$OUT/stage3_ppo" --device "$DEVICE" "${no4bit[@]}" \
     "${rl[@]}" --num_train_steps "$RL_STEPS" --save_steps "$every" $U
   for step in $(ls "$OUT/stage3_ppo" | sed -n 's/^step_//p' | sort -n); do

@@ -1187,6 +1187,10 @@ pub struct CurriculumConfig {
     /// The feature whose buckets make the levels: `output_lines`,
     /// `loop_depth`, `lines` or `injections`. Default `output_lines`.
     pub feature: String,
+    /// The hardest bucket the curriculum opens, by its label as the eval
+    /// report prints it (`"2-3"`): training stays on the buckets up to it.
+    /// Default none (every bucket).
+    pub last_bucket: Option<String>,
 }
 
 impl Default for CurriculumConfig {
@@ -1196,6 +1200,7 @@ impl Default for CurriculumConfig {
             promotion_threshold: 0.7,
             window: 64,
             feature: "output_lines".into(),
+            last_bucket: None,
         }
     }
 }
@@ -1212,14 +1217,24 @@ impl Validate for CurriculumConfig {
         if self.window == 0 {
             p.push("window: must be at least 1".into());
         }
-        if !crate::eval::buckets::FEATURES
+        match crate::eval::buckets::FEATURES
             .iter()
-            .any(|f| f.name == self.feature)
+            .find(|f| f.name == self.feature)
         {
-            p.push(format!(
+            None => p.push(format!(
                 "feature: `{}` is not one of output_lines, loop_depth, lines, injections",
                 self.feature
-            ));
+            )),
+            Some(f) => {
+                let labels = f.labels();
+                if let Some(last) = self.last_bucket.as_ref().filter(|l| !labels.contains(l)) {
+                    p.push(format!(
+                        "last_bucket: `{last}` is not a bucket of {}: {}",
+                        self.feature,
+                        labels.join(", ")
+                    ));
+                }
+            }
         }
         p
     }

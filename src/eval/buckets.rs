@@ -23,6 +23,18 @@ pub struct Feature {
     pub edges: &'static [u32],
 }
 
+impl Feature {
+    /// The label of every bucket, easiest first (`"0"`, `"1"`, `"2-3"`, ...).
+    pub fn labels(&self) -> Vec<String> {
+        (0..=self.edges.len())
+            .map(|i| {
+                let lowest = if i == 0 { 0 } else { self.edges[i - 1] + 1 };
+                bucket(Some(lowest), self.edges).1
+            })
+            .collect()
+    }
+}
+
 /// Output lines: `0` (only when empty outputs are kept), `1`, `2-3`,
 /// `4-10`, `11+`.
 pub const OUTPUT_LINES: Feature = Feature {

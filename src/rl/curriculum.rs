@@ -11,7 +11,8 @@
 //! current bucket, it is passed over for the easiest bucket above it that
 //! has been drawn (so the empty `0` output-line bucket, or a bucket no
 //! program of the dataset falls in, cannot stall the run). Tasks whose
-//! record lacks the feature belong to every level. The whole state is plain
+//! record lacks the feature belong to every level. `last_bucket` caps the
+//! levels: training stays on the buckets up to it. The whole state is plain
 //! data, saved with each checkpoint, so a resumed run picks the same tasks.
 
 use std::collections::VecDeque;
@@ -39,11 +40,14 @@ pub struct Curriculum {
     pub seen: Vec<u64>,
     /// `(step, from, to, why)` for every change of level.
     pub history: Vec<(u64, usize, usize, String)>,
+    /// The hardest level opened (the index of `last_bucket`); none: all.
+    #[serde(default)]
+    pub last: Option<usize>,
 }
 
 impl Curriculum {
     pub fn new(cfg: &CurriculumConfig) -> Self {
-        Self {
+        let mut c = Self {
             enabled: cfg.enabled,
             feature: cfg.feature.clone(),
             threshold: cfg.promotion_threshold,
@@ -52,7 +56,18 @@ impl Curriculum {
             recent: VecDeque::new(),
             seen: Vec::new(),
             history: Vec::new(),
-        }
+            last: None,
+        };
+        c.last = cfg
+            .last_bucket
+            .as_ref()
+            .and_then(|label| c.spec().labels().iter().position(|l| l == label));
+        c
+    }
+
+    /// Whether level `l` may be opened.
+    fn open(&self, l: usize) -> bool {
+        self.last.is_none_or(|last| l <= last)
     }
 
     fn spec(&self) -> Feature {
@@ -105,7 +120,7 @@ impl Curriculum {
         if self.seen[self.level] == 0 && self.seen.iter().sum::<u64>() >= PROBE {
             // The easiest drawn bucket above, else the hardest below (the
             // level was promoted past the hardest bucket the data has).
-            let above = (self.level + 1..self.levels()).find(|&l| self.seen[l] > 0);
+            let above = (self.level + 1..self.levels()).find(|&l| self.seen[l] > 0 && self.open(l));
             let below = (0..self.level).rev().find(|&l| self.seen[l] > 0);
             if let Some(to) = above.or(below) {
                 self.change(step, to, "empty");
@@ -119,11 +134,11 @@ impl Curriculum {
     /// know; none when the data has nothing harder.
     fn next_level(&self) -> Option<usize> {
         let drawn = |l: usize| self.seen.get(l).copied().unwrap_or(0) > 0;
-        let above = (self.level + 1..self.levels()).find(|&l| drawn(l));
+        let above = (self.level + 1..self.levels()).find(|&l| drawn(l) && self.open(l));
         if above.is_some() || self.seen.iter().sum::<u64>() >= PROBE {
             above
         } else {
-            (self.level + 1 < self.levels()).then_some(self.level + 1)
+            (self.level + 1 < self.levels() && self.open(self.level + 1)).then_some(self.level + 1)
         }
     }
 
@@ -184,6 +199,7 @@ mod tests {
             promotion_threshold: 0.7,
             window,
             feature: "output_lines".into(),
+            last_bucket: None,
         }
     }
 
@@ -199,6 +215,7 @@ mod tests {
             (0..5).map(|i| c.label(i)).collect::<Vec<_>>(),
             ["0", "1", "2-3", "4-10", "11+"]
         );
+        assert_eq!(c.spec().labels(), ["0", "1", "2-3", "4-10", "11+"]);
         assert_eq!(c.bucket_of(&Difficulty::default()), None);
     }
 
@@ -250,6 +267,41 @@ mod tests {
         c.level = 4;
         assert!(c.admits(&lines(3), 7));
         assert_eq!(c.level, 2, "falls back to the hardest drawn bucket");
+    }
+
+    #[test]
+    fn the_last_bucket_caps_promotion() {
+        let mut c = Curriculum::new(&CurriculumConfig {
+            last_bucket: Some("2-3".into()),
+            ..cfg(2)
+        });
+        assert_eq!(c.last, Some(2));
+        c.level = 1;
+        for n in [1, 2, 5, 12] {
+            c.admits(&lines(n), 0);
+        }
+        assert!(c.record(&[1.0, 1.0], 1), "1 -> 2-3");
+        assert_eq!(c.level, 2);
+        assert!(!c.record(&[1.0, 1.0, 1.0], 2), "2-3 is the last bucket");
+        assert_eq!(c.level, 2);
+        assert!(!c.admits(&lines(5), 3), "4-10 stays closed");
+        // An old checkpoint's state (no cap) still reads.
+        let mut v = serde_json::to_value(&c).unwrap();
+        v.as_object_mut().unwrap().remove("last");
+        let old: Curriculum = serde_json::from_value(v).unwrap();
+        assert_eq!(old.last, None);
+        // A label the feature does not have is refused by the config check.
+        let bad = CurriculumConfig {
+            last_bucket: Some("2-4".into()),
+            ..cfg(2)
+        };
+        let problems = crate::config::Validate::problems(&bad);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("last_bucket") && p.contains("2-3")),
+            "{problems:?}"
+        );
     }
 
     #[test]
