@@ -17,15 +17,16 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
 
 // Sum of `v` over the block (blockDim.x a multiple of 32, at most 1024);
-// `shared` holds 32 floats. Every thread gets the result.
-__device__ __forceinline__ float block_sum(float v, float *shared) {
+// `shared` holds 32 values. Every thread gets the result. For floats and
+// for counts (uint32_t).
+template <typename T> __device__ __forceinline__ T block_sum(T v, T *shared) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     __syncthreads();
     if (lane == 0) shared[warp] = v;
     __syncthreads();
     const int warps = blockDim.x >> 5;
-    v = lane < warps ? shared[lane] : 0.f;
+    v = lane < warps ? shared[lane] : T(0);
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
     return v;
 }

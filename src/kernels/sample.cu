@@ -42,18 +42,6 @@ __device__ __forceinline__ float gumbel(uint64_t seed, uint32_t i) {
     return (float)(-log(-log(u)));
 }
 
-__device__ __forceinline__ uint32_t block_count(uint32_t v, uint32_t *shared) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    const int warps = blockDim.x >> 5;
-    v = lane < warps ? shared[lane] : 0u;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    return v;
-}
-
 // The better of two (score, index) pairs: the higher score, then the lower index.
 __device__ __forceinline__ void better(float &s, uint32_t &i, float s2, uint32_t i2) {
     if (s2 > s || (s2 == s && i2 < i)) { s = s2; i = i2; }
@@ -109,7 +97,7 @@ __device__ void sample_rows(const T *logits, int v, const uint64_t *seeds, float
             const uint32_t cand = thr | (1u << bit);
             uint32_t c = 0;
             for (int i = threadIdx.x; i < v; i += blockDim.x) c += key_of(to_f(x[i])) >= cand;
-            if (block_count(c, us) >= (uint32_t)top_k) thr = cand;
+            if (block_sum(c, us) >= (uint32_t)top_k) thr = cand;
         }
     }
     if (!greedy && top_p < 1.f) {
