@@ -1327,14 +1327,7 @@ mod tests {
     }
 
     /// The Python pipeline's `config/pipeline_config.json`, whole.
-    const USER_PIPELINE: &str = r#"{
-  "model": {"base_model": "Qwen/Qwen3-4B"},
-  "hardware": {"b200_mode": true, "no_4bit": false},
-  "stage0": {"variants_per_sample": 3, "num_workers": 32},
-  "stage1": {"epochs": 2},
-  "stage2": {"epochs": 3},
-  "stage3": {"num_steps": 5000}
-}"#;
+    const USER_PIPELINE: &str = include_str!("../tests/fixtures/user_pipeline_config.json");
 
     #[test]
     fn the_python_pipelines_names_load_and_mean_ours() {

@@ -47,15 +47,7 @@ fn pipeline_config_matches_the_stage_files() {
 
 /// The Python pipeline's `config/pipeline_config.json`, exactly as its
 /// users have it.
-const USER_PIPELINE: &str = r#"{
-  "model": {"base_model": "Qwen/Qwen3-4B"},
-  "hardware": {"b200_mode": true, "no_4bit": false},
-  "stage0": {"variants_per_sample": 3, "num_workers": 32},
-  "stage1": {"epochs": 2},
-  "stage2": {"epochs": 3},
-  "stage3": {"num_steps": 5000}
-}
-"#;
+const USER_PIPELINE: &str = include_str!("fixtures/user_pipeline_config.json");
 
 /// `trace-train ARGS --json` in `dir`, parsed.
 fn settings(dir: &Path, args: &[&str]) -> serde_json::Value {

@@ -16,15 +16,7 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
     std::fs::create_dir(dir.path().join("config")).unwrap();
     std::fs::write(
         dir.path().join("config/pipeline_config.json"),
-        r#"{
-  "model": {"base_model": "Qwen/Qwen3-4B"},
-  "hardware": {"b200_mode": true, "no_4bit": false},
-  "stage0": {"variants_per_sample": 3, "num_workers": 32},
-  "stage1": {"epochs": 2},
-  "stage2": {"epochs": 3},
-  "stage3": {"num_steps": 5000}
-}
-"#,
+        include_str!("fixtures/user_pipeline_config.json"),
     )
     .unwrap();
     let o = trace_train(dir.path(), &["pipeline", "--quick_test", "--device", "cpu"]);
