@@ -127,7 +127,7 @@ pub fn greedy(
         }
         pick_greedy(logits)
     };
-    decode(
+    decode_with(
         model,
         prompts,
         max_new_tokens,
@@ -135,7 +135,6 @@ pub fn greedy(
         pad_id,
         max_rows,
         device,
-        PREFILL_CHUNK,
         &mut pick,
     )
 }
@@ -192,7 +191,7 @@ pub fn sample(
         }
         Ok(out)
     };
-    decode(
+    decode_with(
         model,
         prompts,
         max_new_tokens,
@@ -200,7 +199,6 @@ pub fn sample(
         pad_id,
         max_rows,
         device,
-        PREFILL_CHUNK,
         &mut pick,
     )
 }
