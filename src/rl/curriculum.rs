@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::CurriculumConfig;
 use crate::eval::Difficulty;
-use crate::eval::buckets::{FEATURES, Feature, bucket};
+use crate::eval::buckets::{FEATURES, Feature};
 
 /// Draws seen before a bucket none of them fell in is taken as empty.
 pub const PROBE: u64 = 64;
@@ -97,13 +97,8 @@ impl Curriculum {
 
     /// The label of bucket `index` (`"1"`, `"2-3"`, `"11+"`).
     pub fn label(&self, index: usize) -> String {
-        let f = self.spec();
-        let value = if index == 0 {
-            0
-        } else {
-            f.edges.get(index - 1).map_or(u32::MAX, |e| e + 1)
-        };
-        bucket(Some(value), f.edges).1
+        let labels = self.spec().labels();
+        labels[index.min(labels.len() - 1)].clone()
     }
 
     /// Whether a drawn task is admitted now; counts the draw towards

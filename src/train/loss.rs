@@ -207,7 +207,7 @@ fn chunked_logprobs(
     chunk: usize,
 ) -> Result<Tensor> {
     let (r, h) = rows.dims2()?;
-    let (vocab, h2) = head.dims2()?;
+    let (_, h2) = head.dims2()?;
     if h != h2 {
         candle_core::bail!("lm_head expects {h2} features, the rows have {h}");
     }
@@ -239,12 +239,13 @@ fn chunked_logprobs(
                     .to_dtype(DType::F32)?
                     / temperature
             };
-            let onehot = Tensor::zeros((len, vocab), DType::F32, device)?.scatter_add(
+            // onehot(y) - p: 1 added at the targets of -p, no (c, V) one-hot.
+            let minus_p = p.neg()?.scatter_add(
                 &tgt.unsqueeze(1)?,
                 &Tensor::ones((len, 1), DType::F32, device)?,
                 1,
             )?;
-            g_logp.push(back((onehot - &p)?)?);
+            g_logp.push(back(minus_p)?);
             if entropy_grad {
                 g_ent.push(back((p * lp.broadcast_add(&ent)?)?.neg()?)?);
             }
