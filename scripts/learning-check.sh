@@ -17,7 +17,17 @@
 # RL programs without the sandbox (machines where it cannot be set up;
 # trusted programs only); SMALL=1 shrinks every budget (a CPU smoke run);
 # LAST_BUCKET=2-3 keeps Stage 3's curriculum on the output-line buckets up to
-# that one (the held-out short set's answers are one to three lines).
+# that one (the held-out short set's answers are one to three lines);
+# VARIANTS (default 4) sets how many injection variants of each held-out
+# short program the `__DBG_` eval draws (more: narrower intervals);
+# SYNTHETIC=N adds N programs made from seed 1 (`synthetic:N:1`) to the
+# training data, and Stage 3 then also draws fresh ones (seed 2) that no
+# stage trained on; the Stage 2 split is then scored in two parts, the
+# written corpora (`split`) and the synthetic programs (`synsplit`);
+# UNTIL=1 or 2 stops after that stage and its evals (budgets in calls);
+# RL_TIME=S stops Stage 3 with SIGTERM after S seconds (it saves a checkpoint).
+# Run it again with the same OUT to go on where it stopped: finished stages
+# and reports are kept, Stage 3 resumes from its last checkpoint.
 set -euo pipefail
 T=$1
 BASE=$2
@@ -34,16 +44,26 @@ R=$OUT/reports
 echo '{"test_ratio": 0.25, "variants": 4, "filters": {"max_output_chars": 1500}}' > "$OUT/data/generate.json"
 sources=(builtin)
 [ -n "${HUMANEVAL:-}" ] && sources+=("humaneval:$HUMANEVAL")
-for s in "${sources[@]}"; do
+[ -n "${SYNTHETIC:-}" ] && sources+=("synthetic:$SYNTHETIC:1")
+[ -f "$OUT/data/stage2_transformed_test.jsonl" ] || for s in "${sources[@]}"; do
   name=${s%%:*}
   "$T" generate --config "$OUT/data/generate.json" --dataset "$s" --output_dir "$OUT/data/$name" $U
 done
 for split in stage1_original_train stage1_original_test stage2_transformed_train stage2_transformed_test; do
-  cat "$OUT"/data/*/"$split.jsonl" > "$OUT/data/$split.jsonl"
+  [ -f "$OUT/data/$split.jsonl" ] || cat "$OUT"/data/*/"$split.jsonl" > "$OUT/data/$split.jsonl.part"
 done
+for split in stage1_original_train stage1_original_test stage2_transformed_train stage2_transformed_test; do
+  [ -f "$OUT/data/$split.jsonl.part" ] && mv "$OUT/data/$split.jsonl.part" "$OUT/data/$split.jsonl"
+done
+# The Stage 2 split scored by source kind: the written corpora, the synthetic programs.
+split=$OUT/data/stage2_transformed_test.jsonl synsplit=""
+if [ -n "${SYNTHETIC:-}" ]; then
+  split=$OUT/data/written_stage2_transformed_test.jsonl synsplit=$OUT/data/synthetic/stage2_transformed_test.jsonl
+  [ -f "$split" ] || cat $(ls "$OUT"/data/*/stage2_transformed_test.jsonl | grep -v /synthetic/) > "$split"
+fi
 
 # The recipe (LoRA r16 on every projection, lr 1e-3 cosine to 10%).
-epochs1=3 epochs2=2 new_short=96 new_dbg=384 new_split=768 variants=4 limit=()
+epochs1=3 epochs2=2 new_short=96 new_dbg=384 new_split=768 variants=${VARIANTS:-4} limit=()
 if [ -n "${SMALL:-}" ]; then
   epochs1=1 epochs2=1 new_short=16 new_dbg=32 new_split=32 variants=1 limit=(--limit 16)
 fi
@@ -57,29 +77,36 @@ recipe "$epochs2" 50 > "$OUT/data/sft.json"
 
 evals() { # evals NAME MODEL [ADAPTER]: the held-out short set as written and with
           # the environment's injections, and the Stage 2 test split
+          # (a report already written is kept)
   local a=()
   [ -n "${3:-}" ] && a=(--adapter "$3")
-  "$T" eval --model "$2" "${a[@]}" --heldout short --max_new_tokens "$new_short" \
+  [ -f "$R/$1.short.json" ] || "$T" eval --model "$2" "${a[@]}" --heldout short --max_new_tokens "$new_short" \
     --batch_size 256 --device "$DEVICE" "${limit[@]}" $U --output "$R/$1.short.json"
-  "$T" eval --model "$2" "${a[@]}" --heldout short --prompt transformed --variants "$variants" \
+  [ -f "$R/$1.dbg.json" ] || "$T" eval --model "$2" "${a[@]}" --heldout short --prompt transformed --variants "$variants" \
     --max_new_tokens "$new_dbg" --batch_size 256 --device "$DEVICE" "${limit[@]}" $U --output "$R/$1.dbg.json"
-  if [ "${4:-}" != "no-split" ]; then
-    "$T" eval --model "$2" "${a[@]}" --data "$OUT/data/stage2_transformed_test.jsonl" \
+  if [ "${4:-}" != "no-split" ] && [ ! -f "$R/$1.split.json" ]; then
+    "$T" eval --model "$2" "${a[@]}" --data "$split" \
       --max_new_tokens "$new_split" --batch_size 256 --device "$DEVICE" "${limit[@]}" --output "$R/$1.split.json"
+  fi
+  if [ "${4:-}" != "no-split" ] && [ -n "$synsplit" ] && [ ! -f "$R/$1.synsplit.json" ]; then
+    "$T" eval --model "$2" "${a[@]}" --data "$synsplit" \
+      --max_new_tokens "$new_split" --batch_size 256 --device "$DEVICE" "${limit[@]}" --output "$R/$1.synsplit.json"
   fi
 }
 
 no4bit=()
 [ "$DEVICE" != cpu ] && no4bit=(--no_4bit)
 evals 0-untrained "$BASE"
-"$T" warmup --model "$BASE" --config "$OUT/data/warmup.json" --device "$DEVICE" "${no4bit[@]}" \
+[ -d "$OUT/stage1_warmup/merged" ] || "$T" warmup --model "$BASE" --config "$OUT/data/warmup.json" --device "$DEVICE" "${no4bit[@]}" \
   --train_file "$OUT/data/stage1_original_train.jsonl" --eval_file "$OUT/data/stage1_original_test.jsonl" \
   --output_dir "$OUT/stage1_warmup"
 evals 1-stage1 "$OUT/stage1_warmup/merged"
-"$T" sft --model "$OUT/stage1_warmup/merged" --config "$OUT/data/sft.json" --device "$DEVICE" "${no4bit[@]}" \
+[ "${UNTIL:-3}" -le 1 ] && RL_STEPS=0
+[ -d "$OUT/stage2_sft/merged" ] || [ "${UNTIL:-3}" -le 1 ] || "$T" sft --model "$OUT/stage1_warmup/merged" --config "$OUT/data/sft.json" --device "$DEVICE" "${no4bit[@]}" \
   --train_file "$OUT/data/stage2_transformed_train.jsonl" --eval_file "$OUT/data/stage2_transformed_test.jsonl" \
   --output_dir "$OUT/stage2_sft"
-evals 2-stage2 "$OUT/stage2_sft/merged"
+[ "${UNTIL:-3}" -le 1 ] || evals 2-stage2 "$OUT/stage2_sft/merged"
+[ "${UNTIL:-3}" -le 2 ] && RL_STEPS=0
 
 if [ "$RL_STEPS" -gt 0 ]; then
   every=$(( RL_STEPS / 4 > 0 ? RL_STEPS / 4 : 1 ))
@@ -88,13 +115,21 @@ if [ "$RL_STEPS" -gt 0 ]; then
   [ -n "${SMALL:-}" ] && rl=(--algorithm "$ALGORITHM" --batch_size 2 --learning_rate 3e-5 --max_new_tokens 8)
   # RL draws from every program of the corpora (the held-out short set is
   # never among them).
-  [ -n "${HUMANEVAL:-}" ] && rl+=(--dataset "builtin+humaneval:$HUMANEVAL")
+  rl_data=builtin
+  [ -n "${HUMANEVAL:-}" ] && rl_data+="+humaneval:$HUMANEVAL"
+  [ -n "${SYNTHETIC:-}" ] && rl_data+="+synthetic:20000:2"
+  [ "$rl_data" != builtin ] && rl+=(--dataset "$rl_data")
   cap=""
   [ -n "${LAST_BUCKET:-}" ] && cap=", \"last_bucket\": \"$LAST_BUCKET\""
   echo "{\"curriculum\": {\"enabled\": true, \"promotion_threshold\": 0.7$cap}}" > "$OUT/data/stage3.json"
   rl+=(--config "$OUT/data/stage3.json")
-  "$T" ppo --model "$OUT/stage2_sft/merged" --output_dir "$OUT/stage3_ppo" --device "$DEVICE" "${no4bit[@]}" \
-    "${rl[@]}" --num_train_steps "$RL_STEPS" --save_steps "$every" $U
+  [ -f "$OUT/stage3_ppo/metrics.jsonl" ] && rl+=(--resume)
+  if [ ! -d "$OUT/stage3_ppo/final" ]; then
+    status=0
+    ${RL_TIME:+timeout -s TERM "$RL_TIME"} "$T" ppo --model "$OUT/stage2_sft/merged" --output_dir "$OUT/stage3_ppo" \
+      --device "$DEVICE" "${no4bit[@]}" "${rl[@]}" --num_train_steps "$RL_STEPS" --save_steps "$every" $U || status=$?
+    [ "$status" -eq 0 ] || echo "Stage 3 stopped (exit $status); run this again with the same OUT to resume it"
+  fi
   for step in $(ls "$OUT/stage3_ppo" | sed -n 's/^step_//p' | sort -n); do
     evals "3-rl-$(printf %05d "$step")" "$OUT/stage2_sft/merged" "$OUT/stage3_ppo/step_$step/adapter" no-split
   done
@@ -109,7 +144,7 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     name, kind, _ = os.path.basename(f).rsplit(".", 2)
     rows.setdefault(name, {})[kind] = json.load(open(f))
 for kind, title in [("short", "held-out short set"), ("dbg", "held-out short set with __DBG_"),
-                    ("split", "Stage 2 test split")]:
+                    ("split", "Stage 2 test split"), ("synsplit", "Stage 2 test split, synthetic programs")]:
     print(f"\n== {title}: exact match [80% interval]; by output lines")
     for name, r in rows.items():
         if kind not in r:
@@ -120,5 +155,5 @@ for kind, title in [("short", "held-out short set"), ("dbg", "held-out short set
         print(f"{name:16} {x['correct']:4}/{x['n']:<4} {100 * x['accuracy']:5.1f}% {iv(x):14} {buckets}")
 PY
 for f in stage1_warmup stage2_sft stage3_ppo; do
-  [ -f "$OUT/$f/metrics.jsonl" ] && echo "$f: $(wc -l < "$OUT/$f/metrics.jsonl") steps logged, curves in $OUT/$f/curves"
+  [ ! -f "$OUT/$f/metrics.jsonl" ] || echo "$f: $(wc -l < "$OUT/$f/metrics.jsonl") steps logged, curves in $OUT/$f/curves"
 done

@@ -90,7 +90,7 @@ echo "== GRPO from $POLICY on the trace environment, 32 prompts x 8, on 1 and on
 for n in 1 "$N"; do
   "$T" ppo --algorithm grpo --model "$POLICY" --output_dir "$WORK/g$n" --device cuda --num_gpus "$n" \
     --batch_size 32 --group_size 8 --learning_rate 3e-5 --num_train_steps 8 --max_new_tokens 256 \
-    --save_steps 0 ${UNSAFE:+--unsafe-no-sandbox}
+    --temperature 1.0 --no_4bit --save_steps 0 ${UNSAFE:+--unsafe-no-sandbox}
 done
 python3 - "$WORK" "$N" <<'PY'
 import json, sys

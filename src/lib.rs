@@ -19,6 +19,7 @@ pub mod progress;
 pub mod prompt;
 pub mod reward;
 pub mod rl;
+pub mod rng;
 pub mod runlog;
 pub mod sandbox;
 pub mod serve;

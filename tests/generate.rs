@@ -501,3 +501,42 @@ fn balance_lines_caps_full_buckets_the_same_way_every_run() {
     assert_eq!(s["counts"]["records_train"], 40);
     assert!(s["counts"].get("balance").is_none());
 }
+
+#[test]
+fn synthetic_programs_run_and_give_short_answers() {
+    // `synthetic:N:SEED` makes N programs that all run: none is dropped for
+    // an error, their answers are short (one to ten lines), and the same
+    // spec gives the same rows.
+    let dir = tempfile::tempdir().unwrap();
+    for out in ["a", "b"] {
+        let o = generate(dir.path(), out, &["--dataset", "synthetic:60:3"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let a = std::fs::read_to_string(dir.path().join("a/stage1_original_train.jsonl")).unwrap();
+    let b = std::fs::read_to_string(dir.path().join("b/stage1_original_train.jsonl")).unwrap();
+    assert_eq!(a, b);
+    let stats = stats_without_timings(&dir.path().join("a/stage1_stats.json"));
+    assert_eq!(stats["dataset"], "synthetic:60:3");
+    assert_eq!(stats["rows_read"], 60);
+    let test = std::fs::read_to_string(dir.path().join("a/stage1_original_test.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = a
+        .lines()
+        .chain(test.lines())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 60, "every program ran and was kept");
+    let mut programs = std::collections::HashSet::new();
+    for r in &rows {
+        let lines = r["expected_output"].as_str().unwrap().lines().count();
+        assert!((1..=10).contains(&lines), "{lines} lines: {r}");
+        programs.insert(r["program"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(programs.len(), 60, "every program differs");
+    let bad = generate(dir.path(), "c", &["--dataset", "synthetic:lots"]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("`lots` is not a whole number"),
+        "{}",
+        stderr(&bad)
+    );
+}

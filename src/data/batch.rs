@@ -22,6 +22,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::rng::{SplitMix64, mix};
+
 use super::example::{Example, IGNORE_INDEX};
 use super::{DataError, Result};
 
@@ -197,48 +199,6 @@ impl<'a> Batcher<'a> {
                 .skip(skip)
                 .map(move |(batch, idx)| (Position { epoch, batch }, self.batch(&idx)))
         }))
-    }
-}
-
-/// SplitMix64's output function.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// SplitMix64: a 64-bit state stepped by the golden ratio, then mixed.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix(self.0)
-    }
-
-    /// Uniform in `0..n` (Lemire 2019, "Fast random integer generation in
-    /// an interval", with rejection so there is no bias).
-    fn below(&mut self, n: u64) -> u64 {
-        let mut m = u128::from(self.next_u64()) * u128::from(n);
-        if (m as u64) < n {
-            let threshold = n.wrapping_neg() % n;
-            while (m as u64) < threshold {
-                m = u128::from(self.next_u64()) * u128::from(n);
-            }
-        }
-        (m >> 64) as u64
-    }
-
-    /// Fisher–Yates.
-    fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            items.swap(i, j);
-        }
     }
 }
 

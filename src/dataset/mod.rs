@@ -3,12 +3,14 @@
 //!
 //! Sources: the built-in corpus shipped in the binary, a local JSONL file
 //! (the `satpalsr/rl-python` layout), a hub dataset through the HF cache or
-//! hub, HumanEval (its asserts' calls turned into programs), and several of
-//! these one after another (`builtin+humaneval:PATH`).
+//! hub, HumanEval (its asserts' calls turned into programs), programs made
+//! from a seed (`synthetic:N[:SEED]`), and several of these one after
+//! another (`builtin+humaneval:PATH`).
 
 pub mod builtin;
 pub mod humaneval;
 pub mod jsonl;
+pub mod synthetic;
 
 use std::path::{Path, PathBuf};
 
@@ -45,6 +47,7 @@ pub enum Source {
     Builtin,
     Jsonl(PathBuf),
     HumanEval(PathBuf),
+    Synthetic(synthetic::Spec),
     /// The rows of each, in order, numbered as one source.
     Many(Vec<Source>),
 }
@@ -71,6 +74,9 @@ impl Source {
         if dataset == "builtin" {
             return Ok(Source::Builtin);
         }
+        if let Some(spec) = dataset.strip_prefix(synthetic::PREFIX) {
+            return synthetic::Spec::parse(spec).map(Source::Synthetic);
+        }
         if let Some(path) = dataset.strip_prefix("humaneval:") {
             let p = PathBuf::from(path);
             anyhow::ensure!(
@@ -89,7 +95,7 @@ impl Source {
             return hub_file_path(dataset, hub_file).map(Source::Jsonl);
         }
         anyhow::bail!(
-            "dataset `{dataset}` is neither a file nor a hub id\nhint: pass `builtin`, a JSONL path, `humaneval:PATH`, or an id like `satpalsr/rl-python`"
+            "dataset `{dataset}` is neither a file nor a hub id\nhint: pass `builtin`, a JSONL path, `humaneval:PATH`, `synthetic:N`, or an id like `satpalsr/rl-python`"
         )
     }
 
@@ -98,6 +104,7 @@ impl Source {
             Source::Builtin => "builtin".into(),
             Source::Jsonl(p) => p.display().to_string(),
             Source::HumanEval(p) => format!("humaneval:{}", p.display()),
+            Source::Synthetic(spec) => spec.describe(),
             Source::Many(parts) => parts
                 .iter()
                 .map(Source::describe)
@@ -112,6 +119,7 @@ impl Source {
             Source::Builtin => Ok(builtin::programs().len() as u64),
             Source::Jsonl(p) => jsonl::count_rows(p),
             Source::HumanEval(p) => humaneval::count(p),
+            Source::Synthetic(spec) => Ok(spec.count),
             Source::Many(parts) => parts.iter().map(Source::count).sum(),
         }
     }
@@ -121,6 +129,7 @@ impl Source {
             Source::Builtin => Ok(Box::new(builtin::programs().into_iter().map(Ok))),
             Source::Jsonl(p) => Ok(Box::new(jsonl::JsonlRows::open(p)?)),
             Source::HumanEval(p) => humaneval::rows(p),
+            Source::Synthetic(spec) => Ok(spec.rows()),
             Source::Many(parts) => {
                 let mut all: Rows = Box::new(std::iter::empty());
                 for part in parts {
