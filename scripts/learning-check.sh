@@ -22,8 +22,9 @@
 # short program the `__DBG_` eval draws (more: narrower intervals);
 # SYNTHETIC=N adds N programs made from seed 1 (`synthetic:N:1`) to the
 # training data, and Stage 3 then also draws fresh ones (seed 2) that no
-# stage trained on; the Stage 2 split is then scored in two parts, the
-# written corpora (`split`) and the synthetic programs (`synsplit`);
+# stage trained on; the test splits are then scored in two parts, the
+# written corpora (`orig`, `split`) and the synthetic programs (`synorig`,
+# `synsplit`);
 # UNTIL=1 or 2 stops after that stage and its evals (budgets in calls);
 # RL_TIME=S stops Stage 3 with SIGTERM after S seconds (it saves a checkpoint).
 # Run it again with the same OUT to go on where it stopped: finished stages
@@ -55,10 +56,13 @@ done
 for split in stage1_original_train stage1_original_test stage2_transformed_train stage2_transformed_test; do
   [ -f "$OUT/data/$split.jsonl.part" ] && mv "$OUT/data/$split.jsonl.part" "$OUT/data/$split.jsonl"
 done
-# The Stage 2 split scored by source kind: the written corpora, the synthetic programs.
-split=$OUT/data/stage2_transformed_test.jsonl synsplit=""
+# The test splits (Stage 1's originals, Stage 2's transformed rows), scored
+# by source kind: the written corpora, the synthetic programs.
+orig=$OUT/data/stage1_original_test.jsonl split=$OUT/data/stage2_transformed_test.jsonl synorig="" synsplit=""
 if [ -n "${SYNTHETIC:-}" ]; then
-  split=$OUT/data/written_stage2_transformed_test.jsonl synsplit=$OUT/data/synthetic/stage2_transformed_test.jsonl
+  orig=$OUT/data/written_stage1_original_test.jsonl split=$OUT/data/written_stage2_transformed_test.jsonl
+  synorig=$OUT/data/synthetic/stage1_original_test.jsonl synsplit=$OUT/data/synthetic/stage2_transformed_test.jsonl
+  [ -f "$orig" ] || cat $(ls "$OUT"/data/*/stage1_original_test.jsonl | grep -v /synthetic/) > "$orig"
   [ -f "$split" ] || cat $(ls "$OUT"/data/*/stage2_transformed_test.jsonl | grep -v /synthetic/) > "$split"
 fi
 
@@ -76,7 +80,7 @@ recipe "$epochs1" 30 > "$OUT/data/warmup.json"
 recipe "$epochs2" 50 > "$OUT/data/sft.json"
 
 evals() { # evals NAME MODEL [ADAPTER]: the held-out short set as written and with
-          # the environment's injections, and the Stage 2 test split
+          # the environment's injections, and the test splits
           # (a report already written is kept)
   local a=()
   [ -n "${3:-}" ] && a=(--adapter "$3")
@@ -84,14 +88,14 @@ evals() { # evals NAME MODEL [ADAPTER]: the held-out short set as written and wi
     --batch_size 256 --device "$DEVICE" "${limit[@]}" $U --output "$R/$1.short.json"
   [ -f "$R/$1.dbg.json" ] || "$T" eval --model "$2" "${a[@]}" --heldout short --prompt transformed --variants "$variants" \
     --max_new_tokens "$new_dbg" --batch_size 256 --device "$DEVICE" "${limit[@]}" $U --output "$R/$1.dbg.json"
-  if [ "${4:-}" != "no-split" ] && [ ! -f "$R/$1.split.json" ]; then
-    "$T" eval --model "$2" "${a[@]}" --data "$split" \
-      --max_new_tokens "$new_split" --batch_size 256 --device "$DEVICE" "${limit[@]}" --output "$R/$1.split.json"
-  fi
-  if [ "${4:-}" != "no-split" ] && [ -n "$synsplit" ] && [ ! -f "$R/$1.synsplit.json" ]; then
-    "$T" eval --model "$2" "${a[@]}" --data "$synsplit" \
-      --max_new_tokens "$new_split" --batch_size 256 --device "$DEVICE" "${limit[@]}" --output "$R/$1.synsplit.json"
-  fi
+  [ "${4:-}" != "no-split" ] || return 0
+  local kind file
+  for kind in orig split synorig synsplit; do
+    file=${!kind}
+    [ -n "$file" ] && [ ! -f "$R/$1.$kind.json" ] || continue
+    "$T" eval --model "$2" "${a[@]}" --data "$file" --max_new_tokens "$new_split" \
+      --batch_size 256 --device "$DEVICE" "${limit[@]}" --output "$R/$1.$kind.json"
+  done
 }
 
 no4bit=()
@@ -144,7 +148,9 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     name, kind, _ = os.path.basename(f).rsplit(".", 2)
     rows.setdefault(name, {})[kind] = json.load(open(f))
 for kind, title in [("short", "held-out short set"), ("dbg", "held-out short set with __DBG_"),
-                    ("split", "Stage 2 test split"), ("synsplit", "Stage 2 test split, synthetic programs")]:
+                    ("orig", "Stage 1 test split (originals)"), ("split", "Stage 2 test split"),
+                    ("synorig", "Stage 1 test split, synthetic programs"),
+                    ("synsplit", "Stage 2 test split, synthetic programs")]:
     print(f"\n== {title}: exact match [80% interval]; by output lines")
     for name, r in rows.items():
         if kind not in r:
