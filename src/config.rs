@@ -642,7 +642,8 @@ impl LineFilter {
 #[serde(deny_unknown_fields, default)]
 pub struct GenerateConfig {
     /// `builtin` (the shipped corpus), a local JSONL path, `humaneval:PATH`
-    /// (HumanEval.jsonl[.gz]), or a hub dataset id; several joined by `+`
+    /// (HumanEval.jsonl[.gz]), `synthetic:N[:SEED]` (N programs made from a
+    /// seed), or a hub dataset id; several joined by `+`
     /// are read one after another. Default `builtin`.
     pub dataset: String,
     /// File inside a hub dataset. Default `python_dataset.jsonl`.

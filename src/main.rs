@@ -104,8 +104,9 @@ struct GenerateArgs {
     /// built-in defaults).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// `builtin`, a JSONL path, `humaneval:PATH`, or a hub dataset id;
-    /// several joined by `+` (`builtin+humaneval:PATH`) are read as one.
+    /// `builtin`, a JSONL path, `humaneval:PATH`, `synthetic:N[:SEED]` (N
+    /// programs made from a seed), or a hub dataset id; several joined by
+    /// `+` (`builtin+humaneval:PATH`) are read as one.
     #[arg(long)]
     dataset: Option<String>,
     /// Where the datasets and stats go (default datasets/trace_training).

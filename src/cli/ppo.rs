@@ -72,7 +72,7 @@ pub struct PpoArgs {
     #[arg(long)]
     pub environment: Option<String>,
     /// Rows of the trace environment: `builtin`, a JSONL path, `humaneval:PATH`,
-    /// a hub id, or several joined by `+`.
+    /// `synthetic:N[:SEED]`, a hub id, or several joined by `+`.
     #[arg(long)]
     pub dataset: Option<String>,
     /// Turn the curriculum on or off (default: the config's `curriculum.enabled`).
