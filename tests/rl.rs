@@ -534,3 +534,51 @@ fn ranks_share_the_trace_environment_and_read_the_same_tasks() {
         "the curriculum never moved: {levels:?}"
     );
 }
+
+#[test]
+fn a_stop_during_the_last_step_still_saves_the_whole_run() {
+    // SIGTERM while the last step runs: that step completes the run, so the
+    // run must end as a whole one (final adapter, merged model, its last
+    // checkpoint), not as a stopped one that saved nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let o = trace_train(dir.path(), &["model", "tiny", "base"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(
+        dir.path().join("s3.json"),
+        r#"{"ppo": {"algorithm": "grpo", "environment": "word", "group_size": 2,
+                    "dynamic_sampling": false, "batch_size": 4, "num_train_steps": 3,
+                    "max_new_tokens": 48, "mini_batch_size": 4, "save_steps": 0,
+                    "learning_rate": 0.001, "kl_coef": 0.01}}"#,
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_trace-train"))
+        .current_dir(dir.path())
+        .args(ppo_args("run", &[]))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let metrics = dir.path().join("run/metrics.jsonl");
+    let t = Instant::now();
+    // Steps 1 and 2 logged: step 3, the last, is running.
+    while std::fs::read_to_string(&metrics).map_or(0, |s| s.lines().count()) < 2 {
+        assert!(t.elapsed() < Duration::from_secs(300), "run too slow");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("stopped by a signal"), "{err}");
+    assert_eq!(lines_of(&metrics).len(), 3);
+    for part in ["final/adapter_model.safetensors", "merged", "step_3"] {
+        assert!(
+            dir.path().join("run").join(part).exists(),
+            "no {part}: {err}"
+        );
+    }
+}

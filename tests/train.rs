@@ -543,3 +543,45 @@ fn smollm2_trained_on_single_line_answers_stops_after_one_line() {
         "0.003",
     );
 }
+
+#[test]
+fn a_stop_during_the_last_step_still_saves_the_whole_run() {
+    // SIGTERM while the last step runs: the run is whole, so it ends as one
+    // (adapter, merged model, its last checkpoint), not as a stopped run
+    // that saved nothing.
+    let dir = setup(Base::Tiny, "").unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_trace-train"))
+        .current_dir(dir.path())
+        .args(warmup_args(
+            "run",
+            "4",
+            &["--batch_size", "16", "--save_steps", "0"],
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let metrics = dir.path().join("run/metrics.jsonl");
+    let t = Instant::now();
+    // Steps 1-3 logged: step 4, the last, is running.
+    while std::fs::read_to_string(&metrics).map_or(0, |s| s.lines().count()) < 3 {
+        assert!(t.elapsed() < Duration::from_secs(300), "run too slow");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("stopped by a signal"), "{err}");
+    assert_eq!(losses(&metrics).len(), 4);
+    for part in ["final/adapter_model.safetensors", "merged", "checkpoint-4"] {
+        assert!(
+            dir.path().join("run").join(part).exists(),
+            "no {part}: {err}"
+        );
+    }
+}

@@ -376,6 +376,11 @@ fn run_job(
     if s.interrupted {
         eprintln!("stage 3: stopped by a signal after saving a checkpoint; continue with --resume");
     } else {
+        if s.stop_requested {
+            eprintln!(
+                "stage 3: a stop signal came during the last step; the run finished and saved its outputs"
+            );
+        }
         eprintln!(
             "adapter: {}\nmerged model: {}",
             s.final_dir.display(),

@@ -89,7 +89,11 @@ pub struct RlSummary {
     pub skipped_tasks: BTreeMap<String, u64>,
     pub final_dir: PathBuf,
     pub merged_dir: PathBuf,
+    /// Stopped by a signal, after saving a checkpoint.
     pub interrupted: bool,
+    /// A stop signal came, whether or not it cut the run (one during the
+    /// last step does not: the run finishes); a pipeline stops after it.
+    pub stop_requested: bool,
 }
 
 /// Where a run stands beyond the optimizer: saved in every checkpoint.
@@ -895,6 +899,7 @@ pub fn run_with(
     progress.start(Some(total_steps), state.step);
     let (mut first_reward, mut last_reward) = (None, None);
     let mut interrupted = false;
+    let mut stop_seen = false;
     while state.step < total_steps {
         let step = state.step;
         let t_step = Instant::now();
@@ -1179,7 +1184,10 @@ pub fn run_with(
                 )?;
             }
         }
-        if stopping {
+        // A stop during the last step comes too late to cut anything: the
+        // run is whole, and ends as one (final save and outputs).
+        stop_seen |= stopping;
+        if stopping && state.step < total_steps {
             interrupted = true;
             break;
         }
@@ -1258,6 +1266,7 @@ pub fn run_with(
         final_dir,
         merged_dir,
         interrupted,
+        stop_requested: interrupted || stop_seen || stop.load(Ordering::Relaxed),
     })
 }
 

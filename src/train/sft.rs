@@ -98,6 +98,9 @@ pub struct SftSummary {
     pub merged_dir: PathBuf,
     /// Stopped by a signal, after saving a checkpoint.
     pub interrupted: bool,
+    /// A stop signal came, whether or not it cut the run (one during the
+    /// last step does not: the run finishes); a pipeline stops after it.
+    pub stop_requested: bool,
 }
 
 /// Consecutive non-finite steps tolerated before the run stops.
@@ -268,6 +271,7 @@ pub fn run_with(
     let (mut first_loss, mut last_loss, mut eval_loss) = (None, None, None);
     let mut bad_in_a_row = 0u64;
     let mut interrupted = false;
+    let mut stop_seen = false;
     let started = Instant::now();
     let tokens_at_start = state.tokens_seen;
     let mut plan = batcher.plan(state.epoch as u64);
@@ -408,7 +412,10 @@ pub fn run_with(
                 save_checkpoint(&job.output_dir, &state, &opt, cfg.save_total_limit)?;
             }
         }
-        if stopping {
+        // A stop during the last step comes too late to cut anything: the
+        // run is whole, and ends as one (final save and outputs).
+        stop_seen |= stopping;
+        if stopping && state.step < total_steps {
             interrupted = true;
             break;
         }
@@ -480,6 +487,7 @@ pub fn run_with(
         final_dir,
         merged_dir,
         interrupted,
+        stop_requested: interrupted || stop_seen || stop.load(Ordering::Relaxed),
     })
 }
 
