@@ -23,6 +23,7 @@ pub mod rng;
 pub mod runlog;
 pub mod sandbox;
 pub mod serve;
+pub mod stop;
 pub mod train;
 pub mod transform;
 

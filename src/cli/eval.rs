@@ -167,6 +167,12 @@ pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
     let stop = tok.stop_ids();
     let mut completions: Vec<Option<(String, bool)>> = vec![None; items.len()];
     for chunk in order.chunks(args.batch_size.max(1)) {
+        // A signal caught for an earlier stage of this process (a
+        // pipeline's) ends the eval between batches; nothing is written.
+        anyhow::ensure!(
+            !trace_train::stop::requested(),
+            "eval stopped by a signal before its report was written"
+        );
         let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| prompts[i].clone()).collect();
         let gens = model::generate::greedy(
             &loaded.model,

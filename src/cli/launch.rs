@@ -189,11 +189,7 @@ pub fn run_children_with(world: usize, args: Vec<OsString>) -> anyhow::Result<bo
         .prefix("trace-train-dist-")
         .tempdir()
         .context("cannot create the folder that hands over the NCCL id")?;
-    let interrupted = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, Arc::clone(&interrupted))
-            .context("cannot install signal handler")?;
-    }
+    let interrupted = trace_train::stop::flag()?;
     tracing::info!("starting {world} ranks, one a GPU");
     let mut commands = Vec::with_capacity(world);
     for rank in 0..world {

@@ -339,6 +339,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     };
     for (stage, name) in [(1u8, "warmup"), (2u8, "sft")] {
         if todo(stage, &state) {
+            stop_before(name)?;
             eprintln!("== stage {stage}: {name}");
             let a = stage_args(stage);
             let requested = cfg.hardware.num_gpus;
@@ -382,6 +383,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         }
     }
     if todo(3, &state) {
+        stop_before("ppo")?;
         eprintln!("== stage 3: ppo");
         let out = root.join(STAGE3_DIR);
         let a = PpoArgs {
@@ -429,6 +431,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     }
     let final_model = root.join(STAGE3_DIR).join("merged");
     if todo(4, &state) {
+        stop_before("eval")?;
         eprintln!("== eval");
         run_eval(&EvalArgs {
             model: Some(final_model.clone()),
@@ -468,6 +471,16 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         })?;
         finish(4, &mut state)?;
     }
+    Ok(())
+}
+
+/// Fails if a stop signal came since the flag was installed (by an
+/// earlier stage): the pipeline starts nothing more.
+fn stop_before(next: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !trace_train::stop::requested(),
+        "pipeline stopped before {next} by a signal; continue with --resume"
+    );
     Ok(())
 }
 

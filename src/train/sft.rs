@@ -654,12 +654,8 @@ pub(crate) fn weights_fingerprint(dir: &Path) -> anyhow::Result<String> {
     Ok(crate::hex(&h.finalize()))
 }
 
-/// Set on SIGTERM or SIGINT: checkpoint, then exit cleanly.
+/// Set on SIGTERM or SIGINT: checkpoint, then exit cleanly (the
+/// process's one flag, [`crate::stop`]).
 pub(crate) fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
-    let flag = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, Arc::clone(&flag))
-            .context("cannot install signal handler")?;
-    }
-    Ok(flag)
+    crate::stop::flag()
 }
