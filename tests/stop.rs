@@ -41,7 +41,15 @@ fn a_second_signal_ends_a_run_at_once() {
     .unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_trace-train"))
         .current_dir(dir.path())
-        .args(["ppo", "--model", "base", "--config", "s3.json", "--output_dir", "run"])
+        .args([
+            "ppo",
+            "--model",
+            "base",
+            "--config",
+            "s3.json",
+            "--output_dir",
+            "run",
+        ])
         .args(["--device", "cpu"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
