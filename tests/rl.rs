@@ -6,12 +6,12 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use candle_core::{D, Device, Tensor};
-use common::{stderr, trace_train};
+use common::{ppo_args, signal, start, stderr, trace_train, wait_for_steps, word_grpo};
 use trace_train::config::{CurriculumConfig, ModelConfig, RlConfig};
 use trace_train::dataset::SourceRow;
 use trace_train::dist::inprocess::run_ranks;
@@ -210,23 +210,6 @@ fn one_update_changes_what_the_sampler_draws() {
     );
 }
 
-/// The Stage 3 command line of the resume test.
-fn ppo_args<'a>(out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut v = vec![
-        "ppo",
-        "--model",
-        "base",
-        "--config",
-        "s3.json",
-        "--output_dir",
-        out,
-        "--device",
-        "cpu",
-    ];
-    v.extend_from_slice(extra);
-    v
-}
-
 fn lines_of(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
         .unwrap()
@@ -275,20 +258,10 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run() {
     let o = trace_train(dir.path(), &ppo_args("full", &[]));
     assert!(o.status.success(), "{}", stderr(&o));
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_trace-train"))
-        .current_dir(dir.path())
-        .args(ppo_args("cut", &[]))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = start(dir.path(), &ppo_args("cut", &[]), Stdio::null());
     let metrics = dir.path().join("cut/metrics.jsonl");
-    let t = Instant::now();
     // Past the step-2 checkpoint, before the end.
-    while std::fs::read_to_string(&metrics).map_or(0, |s| s.lines().count()) < 3 {
-        assert!(t.elapsed() < Duration::from_secs(300), "run too slow");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_steps(&metrics, 3, Duration::from_secs(300));
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     assert!(
@@ -541,35 +514,12 @@ fn a_stop_during_the_last_step_still_saves_the_whole_run() {
     // run must end as a whole one (final adapter, merged model, its last
     // checkpoint), not as a stopped one that saved nothing.
     let dir = tempfile::tempdir().unwrap();
-    let o = trace_train(dir.path(), &["model", "tiny", "base"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    std::fs::write(
-        dir.path().join("s3.json"),
-        r#"{"ppo": {"algorithm": "grpo", "environment": "word", "group_size": 2,
-                    "dynamic_sampling": false, "batch_size": 4, "num_train_steps": 3,
-                    "max_new_tokens": 48, "mini_batch_size": 4, "save_steps": 0,
-                    "learning_rate": 0.001, "kl_coef": 0.01}}"#,
-    )
-    .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_trace-train"))
-        .current_dir(dir.path())
-        .args(ppo_args("run", &[]))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    word_grpo(dir.path(), 4, 3, 48);
+    let child = start(dir.path(), &ppo_args("run", &[]), Stdio::piped());
     let metrics = dir.path().join("run/metrics.jsonl");
-    let t = Instant::now();
     // Steps 1 and 2 logged: step 3, the last, is running.
-    while std::fs::read_to_string(&metrics).map_or(0, |s| s.lines().count()) < 2 {
-        assert!(t.elapsed() < Duration::from_secs(300), "run too slow");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    wait_for_steps(&metrics, 2, Duration::from_secs(300));
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
     let o = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");

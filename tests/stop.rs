@@ -5,11 +5,11 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{stderr, trace_train};
+use common::{ppo_args, signal, start, wait_for_steps, word_grpo};
 
 #[test]
 fn one_flag_for_the_process_that_a_signal_sets() {
@@ -29,43 +29,17 @@ fn a_second_signal_ends_a_run_at_once() {
     // second one during that step ends the process there (status 1), with
     // no checkpoint and no outputs written after it.
     let dir = tempfile::tempdir().unwrap();
-    let o = trace_train(dir.path(), &["model", "tiny", "base"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    std::fs::write(
-        dir.path().join("s3.json"),
-        r#"{"ppo": {"algorithm": "grpo", "environment": "word", "group_size": 2,
-                    "dynamic_sampling": false, "batch_size": 8, "num_train_steps": 50,
-                    "max_new_tokens": 256, "mini_batch_size": 8, "save_steps": 0,
-                    "learning_rate": 0.001, "kl_coef": 0.01}}"#,
-    )
-    .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_trace-train"))
-        .current_dir(dir.path())
-        .args([
-            "ppo",
-            "--model",
-            "base",
-            "--config",
-            "s3.json",
-            "--output_dir",
-            "run",
-        ])
-        .args(["--device", "cpu"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let metrics = dir.path().join("run/metrics.jsonl");
-    let t = Instant::now();
+    word_grpo(dir.path(), 8, 50, 256);
+    let child = start(dir.path(), &ppo_args("run", &[]), Stdio::piped());
     // Step 1 logged: step 2 has just begun.
-    while std::fs::read_to_string(&metrics).map_or(0, |s| s.lines().count()) < 1 {
-        assert!(t.elapsed() < Duration::from_secs(300), "run too slow");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    wait_for_steps(
+        &dir.path().join("run/metrics.jsonl"),
+        1,
+        Duration::from_secs(300),
+    );
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
     std::thread::sleep(Duration::from_millis(20));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
     let o = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");

@@ -7,10 +7,10 @@
 mod common;
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::train::{Base, losses, setup, warmup_args};
-use common::{stderr, trace_train};
+use common::{signal, start, stderr, trace_train, wait_for_steps};
 
 #[test]
 fn loss_falls_and_the_stage_writes_adapter_and_merged_model() {
@@ -153,23 +153,10 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run_bit_for_bit_on(base: Base, t
     let o = trace_train(dir.path(), &warmup_args("full", "10", &[]));
     assert!(o.status.success(), "{}", stderr(&o));
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_trace-train"))
-        .current_dir(dir.path())
-        .args(warmup_args("cut", "10", &[]))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = start(dir.path(), &warmup_args("cut", "10", &[]), Stdio::null());
     let metrics = dir.path().join("cut/metrics.jsonl");
-    let t = Instant::now();
     // Past the step-6 checkpoint, before the end.
-    while std::fs::read_to_string(&metrics).map_or(0, |s| s.lines().count()) < 7 {
-        assert!(
-            t.elapsed() < Duration::from_secs(600),
-            "{base:?}: run too slow"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_steps(&metrics, 7, Duration::from_secs(600));
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     assert!(
@@ -550,29 +537,15 @@ fn a_stop_during_the_last_step_still_saves_the_whole_run() {
     // (adapter, merged model, its last checkpoint), not as a stopped run
     // that saved nothing.
     let dir = setup(Base::Tiny, "").unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_trace-train"))
-        .current_dir(dir.path())
-        .args(warmup_args(
-            "run",
-            "4",
-            &["--batch_size", "16", "--save_steps", "0"],
-        ))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = start(
+        dir.path(),
+        &warmup_args("run", "4", &["--batch_size", "16", "--save_steps", "0"]),
+        Stdio::piped(),
+    );
     let metrics = dir.path().join("run/metrics.jsonl");
-    let t = Instant::now();
     // Steps 1-3 logged: step 4, the last, is running.
-    while std::fs::read_to_string(&metrics).map_or(0, |s| s.lines().count()) < 3 {
-        assert!(t.elapsed() < Duration::from_secs(300), "run too slow");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    wait_for_steps(&metrics, 3, Duration::from_secs(300));
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
     let o = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");

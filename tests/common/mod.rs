@@ -5,8 +5,9 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use trace_train::sandbox::{Executor, ExecutorConfig};
 
@@ -28,6 +29,75 @@ pub fn trace_train(dir: &Path, args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run trace-train")
+}
+
+/// The `trace-train` binary started in `dir`, its standard output dropped
+/// and its standard error sent to `stderr` (piped, for a test that reads it
+/// after the run; null, for one that kills it).
+pub fn start(dir: &Path, args: &[&str], stderr: Stdio) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_trace-train"))
+        .current_dir(dir)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start trace-train")
+}
+
+/// Waits until a run's metrics file holds `steps` lines (steps logged);
+/// fails after `limit`.
+pub fn wait_for_steps(metrics: &Path, steps: usize, limit: Duration) {
+    let t = Instant::now();
+    while std::fs::read_to_string(metrics).map_or(0, |s| s.lines().count()) < steps {
+        assert!(
+            t.elapsed() < limit,
+            "run too slow: {steps} steps not logged in {limit:?} in `{}`",
+            metrics.display()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Sends `signal` to a started process.
+pub fn signal(child: &Child, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal)
+        .expect("signal the run");
+}
+
+/// The Stage 3 command line of the RL tests: the model `base`, the config
+/// `s3.json`, on the CPU.
+pub fn ppo_args<'a>(out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "ppo",
+        "--model",
+        "base",
+        "--config",
+        "s3.json",
+        "--output_dir",
+        out,
+        "--device",
+        "cpu",
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+/// The tiny chat model as `base` in `dir` and, as `s3.json`, GRPO on the
+/// word environment (no sandbox, no checkpoints but the last) with
+/// `batch` prompts x 2, `steps` steps and `new_tokens` new tokens.
+pub fn word_grpo(dir: &Path, batch: usize, steps: usize, new_tokens: usize) {
+    let o = trace_train(dir, &["model", "tiny", "base"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(
+        dir.join("s3.json"),
+        format!(
+            r#"{{"ppo": {{"algorithm": "grpo", "environment": "word", "group_size": 2,
+                    "dynamic_sampling": false, "batch_size": {batch}, "num_train_steps": {steps},
+                    "max_new_tokens": {new_tokens}, "mini_batch_size": {batch}, "save_steps": 0,
+                    "learning_rate": 0.001, "kl_coef": 0.01}}}}"#
+        ),
+    )
+    .unwrap();
 }
 
 /// The largest absolute elementwise difference of two same-shaped tensors.
