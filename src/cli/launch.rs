@@ -177,13 +177,13 @@ struct Rank {
 /// Rank 0's standard output is this process's; every rank's messages are
 /// forwarded with a `[rank r]` prefix.
 pub fn run_children(world: usize) -> anyhow::Result<()> {
-    run_children_with(world, std::env::args_os().skip(1).collect()).map(|_signalled| ())
+    run_children_with(world, std::env::args_os().skip(1).collect())
 }
 
 /// [`run_children`] with the ranks' arguments given (`args`, without the
-/// program name); true when a stop signal came to this process (the ranks
-/// may still have finished, if it came during their last step).
-pub fn run_children_with(world: usize, args: Vec<OsString>) -> anyhow::Result<bool> {
+/// program name). A signal to this process is passed on to the ranks once
+/// and stays in the process's stop flag ([`trace_train::stop`]).
+pub fn run_children_with(world: usize, args: Vec<OsString>) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("cannot find this program's own path")?;
     let dir = tempfile::Builder::new()
         .prefix("trace-train-dist-")
@@ -216,7 +216,7 @@ pub fn run_children_with(world: usize, args: Vec<OsString>) -> anyhow::Result<bo
     }
     let result = supervise(commands, &interrupted);
     drop(dir);
-    result.map(|()| interrupted.load(Ordering::Relaxed))
+    result
 }
 
 /// Starts `commands` (rank r is the r-th; standard error must be piped)

@@ -343,43 +343,37 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             eprintln!("== stage {stage}: {name}");
             let a = stage_args(stage);
             let requested = cfg.hardware.num_gpus;
-            let (interrupted, stop_requested) =
-                match role(requested, a.device.as_deref().unwrap_or("auto"))? {
-                    Role::Parent { world } => {
-                        // One process a GPU, each running this stage alone.
-                        let started = std::time::SystemTime::now();
-                        let mut argv = vec![std::ffi::OsString::from(name)];
-                        argv.extend(
-                            TrainArgs {
-                                num_gpus: Some(world),
-                                ..a.clone()
-                            }
-                            .to_argv(),
-                        );
-                        let signalled = run_children_with(world, argv)?;
-                        let out = a.output_dir.clone().unwrap_or_default();
-                        (!finished_since(&out, started), signalled)
-                    }
-                    _ => {
-                        let s = run_stage(
-                            name,
-                            &TrainArgs {
-                                num_gpus: Some(1),
-                                ..a
-                            },
-                        )?;
-                        (s.interrupted, s.stop_requested)
-                    }
-                };
+            let interrupted = match role(requested, a.device.as_deref().unwrap_or("auto"))? {
+                Role::Parent { world } => {
+                    // One process a GPU, each running this stage alone.
+                    let started = std::time::SystemTime::now();
+                    let mut argv = vec![std::ffi::OsString::from(name)];
+                    argv.extend(
+                        TrainArgs {
+                            num_gpus: Some(world),
+                            ..a.clone()
+                        }
+                        .to_argv(),
+                    );
+                    run_children_with(world, argv)?;
+                    let out = a.output_dir.clone().unwrap_or_default();
+                    !finished_since(&out, started)
+                }
+                _ => {
+                    run_stage(
+                        name,
+                        &TrainArgs {
+                            num_gpus: Some(1),
+                            ..a
+                        },
+                    )?
+                    .interrupted
+                }
+            };
             if interrupted {
                 anyhow::bail!("pipeline stopped during {name}; continue with --resume");
             }
             finish(stage, &mut state)?;
-            if stop_requested {
-                anyhow::bail!(
-                    "pipeline stopped after {name}, which the stop signal reached as it finished; continue with --resume"
-                );
-            }
         }
     }
     if todo(3, &state) {
@@ -399,7 +393,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             ..PpoArgs::default()
         };
         let device = a.device.clone().unwrap_or_else(|| "auto".into());
-        let (interrupted, stop_requested) = match role(cfg.hardware.num_gpus, &device)? {
+        let interrupted = match role(cfg.hardware.num_gpus, &device)? {
             Role::Parent { world } => {
                 // The ranks read the stage's settings from a file beside
                 // its outputs (a child gets a command line, not a value).
@@ -411,23 +405,15 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
                     serde_json::to_string_pretty(&cfg.stage3)?.as_bytes(),
                 )?;
                 let started = std::time::SystemTime::now();
-                let signalled = run_children_with(world, a.to_argv(&settings, world))?;
-                (!finished_since(&out, started), signalled)
+                run_children_with(world, a.to_argv(&settings, world))?;
+                !finished_since(&out, started)
             }
-            _ => {
-                let s = super::ppo::run(&a)?;
-                (s.interrupted, s.stop_requested)
-            }
+            _ => super::ppo::run(&a)?.interrupted,
         };
         if interrupted {
             anyhow::bail!("pipeline stopped during ppo; continue with --resume");
         }
         finish(3, &mut state)?;
-        if stop_requested {
-            anyhow::bail!(
-                "pipeline stopped after ppo, which the stop signal reached as it finished; continue with --resume"
-            );
-        }
     }
     let final_model = root.join(STAGE3_DIR).join("merged");
     if todo(4, &state) {
@@ -474,8 +460,9 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Fails if a stop signal came since the flag was installed (by an
-/// earlier stage): the pipeline starts nothing more.
+/// Fails if a stop signal came since the process's flag was installed (by
+/// an earlier stage, also one the signal reached in its last step, which
+/// finished and was marked done): the pipeline starts nothing more.
 fn stop_before(next: &str) -> anyhow::Result<()> {
     anyhow::ensure!(
         !trace_train::stop::requested(),

@@ -43,7 +43,7 @@ use crate::train::checkpoint::{self, Fingerprint, RunLock, TrainerState};
 use crate::train::loss::lm_head_logprobs;
 use crate::train::optim::AdamW;
 use crate::train::sft::{
-    Progress, mix, sha256_of, stop_flag, target_modules, train_dtype, weights_fingerprint,
+    Progress, mix, sha256_of, target_modules, train_dtype, weights_fingerprint,
     write_adapter_and_merged,
 };
 
@@ -92,7 +92,7 @@ pub struct RlSummary {
     /// Stopped by a signal, after saving a checkpoint.
     pub interrupted: bool,
     /// A stop signal came, whether or not it cut the run (one during the
-    /// last step does not: the run finishes); a pipeline stops after it.
+    /// last step does not: the run finishes and says so).
     pub stop_requested: bool,
 }
 
@@ -802,7 +802,7 @@ pub fn run_with(
     } else {
         None
     };
-    let stop = stop_flag()?;
+    let stop = crate::stop::flag()?;
 
     // 1. Model, value head, optimizers; fresh start or resume.
     let mut policy = Policy::load(&job.base_dir, cfg, &job.model, &job.device)?;
@@ -1266,7 +1266,7 @@ pub fn run_with(
         final_dir,
         merged_dir,
         interrupted,
-        stop_requested: interrupted || stop_seen || stop.load(Ordering::Relaxed),
+        stop_requested: stop_seen || stop.load(Ordering::Relaxed),
     })
 }
 

@@ -31,8 +31,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
@@ -99,7 +98,7 @@ pub struct SftSummary {
     /// Stopped by a signal, after saving a checkpoint.
     pub interrupted: bool,
     /// A stop signal came, whether or not it cut the run (one during the
-    /// last step does not: the run finishes); a pipeline stops after it.
+    /// last step does not: the run finishes and says so).
     pub stop_requested: bool,
 }
 
@@ -126,7 +125,7 @@ pub fn run_with(
     } else {
         None
     };
-    let stop = stop_flag()?;
+    let stop = crate::stop::flag()?;
 
     // 1. Tokenizer, model, data.
     let tok = ChatTokenizer::from_dir(&job.base_dir)?;
@@ -487,7 +486,7 @@ pub fn run_with(
         final_dir,
         merged_dir,
         interrupted,
-        stop_requested: interrupted || stop_seen || stop.load(Ordering::Relaxed),
+        stop_requested: stop_seen || stop.load(Ordering::Relaxed),
     })
 }
 
@@ -652,10 +651,4 @@ pub(crate) fn weights_fingerprint(dir: &Path) -> anyhow::Result<String> {
         }
     }
     Ok(crate::hex(&h.finalize()))
-}
-
-/// Set on SIGTERM or SIGINT: checkpoint, then exit cleanly (the
-/// process's one flag, [`crate::stop`]).
-pub(crate) fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
-    crate::stop::flag()
 }
