@@ -1,8 +1,9 @@
 //! SplitMix64 (Steele, Lea and Flood 2014, "Fast splittable pseudorandom
 //! number generators"): a 64-bit state stepped by the golden ratio, then
 //! mixed. Small, seedable and the same on every platform and crate
-//! version, which is what the batch order and the synthetic programs need
-//! to repeat exactly on a resume or on another machine.
+//! version, which is what the batch order, the synthetic programs and the
+//! seeded weights and draws of `model::init` need to repeat exactly on a
+//! resume or on another machine.
 
 /// SplitMix64's output function (also a good 64-bit hash mixer).
 pub fn mix(mut z: u64) -> u64 {
@@ -47,9 +48,14 @@ impl SplitMix64 {
         &items[self.below(items.len() as u64) as usize]
     }
 
+    /// A value uniform in `[0, 1)` with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
     /// True with probability `p`.
     pub fn chance(&mut self, p: f64) -> bool {
-        ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
+        self.next_f64() < p
     }
 
     /// Fisher–Yates.

@@ -8,8 +8,10 @@
 //! tensor gets its own stream, derived from the run's seed and the tensor's
 //! name, so a value does not depend on the order in which layers are built.
 
-/// A SplitMix64 generator.
-pub(crate) struct Rng(u64);
+use crate::rng::SplitMix64;
+
+/// A SplitMix64 generator ([`crate::rng`]) seeded from a tensor's name.
+pub(crate) struct Rng(SplitMix64);
 
 impl Rng {
     /// A generator for the tensor `name` under the run's `seed`.
@@ -20,20 +22,18 @@ impl Rng {
             h ^= u64::from(byte);
             h = h.wrapping_mul(0x0000_0100_0000_01b3);
         }
-        Self(h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        Self(SplitMix64::new(
+            h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        ))
     }
 
     pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// A value uniform in `[0, 1)` with 53 random bits.
     pub(crate) fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.next_f64()
     }
 
     /// A value uniform in `[0, 1)`.
