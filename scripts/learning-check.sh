@@ -26,9 +26,13 @@
 # written corpora (`orig`, `split`) and the synthetic programs (`synorig`,
 # `synsplit`);
 # UNTIL=1 or 2 stops after that stage and its evals (budgets in calls);
-# RL_TIME=S stops Stage 3 with SIGTERM after S seconds (it saves a checkpoint).
+# RL_TIME=S stops Stage 3 with SIGTERM after S seconds (it saves a checkpoint);
+# STAGE_TIME=S does the same for Stages 1 and 2;
+# RL_DATA replaces the dataset Stage 3 draws from (default: the training
+# corpora, and fresh synthetic programs with SYNTHETIC); RL_LR its learning
+# rate (default 3e-5).
 # Run it again with the same OUT to go on where it stopped: finished stages
-# and reports are kept, Stage 3 resumes from its last checkpoint.
+# and reports are kept, a stopped stage resumes from its last checkpoint.
 set -euo pipefail
 T=$1
 BASE=$2
@@ -101,12 +105,13 @@ evals() { # evals NAME MODEL [ADAPTER]: the held-out short set as written and wi
 no4bit=()
 [ "$DEVICE" != cpu ] && no4bit=(--no_4bit)
 evals 0-untrained "$BASE"
-[ -d "$OUT/stage1_warmup/merged" ] || "$T" warmup --model "$BASE" --config "$OUT/data/warmup.json" --device "$DEVICE" "${no4bit[@]}" \
+stage_time=(${STAGE_TIME:+timeout -s TERM "$STAGE_TIME"})
+[ -d "$OUT/stage1_warmup/merged" ] || "${stage_time[@]}" "$T" warmup --resume --model "$BASE" --config "$OUT/data/warmup.json" --device "$DEVICE" "${no4bit[@]}" \
   --train_file "$OUT/data/stage1_original_train.jsonl" --eval_file "$OUT/data/stage1_original_test.jsonl" \
   --output_dir "$OUT/stage1_warmup"
 evals 1-stage1 "$OUT/stage1_warmup/merged"
 [ "${UNTIL:-3}" -le 1 ] && RL_STEPS=0
-[ -d "$OUT/stage2_sft/merged" ] || [ "${UNTIL:-3}" -le 1 ] || "$T" sft --model "$OUT/stage1_warmup/merged" --config "$OUT/data/sft.json" --device "$DEVICE" "${no4bit[@]}" \
+[ -d "$OUT/stage2_sft/merged" ] || [ "${UNTIL:-3}" -le 1 ] || "${stage_time[@]}" "$T" sft --resume --model "$OUT/stage1_warmup/merged" --config "$OUT/data/sft.json" --device "$DEVICE" "${no4bit[@]}" \
   --train_file "$OUT/data/stage2_transformed_train.jsonl" --eval_file "$OUT/data/stage2_transformed_test.jsonl" \
   --output_dir "$OUT/stage2_sft"
 [ "${UNTIL:-3}" -le 1 ] || evals 2-stage2 "$OUT/stage2_sft/merged"
@@ -114,7 +119,7 @@ evals 1-stage1 "$OUT/stage1_warmup/merged"
 
 if [ "$RL_STEPS" -gt 0 ]; then
   every=$(( RL_STEPS / 4 > 0 ? RL_STEPS / 4 : 1 ))
-  rl=(--algorithm "$ALGORITHM" --batch_size 16 --learning_rate 3e-5 --max_new_tokens 256)
+  rl=(--algorithm "$ALGORITHM" --batch_size 16 --learning_rate "${RL_LR:-3e-5}" --max_new_tokens 256)
   [ "$ALGORITHM" = grpo ] && rl+=(--group_size 8)
   [ -n "${SMALL:-}" ] && rl=(--algorithm "$ALGORITHM" --batch_size 2 --learning_rate 3e-5 --max_new_tokens 8)
   # RL draws from every program of the corpora (the held-out short set is
@@ -122,6 +127,7 @@ if [ "$RL_STEPS" -gt 0 ]; then
   rl_data=builtin
   [ -n "${HUMANEVAL:-}" ] && rl_data+="+humaneval:$HUMANEVAL"
   [ -n "${SYNTHETIC:-}" ] && rl_data+="+synthetic:20000:2"
+  rl_data=${RL_DATA:-$rl_data}
   [ "$rl_data" != builtin ] && rl+=(--dataset "$rl_data")
   cap=""
   [ -n "${LAST_BUCKET:-}" ] && cap=", \"last_bucket\": \"$LAST_BUCKET\""
