@@ -1,0 +1,2 @@
+lo, hi = map(int, input().split())
+print(sum(range(lo, hi + 1)))

@@ -1,0 +1,3 @@
+s = input().strip()
+idx = map(int, input().split())
+print("".join(s[i] for i in idx))

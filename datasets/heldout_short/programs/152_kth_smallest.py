@@ -1,0 +1,3 @@
+nums = list(map(int, input().split()))
+k = int(input())
+print(sorted(nums)[k - 1])

@@ -1,0 +1,4 @@
+n = int(input())
+g = n ^ (n >> 1)
+print(g)
+print(format(g, "b"))

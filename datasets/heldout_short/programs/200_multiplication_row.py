@@ -1,0 +1,2 @@
+n, upto = map(int, input().split())
+print(" ".join(str(n * i) for i in range(1, upto + 1)))

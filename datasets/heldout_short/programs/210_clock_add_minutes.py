@@ -1,0 +1,6 @@
+hh, mm = map(int, input().split(":"))
+add = int(input())
+total = (hh * 60 + mm + add) % (24 * 60)
+days = (hh * 60 + mm + add) // (24 * 60)
+print(f"{total // 60:02d}:{total % 60:02d}")
+print("+", days, "day")

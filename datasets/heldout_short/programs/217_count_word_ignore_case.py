@@ -1,0 +1,3 @@
+words = input().lower().split()
+target = input().strip().lower()
+print(words.count(target))

@@ -1,0 +1,5 @@
+email = input().strip()
+user, domain = email.split("@")
+print(user)
+print(domain)
+print(domain.split(".")[-1])

@@ -1,0 +1,6 @@
+url = input().strip()
+path, query = url.split("?", 1)
+params = dict(p.split("=") for p in query.split("&"))
+print(path)
+print(params)
+print(len(params), "params")

@@ -1,0 +1,6 @@
+ax1, ay1, ax2, ay2 = map(int, input().split())
+bx1, by1, bx2, by2 = map(int, input().split())
+w = min(ax2, bx2) - max(ax1, bx1)
+h = min(ay2, by2) - max(ay1, by1)
+print(max(w, 0), max(h, 0))
+print(w * h if w > 0 and h > 0 else 0)
