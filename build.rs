@@ -64,6 +64,11 @@ fn git_commit() {
 
 fn ptx_kernels() {
     println!("cargo:rerun-if-changed=build.rs");
+    // The built-in corpora are embedded with `include_dir!`, which tracks
+    // the files it found but not the folders: a program added later would
+    // not rebuild the crate. Watching the folders reruns this script, and
+    // so recompiles the crate, when a file comes or goes.
+    println!("cargo:rerun-if-changed=datasets");
     println!("cargo:rerun-if-changed=src/kernels");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
