@@ -30,7 +30,7 @@
 # STAGE_TIME=S does the same for Stages 1 and 2;
 # RL_DATA replaces the dataset Stage 3 draws from (default: the training
 # corpora, and fresh synthetic programs with SYNTHETIC); RL_LR its learning
-# rate (default 3e-5).
+# rate (default 3e-5), RL_SEED its seed.
 # Run it again with the same OUT to go on where it stopped: finished stages
 # and reports are kept, a stopped stage resumes from its last checkpoint.
 set -euo pipefail
@@ -121,6 +121,7 @@ if [ "$RL_STEPS" -gt 0 ]; then
   every=$(( RL_STEPS / 4 > 0 ? RL_STEPS / 4 : 1 ))
   rl=(--algorithm "$ALGORITHM" --batch_size 16 --learning_rate "${RL_LR:-3e-5}" --max_new_tokens 256)
   [ "$ALGORITHM" = grpo ] && rl+=(--group_size 8)
+  [ -n "${RL_SEED:-}" ] && rl+=(--seed "$RL_SEED")
   [ -n "${SMALL:-}" ] && rl=(--algorithm "$ALGORITHM" --batch_size 2 --learning_rate 3e-5 --max_new_tokens 8)
   # RL draws from every program of the corpora (the held-out short set is
   # never among them).
