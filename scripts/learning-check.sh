@@ -12,7 +12,8 @@
 #   OUT          a fresh folder for the data, checkpoints and reports
 #   RL_STEPS     Stage 3 steps (default 80; 0 skips Stage 3)
 #   ALGORITHM    grpo (default) or ppo
-# Environment: HUMANEVAL=path/HumanEval.jsonl.gz adds HumanEval's programs to
+# Environment: REQUIRE_DBG=1 drops transformed rows without a `__DBG_` line;
+# HUMANEVAL=path/HumanEval.jsonl.gz adds HumanEval's programs to
 # the built-in corpus; DEVICE (default cuda); UNSAFE=1 runs the held-out and
 # RL programs without the sandbox (machines where it cannot be set up;
 # trusted programs only); SMALL=1 shrinks every budget (a CPU smoke run);
@@ -46,7 +47,13 @@ R=$OUT/reports
 
 # The data: every output length, four transformed variants a program, a
 # quarter of the programs held out by program.
-echo '{"test_ratio": 0.25, "variants": 4, "filters": {"max_output_chars": 1500}}' > "$OUT/data/generate.json"
+# Transformed variants whose injected prints never ran (no `__DBG_` line in
+# the answer) are kept: the environment asks them too, and a Stage 2 set
+# without them has no one-line answer at all (REQUIRE_DBG=1 drops them, as
+# the peer pipeline's filter does).
+require_dbg=false
+[ "${REQUIRE_DBG:-0}" = 1 ] && require_dbg=true
+echo "{\"test_ratio\": 0.25, \"variants\": 4, \"filters\": {\"max_output_chars\": 1500, \"require_dbg\": $require_dbg}}" > "$OUT/data/generate.json"
 sources=(builtin)
 [ -n "${HUMANEVAL:-}" ] && sources+=("humaneval:$HUMANEVAL")
 [ -n "${SYNTHETIC:-}" ] && sources+=("synthetic:$SYNTHETIC:1")
