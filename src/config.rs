@@ -558,7 +558,11 @@ pub struct Filters {
     pub drop_stderr: bool,
     /// Drop empty outputs. Default true.
     pub drop_empty: bool,
-    /// Drop transformed programs whose output has no `__DBG_` line. Default true.
+    /// Drop transformed programs whose output has no `__DBG_` line (the
+    /// injected prints never ran). Default false: the environment asks such
+    /// tasks too, and without them no Stage 2 answer has a single line, so
+    /// Stage 2 teaches a model to write more than one (docs/BENCHMARKS.md,
+    /// "Fourth run"). The peer pipeline's filter sets it.
     pub require_dbg: bool,
 }
 
@@ -572,7 +576,7 @@ impl Default for Filters {
             transformed: LineFilter::default(),
             drop_stderr: true,
             drop_empty: true,
-            require_dbg: true,
+            require_dbg: false,
         }
     }
 }

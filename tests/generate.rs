@@ -82,6 +82,17 @@ fn records_are_complete_and_split_by_program() {
         ids(&train).is_disjoint(&ids(&test)),
         "a program is in both splits"
     );
+    // Each program's original output, by program id.
+    let original: std::collections::BTreeMap<String, String> = read("stage1_original_train.jsonl")
+        .into_iter()
+        .chain(read("stage1_original_test.jsonl"))
+        .map(|r| {
+            (
+                r["metadata"]["program_id"].as_str().unwrap().to_owned(),
+                r["expected_output"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
     for r in train.iter().chain(&test) {
         let m = &r["messages"];
         assert_eq!(m[0]["role"], "user");
@@ -90,7 +101,17 @@ fn records_are_complete_and_split_by_program() {
         let prompt = m[0]["content"].as_str().unwrap();
         assert!(prompt.contains(r["program"].as_str().unwrap()));
         assert!(prompt.contains("__DBG_"));
-        assert!(r["expected_output"].as_str().unwrap().contains("__DBG_"));
+        // Without a `__DBG_` line the injected prints never ran: the answer
+        // is the original program's output.
+        let expected = r["expected_output"].as_str().unwrap();
+        if !expected.contains("__DBG_") {
+            let pid = r["metadata"]["program_id"].as_str().unwrap();
+            assert_eq!(
+                Some(expected),
+                original.get(pid).map(String::as_str),
+                "{pid}"
+            );
+        }
         assert!(r["metadata"]["seed"].is_u64() && r["metadata"]["features"]["lines"].is_u64());
     }
     // Env seed scheme: variant v of row r has seed r + v*N (N = the corpus size).
@@ -107,6 +128,55 @@ fn records_are_complete_and_split_by_program() {
         .as_u64()
         .unwrap();
     assert_eq!(seed, row + variant * n);
+}
+
+/// Transformed variants whose injected prints never ran are kept by
+/// default (the environment asks them; they are Stage 2's only one-line
+/// answers), and `filters.require_dbg` drops exactly those.
+#[test]
+fn variants_without_debug_output_are_kept_unless_required() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("strict.json"),
+        r#"{"filters": {"require_dbg": true}}"#,
+    )
+    .unwrap();
+    let answers = |out: &str, extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["--variants", "1"];
+        args.extend_from_slice(extra);
+        let o = generate(dir.path(), out, &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        ["train", "test"]
+            .iter()
+            .flat_map(|s| {
+                let path = dir
+                    .path()
+                    .join(out)
+                    .join(format!("stage2_transformed_{s}.jsonl"));
+                std::fs::read_to_string(path)
+                    .unwrap()
+                    .lines()
+                    .map(|l| {
+                        let r: serde_json::Value = serde_json::from_str(l).unwrap();
+                        r["expected_output"].as_str().unwrap().to_owned()
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let kept = answers("default", &[]);
+    let strict = answers("strict", &["--config", "strict.json"]);
+    let silent: Vec<&String> = kept.iter().filter(|e| !e.contains("__DBG_")).collect();
+    assert!(
+        !silent.is_empty(),
+        "no variant without a `__DBG_` line was kept"
+    );
+    assert!(
+        silent.iter().any(|e| e.lines().count() == 1),
+        "no one-line answer among them"
+    );
+    assert!(strict.iter().all(|e| e.contains("__DBG_")));
+    assert_eq!(strict.len(), kept.len() - silent.len());
 }
 
 /// Rows like the real dataset's: three used fields and large unused ones.
