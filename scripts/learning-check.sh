@@ -154,9 +154,19 @@ if [ "$RL_STEPS" -gt 0 ]; then
 fi
 
 python3 - "$R" <<'PY'
+# `*`: the 80% interval lies above the untrained model's (`v` below it);
+# for Stage 3 checkpoints `^` (`v`) marks the same against Stage 2.
 import glob, json, os, sys
 def iv(x):
     return f"[{100 * x['interval']['lo']:.1f}-{100 * x['interval']['hi']:.1f}]"
+def mark(x, ref, up):
+    if ref is None:
+        return ""
+    if x["interval"]["lo"] > ref["interval"]["hi"]:
+        return up
+    return "v" if x["interval"]["hi"] < ref["interval"]["lo"] else ""
+def bucket(x, label):
+    return next((b for b in x["by"].get("output_lines", []) if b["bucket"] == label), None)
 rows = {}
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     name, kind, _ = os.path.basename(f).rsplit(".", 2)
@@ -166,13 +176,20 @@ for kind, title in [("short", "held-out short set"), ("dbg", "held-out short set
                     ("synorig", "Stage 1 test split, synthetic programs"),
                     ("synsplit", "Stage 2 test split, synthetic programs")]:
     print(f"\n== {title}: exact match [80% interval]; by output lines")
+    base = rows.get("0-untrained", {}).get(kind)
+    stage2 = rows.get("2-stage2", {}).get(kind)
     for name, r in rows.items():
         if kind not in r:
             continue
         x = r[kind]
-        buckets = "; ".join(f"{b['bucket']}: {b['correct']}/{b['n']} {iv(b)}"
-                            for b in x["by"].get("output_lines", []))
-        print(f"{name:16} {x['correct']:4}/{x['n']:<4} {100 * x['accuracy']:5.1f}% {iv(x):14} {buckets}")
+        refs = [(base, "*")] + ([(stage2, "^")] if name.startswith("3-") else [])
+        def marks(get):
+            return "".join(mark(get(x), get(ref), up) for ref, up in refs
+                           if ref is not None and get(x) is not None and get(ref) is not None)
+        buckets = "; ".join(
+            f"{b['bucket']}: {b['correct']}/{b['n']} {iv(b)}{marks(lambda y, l=b['bucket']: bucket(y, l))}"
+            for b in x["by"].get("output_lines", []))
+        print(f"{name:16} {x['correct']:4}/{x['n']:<4} {100 * x['accuracy']:5.1f}% {iv(x) + marks(lambda y: y):16} {buckets}")
 PY
 for f in stage1_warmup stage2_sft stage3_ppo; do
   [ ! -f "$OUT/$f/metrics.jsonl" ] || echo "$f: $(wc -l < "$OUT/$f/metrics.jsonl") steps logged, curves in $OUT/$f/curves"
