@@ -61,13 +61,7 @@ fn records_are_complete_and_split_by_program() {
         &["--max_samples", "60", "--variants", "2"],
     );
     assert!(o.status.success(), "{}", stderr(&o));
-    let read = |name: &str| -> Vec<serde_json::Value> {
-        std::fs::read_to_string(dir.path().join("out").join(name))
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    };
+    let read = |name: &str| lines_of(&dir.path().join("out").join(name));
     let (train, test) = (
         read("stage2_transformed_train.jsonl"),
         read("stage2_transformed_test.jsonl"),
@@ -149,19 +143,13 @@ fn variants_without_debug_output_are_kept_unless_required() {
         ["train", "test"]
             .iter()
             .flat_map(|s| {
-                let path = dir
-                    .path()
-                    .join(out)
-                    .join(format!("stage2_transformed_{s}.jsonl"));
-                std::fs::read_to_string(path)
-                    .unwrap()
-                    .lines()
-                    .map(|l| {
-                        let r: serde_json::Value = serde_json::from_str(l).unwrap();
-                        r["expected_output"].as_str().unwrap().to_owned()
-                    })
-                    .collect::<Vec<_>>()
+                lines_of(
+                    &dir.path()
+                        .join(out)
+                        .join(format!("stage2_transformed_{s}.jsonl")),
+                )
             })
+            .map(|r| r["expected_output"].as_str().unwrap().to_owned())
             .collect()
     };
     let kept = answers("default", &[]);

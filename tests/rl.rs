@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use candle_core::{D, Device, Tensor};
-use common::{ppo_args, signal, start, stderr, trace_train, wait_for_steps, word_grpo};
+use common::{
+    ppo_args, sigterm_during_last_step, start, stderr, trace_train, wait_for_steps, word_grpo,
+};
 use trace_train::config::{CurriculumConfig, ModelConfig, RlConfig};
 use trace_train::dataset::SourceRow;
 use trace_train::dist::inprocess::run_ranks;
@@ -518,17 +520,12 @@ fn a_stop_during_the_last_step_still_saves_the_whole_run() {
     let child = start(dir.path(), &ppo_args("run", &[]), Stdio::piped());
     let metrics = dir.path().join("run/metrics.jsonl");
     // Steps 1 and 2 logged: step 3, the last, is running.
-    wait_for_steps(&metrics, 2, Duration::from_secs(300));
-    signal(&child, nix::sys::signal::Signal::SIGTERM);
-    let o = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
-    assert!(!err.contains("stopped by a signal"), "{err}");
+    sigterm_during_last_step(
+        child,
+        &metrics,
+        2,
+        &dir.path().join("run"),
+        &["final/adapter_model.safetensors", "merged", "step_3"],
+    );
     assert_eq!(lines_of(&metrics).len(), 3);
-    for part in ["final/adapter_model.safetensors", "merged", "step_3"] {
-        assert!(
-            dir.path().join("run").join(part).exists(),
-            "no {part}: {err}"
-        );
-    }
 }

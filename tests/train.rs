@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::train::{Base, losses, setup, warmup_args};
-use common::{signal, start, stderr, trace_train, wait_for_steps};
+use common::{sigterm_during_last_step, start, stderr, trace_train, wait_for_steps};
 
 #[test]
 fn loss_falls_and_the_stage_writes_adapter_and_merged_model() {
@@ -544,17 +544,12 @@ fn a_stop_during_the_last_step_still_saves_the_whole_run() {
     );
     let metrics = dir.path().join("run/metrics.jsonl");
     // Steps 1-3 logged: step 4, the last, is running.
-    wait_for_steps(&metrics, 3, Duration::from_secs(300));
-    signal(&child, nix::sys::signal::Signal::SIGTERM);
-    let o = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
-    assert!(!err.contains("stopped by a signal"), "{err}");
+    sigterm_during_last_step(
+        child,
+        &metrics,
+        3,
+        &dir.path().join("run"),
+        &["final/adapter_model.safetensors", "merged", "checkpoint-4"],
+    );
     assert_eq!(losses(&metrics).len(), 4);
-    for part in ["final/adapter_model.safetensors", "merged", "checkpoint-4"] {
-        assert!(
-            dir.path().join("run").join(part).exists(),
-            "no {part}: {err}"
-        );
-    }
 }

@@ -58,6 +58,29 @@ pub fn wait_for_steps(metrics: &Path, steps: usize, limit: Duration) {
     }
 }
 
+/// Sends SIGTERM to a started run once `logged` steps are in its metrics
+/// file (the last step running), and checks that the run still ends as a
+/// whole one: exit 0, no "stopped by a signal", each of `parts` written in
+/// `run`. Returns the run's stderr.
+pub fn sigterm_during_last_step(
+    child: Child,
+    metrics: &Path,
+    logged: usize,
+    run: &Path,
+    parts: &[&str],
+) -> String {
+    wait_for_steps(metrics, logged, Duration::from_secs(300));
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("stopped by a signal"), "{err}");
+    for part in parts {
+        assert!(run.join(part).exists(), "no {part}: {err}");
+    }
+    err
+}
+
 /// Sends `signal` to a started process.
 pub fn signal(child: &Child, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal)
