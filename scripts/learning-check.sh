@@ -160,8 +160,6 @@ import glob, json, os, sys
 def iv(x):
     return f"[{100 * x['interval']['lo']:.1f}-{100 * x['interval']['hi']:.1f}]"
 def mark(x, ref, up):
-    if ref is None:
-        return ""
     if x["interval"]["lo"] > ref["interval"]["hi"]:
         return up
     return "v" if x["interval"]["hi"] < ref["interval"]["lo"] else ""
