@@ -288,6 +288,14 @@ enum BenchCommand {
         /// non-zero factors, as an RL policy samples (the peer has none).
         #[arg(long)]
         rank: Option<usize>,
+        /// The projections' base weights in NF4, as QLoRA holds them.
+        #[arg(long = "4bit")]
+        four_bit: bool,
+        /// The decoding path on CUDA: `graph` (the fused step replayed as a
+        /// CUDA graph, the default), `eager` (the fused step launched
+        /// kernel by kernel) or `ops` (the model's op-by-op forward).
+        #[arg(long, default_value = "graph", value_parser = ["graph", "eager", "ops"])]
+        path: String,
         /// `cpu`, `cuda`, `cuda:N` or `auto`.
         #[arg(long, default_value = "auto")]
         device: String,
@@ -463,10 +471,21 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             prompt,
             new,
             rank,
+            four_bit,
+            path,
             device,
         }) => {
             let device = cli::train::pick_device(&device)?;
-            let r = trace_train::bench::train::sample(&model, batch, prompt, new, rank, &device)?;
+            let bench = trace_train::bench::train::GenBench {
+                model,
+                batch,
+                prompt,
+                new,
+                rank,
+                four_bit,
+                path,
+            };
+            let r = trace_train::bench::train::sample(&bench, &device)?;
             println!("{}", serde_json::to_string(&r)?);
             Ok(ExitCode::SUCCESS)
         }

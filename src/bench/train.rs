@@ -344,7 +344,7 @@ pub fn train_with(
         steps,
         accum,
         num_gpus: comm.world(),
-        peak_mem_gib: peak.map(|b| (b as f64 / (1u64 << 30) as f64 * 100.0).round() / 100.0),
+        peak_mem_gib: peak.map(gib),
         tokens_per_s: (batch * accum * seq * steps) as f64 / s,
         step_ms: 1e3 * s / steps as f64,
         loss: last_loss,
@@ -362,26 +362,65 @@ pub struct GenResult {
     pub new: usize,
     /// LoRA rank of the sampled policy, if any.
     pub rank: Option<usize>,
+    /// NF4 base weights.
+    pub four_bit: bool,
+    /// The decoding path the timed run took (`graph`, `eager`, `ops`).
+    pub path: String,
     pub new_tokens_per_s: f64,
     pub seconds: f64,
     /// Largest difference between a sampled token's log-prob and the
     /// trainer's full forward over the same tokens (first prompt).
     pub logprob_mismatch: f64,
+    /// The memory pool's high-water mark while sampling.
+    pub peak_mem_gib: Option<f64>,
+}
+
+/// Bytes as GiB, two decimals.
+fn gib(bytes: u64) -> f64 {
+    (bytes as f64 / (1u64 << 30) as f64 * 100.0).round() / 100.0
+}
+
+/// What `bench gen` runs.
+#[derive(Debug, Clone)]
+pub struct GenBench {
+    /// A shape name (random weights) or a model folder.
+    pub model: String,
+    pub batch: usize,
+    pub prompt: usize,
+    pub new: usize,
+    /// A LoRA adapter of this rank, if any.
+    pub rank: Option<usize>,
+    /// NF4 base weights.
+    pub four_bit: bool,
+    /// `graph`, `eager` or `ops` (see [`generate::DecodePath`]).
+    pub path: String,
 }
 
 /// Sampling at temperature 0.7 with the KV cache: `batch` random prompts of
 /// `prompt` tokens, `new` tokens each (no stop token), after an untimed
 /// 8-token warm-up; with a LoRA adapter of rank `rank` when given.
-pub fn sample(
-    shape: &str,
-    batch: usize,
-    prompt: usize,
-    new: usize,
-    rank: Option<usize>,
-    device: &Device,
-) -> anyhow::Result<GenResult> {
+pub fn sample(bench: &GenBench, device: &Device) -> anyhow::Result<GenResult> {
+    let GenBench {
+        model: ref shape,
+        batch,
+        prompt,
+        new,
+        rank,
+        four_bit,
+        ref path,
+    } = *bench;
+    let shape = shape.as_str();
+    let path = match path.as_str() {
+        "graph" => generate::DecodePath::Graph,
+        "eager" => generate::DecodePath::Eager,
+        "ops" => generate::DecodePath::Ops,
+        other => anyhow::bail!("--path {other}: expected graph, eager or ops"),
+    };
     let dtype = sft::train_dtype("bf16", device);
-    let m = random_model(shape, rank, dtype, device)?;
+    let mut m = random_model(shape, rank, dtype, device)?;
+    if four_bit {
+        m.model.quantize_base()?;
+    }
     for (name, var) in m.named_trainable_vars() {
         // B starts at zero; a policy being trained has moved it.
         if name.contains("lora_B") {
@@ -402,13 +441,19 @@ pub fn sample(
         temperature: 0.7,
         ..generate::Sampling::default()
     };
-    let run = |n: usize| generate::sample(&m.model, &prompts, n, &[], 0, 0, &sampling, device);
+    let run = |n: usize| {
+        generate::with_decode_path(path, || {
+            generate::sample(&m.model, &prompts, n, &[], 0, 0, &sampling, device)
+        })
+    };
     run(8)?;
     device.synchronize()?;
+    crate::gpu::reset_peak_memory(device)?;
     let t = Instant::now();
     let out = run(new)?;
     device.synchronize()?;
     let s = t.elapsed().as_secs_f64();
+    let peak = crate::gpu::peak_memory(device)?;
     let produced: usize = out.iter().map(|g| g.tokens.len()).sum();
     anyhow::ensure!(
         produced == batch * new,
@@ -438,9 +483,17 @@ pub fn sample(
         prompt,
         new,
         rank,
+        four_bit,
+        path: match generate::last_path() {
+            Some(generate::DecodePath::Graph) => "graph",
+            Some(generate::DecodePath::Eager) => "eager",
+            _ => "ops",
+        }
+        .to_owned(),
         new_tokens_per_s: produced as f64 / s,
         seconds: s,
         logprob_mismatch,
+        peak_mem_gib: peak.map(gib),
     })
 }
 
@@ -504,7 +557,16 @@ mod tests {
             );
             assert_eq!(r.num_gpus, 2);
         }
-        let g = sample("smollm2-135m", 2, 4, 3, Some(4), &cpu).unwrap();
+        let gen_bench = GenBench {
+            model: "smollm2-135m".into(),
+            batch: 2,
+            prompt: 4,
+            new: 3,
+            rank: Some(4),
+            four_bit: false,
+            path: "graph".into(),
+        };
+        let g = sample(&gen_bench, &cpu).unwrap();
         assert_eq!((g.batch, g.new), (2, 3));
         // The CPU runs f32, where sampler and trainer agree closely.
         assert!(g.logprob_mismatch < 1e-3, "{}", g.logprob_mismatch);

@@ -115,6 +115,13 @@ impl Cache {
         }
     }
 
+    /// Layer `layer`'s key and value buffers, `(B, H_kv, capacity, D)`
+    /// (columns from [`Self::len`] on are not written yet).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn layer(&self, layer: usize) -> Option<(&Tensor, &Tensor)> {
+        self.layers.get(layer)?.as_ref().map(|(k, v)| (k, v))
+    }
+
     /// Leading padding columns of each row; empty when none is padded.
     pub fn pads(&self) -> &[usize] {
         &self.pads

@@ -409,6 +409,63 @@ impl DecodeView {
     }
 }
 
+/// `weight` (a projection's dense base) with the projection's LoRA update
+/// folded in, `W + (alpha / r) B A` computed in f32 and rounded once to the
+/// weight's dtype; `weight` itself without an adapter or inside
+/// [`lora::without_adapters`].
+fn folded(p: &LoraLinear, weight: &Tensor) -> Result<Tensor> {
+    match p.adapter() {
+        Some(ad) if lora::adapters_enabled() => {
+            let a = ad.a.as_detached_tensor().to_dtype(DType::F32)?;
+            let b = ad.b.as_detached_tensor().to_dtype(DType::F32)?;
+            let delta = (b.matmul(&a)? * ad.scale)?; // (out, in)
+            (weight.to_dtype(DType::F32)? + delta)?.to_dtype(weight.dtype())
+        }
+        _ => Ok(weight.clone()),
+    }
+}
+
+/// The weights the fused decode step reads (`model::fast_decode`), one
+/// dense copy in the model's dtype made per generation: every projection's
+/// LoRA update folded in as [`DecodeView`] does, NF4 bases dequantised once
+/// (not at every step), and each layer's q, k and v projections stacked
+/// into one matrix, gate and up into another, so a layer runs four GEMMs.
+/// Norms, embeddings and the head are the model's own tensors (no copy).
+pub struct DecodeWeights {
+    /// `(vocab, hidden)`.
+    pub embed: Tensor,
+    /// The final norm's weight.
+    pub norm: Tensor,
+    /// `(vocab, hidden)`.
+    pub lm_head: Tensor,
+    /// RoPE tables `(max_positions, head_dim / 2)`.
+    pub cos: Tensor,
+    pub sin: Tensor,
+    pub eps: f64,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub layers: Vec<DecodeLayer>,
+}
+
+/// One layer of [`DecodeWeights`].
+pub struct DecodeLayer {
+    pub input_norm: Tensor,
+    pub post_norm: Tensor,
+    /// Qwen3's per-head query and key norms.
+    pub qk_norm: Option<(Tensor, Tensor)>,
+    /// `((H + 2 H_kv) D, hidden)`: q, k and v stacked.
+    pub qkv: Tensor,
+    /// `(hidden, H D)`.
+    pub o: Tensor,
+    /// `(2 I, hidden)`: gate then up.
+    pub gate_up: Tensor,
+    /// `(hidden, I)`.
+    pub down: Tensor,
+}
+
 /// Gradients of trainable tensors computed inside checkpointed layers'
 /// backward passes, waiting to join the outer [`GradStore`].
 #[derive(Debug, Clone, Default)]
@@ -628,17 +685,94 @@ impl Decoder {
             return Ok(view);
         }
         for p in self.projections() {
-            let (Some(ad), BaseLinear::Dense { weight, bias }) = (p.adapter(), p.base()) else {
+            let (Some(_), BaseLinear::Dense { weight, bias }) = (p.adapter(), p.base()) else {
                 continue;
             };
-            let a = ad.a.as_detached_tensor().to_dtype(DType::F32)?;
-            let b = ad.b.as_detached_tensor().to_dtype(DType::F32)?;
-            let delta = (b.matmul(&a)? * ad.scale)?; // (out, in)
-            let w = (weight.to_dtype(DType::F32)? + delta)?.to_dtype(weight.dtype())?;
+            let w = folded(p, weight)?;
             view.folded
                 .insert(p.name().to_owned(), BaseLinear::dense(w, bias.clone()));
         }
         Ok(view)
+    }
+
+    /// Bytes one token's keys and values take in a KV cache.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let Some(l) = self.layers.first() else {
+            return 0;
+        };
+        let at = &l.self_attn;
+        2 * self.layers.len()
+            * at.num_kv_heads
+            * at.head_dim
+            * self.embed_tokens.dtype().size_in_bytes()
+    }
+
+    /// Bytes [`Self::decode_weights`] allocates: one dense copy of every
+    /// projection in the model's dtype.
+    pub fn decode_weights_bytes(&self) -> Result<usize> {
+        let mut bytes = 0;
+        for p in self.projections() {
+            let (o, i) = p.base().dims()?;
+            bytes += o * i * self.embed_tokens.dtype().size_in_bytes();
+        }
+        Ok(bytes)
+    }
+
+    /// The weights of the fused decode step (`fast_decode`), as they are
+    /// now: see [`DecodeWeights`]. `None` for an architecture the step does
+    /// not cover (biases, a head size or grouping without a kernel).
+    pub fn decode_weights(&self) -> Result<Option<DecodeWeights>> {
+        let Some(first) = self.layers.first() else {
+            return Ok(None);
+        };
+        let at = &first.self_attn;
+        let (heads, kv_heads, head_dim) = (at.num_heads, at.num_kv_heads, at.head_dim);
+        let groups = heads / kv_heads.max(1);
+        let biased = self.projections().iter().any(|p| p.base().bias().is_some());
+        if biased
+            || !matches!(head_dim, 32 | 64 | 128)
+            || !(1..=8).contains(&groups)
+            || heads != groups * kv_heads
+        {
+            return Ok(None);
+        }
+        let dense = |p: &LoraLinear| -> Result<Tensor> { folded(p, &p.base().weight()?) };
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let (a, m) = (&layer.self_attn, &layer.mlp);
+            let qkv = Tensor::cat(
+                &[dense(&a.q_proj)?, dense(&a.k_proj)?, dense(&a.v_proj)?],
+                0,
+            )?;
+            let gate_up = Tensor::cat(&[dense(&m.gate_proj)?, dense(&m.up_proj)?], 0)?;
+            layers.push(DecodeLayer {
+                input_norm: layer.input_layernorm.weight().clone(),
+                post_norm: layer.post_attention_layernorm.weight().clone(),
+                qk_norm: a
+                    .qk_norm
+                    .as_ref()
+                    .map(|(q, k)| (q.weight().clone(), k.weight().clone())),
+                qkv,
+                o: dense(&a.o_proj)?,
+                gate_up,
+                down: dense(&m.down_proj)?,
+            });
+        }
+        let (cos, sin) = self.rope.tables();
+        Ok(Some(DecodeWeights {
+            embed: self.embed_tokens.clone(),
+            norm: self.norm.weight().clone(),
+            lm_head: self.lm_head.weight()?,
+            cos: cos.clone(),
+            sin: sin.clone(),
+            eps: self.norm.eps(),
+            heads,
+            kv_heads,
+            head_dim,
+            hidden: self.embed_tokens.dim(1)?,
+            intermediate: first.mlp.down_proj.base().dims()?.1,
+            layers,
+        }))
     }
 
     fn decode_step(

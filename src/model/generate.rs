@@ -120,6 +120,27 @@ pub fn greedy(
     max_rows: usize,
     device: &Device,
 ) -> Result<Vec<Generation>> {
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        let draw = super::fast_decode::Draw {
+            inv_temp: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+        };
+        let args = fast::Args {
+            model,
+            prompts,
+            max_new_tokens,
+            stop_ids,
+            pad_id,
+            max_rows,
+            device,
+            draw,
+        };
+        if let Some(out) = fast::decode(&args, &mut |_| 0)? {
+            return Ok(out);
+        }
+    }
     let mut pick = |logits: &Tensor, _: &[(usize, usize)]| {
         #[cfg(feature = "cuda")]
         if logits.device().is_cuda() {
@@ -168,6 +189,31 @@ pub fn sample(
             Rng::for_tensor(sampling.seed, &format!("sample/{stream}"))
         })
         .collect();
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() && std::env::var_os("TRACE_TRAIN_HOST_SAMPLING").is_none() {
+        let draw = super::fast_decode::Draw {
+            inv_temp: if temperature == 0.0 {
+                0.0
+            } else {
+                (1.0 / temperature) as f32
+            },
+            top_k: sampling.top_k.min(i32::MAX as usize) as i32,
+            top_p: top_p as f32,
+        };
+        let args = fast::Args {
+            model,
+            prompts,
+            max_new_tokens,
+            stop_ids,
+            pad_id,
+            max_rows,
+            device,
+            draw,
+        };
+        if let Some(out) = fast::decode(&args, &mut |p| rngs[p].next_u64())? {
+            return Ok(out);
+        }
+    }
     let mut pick = |logits: &Tensor, live: &[(usize, usize)]| -> Result<Vec<(u32, f32)>> {
         #[cfg(feature = "cuda")]
         if logits.device().is_cuda() && std::env::var_os("TRACE_TRAIN_HOST_SAMPLING").is_none() {
@@ -201,6 +247,289 @@ pub fn sample(
         device,
         &mut pick,
     )
+}
+
+/// Which decoding path [`greedy`] and [`sample`] take on CUDA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodePath {
+    /// [`DecodePath::Graph`], unless `TRACE_TRAIN_DECODE` says `eager` or
+    /// `ops`.
+    Auto,
+    /// The fused decode step (`model::fast_decode`), launched kernel by
+    /// kernel.
+    Eager,
+    /// The fused decode step captured once as a CUDA graph and replayed.
+    Graph,
+    /// The model's op-by-op forward over a shared-column cache (also what
+    /// runs on the CPU, and on CUDA where the fused step does not apply).
+    Ops,
+}
+
+thread_local! {
+    static DECODE_PATH: std::cell::Cell<DecodePath> = const { std::cell::Cell::new(DecodePath::Auto) };
+}
+
+/// Runs `f` with [`greedy`] and [`sample`] on this thread decoding by
+/// `path` (tests and benchmarks compare the paths).
+pub fn with_decode_path<R>(path: DecodePath, f: impl FnOnce() -> R) -> R {
+    let old = DECODE_PATH.with(|p| p.replace(path));
+    let out = f();
+    DECODE_PATH.with(|p| p.set(old));
+    out
+}
+
+thread_local! {
+    static LAST_PATH: std::cell::Cell<Option<DecodePath>> = const { std::cell::Cell::new(None) };
+}
+
+/// The path the last [`greedy`] or [`sample`] on this thread took:
+/// [`DecodePath::Graph`] only when it replayed a captured graph.
+pub fn last_path() -> Option<DecodePath> {
+    LAST_PATH.with(|p| p.get())
+}
+
+fn set_last_path(path: DecodePath) {
+    LAST_PATH.with(|p| p.set(Some(path)));
+}
+
+/// The path decoding takes now.
+pub fn decode_path() -> DecodePath {
+    match DECODE_PATH.with(|p| p.get()) {
+        DecodePath::Auto => match std::env::var("TRACE_TRAIN_DECODE").as_deref() {
+            Ok("eager") => DecodePath::Eager,
+            Ok("ops") => DecodePath::Ops,
+            _ => DecodePath::Graph,
+        },
+        path => path,
+    }
+}
+
+/// Records a picked token in `g`; whether the row is done (a stop id, not
+/// kept, or `max_new_tokens` reached).
+fn record(
+    g: &mut Generation,
+    token: u32,
+    logprob: f32,
+    stop_ids: &[u32],
+    max_new_tokens: usize,
+) -> bool {
+    if stop_ids.contains(&token) {
+        g.stopped = true;
+        true
+    } else {
+        g.tokens.push(token);
+        g.logprobs.push(logprob);
+        g.tokens.len() >= max_new_tokens
+    }
+}
+
+/// The fused decode step's driver: every row its own cache slot, waiting
+/// prompts prefilled by the model's forward into free slots, then one
+/// [`Engine::step`] a token for all rows.
+#[cfg(feature = "cuda")]
+mod fast {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use candle_core::{Device, Result, Tensor};
+
+    use super::super::Model;
+    use super::super::attention::Cache;
+    use super::super::fast_decode::{self, Draw, Engine, Mode};
+    use super::{
+        DECODE_PATH, DecodePath, Generation, PREFILL_CHUNK, decode_path, record, set_last_path,
+    };
+
+    pub(super) struct Args<'a> {
+        pub model: &'a Model,
+        pub prompts: &'a [Vec<u32>],
+        pub max_new_tokens: usize,
+        pub stop_ids: &'a [u32],
+        pub pad_id: u32,
+        pub max_rows: usize,
+        pub device: &'a Device,
+        pub draw: Draw,
+    }
+
+    /// Memory kept free beside the decode weights and the cache slots:
+    /// prefill's activations and scores, cuBLAS's workspace, the logits.
+    const HEADROOM: usize = 2 << 30;
+
+    static SAID: AtomicBool = AtomicBool::new(false);
+
+    /// Decoding op by op instead: said once a process; an error when the
+    /// fused step was asked for by name ([`super::with_decode_path`]).
+    fn fall_back(why: &str) -> Result<Option<Vec<Generation>>> {
+        if DECODE_PATH.with(|p| p.get()) != DecodePath::Auto {
+            candle_core::bail!("the fused decode step cannot run: {why}");
+        }
+        if !SAID.swap(true, Ordering::Relaxed) {
+            tracing::info!("decoding op by op: {why}");
+        }
+        Ok(None)
+    }
+
+    /// The generations of `a.prompts` through the fused step; `None` where
+    /// it does not apply (another path asked for, an architecture it does
+    /// not cover, too little free memory for its weights), and the caller
+    /// decodes op by op. `seed(p)` is prompt `p`'s next random seed.
+    pub(super) fn decode(
+        a: &Args,
+        seed: &mut dyn FnMut(usize) -> u64,
+    ) -> Result<Option<Vec<Generation>>> {
+        let mode = match decode_path() {
+            DecodePath::Ops => return Ok(None),
+            DecodePath::Eager => Mode::Eager,
+            DecodePath::Graph | DecodePath::Auto => Mode::Graph,
+        };
+        let prompts = a.prompts;
+        if prompts.is_empty() || a.max_new_tokens == 0 || prompts.iter().any(|p| p.is_empty()) {
+            // The op-by-op path answers these (nothing to do, or the error).
+            return Ok(None);
+        }
+        if !a.device.is_cuda() {
+            return fall_back("the device is not a CUDA device");
+        }
+        let dec = a.model.decoder();
+        let Some((free, _)) = fast_decode::free_memory(a.device)? else {
+            return Ok(None);
+        };
+        let weights = dec.decode_weights_bytes()?;
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(1);
+        // The last new token is never fed back: it needs no column.
+        let cap = longest + a.max_new_tokens - 1;
+        // A row's slot, and its share of a prefill cache.
+        let per_row = dec.kv_bytes_per_token() * (cap + longest);
+        let want = match a.max_rows {
+            0 => prompts.len(),
+            m => m.min(prompts.len()),
+        };
+        let Some(spare) = free.checked_sub(weights + HEADROOM) else {
+            return fall_back(&format!(
+                "the fused step's weights take {:.1} GiB and {:.1} GiB are free",
+                weights as f64 / (1u64 << 30) as f64,
+                free as f64 / (1u64 << 30) as f64
+            ));
+        };
+        let rows = want.min(spare / per_row.max(1));
+        if rows == 0 {
+            return fall_back("too little free memory for one cache slot");
+        }
+        if rows < want {
+            tracing::info!("decoding {rows} rows at once (memory), not {want}");
+        }
+        let Some(w) = dec.decode_weights()? else {
+            return fall_back("the fused step does not cover this architecture");
+        };
+        let mut eng = Engine::new(&w, a.device, rows, cap, a.draw, mode)?;
+        let empty = Generation {
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            stopped: false,
+        };
+        let mut out = vec![empty; prompts.len()];
+        let mut slot: Vec<Option<usize>> = vec![None; rows];
+        let mut next = vec![a.pad_id; rows];
+        let mut len = vec![0u32; rows];
+        let mut waiting = 0..prompts.len();
+        loop {
+            let free: Vec<usize> = (0..rows).filter(|&r| slot[r].is_none()).collect();
+            let joining: Vec<usize> = waiting.by_ref().take(free.len()).collect();
+            if !joining.is_empty() {
+                let at = &free[..joining.len()];
+                let (logits, cache, pads) = prefill(a, &joining)?;
+                let lens: Vec<usize> = joining.iter().map(|&p| prompts[p].len()).collect();
+                eng.load_rows(&cache, at, &pads, &lens)?;
+                drop(cache);
+                let seeds: Vec<u64> = joining.iter().map(|&p| seed(p)).collect();
+                let Draw {
+                    inv_temp,
+                    top_k,
+                    top_p,
+                } = a.draw;
+                let picks =
+                    super::cuda::sample_rows(&logits, &seeds, inv_temp, top_k as usize, top_p)?;
+                for ((&r, &p), &(token, logprob)) in at.iter().zip(&joining).zip(&picks) {
+                    len[r] = prompts[p].len() as u32;
+                    if record(&mut out[p], token, logprob, a.stop_ids, a.max_new_tokens) {
+                        slot[r] = None;
+                    } else {
+                        slot[r] = Some(p);
+                        next[r] = token;
+                    }
+                }
+                continue;
+            }
+            let live: Vec<usize> = (0..rows).filter(|&r| slot[r].is_some()).collect();
+            if live.is_empty() {
+                break;
+            }
+            let mut seeds = vec![0u64; rows];
+            let mut pos = vec![0u32; rows];
+            let mut ids = vec![a.pad_id; rows];
+            for &r in &live {
+                let p = slot[r].expect("a live row");
+                seeds[r] = seed(p);
+                pos[r] = len[r];
+                ids[r] = next[r];
+            }
+            let picks = eng.step(&seeds, &ids, &pos)?;
+            for &r in &live {
+                let p = slot[r].expect("a live row");
+                len[r] += 1;
+                let (token, logprob) = picks[r];
+                if record(&mut out[p], token, logprob, a.stop_ids, a.max_new_tokens) {
+                    slot[r] = None;
+                } else {
+                    next[r] = token;
+                }
+            }
+        }
+        set_last_path(if eng.captured() {
+            DecodePath::Graph
+        } else {
+            DecodePath::Eager
+        });
+        Ok(Some(out))
+    }
+
+    /// Prefills the prompts `joining` together (left-padded to the longest)
+    /// with the model's forward: their last logits `(k, vocab)`, the cache
+    /// and each row's padding.
+    fn prefill(a: &Args, joining: &[usize]) -> Result<(Tensor, Cache, Vec<usize>)> {
+        let width = joining
+            .iter()
+            .map(|&p| a.prompts[p].len())
+            .max()
+            .unwrap_or(0);
+        let pads: Vec<usize> = joining
+            .iter()
+            .map(|&p| width - a.prompts[p].len())
+            .collect();
+        let ids: Vec<u32> = joining
+            .iter()
+            .flat_map(|&p| {
+                let p = &a.prompts[p];
+                std::iter::repeat_n(a.pad_id, width - p.len()).chain(p.iter().copied())
+            })
+            .collect();
+        let ids = Tensor::from_vec(ids, (joining.len(), width), a.device)?;
+        let mut cache = a
+            .model
+            .new_cache()
+            .with_capacity(width)
+            .with_left_padding(pads.clone());
+        let mut logits = None;
+        for s in (0..width).step_by(PREFILL_CHUNK) {
+            let l = PREFILL_CHUNK.min(width - s);
+            logits = Some(
+                a.model
+                    .forward_with_cache(&ids.narrow(1, s, l)?, s, &mut cache)?,
+            );
+        }
+        let logits =
+            logits.ok_or_else(|| candle_core::Error::Msg("prefill of an empty prompt".into()))?;
+        Ok((logits, cache, pads))
+    }
 }
 
 /// The most likely token of each row of `logits: (B, vocab)` and its
@@ -264,6 +593,7 @@ fn decode(
         logprobs: Vec::new(),
         stopped: false,
     };
+    set_last_path(DecodePath::Ops);
     if prompts.is_empty() || max_new_tokens == 0 {
         return Ok(vec![empty; prompts.len()]);
     }
@@ -458,15 +788,13 @@ impl Decoding<'_> {
         let picked = pick(logits, &pairs)?;
         for (&(l, r), &(_, prompt)) in at.iter().zip(&pairs) {
             let (token, logprob) = picked[l];
-            let g = &mut self.out[prompt];
-            let done = if self.stop_ids.contains(&token) {
-                g.stopped = true;
-                true
-            } else {
-                g.tokens.push(token);
-                g.logprobs.push(logprob);
-                g.tokens.len() >= self.max_new_tokens
-            };
+            let done = record(
+                &mut self.out[prompt],
+                token,
+                logprob,
+                self.stop_ids,
+                self.max_new_tokens,
+            );
             if done {
                 self.rows[r] = None;
                 self.next[r] = self.pad_id;
@@ -834,6 +1162,121 @@ mod cuda_tests {
             // Among the 50 most likely (ties included).
             let above = host[r].iter().filter(|&&x| x > host[r][t as usize]).count();
             assert!(above < 50, "row {r}: token {t} has {above} above it");
+        }
+    }
+
+    /// The fused decode step: a replayed graph gives the eager step's
+    /// tokens and log-probs exactly, in f32 and bf16, all rows at once and
+    /// two at a time; greedy decoding agrees with the op-by-op path; the
+    /// log-probs are the trainer's; NF4 weights decode as their
+    /// dequantised bf16 copy does.
+    #[test]
+    fn fused_step_replays_match_eager_and_the_trainer() {
+        let Some(dev) = gpu() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        tiny::write_tiny_qwen3(dir.path(), 42).unwrap();
+        let prompts: Vec<Vec<u32>> = vec![
+            (1..10).collect(),
+            (20..24).collect(),
+            vec![7],
+            (100..130).collect(),
+            (300..340).collect(),
+        ];
+        let s = Sampling {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.9,
+            seed: 5,
+            first_stream: 0,
+        };
+        for dtype in [DType::F32, DType::BF16] {
+            let m = load(dir.path(), None, dtype, &dev).unwrap();
+            let run = |path, rows, stop: &[u32]| {
+                let out = with_decode_path(path, || {
+                    sample(&m.model, &prompts, 12, stop, 0, rows, &s, &dev)
+                })
+                .unwrap();
+                assert_eq!(last_path(), Some(path), "{dtype:?}: the path asked for ran");
+                out
+            };
+            let graph = run(DecodePath::Graph, 0, &[]);
+            let eager = run(DecodePath::Eager, 0, &[]);
+            for (a, b) in graph.iter().zip(&eager) {
+                assert_eq!(
+                    (&a.tokens, a.stopped),
+                    (&b.tokens, b.stopped),
+                    "{dtype:?}: graph replay against eager"
+                );
+                for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+                    assert!((x - y).abs() < 1e-5, "{dtype:?}: {x} vs {y}");
+                }
+            }
+            let two = run(DecodePath::Graph, 2, &[]);
+            for (a, b) in graph.iter().zip(&two) {
+                assert_eq!(a.tokens, b.tokens, "{dtype:?}: two rows at a time");
+            }
+            // A stop id ends rows early and frees their slots for others.
+            let t = &graph[0].tokens;
+            let k = (1..t.len()).find(|&i| !t[..i].contains(&t[i])).unwrap();
+            let stopped = run(DecodePath::Graph, 2, &[t[k]]);
+            assert!(
+                stopped[0].stopped && stopped[0].tokens == t[..k],
+                "{dtype:?}"
+            );
+            // The sampler's log-probs are the trainer's forward's.
+            let tol = if dtype == DType::F32 { 1e-4 } else { 0.1 };
+            for (p, out) in prompts.iter().zip(&graph) {
+                let seq: Vec<u32> = p.iter().chain(&out.tokens).copied().collect();
+                let ids = Tensor::new(seq.as_slice(), &dev)
+                    .unwrap()
+                    .unsqueeze(0)
+                    .unwrap();
+                let logits = (m
+                    .model
+                    .forward(&ids, None, false)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    / 0.8)
+                    .unwrap();
+                let lp: Vec<f32> = crate::train::loss::next_token_logprobs(&logits, &ids)
+                    .unwrap()
+                    .squeeze(0)
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                for (x, y) in out.logprobs.iter().zip(&lp[p.len() - 1..]) {
+                    assert!((x - y).abs() < tol, "{dtype:?}: {x} vs {y}");
+                }
+            }
+            let greedy_on = |path| {
+                with_decode_path(path, || greedy(&m.model, &prompts, 12, &[], 0, 0, &dev)).unwrap()
+            };
+            let (fused, ops) = (greedy_on(DecodePath::Graph), greedy_on(DecodePath::Ops));
+            for (a, b) in fused.iter().zip(&ops) {
+                if dtype == DType::F32 {
+                    assert_eq!(a.tokens, b.tokens, "greedy, fused against op by op");
+                }
+                // The first token comes from the same prefill.
+                assert_eq!(a.tokens[0], b.tokens[0], "{dtype:?}");
+            }
+        }
+        // NF4: the fused step decodes the dequantised weights; the op-by-op
+        // path dequantises at every step: the same logits up to rounding.
+        let mut q = load(dir.path(), None, DType::BF16, &dev).unwrap();
+        q.model.quantize_base().unwrap();
+        let on = |path| {
+            with_decode_path(path, || greedy(&q.model, &prompts, 8, &[], 0, 0, &dev)).unwrap()
+        };
+        let (fused, ops) = (on(DecodePath::Graph), on(DecodePath::Ops));
+        for (a, b) in fused.iter().zip(&ops) {
+            assert_eq!(a.tokens[0], b.tokens[0]);
+            assert!(
+                (a.logprobs[0] - b.logprobs[0]).abs() < 0.05,
+                "{} vs {}",
+                a.logprobs[0],
+                b.logprobs[0]
+            );
         }
     }
 

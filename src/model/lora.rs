@@ -206,7 +206,8 @@ impl BaseLinear {
         }
     }
 
-    fn bias(&self) -> Option<&Tensor> {
+    /// The bias, if the projection has one.
+    pub fn bias(&self) -> Option<&Tensor> {
         match self {
             Self::Dense { bias, .. } | Self::Nf4 { bias, .. } => bias.as_ref(),
         }

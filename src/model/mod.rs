@@ -20,6 +20,8 @@
 pub mod adapter;
 pub mod attention;
 pub mod decoder;
+#[cfg(feature = "cuda")]
+pub mod fast_decode;
 pub mod fused;
 pub mod generate;
 pub mod gguf;

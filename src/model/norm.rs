@@ -25,6 +25,15 @@ impl RmsNorm {
         })
     }
 
+    /// `(size,)`, in the model's dtype.
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    pub fn eps(&self) -> f64 {
+        self.eps
+    }
+
     /// `(.., size) -> (.., size)`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.track_op() {

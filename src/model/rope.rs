@@ -91,6 +91,11 @@ impl RotaryEmbedding {
         })
     }
 
+    /// The `(cos, sin)` tables, `(max_positions, head_dim / 2)` each.
+    pub fn tables(&self) -> (&Tensor, &Tensor) {
+        (&self.cos, &self.sin)
+    }
+
     /// Rotates `x: (B, H, L, D)` whose first position is `offset`.
     pub fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         let (_, _, len, _) = x.dims4()?;
