@@ -81,6 +81,25 @@ pub fn parse<T: for<'de> Deserialize<'de> + Validate>(
             )
         } else if message.contains("duplicate field") {
             "a key appears twice in one object; keep one".into()
+        } else if let Some(key) = (message.starts_with("invalid type")
+            || message.starts_with("invalid value"))
+        .then(|| key_before(text, e.line(), e.column()))
+        .flatten()
+        {
+            let expected = message
+                .split("expected ")
+                .nth(1)
+                .and_then(|x| x.split(" at line").next())
+                .unwrap_or("another value");
+            let wanted = match expected {
+                "usize" | "u64" | "u32" | "u16" | "u8" => "a whole number, 0 or more".to_owned(),
+                "i64" | "i32" => "a whole number".to_owned(),
+                "f64" | "f32" => "a number".to_owned(),
+                other => other.to_owned(),
+            };
+            format!(
+                "`{key}` takes {wanted} (each key's meaning and default are documented in src/config.rs)"
+            )
         } else {
             "the file must be a JSON object; see the shipped files in `config/` for examples".into()
         };
@@ -104,6 +123,21 @@ pub fn parse<T: for<'de> Deserialize<'de> + Validate>(
             problems,
         })
     }
+}
+
+/// The last object key written before `line`:`column` (1-based, as
+/// serde_json reports an error) of `text`: the key whose value a type
+/// error is about.
+fn key_before(text: &str, line: usize, column: usize) -> Option<String> {
+    let start: usize = text
+        .split_inclusive('\n')
+        .take(line.saturating_sub(1))
+        .map(str::len)
+        .sum();
+    let end = (start + column).min(text.len());
+    let before = text.get(..end)?;
+    let re = regex::Regex::new(r#""((?:[^"\\]|\\.)*)"\s*:"#).expect("valid regex");
+    re.captures_iter(before).last().map(|c| c[1].to_owned())
 }
 
 /// Semantic checks beyond the types; all problems are gathered at once.
@@ -344,8 +378,10 @@ impl PipelineConfig {
     /// shape: without checkpointing and 4-bit weights a step runs 1.35x
     /// faster than with them, and 4 x 1024 tokens take 20 GiB of which 8
     /// are weights; 8 x 2048 tokens then need about 56 GiB (an estimate
-    /// from that figure, activations growing with tokens). `by` names what
-    /// asked for it, for `sources`.
+    /// from that figure, activations growing with tokens). Stage 3 gets
+    /// the same bf16 base without checkpointing and training micro-batches
+    /// of [`B200_MICRO_BATCH_TOKENS`]. `by` names what asked for it, for
+    /// `sources`.
     pub fn apply_b200(&mut self, sources: &mut Sources, by: &str) {
         self.hardware.b200_mode = true;
         self.model.dtype = "bf16".into();
@@ -355,6 +391,7 @@ impl PipelineConfig {
             s.batch_size = 8;
             s.gradient_accumulation_steps = 4;
         }
+        self.stage3.ppo.micro_batch_tokens = Some(B200_MICRO_BATCH_TOKENS);
         for key in [
             "model.dtype",
             "model.load_in_4bit",
@@ -363,11 +400,20 @@ impl PipelineConfig {
             "stage1.gradient_accumulation_steps",
             "stage2.batch_size",
             "stage2.gradient_accumulation_steps",
+            "stage3.ppo.micro_batch_tokens",
         ] {
             sources.set(key, Source::Preset { by: by.to_owned() });
         }
     }
 }
+
+/// Stage 3's training micro-batch under the `--b200` preset, in tokens
+/// (six rows of the default 1536 + 512): what `rl::memory`'s model gives
+/// room for on an 80 GB card with a bf16 Qwen3-4B, no checkpointing and
+/// plain attention (4.6 MiB a token, 55.5 GiB, beside 7.5 GiB of weights
+/// and 3.5 GiB for the head's chunk and margin); between two and three
+/// times the auto budget of QLoRA with checkpointing on a 24 GB card.
+pub const B200_MICRO_BATCH_TOKENS: usize = 12_288;
 
 /// The base model.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -984,6 +1030,23 @@ pub struct RlConfig {
     /// Longest prompt in tokens; longer tasks are skipped and counted.
     /// Default 1536.
     pub max_prompt_tokens: usize,
+    /// Tokens one training pass holds at once (old and reference
+    /// log-probs, values, the clipped update): a pass's completions go
+    /// through the model in micro-batches of at most this many, counted as
+    /// rows x the longest row's prompt + response tokens (padding
+    /// included); the update sums their gradients and still steps once a
+    /// minibatch, so this decides memory, not what is learned. A completion
+    /// longer than the budget runs alone. Null or 0: chosen at load time
+    /// from the GPU's free memory, the model's shape, `max_prompt_tokens +
+    /// max_new_tokens` and checkpointing (`rl::memory`), 8192 on the CPU.
+    /// The `--b200` preset sets 12288. Default null.
+    pub micro_batch_tokens: Option<usize>,
+    /// Recompute each decoder layer in the backward pass instead of keeping
+    /// its activations (the same gradients; far less memory). Null: the
+    /// pipeline config's `hardware.gradient_checkpointing`, applied on a
+    /// GPU (so on by default there, off on the CPU); true or false applies
+    /// on any device. Default null.
+    pub gradient_checkpointing: Option<bool>,
     /// Default 1.0.
     pub max_grad_norm: f64,
     /// Default 0.
@@ -1053,6 +1116,8 @@ impl Default for RlConfig {
             max_new_tokens: 512,
             sample_max_rows: 0,
             max_prompt_tokens: 1536,
+            micro_batch_tokens: None,
+            gradient_checkpointing: None,
             max_grad_norm: 1.0,
             weight_decay: 0.0,
             lora_r: 16,
@@ -1442,6 +1507,16 @@ mod tests {
             (8, 4)
         );
         assert_eq!(
+            p.stage3.ppo.micro_batch_tokens,
+            Some(B200_MICRO_BATCH_TOKENS)
+        );
+        assert_eq!(
+            s.get("stage3.ppo.micro_batch_tokens"),
+            Source::Preset {
+                by: "hardware.b200_mode".into()
+            }
+        );
+        assert_eq!(
             s.get("stage1.batch_size"),
             Source::Preset {
                 by: "hardware.b200_mode".into()
@@ -1487,6 +1562,59 @@ mod tests {
             err.contains("ppo.algorithm") && err.contains("curriculum.promotion_threshold"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn stage3_memory_keys_load_and_bad_values_name_the_key() {
+        let c: Stage3Config = parse(
+            r#"{"ppo": {"micro_batch_tokens": 4096, "gradient_checkpointing": true}}"#,
+            Path::new("s3.json"),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.ppo.micro_batch_tokens, c.ppo.gradient_checkpointing),
+            (Some(4096), Some(true))
+        );
+        let d = Stage3Config::default();
+        assert_eq!(
+            (d.ppo.micro_batch_tokens, d.ppo.gradient_checkpointing),
+            (None, None)
+        );
+        for (text, want) in [
+            (
+                "{\"ppo\": {\"batch_size\": 4,\n  \"micro_batch_tokens\": -512}}",
+                "a whole number, 0 or more",
+            ),
+            (
+                r#"{"ppo": {"micro_batch_tokens": "lots", "seed": 1}}"#,
+                "a whole number, 0 or more",
+            ),
+            (r#"{"ppo": {"gradient_checkpointing": "yes"}}"#, "a boolean"),
+        ] {
+            let err = parse::<Stage3Config>(text, Path::new("config/stage3_ppo_config.json"))
+                .unwrap_err()
+                .to_string();
+            let key = if text.contains("gradient_checkpointing") {
+                "`gradient_checkpointing` takes"
+            } else {
+                "`micro_batch_tokens` takes"
+            };
+            assert!(
+                err.contains("config/stage3_ppo_config.json")
+                    && err.contains(key)
+                    && err.contains(want)
+                    && err.contains("hint:"),
+                "{err}"
+            );
+        }
+        // The pipeline file's section names it too.
+        let err = parse::<PipelineConfig>(
+            r#"{"stage3": {"ppo": {"micro_batch_tokens": 1.5}}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("`micro_batch_tokens` takes"), "{err}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! What a CUDA device needs beyond candle: a memory pool that keeps what it
-//! frees, and the pool's high-water mark for benchmarks.
+//! frees, the pool's high-water mark for benchmarks, and the memory still
+//! free (Stage 3's micro-batch budget).
 //!
 //! cudarc allocates with `cuMemAllocAsync` from the device's default pool,
 //! whose release threshold is 0: every synchronisation hands freed memory
@@ -46,6 +47,22 @@ pub fn reset_peak_memory(device: &Device) -> anyhow::Result<()> {
     }
     let _ = device;
     Ok(())
+}
+
+/// Bytes this process can still allocate on the device: the driver's free
+/// memory plus what the pool holds reserved but unused (kept by
+/// [`keep_freed_memory`]); `None` off CUDA.
+pub fn free_memory(device: &Device) -> anyhow::Result<Option<u64>> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        device.synchronize()?;
+        let (free, _total) = d.cuda_stream().context().mem_get_info()?;
+        let reserved = pool::get(d, pool::Attr::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+        let used = pool::get(d, pool::Attr::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
+        return Ok(Some(free as u64 + reserved.saturating_sub(used)));
+    }
+    let _ = device;
+    Ok(None)
 }
 
 #[cfg(feature = "cuda")]

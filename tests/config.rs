@@ -88,6 +88,16 @@ fn the_python_pipelines_file_resolves_the_pipeline_to_what_it_says() {
     assert_eq!(value("hardware.gradient_checkpointing"), false);
     assert_eq!(value("stage1.batch_size"), 8);
     assert_eq!(value("stage2.gradient_accumulation_steps"), 4);
+    // Stage 3: larger training micro-batches (a token budget).
+    assert_eq!(value("stage3.ppo.micro_batch_tokens"), 12288);
+    assert_eq!(
+        from("stage3.ppo.micro_batch_tokens"),
+        "preset hardware.b200_mode"
+    );
+    assert_eq!(
+        value("stage3.ppo.gradient_checkpointing"),
+        serde_json::Value::Null
+    );
     assert_eq!(value("stage0.variants"), 3);
     assert_eq!(from("stage0.variants"), "file stage0.variants_per_sample");
     assert_eq!(value("stage0.num_workers"), 32);
@@ -124,6 +134,20 @@ fn the_python_pipelines_file_resolves_the_pipeline_to_what_it_says() {
     assert_eq!(s["output_dir"]["value"], "checkpoints/stage2_sft");
     assert_eq!(s["batch_size"]["value"], 3);
     assert_eq!(s["batch_size"]["flag"], "--batch_size");
+
+    // `config` alone shows Stage 3 too, under the same preset.
+    std::fs::write(
+        dir.path().join("config/stage3_ppo_config.json"),
+        r#"{"ppo": {"batch_size": 8, "gradient_checkpointing": true}}"#,
+    )
+    .unwrap();
+    let s = settings(dir.path(), &["config"]);
+    let ppo = &s["ppo"];
+    assert_eq!(ppo["ppo.micro_batch_tokens"]["value"], 12288);
+    assert_eq!(ppo["ppo.micro_batch_tokens"]["by"], "hardware.b200_mode");
+    assert_eq!(ppo["ppo.gradient_checkpointing"]["value"], true);
+    assert_eq!(ppo["ppo.gradient_checkpointing"]["from"], "file");
+    assert_eq!(ppo["ppo.batch_size"]["value"], 8);
 }
 
 #[test]
@@ -132,8 +156,26 @@ fn config_checks_the_shipped_files_and_shows_every_stage() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("ok  config/pipeline_config.json"), "{out}");
-    for title in ["== pipeline", "== generate", "== warmup", "== sft"] {
+    for title in [
+        "== pipeline",
+        "== generate",
+        "== warmup",
+        "== sft",
+        "== ppo",
+    ] {
         assert!(out.contains(title), "missing {title}: {out}");
+    }
+    // Stage 3's memory settings, with where they came from.
+    for key in [
+        "stage3.ppo.micro_batch_tokens ",
+        "ppo.micro_batch_tokens ",
+        "ppo.gradient_checkpointing ",
+    ] {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(key) && l.ends_with("default")),
+            "missing {key}: {out}"
+        );
     }
     // The shipped file uses the Python pipeline's names.
     assert!(

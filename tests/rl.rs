@@ -153,6 +153,20 @@ fn learns(algorithm: &str) {
     if algorithm == "ppo" {
         assert!(dir.path().join("out/final/value_head.safetensors").exists());
     }
+    // The micro-batch budget (the CPU's default) and checkpointing (off on
+    // the CPU) are recorded: once in the metrics, and in train_config.json.
+    let lines = lines_of(&dir.path().join("out/metrics.jsonl"));
+    assert_eq!(lines[0]["micro_batch_tokens"], 8192.0);
+    assert!(
+        lines[1..]
+            .iter()
+            .all(|l| l.get("micro_batch_tokens").is_none())
+    );
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("out/train_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(record["micro_batch_tokens"], 8192);
+    assert_eq!(record["gradient_checkpointing"], false);
 }
 
 #[test]
@@ -236,7 +250,8 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run() {
     // on twelve short programs printing 1 to 6 lines before injection, so
     // prompts are short and every output-line bucket comes up; a curriculum
     // that moves on every full window (threshold 0); GRPO with dynamic
-    // sampling off so every step trains.
+    // sampling off so every step trains; a token budget that gives each
+    // completion its own micro-batch (a resume repeats those too).
     let mut rows = String::new();
     for k in 0..12u32 {
         let n = k % 6 + 1;
@@ -253,7 +268,7 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run() {
         r#"{"ppo": {"algorithm": "grpo", "group_size": 2, "dynamic_sampling": false, "batch_size": 2,
                     "num_train_steps": 6, "max_new_tokens": 2, "mini_batch_size": 4, "save_steps": 2,
                     "learning_rate": 0.001, "max_prompt_tokens": 2000, "num_workers": 2, "kl_coef": 0.01,
-                    "dataset": "rows.jsonl"},
+                    "dataset": "rows.jsonl", "micro_batch_tokens": 1},
             "curriculum": {"enabled": true, "promotion_threshold": 0.0, "window": 4}}"#,
     )
     .unwrap();

@@ -1,6 +1,7 @@
 //! `config`: what the settings of a run would be, each with where it came
 //! from (default, a file and its key as written, a preset, a flag), for the
-//! pipeline and for each stage. Checking the files themselves stays in
+//! pipeline and for each stage (Stage 3's from its file and the pipeline's
+//! preset). Checking the files themselves stays in
 //! `main.rs`.
 
 use std::path::Path;
@@ -8,7 +9,7 @@ use std::path::Path;
 use clap::Subcommand;
 use serde_json::Value;
 
-use trace_train::config::{self, GenerateConfig, Sources};
+use trace_train::config::{self, GenerateConfig, PipelineConfig, Source, Sources, Stage3Config};
 
 use super::pipeline::{self, PipelineArgs};
 use super::train::{self, TrainArgs};
@@ -75,7 +76,37 @@ pub fn resolved_all() -> anyhow::Result<Vec<(String, Value)>> {
             train::settings(stage, &TrainArgs::default())?.resolved()?,
         ));
     }
+    out.push(("ppo".into(), stage3(pipeline_file)?));
     Ok(out)
+}
+
+/// Stage 3's settings as `ppo` reads them without flags:
+/// `config/stage3_ppo_config.json` (or the defaults), under the pipeline
+/// file's `--b200` preset when it asks for it. `ppo.micro_batch_tokens`
+/// null is the auto budget and `ppo.gradient_checkpointing` null the
+/// pipeline's `hardware.gradient_checkpointing` on a GPU; `ppo` decides
+/// both when the device is known.
+fn stage3(pipeline_file: &Path) -> anyhow::Result<Value> {
+    let file = Path::new("config/stage3_ppo_config.json");
+    let (mut s3, mut sources): (Stage3Config, Sources) = if file.is_file() {
+        config::load_with_sources(file, "")?
+    } else {
+        Default::default()
+    };
+    if pipeline_file.is_file() {
+        let mut p: PipelineConfig = config::load(pipeline_file)?;
+        if p.hardware.b200_mode {
+            p.apply_b200(&mut Sources::default(), "hardware.b200_mode");
+            s3.ppo.micro_batch_tokens = p.stage3.ppo.micro_batch_tokens;
+            sources.set(
+                "ppo.micro_batch_tokens",
+                Source::Preset {
+                    by: "hardware.b200_mode".into(),
+                },
+            );
+        }
+    }
+    Ok(sources.to_json(&serde_json::to_value(&s3)?))
 }
 
 /// One table: `key  value  source`, keys aligned.

@@ -34,7 +34,8 @@ pub struct PipelineArgs {
     pub quick_test: bool,
     /// Preset for one large GPU (B200, H200, H100 80 GB): bf16 base weights
     /// (no 4-bit), no gradient checkpointing, micro-batches of 8 with 4
-    /// accumulation steps (as `hardware.b200_mode: true`).
+    /// accumulation steps, Stage 3's training micro-batches of 12288 tokens
+    /// (as `hardware.b200_mode: true`).
     #[arg(long)]
     pub b200: bool,
     /// Keep the base weights in 16 bits instead of 4.
@@ -387,6 +388,8 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             device: args.device.clone(),
             resume: args.resume && out.exists(),
             no_4bit: !cfg.model.load_in_4bit,
+            // On (the default) means "on a GPU"; the stage decides.
+            gradient_checkpointing: (!cfg.hardware.gradient_checkpointing).then_some(false),
             quick_test: args.quick_test,
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
             pipeline_config: Some(args.config.clone()).filter(|p| p.is_file()),

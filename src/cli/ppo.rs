@@ -8,7 +8,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
-use trace_train::config::{self, HardwareConfig, ModelConfig, PipelineConfig, Stage3Config};
+use trace_train::config::{
+    self, HardwareConfig, ModelConfig, PipelineConfig, Sources, Stage3Config,
+};
 use trace_train::dataset::Source;
 use trace_train::dist::{Communicator, Single};
 use trace_train::progress::Progress;
@@ -103,6 +105,17 @@ pub struct PpoArgs {
     /// as the pipeline config's `model.load_in_4bit` says).
     #[arg(long)]
     pub no_4bit: bool,
+    /// Recompute each layer in the backward pass to save memory (default:
+    /// the config's `ppo.gradient_checkpointing`, else the pipeline
+    /// config's `hardware.gradient_checkpointing`, applied on a GPU; `true`
+    /// forces it on the CPU too).
+    #[arg(long)]
+    pub gradient_checkpointing: Option<bool>,
+    /// Tokens (rows x padded length) one training pass holds at once; the
+    /// update sums the micro-batches' gradients (default: the config's
+    /// `ppo.micro_batch_tokens`; 0: chosen from the GPU's free memory).
+    #[arg(long)]
+    pub micro_batch_tokens: Option<usize>,
     /// Seconds on a CPU: a tiny model the run makes itself (unless --model),
     /// a few small steps.
     #[arg(long)]
@@ -142,6 +155,14 @@ impl PpoArgs {
         opt("--device", self.device.clone());
         opt("--num_gpus", Some(world.to_string()));
         opt("--max_steps", self.max_steps.map(|m| m.to_string()));
+        opt(
+            "--gradient_checkpointing",
+            self.gradient_checkpointing.map(|b| b.to_string()),
+        );
+        opt(
+            "--micro_batch_tokens",
+            self.micro_batch_tokens.map(|n| n.to_string()),
+        );
         for (on, flag) in [
             (self.resume, "--resume"),
             (self.force, "--force"),
@@ -177,7 +198,19 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
         (None, None) if default_file.is_file() => config::load(default_file)?,
         (None, None) => Stage3Config::default(),
     };
-    let mut model: ModelConfig = pipeline_config(args)?.map(|p| p.model).unwrap_or_default();
+    let (mut model, hardware): (ModelConfig, HardwareConfig) = match pipeline_config(args)? {
+        Some(mut p) => {
+            if p.hardware.b200_mode {
+                // The one-large-GPU preset of the pipeline applies to its
+                // stages run alone too (bf16 base, no checkpointing, larger
+                // micro-batches); flags still win.
+                p.apply_b200(&mut Sources::default(), "hardware.b200_mode");
+                s3.ppo.micro_batch_tokens = p.stage3.ppo.micro_batch_tokens;
+            }
+            (p.model, p.hardware)
+        }
+        None => Default::default(),
+    };
     let c = &mut s3.ppo;
     macro_rules! set {
         ($flag:expr, $field:expr) => {
@@ -206,6 +239,9 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
     }
     if let Some(o) = &args.output_dir {
         c.output_dir = Some(o.clone());
+    }
+    if let Some(n) = args.micro_batch_tokens {
+        c.micro_batch_tokens = Some(n);
     }
     if args.no_4bit {
         model.load_in_4bit = false;
@@ -244,6 +280,13 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
         format!("no policy model at `{model_spec}`\nhint: run Stage 2 (`trace-train sft`) first, or pass --model")
     })?;
     let device = super::train::pick_device(args.device.as_deref().unwrap_or("auto"))?;
+    // As SFT: the pipeline's `hardware.gradient_checkpointing` (on by
+    // default) means "on a GPU"; the stage's key and the flag apply anywhere.
+    s3.ppo.gradient_checkpointing = Some(
+        args.gradient_checkpointing
+            .or(s3.ppo.gradient_checkpointing)
+            .unwrap_or(hardware.gradient_checkpointing && !device.is_cpu()),
+    );
     let c = &s3.ppo;
     let (env, env_description): (Arc<dyn Environment>, String) = match c.environment.as_str() {
         "word" => (
@@ -353,7 +396,7 @@ fn run_job(
     let s = ppo::run_with(job, comm, progress).map_err(|e| {
         super::out_of_memory_hint(
             e,
-            "lower batch_size, group_size, mini_batch_size or max_new_tokens; checkpoints written so far are intact, continue with --resume",
+            "lower ppo.micro_batch_tokens (--micro_batch_tokens; training passes) or turn gradient checkpointing on, or lower batch_size, group_size or max_new_tokens (sampling); checkpoints written so far are intact, continue with --resume",
         )
     })?;
     if !lead {
@@ -421,6 +464,8 @@ mod tests {
             device: Some("cpu".into()),
             resume: true,
             no_4bit: true,
+            gradient_checkpointing: Some(true),
+            micro_batch_tokens: Some(512),
             settings: Some(Box::new(settings.clone())),
             ..PpoArgs::default()
         };
@@ -436,5 +481,92 @@ mod tests {
         assert_eq!(json(&job), json(&want));
         assert_eq!(job.config.group_size, Some(5));
         assert_eq!(job.output_dir, dir.path().join("out dir"));
+        assert_eq!(
+            (
+                job.config.gradient_checkpointing,
+                job.config.micro_batch_tokens
+            ),
+            (Some(true), Some(512))
+        );
+    }
+
+    #[test]
+    fn checkpointing_and_the_micro_batch_budget_resolve_as_sfts() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("base");
+        trace_train::model::tiny::write_tiny_chat_model(&base, 7).unwrap();
+        let stage3 = |ppo: serde_json::Value| {
+            let f = dir
+                .path()
+                .join(format!("s3-{}.json", ppo.to_string().len()));
+            std::fs::write(&f, serde_json::json!({"ppo": ppo}).to_string()).unwrap();
+            f
+        };
+        let pipeline = dir.path().join("pipeline.json");
+        std::fs::write(
+            &pipeline,
+            r#"{"hardware": {"gradient_checkpointing": true}}"#,
+        )
+        .unwrap();
+        let args = |config: PathBuf, pipeline: &Path| PpoArgs {
+            config: Some(config),
+            pipeline_config: Some(pipeline.to_owned()),
+            model: Some(base.display().to_string()),
+            output_dir: Some(dir.path().join("out")),
+            device: Some("cpu".into()),
+            environment: Some("word".into()),
+            ..PpoArgs::default()
+        };
+        let plain = stage3(serde_json::json!({}));
+        // On by default means on a GPU: off on the CPU; the stage's key and
+        // the flag apply anywhere, the flag last.
+        let job = resolve(&args(plain.clone(), &pipeline)).unwrap();
+        assert_eq!(job.config.gradient_checkpointing, Some(false));
+        assert_eq!(job.config.micro_batch_tokens, None);
+        let on =
+            stage3(serde_json::json!({"gradient_checkpointing": true, "micro_batch_tokens": 640}));
+        let job = resolve(&args(on.clone(), &pipeline)).unwrap();
+        assert_eq!(
+            (
+                job.config.gradient_checkpointing,
+                job.config.micro_batch_tokens
+            ),
+            (Some(true), Some(640))
+        );
+        let job = resolve(&PpoArgs {
+            gradient_checkpointing: Some(false),
+            micro_batch_tokens: Some(0),
+            ..args(on, &pipeline)
+        })
+        .unwrap();
+        assert_eq!(
+            (
+                job.config.gradient_checkpointing,
+                job.config.micro_batch_tokens
+            ),
+            (Some(false), Some(0))
+        );
+        let job = resolve(&PpoArgs {
+            gradient_checkpointing: Some(true),
+            ..args(plain.clone(), &pipeline)
+        })
+        .unwrap();
+        assert_eq!(job.config.gradient_checkpointing, Some(true));
+        // The pipeline file's b200 preset: bf16 base, no checkpointing,
+        // Stage 3's larger micro-batches; a flag still wins.
+        let b200 = dir.path().join("b200.json");
+        std::fs::write(&b200, r#"{"hardware": {"b200_mode": true}}"#).unwrap();
+        let job = resolve(&args(plain.clone(), &b200)).unwrap();
+        assert_eq!(
+            job.config.micro_batch_tokens,
+            Some(config::B200_MICRO_BATCH_TOKENS)
+        );
+        assert!(!job.model.load_in_4bit && job.config.gradient_checkpointing == Some(false));
+        let job = resolve(&PpoArgs {
+            micro_batch_tokens: Some(100),
+            ..args(plain, &b200)
+        })
+        .unwrap();
+        assert_eq!(job.config.micro_batch_tokens, Some(100));
     }
 }

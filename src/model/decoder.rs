@@ -604,6 +604,11 @@ impl Decoder {
         Ok(())
     }
 
+    /// Query heads of each attention layer (0 without layers).
+    pub fn num_attention_heads(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.self_attn.num_heads)
+    }
+
     /// Whether training forwards use fused attention.
     pub fn fused_attention(&self) -> bool {
         self.fused_attention

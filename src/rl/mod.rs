@@ -6,12 +6,14 @@
 //! losses, entropy, KL estimators, aggregation), [`value`] (the critic's
 //! MLP head), [`curriculum`] (difficulty buckets, promotion), [`env`] (the
 //! environment trait, the trace and word environments, the task stream made
-//! on a worker thread); the recipe is [`ppo`]. Nothing here
+//! on a worker thread), [`memory`] (the token budget of a pass's
+//! micro-batches); the recipe is [`ppo`]. Nothing here
 //! knows about the command line.
 
 pub mod advantage;
 pub mod curriculum;
 pub mod env;
 pub mod loss;
+pub mod memory;
 pub mod ppo;
 pub mod value;

@@ -15,6 +15,12 @@
 //! 4. `ppo_epochs` passes of minibatches: clipped surrogate (+ clipped value
 //!    loss, - entropy bonus, + k-estimator KL for GRPO), gradient clipping,
 //!    AdamW;
+//!
+//!    every pass of 3 and 4 runs in micro-batches of at most a token budget
+//!    ([`super::memory`]); a minibatch's micro-batches keep its token
+//!    weights and their gradients are summed before the non-finite guard,
+//!    clipping and its one optimizer step, so the budget changes memory,
+//!    not the update (up to the order of additions);
 //! 5. metrics as JSONL ([`Metrics`]), the progress bar, a checkpoint every
 //!    `save_steps` (`step_N/`) and on SIGTERM/SIGINT; at the end the adapter
 //!    in `final/` (PEFT layout) and the merged model in `merged/`.
@@ -53,6 +59,7 @@ use super::env::{Environment, Score, SharedTasks, Task};
 use super::loss::{
     Aggregation, KlEstimator, clipped_policy_loss, clipped_value_loss, completion_weights,
 };
+use super::memory::{self, micro_batches};
 use super::value::ValueHead;
 
 /// Checkpoint folders: `step_<N>/`.
@@ -201,6 +208,8 @@ pub struct Policy {
     stop_id: u32,
     agg: Aggregation,
     kl: KlEstimator,
+    /// The token budget of a training pass's micro-batches.
+    micro_tokens: usize,
 }
 
 impl Policy {
@@ -225,6 +234,10 @@ impl Policy {
         if model_cfg.load_in_4bit && !device.is_cpu() {
             loaded.model.quantize_base()?;
         }
+        // The same gradients; each layer's input kept instead of its
+        // activations. On by default on a GPU, as in SFT.
+        let checkpointing = cfg.gradient_checkpointing.unwrap_or(!device.is_cpu());
+        loaded.model.set_gradient_checkpointing(checkpointing);
         tok.check_against_vocab(loaded.model.vocab_size())?;
         let hidden = loaded.model.lm_head().dims()?.1;
         let value = (!cfg.is_grpo())
@@ -236,6 +249,15 @@ impl Policy {
             .map(|v| AdamW::new(v.named_vars(), 0.0))
             .transpose()?;
         let stop_id = tok.end_of_turn().id;
+        // After the weights and optimizers: the auto budget reads what is
+        // left on the device.
+        let budget = memory::choose(cfg, &loaded.model, dtype, device, checkpointing)?;
+        tracing::info!(
+            "stage 3: training passes in micro-batches of at most {} tokens ({}); gradient checkpointing {}",
+            budget.tokens,
+            budget.how,
+            if checkpointing { "on" } else { "off" }
+        );
         Ok(Self {
             agg: Aggregation::parse(&cfg.loss_aggregation, cfg.max_new_tokens)
                 .context("loss_aggregation")?,
@@ -247,7 +269,20 @@ impl Policy {
             opt,
             value_opt,
             stop_id,
+            micro_tokens: budget.tokens,
         })
+    }
+
+    /// Tokens (rows x padded length) one micro-batch of a training pass
+    /// holds at most: `micro_batch_tokens`, or the budget chosen at load
+    /// time ([`memory::choose`]).
+    pub fn micro_batch_tokens(&self) -> usize {
+        self.micro_tokens
+    }
+
+    /// Whether the decoder recomputes each layer in the backward pass.
+    pub fn gradient_checkpointing(&self) -> bool {
+        self.loaded.model.decoder().checkpointing()
     }
 
     /// The chat-template tokens of a user message.
@@ -351,12 +386,17 @@ impl Policy {
     }
 
     /// Fills old log-probs, values (PPO) and reference log-probs (adapter
-    /// off; when a KL term is on) of `samples`, without gradients.
+    /// off; when a KL term is on) of `samples`, without gradients, a
+    /// micro-batch of at most [`Policy::micro_batch_tokens`] at a time (the
+    /// value head on that micro-batch's rows only).
     pub fn score_old(&self, samples: &mut [Sample]) -> anyhow::Result<()> {
         let kl_on = self.cfg.kl_coef() > 0.0;
-        let mb = self.cfg.mini_batch_size.max(1);
-        for chunk in samples.chunks_mut(mb) {
-            let refs: Vec<&Sample> = chunk.iter().collect();
+        let lens: Vec<usize> = samples
+            .iter()
+            .map(|s| s.prompt.len() + s.response.len())
+            .collect();
+        for part in micro_batches(&lens, self.micro_tokens) {
+            let refs: Vec<&Sample> = part.iter().map(|&i| &samples[i]).collect();
             let p = self.pack(&refs)?;
             let (logp, _, rows) = self.forward(&p, false)?;
             let logp = logp.to_vec1::<f32>()?;
@@ -372,7 +412,8 @@ impl Policy {
                 logp.clone()
             };
             let mut at = 0;
-            for s in chunk.iter_mut() {
+            for &i in &part {
+                let s = &mut samples[i];
                 let n = s.response.len();
                 let f = |v: &[f32]| v[at..at + n].iter().map(|&x| x as f64).collect::<Vec<_>>();
                 s.old_logp = f(&logp);
@@ -561,8 +602,45 @@ impl Policy {
     /// `w` a member, from the whole minibatch) and its gradients: the
     /// adapter's, then the value head's; and the sums the ranks add up:
     /// policy loss, entropy, KL, value loss, total loss, clipped tokens,
-    /// tokens.
+    /// tokens. A micro-batch of at most [`Policy::micro_batch_tokens`] at
+    /// a time, each with its members' weights as they are (never
+    /// renormalised), gradients and sums added up: every term is a
+    /// weighted sum over tokens, so the total is the one pass's.
     fn member_gradients(
+        &self,
+        mb: &[&Sample],
+        w: &[f64],
+        dev: &Device,
+    ) -> anyhow::Result<(Vec<Tensor>, [f64; 7])> {
+        let lens: Vec<usize> = mb
+            .iter()
+            .map(|s| s.prompt.len() + s.response.len())
+            .collect();
+        let mut grads: Option<Vec<Tensor>> = None;
+        let mut sums = [0.0; 7];
+        for part in micro_batches(&lens, self.micro_tokens) {
+            let members: Vec<&Sample> = part.iter().map(|&i| mb[i]).collect();
+            let weights: Vec<f64> = part.iter().map(|&i| w[i]).collect();
+            let (g, s) = self.micro_gradients(&members, &weights, dev)?;
+            for (total, x) in sums.iter_mut().zip(s) {
+                *total += x;
+            }
+            grads = Some(match grads {
+                None => g,
+                Some(acc) => acc
+                    .iter()
+                    .zip(&g)
+                    .map(|(a, b)| a + b)
+                    .collect::<candle_core::Result<_>>()?,
+            });
+        }
+        let grads = grads.context("a minibatch share without members")?;
+        Ok((grads, sums))
+    }
+
+    /// [`Policy::member_gradients`] of one micro-batch, in one forward and
+    /// backward pass.
+    fn micro_gradients(
         &self,
         mb: &[&Sample],
         w: &[f64],
@@ -630,7 +708,8 @@ impl Policy {
                 kl_val,
                 vl_val,
                 loss_val,
-                clip * tokens,
+                // A count (`clip` is its share of the tokens).
+                (clip * tokens).round(),
                 tokens,
             ],
         ))
@@ -773,6 +852,19 @@ fn draw(
     })
 }
 
+/// The settings a resume must find unchanged: all but those that decide
+/// memory only (`micro_batch_tokens`, `gradient_checkpointing`), which a
+/// resume on another card may change; left out, not nulled, so older
+/// checkpoints still match.
+fn fingerprinted(cfg: &RlConfig) -> anyhow::Result<serde_json::Value> {
+    let mut v = serde_json::to_value(cfg)?;
+    if let Some(m) = v.as_object_mut() {
+        m.remove("micro_batch_tokens");
+        m.remove("gradient_checkpointing");
+    }
+    Ok(v)
+}
+
 /// One run on one device.
 pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
     run_with(job, &Single, progress)
@@ -812,7 +904,7 @@ pub fn run_with(
     }
     let fingerprint = Fingerprint {
         config: serde_json::to_value(
-            serde_json::json!({"ppo": cfg, "curriculum": job.curriculum}),
+            serde_json::json!({"ppo": fingerprinted(cfg)?, "curriculum": job.curriculum}),
         )?,
         base_model: job.base_dir.display().to_string(),
         base_weights: weights_fingerprint(&job.base_dir)?,
@@ -1121,6 +1213,11 @@ pub fn run_with(
         put("sample_tokens_per_s", new_tokens / sample_secs.max(1e-9));
         put("tokens_per_s", (seq_tokens + new_tokens) / secs.max(1e-9));
         put("task_cursor", rl.cursor as f64);
+        if step == 0 {
+            // Once: the budget is fixed for the run (train_config.json and
+            // the log have it too).
+            put("micro_batch_tokens", policy.micro_batch_tokens() as f64);
+        }
         if world > 1 {
             put("world_size", world as f64);
         }
@@ -1239,7 +1336,8 @@ pub fn run_with(
             serde_json::to_string_pretty(&serde_json::json!({
                 "stage": "stage3_ppo", "ppo": cfg, "curriculum": job.curriculum,
                 "model": job.model, "base_dir": job.base_dir, "environment": job.env.name(),
-                "world_size": world,
+                "world_size": world, "micro_batch_tokens": policy.micro_batch_tokens(),
+                "gradient_checkpointing": policy.gradient_checkpointing(),
             }))?
             .as_bytes(),
         )?;
@@ -1304,3 +1402,6 @@ fn save(
     tracing::info!("saved `{}`", dir.display());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

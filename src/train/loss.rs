@@ -32,7 +32,7 @@ pub fn cross_entropy_sum(logits: &Tensor, labels: &Tensor) -> Result<(Tensor, us
 
 /// Rows of logits materialised at once by [`lm_head_cross_entropy`]: about
 /// 256 MiB of f32 whatever the vocabulary.
-const LOGIT_CHUNK_BYTES: usize = 1 << 28;
+pub const LOGIT_CHUNK_BYTES: usize = 1 << 28;
 
 /// [`cross_entropy_sum`] of `lm_head(hidden)`, computed without the logits
 /// of the whole batch: `hidden: (B, L, H)`, `head: (V, H)` (frozen),

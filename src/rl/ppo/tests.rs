@@ -1,0 +1,401 @@
+//! Micro-batching of Stage 3's passes on the tiny chat model (f32, CPU):
+//! the update's gradients, the sums it reports and the old/reference
+//! log-probs and values are those of one pass over the whole minibatch,
+//! whatever the token budget, with or without gradient checkpointing, on one
+//! rank or several.
+
+use super::*;
+use crate::config::ModelConfig;
+use crate::dist::inprocess::run_ranks;
+use crate::model::init::Rng;
+
+/// The tiny chat model with a policy for `algorithm` and `aggregation`;
+/// the LoRA `B` factors and the value head's output weights made non-zero
+/// (fresh, they are zero: `A`'s gradient and the value head's first layer
+/// would get none, and the reference would equal the policy), the same
+/// for every call with the same arguments.
+fn policy(dir: &Path, algorithm: &str, aggregation: &str) -> Policy {
+    let base = dir.join("base");
+    if !base.exists() {
+        crate::model::tiny::write_tiny_chat_model(&base, 7).unwrap();
+    }
+    let grpo = algorithm == "grpo";
+    let cfg = RlConfig {
+        algorithm: algorithm.into(),
+        group_size: Some(if grpo { 3 } else { 1 }),
+        loss_aggregation: aggregation.into(),
+        kl_coef: Some(if grpo { 0.2 } else { 0.05 }),
+        entropy_coef: 0.01,
+        max_new_tokens: 16,
+        mini_batch_size: 9,
+        ppo_epochs: 2,
+        learning_rate: 1e-3,
+        value_learning_rate: 1e-3,
+        lora_r: 4,
+        lora_alpha: 8.0,
+        ..RlConfig::default()
+    };
+    let p = Policy::load(&base, &cfg, &ModelConfig::default(), &Device::Cpu).unwrap();
+    assert!(!p.gradient_checkpointing(), "off on the CPU by default");
+    assert_eq!(p.micro_batch_tokens(), memory::CPU_TOKENS);
+    let randomise = |name: &str, var: &candle_core::Var, scale: f32| {
+        let shape = var.as_tensor().shape().clone();
+        let v = Rng::for_tensor(3, name).uniform(shape.elem_count(), -scale, scale);
+        var.set(&Tensor::from_vec(v, shape, &Device::Cpu).unwrap())
+            .unwrap();
+    };
+    for (name, var) in p.opt.vars() {
+        if name.contains("lora_B") {
+            randomise(name, var, 0.2);
+        }
+    }
+    if let Some(v) = &p.value {
+        for (name, var) in v.named_vars() {
+            if name.ends_with("w2") || name.ends_with("b2") {
+                randomise(&name, &var, 0.5);
+            }
+        }
+    }
+    p
+}
+
+/// Fake completions of varying prompt and response lengths (some ended by
+/// the stop token), in groups of `group`, with rewards that vary within
+/// each group.
+fn samples(p: &Policy, n: usize, group: usize) -> Vec<Sample> {
+    (0..n)
+        .map(|i| {
+            let prompt_len = 3 + (i * 7) % 23;
+            let response_len = 1 + (i * 5) % 13;
+            let prompt: Vec<u32> = (0..prompt_len)
+                .map(|j| ((i * 31 + j * 17 + 5) % 256) as u32)
+                .collect();
+            let mut response: Vec<u32> = (0..response_len)
+                .map(|j| ((i * 13 + j * 29 + 11) % 256) as u32)
+                .collect();
+            let stopped = i % 2 == 0;
+            if stopped {
+                *response.last_mut().unwrap() = p.stop_id();
+            }
+            Sample {
+                group: i / group,
+                prompt,
+                response,
+                stopped,
+                reward: ((i * 7) % 5) as f64 / 4.0,
+                bucket: None,
+                sampler_logp: Vec::new(),
+                old_logp: Vec::new(),
+                ref_logp: Vec::new(),
+                old_values: Vec::new(),
+                advantages: Vec::new(),
+                returns: Vec::new(),
+            }
+        })
+        .collect()
+}
+
+/// Old log-probs, values, reference and advantages in one pass; then the
+/// old log-probs moved off the policy's (as after an earlier minibatch) so
+/// that ratios differ from 1 and some are clipped.
+fn scored(p: &mut Policy, n: usize) -> Vec<Sample> {
+    let mut s = samples(p, n, p.cfg.group_size());
+    p.micro_tokens = usize::MAX;
+    p.score_old(&mut s).unwrap();
+    p.advantages(&mut s);
+    for (i, smp) in s.iter_mut().enumerate() {
+        for (j, lp) in smp.old_logp.iter_mut().enumerate() {
+            *lp += 0.35 * ((i * 3 + j) as f64).sin();
+        }
+    }
+    s
+}
+
+/// `max |a - b| / max |a|` of two gradients, and `max |a|`.
+fn relative(a: &Tensor, b: &Tensor) -> (f64, f64) {
+    let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let scale = a.iter().fold(0f64, |m, &x| m.max(x.abs() as f64));
+    let diff = a
+        .iter()
+        .zip(&b)
+        .fold(0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs()));
+    (diff / scale.max(1e-30), scale)
+}
+
+fn assert_same(what: &str, one: &(Vec<Tensor>, [f64; 7]), other: &(Vec<Tensor>, [f64; 7])) {
+    assert_eq!(one.0.len(), other.0.len());
+    for (k, (a, b)) in one.0.iter().zip(&other.0).enumerate() {
+        let (rel, scale) = relative(a, b);
+        assert!(
+            scale > 0.0,
+            "{what}: gradient {k} is zero; nothing compared"
+        );
+        assert!(
+            rel <= 1e-5,
+            "{what}: gradient {k} differs by {rel:e} relative"
+        );
+    }
+    // The losses are sums of per-token terms of order 1 whose weights add
+    // up to at most 1, of either sign (advantages): compared to 1e-5 of
+    // that scale (or of the sum, when larger). The counts are exact.
+    for (k, (&x, &y)) in one.1.iter().zip(&other.1).enumerate().take(5) {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+            "{what}: sum {k}: {x} vs {y}"
+        );
+    }
+    assert_eq!(one.1[5..], other.1[5..], "{what}: clipped and tokens");
+}
+
+#[test]
+fn a_micro_batched_minibatch_has_the_one_pass_gradients() {
+    let dir = tempfile::tempdir().unwrap();
+    for (algorithm, aggregation) in [
+        ("ppo", "token_mean"),
+        ("grpo", "seq_mean"),
+        ("grpo", "dr_grpo"),
+    ] {
+        let what = format!("{algorithm} {aggregation}");
+        let mut p = policy(dir.path(), algorithm, aggregation);
+        let s = scored(&mut p, 12);
+        let mb: Vec<&Sample> = s.iter().collect();
+        let lens: Vec<usize> = s.iter().map(|x| x.response.len()).collect();
+        let w = completion_weights(p.agg, &lens);
+        let dev = Device::Cpu;
+
+        p.micro_tokens = usize::MAX;
+        let one = p.member_gradients(&mb, &w, &dev).unwrap();
+        // The sums are the one pass's terms: tokens, and some clipped.
+        assert_eq!(one.1[6], lens.iter().sum::<usize>() as f64, "{what}");
+        assert!(one.1[5] > 0.0 && one.1[5] < one.1[6], "{what}: {:?}", one.1);
+        assert!(one.1[1] > 0.0, "{what}: entropy {:?}", one.1);
+        if algorithm == "grpo" {
+            assert!(one.1[2].abs() > 1e-6, "{what}: no KL term {:?}", one.1);
+        } else {
+            assert!(one.1[3] > 0.0, "{what}: no value loss {:?}", one.1);
+        }
+
+        // A budget that splits the minibatch into several micro-batches.
+        let seq: Vec<usize> = s
+            .iter()
+            .map(|x| x.prompt.len() + x.response.len())
+            .collect();
+        let budget = seq.iter().sum::<usize>() / 4;
+        let parts = micro_batches(&seq, budget);
+        assert!(parts.len() >= 3, "{what}: {} micro-batches", parts.len());
+        p.micro_tokens = budget;
+        let micro = p.member_gradients(&mb, &w, &dev).unwrap();
+        assert_same(&format!("{what}, budget {budget}"), &one, &micro);
+        // Each row alone.
+        p.micro_tokens = 1;
+        let alone = p.member_gradients(&mb, &w, &dev).unwrap();
+        assert_same(&format!("{what}, one row each"), &one, &alone);
+        // Checkpointing gives the same gradients.
+        p.loaded.model.set_gradient_checkpointing(true);
+        p.micro_tokens = budget;
+        let ckpt = p.member_gradients(&mb, &w, &dev).unwrap();
+        assert_same(&format!("{what}, checkpointing"), &one, &ckpt);
+        p.loaded.model.set_gradient_checkpointing(false);
+
+        // What the comparison catches: weights renormalised over each
+        // micro-batch are far from the one pass.
+        let mut wrong: Option<Vec<Tensor>> = None;
+        for part in &parts {
+            let members: Vec<&Sample> = part.iter().map(|&i| mb[i]).collect();
+            let part_lens: Vec<usize> = part.iter().map(|&i| lens[i]).collect();
+            let (g, _) = p
+                .micro_gradients(&members, &completion_weights(p.agg, &part_lens), &dev)
+                .unwrap();
+            wrong = Some(match wrong {
+                None => g,
+                Some(acc) => acc.iter().zip(&g).map(|(a, b)| (a + b).unwrap()).collect(),
+            });
+        }
+        let worst = one
+            .0
+            .iter()
+            .zip(&wrong.unwrap())
+            .map(|(a, b)| relative(a, b).0)
+            .fold(0f64, f64::max);
+        assert!(worst > 1e-2, "{what}: renormalised weights pass: {worst:e}");
+    }
+}
+
+#[test]
+fn score_old_in_micro_batches_matches_one_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    for algorithm in ["ppo", "grpo"] {
+        let mut p = policy(dir.path(), algorithm, "token_mean");
+        let group = p.cfg.group_size();
+        let mut one = samples(&p, 12, group);
+        p.micro_tokens = usize::MAX;
+        p.score_old(&mut one).unwrap();
+        for budget in [1, 40, 100] {
+            let mut micro = samples(&p, 12, group);
+            p.micro_tokens = budget;
+            p.score_old(&mut micro).unwrap();
+            for (a, b) in one.iter().zip(&micro) {
+                for (x, y, what) in [
+                    (&a.old_logp, &b.old_logp, "old log-probs"),
+                    (&a.ref_logp, &b.ref_logp, "reference log-probs"),
+                    (&a.old_values, &b.old_values, "values"),
+                ] {
+                    assert_eq!(x.len(), a.response.len());
+                    for (u, v) in x.iter().zip(y) {
+                        assert!(
+                            (u - v).abs() <= 1e-5 * u.abs().max(1.0),
+                            "{algorithm}, budget {budget}, {what}: {u} vs {v}"
+                        );
+                    }
+                }
+            }
+        }
+        // Not vacuous: the adapter moved the policy off the reference, and
+        // PPO's values are not all equal.
+        let gap = one
+            .iter()
+            .flat_map(|s| s.old_logp.iter().zip(&s.ref_logp))
+            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(gap > 1e-3, "{algorithm}: {gap}");
+        if algorithm == "ppo" {
+            let v: Vec<f64> = one.iter().flat_map(|s| s.old_values.clone()).collect();
+            assert!(v.iter().any(|&x| (x - v[0]).abs() > 1e-4), "{v:?}");
+        }
+    }
+}
+
+/// The trainable tensors after `update_with` on `world` in-process ranks
+/// (each holding every `world`-th sample) at a token budget, and the
+/// update's stats.
+fn trained(
+    dir: &Path,
+    algorithm: &str,
+    world: usize,
+    budget: usize,
+) -> (BTreeMap<String, Vec<f32>>, UpdateStats) {
+    let out = run_ranks(world, |comm| {
+        let mut p = policy(dir, algorithm, "token_mean");
+        let all = scored(&mut p, 12);
+        // Whole groups a rank (GRPO's advantages need them; PPO's groups
+        // are single samples).
+        let group = p.cfg.group_size();
+        let mine: Vec<usize> = (0..all.len())
+            .filter(|&i| (i / group) % world == comm.rank())
+            .collect();
+        let layout = Layout {
+            lens: all.iter().map(|s| s.response.len()).collect(),
+            mine: mine.clone(),
+        };
+        let share: Vec<Sample> = mine.iter().map(|&i| all[i].clone()).collect();
+        p.micro_tokens = budget;
+        let st = p.update_with(&share, &layout, 0, 1e-3, &comm)?;
+        let params = p
+            .params()
+            .into_iter()
+            .map(|(k, t)| (k, t.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+            .collect();
+        Ok((params, st))
+    })
+    .unwrap();
+    out.into_iter().next().unwrap()
+}
+
+#[test]
+fn updates_with_micro_batches_on_one_or_two_ranks_match_one_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    for algorithm in ["ppo", "grpo"] {
+        let (one, st) = trained(dir.path(), algorithm, 1, usize::MAX);
+        // Two epochs of minibatches of 9 out of 12: 4 optimizer steps.
+        assert_eq!((st.minibatches, st.skipped_minibatches), (4, 0));
+        let start = {
+            let p = policy(dir.path(), algorithm, "token_mean");
+            p.params()
+        };
+        let moved = one
+            .iter()
+            .map(|(k, v)| {
+                let s = start[k].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                v.iter()
+                    .zip(&s)
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+            })
+            .fold(0f32, f32::max);
+        assert!(moved > 1e-4, "{algorithm}: the update moved nothing");
+        for (world, budget) in [(1, 30), (2, 30), (2, usize::MAX)] {
+            let (other, ost) = trained(dir.path(), algorithm, world, budget);
+            for (k, a) in &one {
+                let b = &other[k];
+                let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                // Four AdamW steps of 1e-3 each: AdamW divides each
+                // gradient by its own running scale, so the rounding of a
+                // near-zero gradient can move a weight by a small share of
+                // a step (two ranks in one pass differ as much); 1% of a
+                // step bounds it.
+                assert!(
+                    diff <= 1e-5,
+                    "{algorithm}, {world} ranks, budget {budget}: `{k}` differs by {diff:e}"
+                );
+            }
+            for (x, y, what) in [
+                (st.policy_loss, ost.policy_loss, "policy loss"),
+                (st.grad_norm, ost.grad_norm, "grad norm"),
+                (st.value_loss, ost.value_loss, "value loss"),
+                (st.entropy, ost.entropy, "entropy"),
+                (st.kl_loss, ost.kl_loss, "kl loss"),
+                (st.clip_fraction, ost.clip_fraction, "clip fraction"),
+            ] {
+                assert!(
+                    (x - y).abs() <= 1e-5 * x.abs().max(1e-3),
+                    "{algorithm}, {world} ranks, budget {budget}, {what}: {x} vs {y}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gradient_checkpointing_follows_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base");
+    crate::model::tiny::write_tiny_chat_model(&base, 7).unwrap();
+    for (setting, want) in [(None, false), (Some(true), true), (Some(false), false)] {
+        let cfg = RlConfig {
+            gradient_checkpointing: setting,
+            micro_batch_tokens: Some(333),
+            ..RlConfig::default()
+        };
+        let p = Policy::load(&base, &cfg, &ModelConfig::default(), &Device::Cpu).unwrap();
+        assert_eq!(p.gradient_checkpointing(), want, "{setting:?}");
+        assert_eq!(p.micro_batch_tokens(), 333);
+    }
+    // 0 is auto: the CPU's default.
+    let cfg = RlConfig {
+        micro_batch_tokens: Some(0),
+        ..RlConfig::default()
+    };
+    let p = Policy::load(&base, &cfg, &ModelConfig::default(), &Device::Cpu).unwrap();
+    assert_eq!(p.micro_batch_tokens(), memory::CPU_TOKENS);
+}
+
+#[test]
+fn a_resume_ignores_the_memory_settings() {
+    let a = RlConfig::default();
+    let b = RlConfig {
+        micro_batch_tokens: Some(1000),
+        gradient_checkpointing: Some(true),
+        ..RlConfig::default()
+    };
+    assert_eq!(fingerprinted(&a).unwrap(), fingerprinted(&b).unwrap());
+    let c = RlConfig {
+        mini_batch_size: 3,
+        ..RlConfig::default()
+    };
+    assert_ne!(fingerprinted(&a).unwrap(), fingerprinted(&c).unwrap());
+    assert!(
+        fingerprinted(&a)
+            .unwrap()
+            .get("micro_batch_tokens")
+            .is_none()
+    );
+}
