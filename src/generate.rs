@@ -33,6 +33,7 @@ use crate::sandbox::{Executor, ExecutorConfig, Outcome, Request, Status};
 use crate::transform::{self, Transformed};
 
 pub use crate::progress::{NoProgress, Progress};
+pub use crate::transform::strip_fence;
 
 /// The files `generate` writes, relative to its output folder.
 pub const STAGE1_TRAIN: &str = "stage1_original_train.jsonl";
@@ -517,20 +518,6 @@ impl Outputs {
         }
         Ok(())
     }
-}
-
-/// The environment's fence stripping, with Python's `strip()`.
-pub fn strip_fence(source: &str) -> &str {
-    let mut text = python_strip(source);
-    if text.starts_with("```") {
-        if let Some(nl) = text.find('\n') {
-            text = python_strip(&text[nl..]);
-        }
-        if let Some(t) = text.strip_suffix("```") {
-            text = python_strip(t);
-        }
-    }
-    text
 }
 
 /// Whether a program (by its normalized source) is held out for test.
