@@ -329,6 +329,13 @@ fn a_row_whose_own_program_fails_is_run_once_and_its_variants_never() {
         &["--dataset", "d.jsonl", "--config", "g.json"],
     );
     assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "rows whose own program fails (none of their variants ran): line 2: original_error_exit; line 3: original_signal"
+        ),
+        "{}",
+        stderr(&o)
+    );
     let s = read_stats(dir.path(), "out", 2);
     // A good row: the transform, its original, three variants. A row whose
     // original fails: the transform and the original only. One that does
