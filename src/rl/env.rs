@@ -25,6 +25,7 @@
 //! row is bad, or when [`MAX_BARREN_DRAWS`] draws in a row made no task.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
@@ -563,19 +564,20 @@ impl Barren {
         let counted = match rows {
             Some(rows) if reason.starts_with(ORIGINAL) => {
                 let row = rows.row_of(task_id);
-                if bad_rows.contains_key(&row) {
-                    BAD_ROW.to_owned()
-                } else {
-                    if self.log {
-                        tracing::warn!(
-                            "dataset `{}`: row {row} ({}) fails when its program runs in the sandbox ({reason}); it is not drawn again",
-                            rows.name(),
-                            rows.get(row).name
-                        );
+                match bad_rows.entry(row) {
+                    Entry::Occupied(_) => BAD_ROW.to_owned(),
+                    Entry::Vacant(e) => {
+                        if self.log {
+                            tracing::warn!(
+                                "dataset `{}`: row {row} ({}) fails when its program runs in the sandbox ({reason}); it is not drawn again",
+                                rows.name(),
+                                rows.get(row).name
+                            );
+                        }
+                        rows.mark_bad(row, &reason);
+                        e.insert(reason.clone());
+                        reason
                     }
-                    rows.mark_bad(row, &reason);
-                    bad_rows.insert(row, reason.clone());
-                    reason
                 }
             }
             _ => reason,
