@@ -33,6 +33,7 @@ use crate::sandbox::{Executor, ExecutorConfig, Outcome, Request, Status};
 use crate::transform::{self, Transformed};
 
 pub use crate::progress::{NoProgress, Progress};
+pub use crate::transform::strip_fence;
 
 /// The files `generate` writes, relative to its output folder.
 pub const STAGE1_TRAIN: &str = "stage1_original_train.jsonl";
@@ -102,6 +103,10 @@ pub struct Summary {
     pub malformed_examples: Vec<String>,
     /// Rows whose run did not reproduce the recorded output.
     pub output_mismatch_rows: Vec<String>,
+    /// Rows whose own program does not parse or fails in the sandbox, as
+    /// `name: reason` (the first 50; `dropped` counts them all by reason):
+    /// their variants are never run.
+    pub failed_rows: Vec<String>,
     pub stage1: StageStats,
     pub stage2: StageStats,
     pub filters: Filters,
@@ -142,6 +147,8 @@ struct RowResult {
     drops1: Vec<String>,
     drops2: Vec<String>,
     mismatch: Option<String>,
+    /// Why the row's own program failed, when it did.
+    failed: Option<String>,
     runs: u64,
     cpu_ms: f64,
     test: bool,
@@ -193,6 +200,7 @@ pub fn run(
         malformed_lines: 0,
         malformed_examples: Vec::new(),
         output_mismatch_rows: Vec::new(),
+        failed_rows: Vec::new(),
         stage1: StageStats::default(),
         stage2: StageStats::default(),
         filters: cfg.filters.clone(),
@@ -248,6 +256,11 @@ pub fn run(
                 && summary.output_mismatch_rows.len() < 50
             {
                 summary.output_mismatch_rows.push(m);
+            }
+            if let Some(f) = r.failed
+                && summary.failed_rows.len() < 50
+            {
+                summary.failed_rows.push(f);
             }
             for d in r.drops1 {
                 *summary.stage1.dropped.entry(d).or_default() += 1;
@@ -519,20 +532,6 @@ impl Outputs {
     }
 }
 
-/// The environment's fence stripping, with Python's `strip()`.
-pub fn strip_fence(source: &str) -> &str {
-    let mut text = python_strip(source);
-    if text.starts_with("```") {
-        if let Some(nl) = text.find('\n') {
-            text = python_strip(&text[nl..]);
-        }
-        if let Some(t) = text.strip_suffix("```") {
-            text = python_strip(t);
-        }
-    }
-    text
-}
-
 /// Whether a program (by its normalized source) is held out for test.
 pub fn is_test_program(normalized: &str, seed: u64, test_ratio: f64) -> bool {
     let mut h = Sha256::new();
@@ -616,6 +615,7 @@ fn process_row(
         Ok(t) => t,
         Err(transform::TransformError::DoesNotParse(_)) => {
             drop_all(&mut r, "does_not_parse");
+            r.failed = Some(format!("{}: does_not_parse", row.name));
             return r;
         }
         Err(transform::TransformError::Failed { status, .. }) => {
@@ -653,7 +653,12 @@ fn process_row(
     let expected = match ground_truth(&orig) {
         Ok(e) => e,
         Err(reason) => {
+            // None of its variants is run. A sandbox failure says nothing
+            // of the row; any other failure is the row's own.
             drop_all(&mut r, &format!("original_{reason}"));
+            if orig.status != Status::SandboxFailure {
+                r.failed = Some(format!("{}: original_{reason}", row.name));
+            }
             return r;
         }
     };

@@ -769,6 +769,18 @@ fn generate_cmd(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     if s.malformed_lines > 0 {
         eprintln!("skipped {} malformed lines", s.malformed_lines);
     }
+    if !s.failed_rows.is_empty() {
+        let shown: Vec<&str> = s.failed_rows.iter().take(5).map(String::as_str).collect();
+        eprintln!(
+            "rows whose own program fails (none of their variants ran): {}{}",
+            shown.join("; "),
+            if s.failed_rows.len() > shown.len() {
+                format!("; ... ({} in the stats' failed_rows)", s.failed_rows.len())
+            } else {
+                String::new()
+            }
+        );
+    }
     println!("{}", cfg.output_dir.display());
     Ok(ExitCode::SUCCESS)
 }

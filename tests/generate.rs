@@ -304,6 +304,74 @@ fn unparsable_and_mismatching_programs_are_counted() {
 }
 
 #[test]
+fn a_row_whose_own_program_fails_is_run_once_and_its_variants_never() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = "n = int(input())\nfor i in range(n):\n    print(i * i)\n";
+    let rows = [
+        serde_json::json!({"program": good, "inputs": "3\n", "output": "0\n1\n4"}),
+        serde_json::json!({"program": "raise SystemExit(1)", "inputs": "", "output": ""}),
+        serde_json::json!({"program": "import os\nos.kill(os.getpid(), 9)", "inputs": "", "output": ""}),
+        serde_json::json!({"program": "x = bytearray(1 << 40)\nprint(len(x))", "inputs": "", "output": ""}),
+        serde_json::json!({"program": "while True:\n    pass", "inputs": "", "output": ""}),
+        serde_json::json!({"program": "def f(:\n    pass", "inputs": "", "output": ""}),
+        serde_json::json!({"program": good, "inputs": "2\n", "output": "0\n1"}),
+    ];
+    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(dir.path().join("d.jsonl"), text).unwrap();
+    std::fs::write(
+        dir.path().join("g.json"),
+        r#"{"variants": 3, "test_ratio": 0.0, "limits": {"cpu_seconds": 1, "wall_ms": 5000}}"#,
+    )
+    .unwrap();
+    let o = generate(
+        dir.path(),
+        "out",
+        &["--dataset", "d.jsonl", "--config", "g.json"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "rows whose own program fails (none of their variants ran): line 2: original_error_exit; line 3: original_signal"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    let s = read_stats(dir.path(), "out", 2);
+    // A good row: the transform, its original, three variants. A row whose
+    // original fails: the transform and the original only. One that does
+    // not parse: the transform only.
+    assert_eq!(s["timings"]["sandbox_runs"], 2 * 5 + 4 * 2 + 1, "{s}");
+    let dropped = &s["counts"]["dropped"];
+    // The busy loop meets its CPU limit, or on a loaded machine its wall
+    // limit first.
+    let timeout = if dropped["original_cpu_timeout"] == 1 {
+        "original_cpu_timeout"
+    } else {
+        "original_wall_timeout"
+    };
+    for reason in [
+        "original_error_exit",
+        "original_signal",
+        "original_memory_limit",
+        timeout,
+        "does_not_parse",
+    ] {
+        assert_eq!(dropped[reason], 1, "{reason}: {s}");
+    }
+    assert_eq!(
+        s["failed_rows"],
+        serde_json::json!([
+            "line 2: original_error_exit",
+            "line 3: original_signal",
+            "line 4: original_memory_limit",
+            format!("line 5: {timeout}"),
+            "line 6: does_not_parse",
+        ])
+    );
+    assert_eq!(s["counts"]["records_train"], 6, "{s}");
+}
+
+#[test]
 fn unwritable_output_folder_fails_before_any_work() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("afile"), "").unwrap();

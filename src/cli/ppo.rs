@@ -319,7 +319,9 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
                 c.max_injections
             );
             (
-                Arc::new(TraceEnv::new(rows, exec, c.max_injections)?),
+                Arc::new(
+                    TraceEnv::new(rows, exec, c.max_injections)?.with_dataset(source.describe()),
+                ),
                 description,
             )
         }
@@ -416,6 +418,16 @@ fn run_job(
         counts(&s.masked),
         counts(&s.skipped_tasks),
     );
+    if let Some(rows) = job.env.rows()
+        && !s.bad_rows.is_empty()
+    {
+        eprintln!(
+            "stage 3: {} of the {} rows of `{}` fail when their programs run in the sandbox and were not drawn again (the log names each)",
+            s.bad_rows.len(),
+            rows.len(),
+            rows.name()
+        );
+    }
     if s.interrupted {
         eprintln!("stage 3: stopped by a signal after saving a checkpoint; continue with --resume");
     } else {

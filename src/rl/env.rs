@@ -11,10 +11,24 @@
 //! makes the tasks on a worker thread (the trace environment transforms
 //! and runs each program in the sandbox, over the executor's slots) while
 //! the model samples, a bounded number of draws ahead.
+//!
+//! Broken rows: before the first task of a row is made, the row's own
+//! program (as the dataset has it, untransformed) runs once in the sandbox.
+//! A row whose program fails there (an error exit, a time, memory or output
+//! limit, a signal, stderr, output that is not UTF-8) is bad: its draws are
+//! passed over without the sandbox from then on, counted as `original_*`
+//! the first time and as [`BAD_ROW`] after. A failure of a transformed
+//! variant alone blames the injection, not the row, and a sandbox failure
+//! blames neither. Which rows are bad is decided in cursor order by the
+//! reader of the stream ([`Barren::skip`]), so every rank and a resumed run
+//! agree on it; the run stops with an error naming the dataset when every
+//! row is bad, or when [`MAX_BARREN_DRAWS`] draws in a row made no task.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use rayon::prelude::*;
@@ -24,11 +38,22 @@ use crate::dataset::SourceRow;
 use crate::dist::{Communicator, stats};
 use crate::eval::Difficulty;
 use crate::reward::{self, python_strip};
-use crate::sandbox::{Executor, Limits, Request, Status};
+use crate::sandbox::{Executor, Limits, Outcome, Request, Status};
 use crate::{prompt, transform};
 
 /// The environment's task id range: `[0, TASK_IDS)`.
 pub const TASK_IDS: u64 = 1_000_000;
+
+/// Skip reasons that blame the row itself start with this: its own program
+/// (untransformed) fails in the sandbox, as `original_wall_timeout`.
+pub const ORIGINAL: &str = "original_";
+
+/// The skip reason of a draw of a row already known to be bad (not run).
+pub const BAD_ROW: &str = "bad_row";
+
+/// Draws in a row that made no usable task before a run gives up on its
+/// data (see [`Barren`]).
+pub const MAX_BARREN_DRAWS: u64 = 1_000;
 
 /// One task: the user message, the ground truth, how hard it is.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,6 +90,109 @@ pub trait Environment: Send + Sync {
 
     /// Scores one completion of `task`.
     fn score(&self, task: &Task, completion: &str) -> Score;
+
+    /// The rows task ids map onto, for an environment that draws from a
+    /// dataset whose rows' own programs can fail; `None` for one without.
+    fn rows(&self) -> Option<&TaskRows> {
+        None
+    }
+}
+
+/// What is known of a row's own program.
+#[derive(Debug, Clone, PartialEq)]
+enum Verdict {
+    Unknown,
+    Usable,
+    /// Why it fails (an [`ORIGINAL`] reason).
+    Bad(String),
+}
+
+/// The source rows an environment maps task ids onto (`task_id mod N`),
+/// with what is known of each row's own program: found once a row (the
+/// first draw of a row runs it; draws of the same row made meanwhile wait
+/// for that verdict), or told by the stream's reader ([`Self::mark_bad`]).
+pub struct TaskRows {
+    name: String,
+    rows: Vec<SourceRow>,
+    verdicts: Vec<Mutex<Verdict>>,
+    runs: Vec<AtomicU64>,
+}
+
+impl TaskRows {
+    /// `rows` of the dataset `name` (as messages name it: a path, `builtin`).
+    pub fn new(name: impl Into<String>, rows: Vec<SourceRow>) -> Self {
+        Self {
+            name: name.into(),
+            verdicts: rows.iter().map(|_| Mutex::new(Verdict::Unknown)).collect(),
+            runs: rows.iter().map(|_| AtomicU64::new(0)).collect(),
+            rows,
+        }
+    }
+
+    /// The dataset's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn len(&self) -> u64 {
+        self.rows.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The row of a task id.
+    pub fn row_of(&self, task_id: u64) -> u64 {
+        task_id % self.len()
+    }
+
+    pub fn get(&self, row: u64) -> &SourceRow {
+        &self.rows[row as usize]
+    }
+
+    /// Records that `row`'s own program fails (`reason`), so that it is
+    /// never run again: a rank's reader tells its environment what any rank
+    /// found, and a resumed run what its checkpoint holds. A row whose
+    /// verdict is being found right now keeps the verdict it finds.
+    pub fn mark_bad(&self, row: u64, reason: &str) {
+        if let Some(v) = self.verdicts.get(row as usize)
+            && let Ok(mut v) = v.try_lock()
+        {
+            *v = Verdict::Bad(reason.to_owned());
+        }
+    }
+
+    /// How many times each row's program (the original or a variant) has
+    /// run in the sandbox.
+    pub fn runs(&self) -> Vec<u64> {
+        self.runs
+            .iter()
+            .map(|r| r.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Counts one run of `row`'s program.
+    fn ran(&self, row: u64) {
+        self.runs[row as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `Ok` when `row`'s own program is known to run cleanly, else why not
+    /// (`sandbox_failure` while that is unknown). `find` runs the program
+    /// when nothing is known yet, under the row's lock.
+    fn usable(&self, row: u64, find: impl FnOnce() -> Verdict) -> Result<(), String> {
+        let mut v = self.verdicts[row as usize]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if *v == Verdict::Unknown {
+            *v = find();
+        }
+        match &*v {
+            Verdict::Usable => Ok(()),
+            Verdict::Bad(why) => Err(why.clone()),
+            Verdict::Unknown => Err(Status::SandboxFailure.as_str().to_owned()),
+        }
+    }
 }
 
 /// The run's `k`-th task id: a hash of (seed, k) into `[0, TASK_IDS)`.
@@ -116,9 +244,11 @@ impl Environment for WordEnv {
 /// The Trace task on a set of source rows: task `id` is row `id mod N`
 /// transformed with seed `id` (the environment's `__DBG_` injection, in the
 /// sandbox), its ground truth the transformed program's stripped stdout on
-/// the row's stdin (run in the sandbox), its prompt the environment's.
+/// the row's stdin (run in the sandbox), its prompt the environment's. A
+/// row's own program runs once, before its first task is made; a row whose
+/// program fails is never run again (see the module's documentation).
 pub struct TraceEnv {
-    rows: Vec<SourceRow>,
+    rows: TaskRows,
     exec: Executor,
     max_injections: usize,
     limits: Limits,
@@ -135,7 +265,7 @@ impl TraceEnv {
             "the trace environment has no rows\nhint: check the `dataset` setting"
         );
         Ok(Self {
-            rows,
+            rows: TaskRows::new("the trace environment's rows", rows),
             exec,
             max_injections,
             limits: Limits {
@@ -143,6 +273,39 @@ impl TraceEnv {
                 ..Limits::default()
             },
         })
+    }
+
+    /// Names the dataset the rows came from, for messages.
+    pub fn with_dataset(mut self, name: impl Into<String>) -> Self {
+        self.rows.name = name.into();
+        self
+    }
+
+    /// The limits every program runs under (default: 10 s of CPU, 10 s of
+    /// wall time, the sandbox's other defaults).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Runs one of `row`'s programs on the row's stdin.
+    fn run(&self, row: u64, program: &str) -> Outcome {
+        self.rows.ran(row);
+        self.exec.run(&Request {
+            program: program.as_bytes().to_vec(),
+            stdin: self.rows.get(row).inputs.as_bytes().to_vec(),
+            limits: self.limits,
+        })
+    }
+}
+
+/// A run's stripped stdout, or why it cannot be a ground truth.
+fn ground_truth(out: &Outcome) -> Result<String, String> {
+    match (out.status, std::str::from_utf8(&out.stdout)) {
+        (Status::Ok, Ok(s)) if out.stderr.is_empty() => Ok(python_strip(s).to_owned()),
+        (Status::Ok, Ok(_)) => Err("stderr".into()),
+        (Status::Ok, Err(_)) => Err("non_utf8_output".into()),
+        (s, _) => Err(s.as_str().to_owned()),
     }
 }
 
@@ -152,7 +315,16 @@ impl Environment for TraceEnv {
     }
 
     fn task(&self, task_id: u64) -> Result<Task, String> {
-        let row = &self.rows[(task_id % self.rows.len() as u64) as usize];
+        let r = self.rows.row_of(task_id);
+        let row = self.rows.get(r);
+        self.rows.usable(r, || {
+            let out = self.run(r, transform::strip_fence(&row.program));
+            match ground_truth(&out) {
+                _ if out.status == Status::SandboxFailure => Verdict::Unknown,
+                Ok(_) => Verdict::Usable,
+                Err(why) => Verdict::Bad(format!("{ORIGINAL}{why}")),
+            }
+        })?;
         let t = transform::parse_outcome(&self.exec.run(&transform::request(
             &row.program,
             &[task_id],
@@ -167,18 +339,7 @@ impl Environment for TraceEnv {
             transform::TransformError::Failed { status, .. } => format!("transform_{status}"),
         })?;
         let v = t.variants.first().ok_or("transform_no_variant")?;
-        let out = self.exec.run(&Request {
-            program: v.code.as_bytes().to_vec(),
-            stdin: row.inputs.as_bytes().to_vec(),
-            limits: self.limits,
-        });
-        let truth = match (out.status, std::str::from_utf8(&out.stdout)) {
-            (Status::SandboxFailure, _) => return Err("sandbox_failure".into()),
-            (Status::Ok, Ok(s)) if out.stderr.is_empty() => python_strip(s).to_owned(),
-            (Status::Ok, Ok(_)) => return Err("stderr".into()),
-            (Status::Ok, Err(_)) => return Err("non_utf8_output".into()),
-            (s, _) => return Err(s.as_str().to_owned()),
-        };
+        let truth = ground_truth(&self.run(r, &v.code))?;
         Ok(Task {
             task_id,
             prompt: prompt::trace_prompt(&v.code, &row.inputs),
@@ -199,6 +360,10 @@ impl Environment for TraceEnv {
 
     fn score(&self, task: &Task, completion: &str) -> Score {
         Score::Reward(reward::score(completion, &task.expected))
+    }
+
+    fn rows(&self) -> Option<&TaskRows> {
+        Some(&self.rows)
     }
 }
 
@@ -284,6 +449,7 @@ impl Drop for TaskStream {
 /// the sandbox work), and the ranks exchange what they made, `per_rank`
 /// draws each at a time. With one rank, a plain [`TaskStream`].
 pub struct SharedTasks {
+    env: Arc<dyn Environment>,
     mine: TaskStream,
     made: std::collections::VecDeque<Drawn>,
     per_rank: usize,
@@ -291,19 +457,40 @@ pub struct SharedTasks {
 
 impl SharedTasks {
     /// The draws from cursor `from` on; about `ahead` made ahead in all.
+    /// `bad_rows` (row, reason) are known bad already (a resumed run's):
+    /// their programs are not run again.
     pub fn start(
         env: Arc<dyn Environment>,
         seed: u64,
         from: u64,
         ahead: usize,
+        bad_rows: &BTreeMap<u64, String>,
         comm: &dyn Communicator,
     ) -> Self {
+        if let Some(rows) = env.rows() {
+            for (&row, why) in bad_rows {
+                rows.mark_bad(row, why);
+            }
+        }
         let per_rank = ahead.div_ceil(comm.world()).max(1);
         Self {
-            mine: TaskStream::strided(env, seed, from, per_rank, comm.rank(), comm.world()),
+            mine: TaskStream::strided(
+                Arc::clone(&env),
+                seed,
+                from,
+                per_rank,
+                comm.rank(),
+                comm.world(),
+            ),
+            env,
             made: std::collections::VecDeque::new(),
             per_rank,
         }
+    }
+
+    /// The environment the tasks come from.
+    pub fn env(&self) -> &dyn Environment {
+        &*self.env
     }
 
     /// The next draw, in cursor order (a collective when the ranks must
@@ -328,6 +515,120 @@ impl SharedTasks {
         }
         Ok(self.made.pop_front().expect("filled above"))
     }
+}
+
+/// A reader's run of draws that made no usable task (one `draw` of a step:
+/// it ends with the tasks it wanted, so the run never outlives a step and a
+/// checkpoint needs none of it).
+///
+/// Each such draw is counted by reason. A draw whose reason blames its row
+/// ([`ORIGINAL`]) marks the row bad the first time (counted under that
+/// reason, logged once, told to the environment so that its programs are
+/// not run again); later draws of a bad row count as [`BAD_ROW`]. The
+/// reader stops the run with an error naming the dataset when every row is
+/// bad, or when [`MAX_BARREN_DRAWS`] draws in a row made no usable task
+/// (with one usable row in a hundred, that happens once in some 20,000
+/// draws; it would otherwise spin, paying the sandbox for every draw).
+#[derive(Debug, Default)]
+pub struct Barren {
+    /// Draws in a row without a usable task, by reason.
+    streak: BTreeMap<String, u64>,
+    /// Whether this reader logs newly bad rows (one rank does).
+    log: bool,
+}
+
+impl Barren {
+    pub fn new(log: bool) -> Self {
+        Self {
+            streak: BTreeMap::new(),
+            log,
+        }
+    }
+
+    /// A usable task came: the run of barren draws is over.
+    pub fn made(&mut self) {
+        self.streak.clear();
+    }
+
+    /// Counts the draw of `task_id` that made no usable task, for `reason`,
+    /// into `skipped` (by reason) and `bad_rows` (row, first reason).
+    pub fn skip(
+        &mut self,
+        env: &dyn Environment,
+        task_id: u64,
+        reason: String,
+        bad_rows: &mut BTreeMap<u64, String>,
+        skipped: &mut BTreeMap<String, u64>,
+    ) -> anyhow::Result<()> {
+        let rows = env.rows().filter(|r| !r.is_empty());
+        let counted = match rows {
+            Some(rows) if reason.starts_with(ORIGINAL) => {
+                let row = rows.row_of(task_id);
+                match bad_rows.entry(row) {
+                    Entry::Occupied(_) => BAD_ROW.to_owned(),
+                    Entry::Vacant(e) => {
+                        if self.log {
+                            tracing::warn!(
+                                "dataset `{}`: row {row} ({}) fails when its program runs in the sandbox ({reason}); it is not drawn again",
+                                rows.name(),
+                                rows.get(row).name
+                            );
+                        }
+                        rows.mark_bad(row, &reason);
+                        e.insert(reason.clone());
+                        reason
+                    }
+                }
+            }
+            _ => reason,
+        };
+        *skipped.entry(counted.clone()).or_default() += 1;
+        *self.streak.entry(counted).or_default() += 1;
+        if let Some(rows) = rows
+            && bad_rows.len() as u64 >= rows.len()
+        {
+            let mut why = BTreeMap::<&str, u64>::new();
+            for r in bad_rows.values() {
+                *why.entry(r.as_str()).or_default() += 1;
+            }
+            anyhow::bail!(
+                "dataset `{}`: all {} rows fail when their programs run in the sandbox ({}), so there is no task to train on\nhint: the log names each row and why; try one with `trace-train sandbox run`, fix or remove the broken rows, or choose another dataset",
+                rows.name(),
+                rows.len(),
+                tally(&why)
+            );
+        }
+        let n: u64 = self.streak.values().sum();
+        if n >= MAX_BARREN_DRAWS {
+            let what = match rows {
+                Some(r) => format!(
+                    "dataset `{}`: {n} draws in a row made no usable task ({}); {} of its {} rows are known to fail when their programs run in the sandbox",
+                    r.name(),
+                    tally(&self.streak),
+                    bad_rows.len(),
+                    r.len()
+                ),
+                None => format!(
+                    "the {} environment: {n} draws in a row made no usable task ({})",
+                    env.name(),
+                    tally(&self.streak)
+                ),
+            };
+            anyhow::bail!(
+                "{what}\nhint: too few tasks are usable: `sandbox_failure` means the sandbox itself failed, `prompt_too_long` the `max_prompt_tokens` setting, the others the programs (`trace-train generate` on the dataset counts every row's failures)"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// `a 3, b 1`.
+fn tally<K: std::fmt::Display>(counts: &BTreeMap<K, u64>) -> String {
+    counts
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -368,7 +669,7 @@ mod tests {
         let want: Vec<Drawn> = (0..20).map(|_| alone.recv().unwrap()).collect();
         for world in [2, 3] {
             let got = crate::dist::inprocess::run_ranks(world, |c| {
-                let mut s = SharedTasks::start(Arc::clone(&env), 3, 11, 5, &c);
+                let mut s = SharedTasks::start(Arc::clone(&env), 3, 11, 5, &BTreeMap::new(), &c);
                 (0..20)
                     .map(|_| s.recv(&c))
                     .collect::<anyhow::Result<Vec<_>>>()

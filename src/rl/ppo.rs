@@ -55,7 +55,7 @@ use crate::train::sft::{
 
 use super::advantage::{gae, group_advantages, informative, token_rewards, whiten_with};
 use super::curriculum::Curriculum;
-use super::env::{Environment, Score, SharedTasks, Task};
+use super::env::{Barren, Environment, Score, SharedTasks, Task};
 use super::loss::{
     Aggregation, KlEstimator, clipped_policy_loss, clipped_value_loss, completion_weights,
 };
@@ -94,6 +94,9 @@ pub struct RlSummary {
     pub curriculum_level: usize,
     pub masked: BTreeMap<String, u64>,
     pub skipped_tasks: BTreeMap<String, u64>,
+    /// Rows whose own program fails in the sandbox, with why: never drawn
+    /// again after the first time.
+    pub bad_rows: BTreeMap<u64, String>,
     pub final_dir: PathBuf,
     pub merged_dir: PathBuf,
     /// Stopped by a signal, after saving a checkpoint.
@@ -113,6 +116,11 @@ pub struct RlState {
     pub masked: BTreeMap<String, u64>,
     /// Draws that gave no task, by reason.
     pub skipped_tasks: BTreeMap<String, u64>,
+    /// Rows whose own program fails in the sandbox, with the reason (the
+    /// draw order found them): their draws are passed over unrun. Absent
+    /// from checkpoints written before it was kept.
+    #[serde(default)]
+    pub bad_rows: BTreeMap<u64, String>,
     /// GRPO groups dropped for equal rewards.
     pub dropped_groups: u64,
     /// Updates each optimizer made (one a minibatch): AdamW's bias
@@ -823,26 +831,31 @@ fn draw(
 ) -> anyhow::Result<Drawn> {
     let t0 = Instant::now();
     let mut tasks = Vec::with_capacity(want);
+    // Counts the draws without a usable task, marks bad rows, and stops a
+    // run that finds too few usable ones.
+    let mut barren = Barren::new(comm.rank() == 0);
     while tasks.len() < want {
-        let (cursor, _, task) = stream.recv(comm)?;
+        let (cursor, id, task) = stream.recv(comm)?;
         rl.cursor = cursor + 1;
         let task = match task {
             Ok(t) => t,
             Err(reason) => {
-                *rl.skipped_tasks.entry(reason).or_default() += 1;
+                let env = stream.env();
+                barren.skip(env, id, reason, &mut rl.bad_rows, &mut rl.skipped_tasks)?;
                 continue;
             }
         };
         if !curriculum.admits(&task.difficulty, step) {
+            barren.made();
             continue;
         }
         let ids = policy.encode(&task.prompt)?;
         if ids.len() > policy.cfg.max_prompt_tokens || ids.is_empty() {
-            *rl.skipped_tasks
-                .entry("prompt_too_long".into())
-                .or_default() += 1;
+            let (env, why) = (stream.env(), "prompt_too_long".to_owned());
+            barren.skip(env, id, why, &mut rl.bad_rows, &mut rl.skipped_tasks)?;
             continue;
         }
+        barren.made();
         let bucket = curriculum.bucket_of(&task.difficulty);
         tasks.push((task, ids, bucket));
     }
@@ -984,6 +997,7 @@ pub fn run_with(
         cfg.seed,
         rl.cursor,
         (cfg.batch_size * 2).max(8),
+        &rl.bad_rows,
         comm,
     );
 
@@ -1251,6 +1265,9 @@ pub fn run_with(
         for (why, n) in &rl.skipped_tasks {
             s.insert(format!("skipped_tasks_total/{why}"), *n as f64);
         }
+        if job.env.rows().is_some() {
+            s.insert("bad_rows".into(), rl.bad_rows.len() as f64);
+        }
         if let Some(m) = &mut metrics {
             m.log(state.step, &s)?;
         }
@@ -1361,6 +1378,7 @@ pub fn run_with(
         curriculum_level: curriculum.level,
         masked: rl.masked,
         skipped_tasks: rl.skipped_tasks,
+        bad_rows: rl.bad_rows,
         final_dir,
         merged_dir,
         interrupted,

@@ -11,6 +11,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
+use crate::reward::python_strip;
 use crate::sandbox::{Executor, Limits, Outcome, Request, Status};
 
 /// The injection script, run as a sandboxed program.
@@ -68,6 +69,21 @@ struct Reply {
     features: Option<Features>,
     #[serde(default)]
     variants: Vec<Variant>,
+}
+
+/// The environment's fence stripping, with Python's `strip()`: what
+/// `inject.py` does to a source before it parses it.
+pub fn strip_fence(source: &str) -> &str {
+    let mut text = python_strip(source);
+    if text.starts_with("```") {
+        if let Some(nl) = text.find('\n') {
+            text = python_strip(&text[nl..]);
+        }
+        if let Some(t) = text.strip_suffix("```") {
+            text = python_strip(t);
+        }
+    }
+    text
 }
 
 /// The sandbox request that transforms `source` once per seed.
