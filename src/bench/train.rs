@@ -330,7 +330,7 @@ pub fn train_with(
             .collect::<Vec<_>>(),
     )?;
     anyhow::ensure!(last_loss.is_finite(), "the loss is not finite: {last_loss}");
-    let peak = crate::gpu::peak_memory(device)?;
+    let peak = crate::gpu::peak_memory_gib(device)?;
     Ok(TrainResult {
         ours: "trace-train",
         job: "lora_sft",
@@ -344,7 +344,7 @@ pub fn train_with(
         steps,
         accum,
         num_gpus: comm.world(),
-        peak_mem_gib: peak.map(|b| (b as f64 / (1u64 << 30) as f64 * 100.0).round() / 100.0),
+        peak_mem_gib: peak,
         tokens_per_s: (batch * accum * seq * steps) as f64 / s,
         step_ms: 1e3 * s / steps as f64,
         loss: last_loss,

@@ -902,6 +902,8 @@ pub fn run_with(
     let mut stop_seen = false;
     while state.step < total_steps {
         let step = state.step;
+        // Each step's peak device memory (weights included) is logged.
+        crate::gpu::reset_peak_memory(&job.device)?;
         let t_step = Instant::now();
         let (mut env_secs, mut sample_secs) = (0.0, 0.0);
         let mut s = BTreeMap::<String, f64>::new();
@@ -1117,6 +1119,10 @@ pub fn run_with(
         put("time_sample_s", sample_secs);
         put("time_env_s", env_secs);
         put("time_train_s", train_secs);
+        put("time_step_s", secs);
+        if let Some(gib) = crate::gpu::peak_memory_gib(&job.device)? {
+            put("peak_mem_gib", gib);
+        }
         // Rank 0's sampling time; every rank's tokens.
         put("sample_tokens_per_s", new_tokens / sample_secs.max(1e-9));
         put("tokens_per_s", (seq_tokens + new_tokens) / secs.max(1e-9));
