@@ -213,22 +213,34 @@ impl Policy {
     ) -> anyhow::Result<Self> {
         let tok = ChatTokenizer::from_dir(base_dir)?;
         let dtype = train_dtype(&model_cfg.dtype, device);
-        let lora = LoraConfig {
-            r: cfg.lora_r,
-            alpha: cfg.lora_alpha,
-            // No dropout: the ratio of the first minibatch must be 1.
-            dropout: 0.0,
-            target_modules: target_modules(&cfg.target_modules)?,
-            seed: cfg.seed,
-        };
+        let lora = Self::lora_config(cfg)?;
         let mut loaded = model::load(base_dir, Some(&lora), dtype, device)?;
         if model_cfg.load_in_4bit && !device.is_cpu() {
             loaded.model.quantize_base()?;
         }
+        Self::new(loaded, tok, cfg)
+    }
+
+    /// The adapter a policy trains: rank, alpha and targets from `cfg`,
+    /// no dropout (the ratio of the first minibatch must be 1).
+    pub fn lora_config(cfg: &RlConfig) -> anyhow::Result<LoraConfig> {
+        Ok(LoraConfig {
+            r: cfg.lora_r,
+            alpha: cfg.lora_alpha,
+            dropout: 0.0,
+            target_modules: target_modules(&cfg.target_modules)?,
+            seed: cfg.seed,
+        })
+    }
+
+    /// A policy on a model already built with [`Policy::lora_config`]'s
+    /// adapter (`bench rl` builds random weights of a shape this way),
+    /// with a value head for PPO and fresh optimizers.
+    pub fn new(loaded: LoadedModel, tok: ChatTokenizer, cfg: &RlConfig) -> anyhow::Result<Self> {
         tok.check_against_vocab(loaded.model.vocab_size())?;
         let hidden = loaded.model.lm_head().dims()?.1;
         let value = (!cfg.is_grpo())
-            .then(|| ValueHead::new(hidden, cfg.value_hidden, cfg.seed, device))
+            .then(|| ValueHead::new(hidden, cfg.value_hidden, cfg.seed, &loaded.device))
             .transpose()?;
         let opt = AdamW::new(loaded.named_trainable_vars(), cfg.weight_decay)?;
         let value_opt = value
@@ -270,6 +282,19 @@ impl Policy {
         seed: u64,
         first: u64,
     ) -> anyhow::Result<Vec<Generation>> {
+        self.sample_until(prompts, seed, first, &self.tok.stop_ids())
+    }
+
+    /// [`Policy::sample_share`] ending a completion only at `stop_ids`:
+    /// with none, every completion runs to `max_new_tokens` (`bench rl`'s
+    /// fixed answer length).
+    pub fn sample_until(
+        &self,
+        prompts: &[Vec<u32>],
+        seed: u64,
+        first: u64,
+        stop_ids: &[u32],
+    ) -> anyhow::Result<Vec<Generation>> {
         if prompts.is_empty() {
             return Ok(Vec::new());
         }
@@ -285,7 +310,7 @@ impl Policy {
             &self.loaded.model,
             prompts,
             c.max_new_tokens,
-            &self.tok.stop_ids(),
+            stop_ids,
             self.tok.pad().id,
             c.sample_max_rows,
             &sampling,
