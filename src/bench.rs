@@ -1,4 +1,6 @@
 //! Benchmarks against the peer, each side measured in the same run.
+//! `bench train` / `bench gen` ([`train`]) and `bench rl` ([`rl`]) measure
+//! training, sampling and a whole Stage 3 step on random weights.
 //!
 //! `bench sandbox`: our executor against the peer approach, in one run, on
 //! the same cores and the same programs.
@@ -9,6 +11,7 @@
 //! measure programs per second over the built-in corpus, and the per-program
 //! overhead on a program that does nothing, for both, and report ratios.
 
+pub mod rl;
 pub mod train;
 
 use std::io::Write;

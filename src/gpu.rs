@@ -38,6 +38,12 @@ pub fn peak_memory(device: &Device) -> anyhow::Result<Option<u64>> {
     Ok(None)
 }
 
+/// [`peak_memory`] in GiB, to the hundredth: what benchmarks print and
+/// the training stages log (`peak_mem_gib`).
+pub fn peak_memory_gib(device: &Device) -> anyhow::Result<Option<f64>> {
+    Ok(peak_memory(device)?.map(|b| (b as f64 / (1u64 << 30) as f64 * 100.0).round() / 100.0))
+}
+
 /// Starts a new peak measurement at the memory in use now.
 pub fn reset_peak_memory(device: &Device) -> anyhow::Result<()> {
     #[cfg(feature = "cuda")]

@@ -300,6 +300,48 @@ enum BenchCommand {
         #[arg(long, default_value = "auto")]
         device: String,
     },
+    /// One real Stage 3 step (sample with every answer exactly --new
+    /// tokens, score, old-log-prob and reference passes, update) with its
+    /// time split, tokens/s and peak GPU memory as one JSON line (run the
+    /// peer's `trl_rl_peer.py` with the same flags).
+    #[command(rename_all = "snake_case")]
+    Rl {
+        /// smollm2-135m, qwen3-0.6b, qwen3-1.7b, qwen3-4b or tiny (random
+        /// weights), or a model folder with its tokenizer.
+        #[arg(long, default_value = "smollm2-135m")]
+        model: String,
+        /// `ppo` (value head, GAE) or `grpo` (group-relative advantages).
+        #[arg(long, default_value = "ppo", value_parser = ["ppo", "grpo"])]
+        algorithm: String,
+        /// Prompts a step.
+        #[arg(long, default_value_t = 16)]
+        batch: usize,
+        /// Completions a prompt (default: 1 for PPO, 8 for GRPO).
+        #[arg(long)]
+        group: Option<usize>,
+        /// Tokens a prompt (random token ids).
+        #[arg(long, default_value_t = 256)]
+        prompt: usize,
+        /// Tokens every completion has (no stop token ends one early).
+        #[arg(long, default_value_t = 512)]
+        new: usize,
+        /// Completions a minibatch, one optimizer step each (Stage 3's
+        /// `mini_batch_size`).
+        #[arg(long, default_value_t = 16)]
+        mini_batch_size: usize,
+        /// Timed steps, after one untimed warm-up step; the mean is shown.
+        #[arg(long, default_value_t = 1)]
+        steps: usize,
+        /// Recompute each layer in the backward pass (Stage 3 runs without).
+        #[arg(long)]
+        gc: bool,
+        /// Frozen projections in NF4 with double quantisation (QLoRA).
+        #[arg(long = "4bit")]
+        four_bit: bool,
+        /// `cpu`, `cuda`, `cuda:N` or `auto`.
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
 }
 
 #[derive(Args)]
@@ -486,6 +528,36 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 path,
             };
             let r = trace_train::bench::train::sample(&bench, &device)?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Rl {
+            model,
+            algorithm,
+            batch,
+            group,
+            prompt,
+            new,
+            mini_batch_size,
+            steps,
+            gc,
+            four_bit,
+            device,
+        }) => {
+            let device = cli::train::pick_device(&device)?;
+            let bench = trace_train::bench::rl::RlBench {
+                model,
+                algorithm,
+                batch,
+                group,
+                prompt,
+                new,
+                mini_batch: mini_batch_size,
+                steps,
+                gradient_checkpointing: gc,
+                four_bit,
+            };
+            let r = trace_train::bench::rl::rl_step(&bench, &device)?;
             println!("{}", serde_json::to_string(&r)?);
             Ok(ExitCode::SUCCESS)
         }

@@ -108,3 +108,64 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
         std::fs::read(root.join("stage2_sft/final/adapter_model.safetensors")).unwrap()
     );
 }
+
+#[test]
+fn max_steps_and_last_stage_cap_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = trace_train(
+        dir.path(),
+        &[
+            "pipeline",
+            "--quick_test",
+            "--device",
+            "cpu",
+            "--max_steps",
+            "2",
+            "--last_stage",
+            "3",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let root = dir.path().join("checkpoints/quick");
+    for stage in ["stage1_warmup", "stage2_sft", "stage3_ppo"] {
+        let text = std::fs::read_to_string(root.join(stage).join("metrics.jsonl")).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{stage}: {text}");
+        // Every stage logs its step time; peak memory only on a GPU.
+        assert!(
+            lines
+                .iter()
+                .all(|l| l["time_step_s"].as_f64().unwrap() > 0.0),
+            "{text}"
+        );
+        assert!(
+            lines.iter().all(|l| l.get("peak_mem_gib").is_none()),
+            "{text}"
+        );
+    }
+    assert!(!root.join("eval").exists(), "eval ran past --last_stage 3");
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("pipeline_state.json")).unwrap()).unwrap();
+    assert_eq!(state["finished"], serde_json::json!([0, 1, 2, 3]));
+
+    let o = trace_train(
+        dir.path(),
+        &[
+            "pipeline",
+            "--quick_test",
+            "--start_stage",
+            "3",
+            "--last_stage",
+            "2",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--last_stage 2") && stderr(&o).contains("hint:"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -20,8 +20,16 @@ use crate::model::init::Rng;
 use crate::model::{self, LoadedModel, LoraConfig, TargetModule, generate};
 use crate::train::{loss, optim::AdamW, sft};
 
-/// Model shapes the peer script knows, by its names.
-pub const SHAPES: [&str; 4] = ["smollm2-135m", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b"];
+/// Model shapes, by the peer scripts' names; and `tiny` (the shape of
+/// `trace-train model tiny`: 2 layers, hidden 64, vocab 512), which runs in
+/// seconds on a CPU, for tests (`benches/trl_rl_peer.py` knows it too).
+pub const SHAPES: [&str; 5] = [
+    "smollm2-135m",
+    "qwen3-0.6b",
+    "qwen3-1.7b",
+    "qwen3-4b",
+    "tiny",
+];
 
 /// `config.json` of a shape: the same hyper-parameters as the peer's.
 pub fn shape_config(name: &str) -> anyhow::Result<serde_json::Value> {
@@ -31,12 +39,13 @@ pub fn shape_config(name: &str) -> anyhow::Result<serde_json::Value> {
         "qwen3-1.7b" => (2048, 6144, 28, 16, 8, 128, 151_936),
         "qwen3-4b" => (2560, 9728, 36, 32, 8, 128, 151_936),
         "smollm2-135m" => (576, 1536, 30, 9, 3, 64, 49_152),
+        "tiny" => (64, 128, 2, 4, 2, 32, 512),
         other => anyhow::bail!(
             "unknown model shape `{other}` (and no such model folder)\nhint: one of {}, or a folder holding `config.json` and safetensors weights",
             SHAPES.join(", ")
         ),
     };
-    let qwen = name.starts_with("qwen3");
+    let qwen = name.starts_with("qwen3") || name == "tiny";
     Ok(serde_json::json!({
         "model_type": if qwen { "qwen3" } else { "llama" },
         "hidden_size": h,
@@ -94,21 +103,23 @@ pub fn random_model(
     dtype: DType,
     device: &Device,
 ) -> anyhow::Result<LoadedModel> {
+    random_model_with(shape, rank.map(peer_lora).as_ref(), dtype, device)
+}
+
+/// [`random_model`] with the adapter `lora`, if any.
+pub fn random_model_with(
+    shape: &str,
+    lora: Option<&LoraConfig>,
+    dtype: DType,
+    device: &Device,
+) -> anyhow::Result<LoadedModel> {
     let config = shape_config(shape)?;
-    let lora = rank.map(peer_lora);
     if !device.is_cpu() {
         device.set_seed(0)?;
     }
     let vb = VarBuilder::from_backend(Box::new(RandomWeights), dtype, device.clone());
-    model::build(
-        config,
-        vb,
-        lora.as_ref(),
-        dtype,
-        device,
-        std::path::Path::new(shape),
-    )
-    .with_context(|| format!("cannot build a random `{shape}`"))
+    model::build(config, vb, lora, dtype, device, std::path::Path::new(shape))
+        .with_context(|| format!("cannot build a random `{shape}`"))
 }
 
 /// The peer's LoRA: rank `r` on all seven projections, alpha 2r, no
@@ -330,7 +341,7 @@ pub fn train_with(
             .collect::<Vec<_>>(),
     )?;
     anyhow::ensure!(last_loss.is_finite(), "the loss is not finite: {last_loss}");
-    let peak = crate::gpu::peak_memory(device)?;
+    let peak = crate::gpu::peak_memory_gib(device)?;
     Ok(TrainResult {
         ours: "trace-train",
         job: "lora_sft",
@@ -344,7 +355,7 @@ pub fn train_with(
         steps,
         accum,
         num_gpus: comm.world(),
-        peak_mem_gib: peak.map(gib),
+        peak_mem_gib: peak,
         tokens_per_s: (batch * accum * seq * steps) as f64 / s,
         step_ms: 1e3 * s / steps as f64,
         loss: last_loss,

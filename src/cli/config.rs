@@ -47,6 +47,8 @@ pub fn resolved_all() -> anyhow::Result<Vec<(String, Value)>> {
         let args = PipelineArgs {
             config: pipeline_file.to_owned(),
             start_stage: 0,
+            last_stage: 4,
+            max_steps: None,
             quick_test: false,
             b200: false,
             no_4bit: false,

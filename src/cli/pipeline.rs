@@ -28,6 +28,15 @@ pub struct PipelineArgs {
     /// First stage to run (0 generate, 1 warmup, 2 sft, 3 ppo, 4 eval).
     #[arg(long, default_value_t = 0)]
     pub start_stage: u8,
+    /// Last stage to run (default 4: through eval).
+    #[arg(long, default_value_t = 4)]
+    pub last_stage: u8,
+    /// Stop each training stage (warmup, sft, ppo) after this many
+    /// optimizer steps, whatever its epochs or `num_train_steps` say: for
+    /// measuring a few steps of every stage at the real settings
+    /// (`scripts/user-scale-check.sh`).
+    #[arg(long)]
+    pub max_steps: Option<u64>,
     /// Minutes on a laptop CPU: the built-in corpus, a tiny model the
     /// pipeline makes itself, a few steps a stage.
     #[arg(long)]
@@ -221,6 +230,19 @@ pub fn resolve(args: &PipelineArgs) -> anyhow::Result<Plan> {
             );
         }
     }
+    if let Some(m) = args.max_steps {
+        anyhow::ensure!(
+            m >= 1,
+            "--max_steps: must be at least 1\nhint: leave it out to run every stage in full"
+        );
+        max_steps = Some(max_steps.map_or(m, |q: u64| q.min(m)));
+    }
+    anyhow::ensure!(
+        args.start_stage <= args.last_stage && args.last_stage <= 4,
+        "--last_stage {}: must be between --start_stage ({}) and 4\nhint: stages are 0 generate, 1 warmup, 2 sft, 3 ppo, 4 eval",
+        args.last_stage,
+        args.start_stage
+    );
     let problems = config::Validate::problems(&cfg);
     anyhow::ensure!(
         problems.is_empty(),
@@ -280,7 +302,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         trace_train::atomic::write(&state_path, &serde_json::to_vec_pretty(state)?)
     };
     let todo = |stage: u8, state: &PipelineState| {
-        stage >= args.start_stage && !state.finished.contains(&stage)
+        (args.start_stage..=args.last_stage).contains(&stage) && !state.finished.contains(&stage)
     };
 
     if todo(0, &state) {
@@ -393,6 +415,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             quick_test: args.quick_test,
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
             pipeline_config: Some(args.config.clone()).filter(|p| p.is_file()),
+            max_steps,
             ..PpoArgs::default()
         };
         let device = a.device.clone().unwrap_or_else(|| "auto".into());

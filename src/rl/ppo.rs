@@ -230,18 +230,37 @@ impl Policy {
     ) -> anyhow::Result<Self> {
         let tok = ChatTokenizer::from_dir(base_dir)?;
         let dtype = train_dtype(&model_cfg.dtype, device);
-        let lora = LoraConfig {
-            r: cfg.lora_r,
-            alpha: cfg.lora_alpha,
-            // No dropout: the ratio of the first minibatch must be 1.
-            dropout: 0.0,
-            target_modules: target_modules(&cfg.target_modules)?,
-            seed: cfg.seed,
-        };
+        let lora = Self::lora_config(cfg)?;
         let mut loaded = model::load(base_dir, Some(&lora), dtype, device)?;
         if model_cfg.load_in_4bit && !device.is_cpu() {
             loaded.model.quantize_base()?;
         }
+        Self::new(loaded, tok, cfg)
+    }
+
+    /// The adapter a policy trains: rank, alpha and targets from `cfg`,
+    /// no dropout (the ratio of the first minibatch must be 1).
+    pub fn lora_config(cfg: &RlConfig) -> anyhow::Result<LoraConfig> {
+        Ok(LoraConfig {
+            r: cfg.lora_r,
+            alpha: cfg.lora_alpha,
+            dropout: 0.0,
+            target_modules: target_modules(&cfg.target_modules)?,
+            seed: cfg.seed,
+        })
+    }
+
+    /// A policy on a model already built with [`Policy::lora_config`]'s
+    /// adapter (`bench rl` builds random weights of a shape this way),
+    /// with a value head for PPO and fresh optimizers.
+    pub fn new(
+        mut loaded: LoadedModel,
+        tok: ChatTokenizer,
+        cfg: &RlConfig,
+    ) -> anyhow::Result<Self> {
+        let device = loaded.device.clone();
+        let device = &device;
+        let dtype = loaded.dtype;
         // The same gradients; each layer's input kept instead of its
         // activations. On by default on a GPU, as in SFT.
         let checkpointing = cfg.gradient_checkpointing.unwrap_or(!device.is_cpu());
@@ -249,7 +268,7 @@ impl Policy {
         tok.check_against_vocab(loaded.model.vocab_size())?;
         let hidden = loaded.model.lm_head().dims()?.1;
         let value = (!cfg.is_grpo())
-            .then(|| ValueHead::new(hidden, cfg.value_hidden, cfg.seed, device))
+            .then(|| ValueHead::new(hidden, cfg.value_hidden, cfg.seed, &loaded.device))
             .transpose()?;
         let opt = AdamW::new(loaded.named_trainable_vars(), cfg.weight_decay)?;
         let value_opt = value
@@ -313,6 +332,19 @@ impl Policy {
         seed: u64,
         first: u64,
     ) -> anyhow::Result<Vec<Generation>> {
+        self.sample_until(prompts, seed, first, &self.tok.stop_ids())
+    }
+
+    /// [`Policy::sample_share`] ending a completion only at `stop_ids`:
+    /// with none, every completion runs to `max_new_tokens` (`bench rl`'s
+    /// fixed answer length).
+    pub fn sample_until(
+        &self,
+        prompts: &[Vec<u32>],
+        seed: u64,
+        first: u64,
+        stop_ids: &[u32],
+    ) -> anyhow::Result<Vec<Generation>> {
         if prompts.is_empty() {
             return Ok(Vec::new());
         }
@@ -328,7 +360,7 @@ impl Policy {
             &self.loaded.model,
             prompts,
             c.max_new_tokens,
-            &self.tok.stop_ids(),
+            stop_ids,
             self.tok.pad().id,
             c.sample_max_rows,
             &sampling,
@@ -1008,6 +1040,8 @@ pub fn run_with(
     let mut stop_seen = false;
     while state.step < total_steps {
         let step = state.step;
+        // Each step's peak device memory (weights included) is logged.
+        crate::gpu::reset_peak_memory(&job.device)?;
         let t_step = Instant::now();
         let (mut env_secs, mut sample_secs) = (0.0, 0.0);
         let mut s = BTreeMap::<String, f64>::new();
@@ -1223,6 +1257,10 @@ pub fn run_with(
         put("time_sample_s", sample_secs);
         put("time_env_s", env_secs);
         put("time_train_s", train_secs);
+        put("time_step_s", secs);
+        if let Some(gib) = crate::gpu::peak_memory_gib(&job.device)? {
+            put("peak_mem_gib", gib);
+        }
         // Rank 0's sampling time; every rank's tokens.
         put("sample_tokens_per_s", new_tokens / sample_secs.max(1e-9));
         put("tokens_per_s", (seq_tokens + new_tokens) / secs.max(1e-9));

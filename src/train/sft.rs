@@ -275,6 +275,8 @@ pub fn run_with(
     let tokens_at_start = state.tokens_seen;
     let mut plan = batcher.plan(state.epoch as u64);
     while state.step < total_steps {
+        // Each step's peak device memory (weights included) is logged.
+        crate::gpu::reset_peak_memory(&job.device)?;
         let t0 = Instant::now();
         // This step's micro-batches (example indices), from the saved data
         // position; every rank plans all of them and computes its share.
@@ -377,8 +379,12 @@ pub fn run_with(
             ("grad_norm", norm),
             ("answer_tokens", answer_tokens as f64),
             ("tokens_per_s", step_tokens as f64 / secs.max(1e-9)),
+            ("time_step_s", secs),
             ("skipped_steps", state.skipped_steps as f64),
         ];
+        if let Some(gib) = crate::gpu::peak_memory_gib(&job.device)? {
+            scalars.push(("peak_mem_gib", gib));
+        }
         if cfg.eval_steps > 0
             && state.step.is_multiple_of(cfg.eval_steps as u64)
             && !eval_examples.is_empty()
