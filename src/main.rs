@@ -332,7 +332,8 @@ enum BenchCommand {
         /// Timed steps, after one untimed warm-up step; the mean is shown.
         #[arg(long, default_value_t = 1)]
         steps: usize,
-        /// Recompute each layer in the backward pass (Stage 3 runs without).
+        /// Recompute each layer in the backward pass (Stage 3's default on a
+        /// GPU; off here unless given).
         #[arg(long)]
         gc: bool,
         /// Frozen projections in NF4 with double quantisation (QLoRA).

@@ -147,6 +147,7 @@ pub fn rl_config(b: &RlBench) -> anyhow::Result<RlConfig> {
         group_size: b.group,
         max_new_tokens: b.new,
         mini_batch_size: b.mini_batch,
+        gradient_checkpointing: Some(b.gradient_checkpointing),
         ..RlConfig::default()
     };
     if cfg.is_grpo() && cfg.group_size() < 2 {
@@ -189,9 +190,7 @@ fn policy(b: &RlBench, cfg: &RlConfig, device: &Device) -> anyhow::Result<Policy
         model::tiny::write_tiny_chat_model(dir.path(), 7)?;
         (loaded, ChatTokenizer::from_dir(dir.path())?)
     };
-    loaded
-        .model
-        .set_gradient_checkpointing(b.gradient_checkpointing);
+    // Policy::new turns checkpointing on or off from the config.
     if b.four_bit {
         loaded.model.quantize_base()?;
     }
