@@ -294,14 +294,7 @@ pub fn train_with(
                 None => loss.detach(),
                 Some(l) => (l + loss.detach())?,
             });
-            grads = Some(match grads {
-                None => g,
-                Some(acc) => acc
-                    .iter()
-                    .zip(&g)
-                    .map(|(a, b)| a + b)
-                    .collect::<candle_core::Result<_>>()?,
-            });
+            crate::train::optim::accumulate(&mut grads, g)?;
         }
         let grads = match grads {
             Some(g) => g,

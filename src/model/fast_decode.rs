@@ -67,6 +67,29 @@ pub struct Draw {
     pub top_p: f32,
 }
 
+impl Draw {
+    /// The most likely token.
+    pub const GREEDY: Self = Self {
+        inv_temp: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+    };
+
+    /// The kernel's settings for a temperature (0: greedy), top-k (0: off)
+    /// and top-p.
+    pub fn new(temperature: f64, top_k: usize, top_p: f64) -> Self {
+        Self {
+            inv_temp: if temperature == 0.0 {
+                0.0
+            } else {
+                (1.0 / temperature) as f32
+            },
+            top_k: top_k.min(i32::MAX as usize) as i32,
+            top_p: top_p as f32,
+        }
+    }
+}
+
 /// A captured step. The graph is declared first so that it is destroyed
 /// before its output is freed.
 struct Captured {

@@ -122,11 +122,7 @@ pub fn greedy(
 ) -> Result<Vec<Generation>> {
     #[cfg(feature = "cuda")]
     if device.is_cuda() {
-        let draw = super::fast_decode::Draw {
-            inv_temp: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-        };
+        let draw = super::fast_decode::Draw::GREEDY;
         let args = fast::Args {
             model,
             prompts,
@@ -191,15 +187,7 @@ pub fn sample(
         .collect();
     #[cfg(feature = "cuda")]
     if device.is_cuda() && std::env::var_os("TRACE_TRAIN_HOST_SAMPLING").is_none() {
-        let draw = super::fast_decode::Draw {
-            inv_temp: if temperature == 0.0 {
-                0.0
-            } else {
-                (1.0 / temperature) as f32
-            },
-            top_k: sampling.top_k.min(i32::MAX as usize) as i32,
-            top_p: top_p as f32,
-        };
+        let draw = super::fast_decode::Draw::new(temperature, sampling.top_k, top_p);
         let args = fast::Args {
             model,
             prompts,
@@ -223,12 +211,8 @@ pub fn sample(
             for &(row, prompt) in live {
                 seeds[row] = rngs[prompt].next_u64();
             }
-            let inv_temp = if temperature == 0.0 {
-                0.0
-            } else {
-                (1.0 / temperature) as f32
-            };
-            return cuda::sample_rows(logits, &seeds, inv_temp, sampling.top_k, top_p as f32);
+            let d = super::fast_decode::Draw::new(temperature, sampling.top_k, top_p);
+            return cuda::sample_rows(logits, &seeds, d.inv_temp, sampling.top_k, d.top_p);
         }
         let rows = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
         let mut out = vec![(0, 0.0); rows.len()];
@@ -505,29 +489,13 @@ mod fast {
             .iter()
             .map(|&p| width - a.prompts[p].len())
             .collect();
-        let ids: Vec<u32> = joining
-            .iter()
-            .flat_map(|&p| {
-                let p = &a.prompts[p];
-                std::iter::repeat_n(a.pad_id, width - p.len()).chain(p.iter().copied())
-            })
-            .collect();
-        let ids = Tensor::from_vec(ids, (joining.len(), width), a.device)?;
+        let ids = super::left_padded(a.prompts, joining, width, a.pad_id, a.device)?;
         let mut cache = a
             .model
             .new_cache()
             .with_capacity(width)
             .with_left_padding(pads.clone());
-        let mut logits = None;
-        for s in (0..width).step_by(PREFILL_CHUNK) {
-            let l = PREFILL_CHUNK.min(width - s);
-            logits = Some(
-                a.model
-                    .forward_with_cache(&ids.narrow(1, s, l)?, s, &mut cache)?,
-            );
-        }
-        let logits =
-            logits.ok_or_else(|| candle_core::Error::Msg("prefill of an empty prompt".into()))?;
+        let logits = super::prefill(a.model, &ids, 0, &mut cache, PREFILL_CHUNK)?;
         Ok((logits, cache, pads))
     }
 }
@@ -668,6 +636,43 @@ fn decode(
     Ok(d.out)
 }
 
+/// `(k, width)` ids of `prompts[which]`, each left-padded to `width` with
+/// `pad_id`.
+fn left_padded(
+    prompts: &[Vec<u32>],
+    which: &[usize],
+    width: usize,
+    pad_id: u32,
+    device: &Device,
+) -> Result<Tensor> {
+    let ids: Vec<u32> = which
+        .iter()
+        .flat_map(|&p| {
+            let p = &prompts[p];
+            std::iter::repeat_n(pad_id, width - p.len()).chain(p.iter().copied())
+        })
+        .collect();
+    Tensor::from_vec(ids, (which.len(), width), device)
+}
+
+/// Runs `ids: (k, W)` into columns `start..start + W` of `cache`, `chunk`
+/// columns a pass; the last column's logits `(k, vocab)`.
+fn prefill(
+    model: &Model,
+    ids: &Tensor,
+    start: usize,
+    cache: &mut Cache,
+    chunk: usize,
+) -> Result<Tensor> {
+    let width = ids.dim(1)?;
+    let mut logits = None;
+    for s in (0..width).step_by(chunk) {
+        let len = chunk.min(width - s);
+        logits = Some(model.forward_with_cache(&ids.narrow(1, s, len)?, start + s, cache)?);
+    }
+    logits.ok_or_else(|| candle_core::Error::Msg("prefill of an empty prompt".into()))
+}
+
 /// The state of one [`decode`] call: a batch of rows over one cache, each
 /// row decoding a prompt or free.
 struct Decoding<'a> {
@@ -699,14 +704,7 @@ impl Decoding<'_> {
 
     /// `(k, width)` ids of the prompts `which`, each left-padded to `width`.
     fn left_padded(&self, which: &[usize], width: usize) -> Result<Tensor> {
-        let ids: Vec<u32> = which
-            .iter()
-            .flat_map(|&p| {
-                let p = &self.prompts[p];
-                std::iter::repeat_n(self.pad_id, width - p.len()).chain(p.iter().copied())
-            })
-            .collect();
-        Tensor::from_vec(ids, (which.len(), width), self.device)
+        left_padded(self.prompts, which, width, self.pad_id, self.device)
     }
 
     /// Runs `ids: (k, W)` into columns `start..start + W` of `fresh` (the
@@ -717,17 +715,7 @@ impl Decoding<'_> {
             Some(c) => c,
             None => &mut self.cache,
         };
-        let width = ids.dim(1)?;
-        let mut logits = None;
-        for s in (0..width).step_by(self.prefill_chunk) {
-            let len = self.prefill_chunk.min(width - s);
-            logits = Some(self.model.forward_with_cache(
-                &ids.narrow(1, s, len)?,
-                start + s,
-                cache,
-            )?);
-        }
-        logits.ok_or_else(|| candle_core::Error::Msg("prefill of an empty prompt".into()))
+        prefill(self.model, ids, start, cache, self.prefill_chunk)
     }
 
     /// Prefills the prompts `joining` into the free rows `at` and returns

@@ -665,14 +665,7 @@ impl Policy {
             for (total, x) in sums.iter_mut().zip(s) {
                 *total += x;
             }
-            grads = Some(match grads {
-                None => g,
-                Some(acc) => acc
-                    .iter()
-                    .zip(&g)
-                    .map(|(a, b)| a + b)
-                    .collect::<candle_core::Result<_>>()?,
-            });
+            crate::train::optim::accumulate(&mut grads, g)?;
         }
         let grads = grads.context("a minibatch share without members")?;
         Ok((grads, sums))

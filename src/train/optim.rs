@@ -12,6 +12,20 @@ use std::collections::BTreeMap;
 
 use candle_core::{DType, Result, Tensor, Var};
 
+/// Adds one micro-batch's gradients `g` to the running sums `acc`
+/// (tensor by tensor, in the optimizer's order; the first call takes `g`).
+pub fn accumulate(acc: &mut Option<Vec<Tensor>>, g: Vec<Tensor>) -> Result<()> {
+    *acc = Some(match acc.take() {
+        None => g,
+        Some(sum) => sum
+            .iter()
+            .zip(&g)
+            .map(|(a, b)| a + b)
+            .collect::<Result<_>>()?,
+    });
+    Ok(())
+}
+
 pub struct AdamW {
     /// (name, variable), in a fixed order.
     vars: Vec<(String, Var)>,

@@ -318,14 +318,7 @@ pub fn run_with(
             loss_sum += loss.to_scalar::<f32>()? as f64;
             let g = loaded.model.backward(&loss)?;
             let step_grads = opt.gradients(&g)?;
-            grads = Some(match grads {
-                None => step_grads,
-                Some(acc) => acc
-                    .iter()
-                    .zip(&step_grads)
-                    .map(|(a, b)| a + b)
-                    .collect::<candle_core::Result<_>>()?,
-            });
+            crate::train::optim::accumulate(&mut grads, step_grads)?;
         }
         state.tokens_seen += step_tokens as u64;
         // A rank with no share this step (an epoch's short last step on
