@@ -36,6 +36,7 @@ use candle_nn::VarBuilder;
 use super::attention::{self, Cache};
 use super::fused;
 use super::lora::{self, BaseLinear, LoraInit, LoraLinear, TargetModule};
+use super::nf4::Nf4Weight;
 use super::norm::RmsNorm;
 use super::rope::{Positions, RotaryEmbedding, Rotation};
 
@@ -413,6 +414,57 @@ impl DecodeView {
 /// folded in, `W + (alpha / r) B A` computed in f32 and rounded once to the
 /// weight's dtype; `weight` itself without an adapter or inside
 /// [`lora::without_adapters`].
+/// Projections as one [`DecodeProj::Parts`]: the bases as they are, the
+/// adapters' factors stacked in `dtype` (`B` scaled).
+fn parts_proj(ps: &[&LoraLinear], dtype: DType) -> Result<DecodeProj> {
+    let mut parts = Vec::with_capacity(ps.len());
+    for p in ps {
+        parts.push(match p.base() {
+            BaseLinear::Nf4 { weight, .. } => DecodeBase::Nf4 {
+                scales: weight.block_scales()?.clone(),
+                weight: Arc::clone(weight),
+            },
+            BaseLinear::Dense { weight, .. } => DecodeBase::Dense(weight.clone()),
+        });
+    }
+    let adapters: Vec<_> = ps
+        .iter()
+        .map(|p| p.adapter().filter(|_| lora::adapters_enabled()))
+        .collect();
+    let Some(first) = adapters.iter().flatten().next() else {
+        return Ok(DecodeProj::Parts { parts, lora: None });
+    };
+    let rank = first.a.dim(0)?;
+    let device = first.a.device();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for (p, ad) in ps.iter().zip(&adapters) {
+        let (out, inp) = p.base().dims()?;
+        match ad {
+            Some(ad) if ad.a.dim(0)? == rank => {
+                a.push(ad.a.as_detached_tensor().to_dtype(dtype)?);
+                b.push((ad.b.as_detached_tensor() * ad.scale)?.to_dtype(dtype)?);
+            }
+            Some(ad) => candle_core::bail!(
+                "decode: {} has LoRA rank {} beside rank {rank}",
+                p.name(),
+                ad.a.dim(0)?
+            ),
+            None => {
+                a.push(Tensor::zeros((rank, inp), dtype, device)?);
+                b.push(Tensor::zeros((out, rank), dtype, device)?);
+            }
+        }
+    }
+    Ok(DecodeProj::Parts {
+        parts,
+        lora: Some(DecodeLora {
+            a: Tensor::cat(&a, 0)?.contiguous()?,
+            b: Tensor::cat(&b, 0)?.contiguous()?,
+            rank,
+        }),
+    })
+}
+
 fn folded(p: &LoraLinear, weight: &Tensor) -> Result<Tensor> {
     match p.adapter() {
         Some(ad) if lora::adapters_enabled() => {
@@ -425,19 +477,22 @@ fn folded(p: &LoraLinear, weight: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// The weights the fused decode step reads (`model::fast_decode`), one
-/// dense copy in the model's dtype made per generation: every projection's
-/// LoRA update folded in as [`DecodeView`] does, NF4 bases dequantised once
-/// (not at every step), and each layer's q, k and v projections stacked
-/// into one matrix, gate and up into another, so a layer runs four GEMMs.
-/// Norms, embeddings and the head are the model's own tensors (no copy).
+/// The weights the fused decode step reads (`model::fast_decode`), made
+/// per generation from the LoRA factors as they are then. Each layer's q,
+/// k and v projections form one [`DecodeProj`], gate and up another, so a
+/// layer runs four products. In a bf16 model the decode kernel reads the
+/// bases as they are, bf16 or NF4 (a quarter of the bytes a step), with
+/// the adapters' factors beside them: no copy of any weight. Otherwise the
+/// projections are one dense copy in the model's dtype with the LoRA
+/// update folded in (as [`DecodeView`] does) and NF4 dequantised once.
+/// Norms and embeddings are the model's own tensors.
 pub struct DecodeWeights {
     /// `(vocab, hidden)`.
     pub embed: Tensor,
     /// The final norm's weight.
     pub norm: Tensor,
-    /// `(vocab, hidden)`.
-    pub lm_head: Tensor,
+    /// `(vocab, hidden)`: the head's weight as the model has it.
+    pub head: DecodeProj,
     /// RoPE tables `(max_positions, head_dim / 2)`.
     pub cos: Tensor,
     pub sin: Tensor,
@@ -457,13 +512,76 @@ pub struct DecodeLayer {
     /// Qwen3's per-head query and key norms.
     pub qk_norm: Option<(Tensor, Tensor)>,
     /// `((H + 2 H_kv) D, hidden)`: q, k and v stacked.
-    pub qkv: Tensor,
+    pub qkv: DecodeProj,
     /// `(hidden, H D)`.
-    pub o: Tensor,
+    pub o: DecodeProj,
     /// `(2 I, hidden)`: gate then up.
-    pub gate_up: Tensor,
+    pub gate_up: DecodeProj,
     /// `(hidden, I)`.
-    pub down: Tensor,
+    pub down: DecodeProj,
+}
+
+/// One product of the decode step, `x W^T` for a `W` of one or more
+/// projections stacked by rows (their outputs side by side).
+pub enum DecodeProj {
+    /// One dense copy `(out, in)` in the model's dtype, LoRA folded in
+    /// (for cuBLAS: f32 and f16 models, inner sizes off the 64-blocks).
+    Folded(Tensor),
+    /// Each projection's base as it is (a segment: no copy), and the LoRA
+    /// update beside it, `y = x W^T + (x A^T) B^T` a segment: for the
+    /// decode kernel (`fast_decode::Products`).
+    Parts {
+        parts: Vec<DecodeBase>,
+        lora: Option<DecodeLora>,
+    },
+}
+
+/// A base weight the decode kernel reads as it is.
+pub enum DecodeBase {
+    /// `(out, in)` bf16.
+    Dense(Tensor),
+    /// The packed codes, and the f16 block scales
+    /// ([`Nf4Weight::block_scales`], made once a weight).
+    Nf4 {
+        weight: Arc<Nf4Weight>,
+        scales: Tensor,
+    },
+}
+
+impl DecodeBase {
+    /// `(out, in)`.
+    pub fn dims(&self) -> Result<(usize, usize)> {
+        match self {
+            Self::Dense(w) => w.dims2(),
+            Self::Nf4 { weight, .. } => Ok(weight.shape()),
+        }
+    }
+}
+
+/// The LoRA factors of a [`DecodeProj::Parts`], in the model's dtype.
+pub struct DecodeLora {
+    /// `(segments * r, in)`: every segment's `A`, stacked (zeros for a
+    /// projection without an adapter).
+    pub a: Tensor,
+    /// `(out, r)`: every segment's `B` times its scale, stacked.
+    pub b: Tensor,
+    pub rank: usize,
+}
+
+impl DecodeProj {
+    /// `(out, in)` of the stacked matrix.
+    pub fn dims(&self) -> Result<(usize, usize)> {
+        match self {
+            Self::Folded(w) => w.dims2(),
+            Self::Parts { parts, .. } => {
+                let mut out = 0;
+                for p in parts {
+                    out += p.dims()?.0;
+                }
+                Ok((out, parts.first().map_or(Ok(0), |p| p.dims().map(|d| d.1))?))
+            }
+        }
+    }
 }
 
 /// Gradients of trainable tensors computed inside checkpointed layers'
@@ -713,20 +831,46 @@ impl Decoder {
     }
 
     /// Bytes [`Self::decode_weights`] allocates: one dense copy of every
-    /// projection in the model's dtype.
-    pub fn decode_weights_bytes(&self) -> Result<usize> {
+    /// projection in the model's dtype, or, reading the bases in place,
+    /// the stacked LoRA factors (and, once a weight, NF4's block scales).
+    pub fn decode_weights_bytes(&self, in_place: bool) -> Result<usize> {
+        let elt = self.embed_tokens.dtype().size_in_bytes();
+        let as_parts = in_place && self.decode_can_read_bases();
         let mut bytes = 0;
         for p in self.projections() {
             let (o, i) = p.base().dims()?;
-            bytes += o * i * self.embed_tokens.dtype().size_in_bytes();
+            bytes += match (as_parts, p.adapter()) {
+                (false, _) => o * i * elt,
+                (true, Some(ad)) => (o + i) * ad.a.dim(0)? * elt + o * i / 32,
+                (true, None) => o * i / 32,
+            };
         }
         Ok(bytes)
+    }
+
+    /// Whether the decode step can read the bases in place (the decode
+    /// kernel, `fast_decode::Products`) instead of a folded dense copy: a
+    /// bf16 model, every base of one kind (bf16 or NF4) with its inner size
+    /// in whole 64-blocks, LoRA ranks in multiples of 8.
+    pub fn decode_can_read_bases(&self) -> bool {
+        let projections = self.projections();
+        let nf4 = |p: &&LoraLinear| matches!(p.base(), BaseLinear::Nf4 { .. });
+        !projections.is_empty()
+            && self.embed_tokens.dtype() == DType::BF16
+            && (projections.iter().all(nf4) || !projections.iter().any(nf4))
+            && projections.iter().all(|p| {
+                p.base().dims().is_ok_and(|(_, i)| i % 64 == 0)
+                    && p.adapter()
+                        .is_none_or(|ad| ad.a.dim(0).is_ok_and(|r| r % 8 == 0))
+            })
     }
 
     /// The weights of the fused decode step (`fast_decode`), as they are
     /// now: see [`DecodeWeights`]. `None` for an architecture the step does
     /// not cover (biases, a head size or grouping without a kernel).
-    pub fn decode_weights(&self) -> Result<Option<DecodeWeights>> {
+    /// `in_place`: read the bases as they are where
+    /// [`Self::decode_can_read_bases`] (else one folded copy).
+    pub fn decode_weights(&self, in_place: bool) -> Result<Option<DecodeWeights>> {
         let Some(first) = self.layers.first() else {
             return Ok(None);
         };
@@ -741,15 +885,21 @@ impl Decoder {
         {
             return Ok(None);
         }
-        let dense = |p: &LoraLinear| -> Result<Tensor> { folded(p, &p.base().weight()?) };
+        let as_parts = in_place && self.decode_can_read_bases();
+        let proj = |ps: &[&LoraLinear]| -> Result<DecodeProj> {
+            if as_parts {
+                parts_proj(ps, self.embed_tokens.dtype())
+            } else {
+                let dense: Vec<Tensor> = ps
+                    .iter()
+                    .map(|p| folded(p, &p.base().weight()?))
+                    .collect::<Result<_>>()?;
+                Ok(DecodeProj::Folded(Tensor::cat(&dense, 0)?))
+            }
+        };
         let mut layers = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
             let (a, m) = (&layer.self_attn, &layer.mlp);
-            let qkv = Tensor::cat(
-                &[dense(&a.q_proj)?, dense(&a.k_proj)?, dense(&a.v_proj)?],
-                0,
-            )?;
-            let gate_up = Tensor::cat(&[dense(&m.gate_proj)?, dense(&m.up_proj)?], 0)?;
             layers.push(DecodeLayer {
                 input_norm: layer.input_layernorm.weight().clone(),
                 post_norm: layer.post_attention_layernorm.weight().clone(),
@@ -757,17 +907,24 @@ impl Decoder {
                     .qk_norm
                     .as_ref()
                     .map(|(q, k)| (q.weight().clone(), k.weight().clone())),
-                qkv,
-                o: dense(&a.o_proj)?,
-                gate_up,
-                down: dense(&m.down_proj)?,
+                qkv: proj(&[&a.q_proj, &a.k_proj, &a.v_proj])?,
+                o: proj(&[&a.o_proj])?,
+                gate_up: proj(&[&m.gate_proj, &m.up_proj])?,
+                down: proj(&[&m.down_proj])?,
             });
         }
         let (cos, sin) = self.rope.tables();
         Ok(Some(DecodeWeights {
             embed: self.embed_tokens.clone(),
             norm: self.norm.weight().clone(),
-            lm_head: self.lm_head.weight()?,
+            head: if as_parts {
+                DecodeProj::Parts {
+                    parts: vec![DecodeBase::Dense(self.lm_head.weight()?)],
+                    lora: None,
+                }
+            } else {
+                DecodeProj::Folded(self.lm_head.weight()?)
+            },
             cos: cos.clone(),
             sin: sin.clone(),
             eps: self.norm.eps(),

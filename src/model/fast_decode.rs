@@ -38,12 +38,20 @@ use candle_core::{CudaDevice, DType, Device, Result, Storage, Tensor, bail};
 use half::{bf16, f16};
 
 use super::attention::Cache;
-use super::decoder::DecodeWeights;
+use super::decoder::{DecodeBase, DecodeProj, DecodeWeights};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/decode.ptx"));
 const MODULE: &str = "trace_train_decode";
 const SAMPLE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sample.ptx"));
 const SAMPLE_MODULE: &str = "trace_train_sample";
+const SKINNY_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/skinny.ptx"));
+const SKINNY_MODULE: &str = "trace_train_skinny";
+/// Weight rows one block of the decode product owns (`SK_TILE` in skinny.cu).
+const SKINNY_TILE: usize = 128;
+/// Threads of a block of the decode product (`SK_THREADS`).
+const SKINNY_THREADS: u32 = 128;
+/// Rows of X one launch of the decode product takes.
+const SKINNY_ROWS: usize = 32;
 /// Keys one attention block reads (`decode_attention` in decode.cu).
 const CHUNK: usize = 64;
 const ATTN_THREADS: u32 = 128;
@@ -118,6 +126,7 @@ pub struct Engine<'w> {
     io: CudaSlice<u32>,
     /// Split-KV partial results: `(rows, H_kv, splits, G, D + 2)` f32.
     part: CudaSlice<f32>,
+    products: Products,
     draw: Draw,
     mode: Mode,
     graph: Option<Captured>,
@@ -212,6 +221,13 @@ impl<'w> Engine<'w> {
         let io = dev.alloc_zeros::<u32>(4 * rows)?;
         let part =
             dev.alloc_zeros::<f32>(rows * w.kv_heads * splits * groups * (w.head_dim + 2))?;
+        let all: Vec<&DecodeProj> = w
+            .layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
+            .chain([&w.head])
+            .collect();
+        let products = Products::new(dev, dtype, &all)?;
         Ok(Self {
             w,
             stream: dev.cuda_stream(),
@@ -225,6 +241,7 @@ impl<'w> Engine<'w> {
             v,
             io,
             part,
+            products,
             draw,
             mode,
             graph: None,
@@ -452,7 +469,7 @@ impl<'w> Engine<'w> {
             let n = self.empty(b, hidden)?;
             self.add_rmsnorm(&x, h.as_ref(), &lw.input_norm, &n, eps)?;
             self.mark("add_rmsnorm")?;
-            let qkv = n.matmul(&lw.qkv.t()?)?; // (B, (H + 2 H_kv) D)
+            let qkv = self.products.project(&self.dev, &n, &lw.qkv)?; // (B, (H + 2 H_kv) D)
             self.mark("qkv_gemm")?;
             let q_out = self.empty(b, hq * d)?;
             let qp = ptr(&qkv)?;
@@ -522,12 +539,12 @@ impl<'w> Engine<'w> {
                 unsafe { a.launch(cfg((hq as u32, b as u32, 1), d as u32)) }.w()?;
             }
             self.mark("combine")?;
-            let attn = o.matmul(&lw.o.t()?)?;
+            let attn = self.products.project(&self.dev, &o, &lw.o)?;
             self.mark("o_gemm")?;
             let n2 = self.empty(b, hidden)?;
             self.add_rmsnorm(&x, Some(&attn), &lw.post_norm, &n2, eps)?;
             self.mark("add_rmsnorm")?;
-            let gu = n2.matmul(&lw.gate_up.t()?)?; // (B, 2 I)
+            let gu = self.products.project(&self.dev, &n2, &lw.gate_up)?; // (B, 2 I)
             self.mark("gate_up_gemm")?;
             let act = self.empty(b, inter)?;
             {
@@ -544,12 +561,12 @@ impl<'w> Engine<'w> {
                 unsafe { a.launch(cfg((inter.div_ceil(256) as u32, b as u32, 1), 256)) }.w()?;
             }
             self.mark("silu_mul")?;
-            h = Some(act.matmul(&lw.down.t()?)?);
+            h = Some(self.products.project(&self.dev, &act, &lw.down)?);
             self.mark("down_gemm")?;
         }
         let n = self.empty(b, hidden)?;
         self.add_rmsnorm(&x, h.as_ref(), &w.norm, &n, eps)?;
-        let logits = n.matmul(&w.lm_head.t()?)?; // (B, vocab)
+        let logits = self.products.project(&self.dev, &n, &w.head)?; // (B, vocab)
         self.mark("head")?;
         let vocab = logits.dim(1)? as i32;
         // SAFETY: the sampling kernel writes both values of every row.
@@ -658,6 +675,247 @@ impl<'w> Engine<'w> {
     }
 }
 
+/// The decode step's products `x W^T` (a few rows of x, all of W) and
+/// their scratch: cuBLAS on a folded copy, or the decode kernel
+/// (`skinny.cu`) on the bases in place.
+pub struct Products {
+    stream: Arc<CudaStream>,
+    dtype: DType,
+    /// Multiprocessors of the device (how finely a product's K is split).
+    sms: usize,
+    /// Split-K partial sums `(splits, 32, out)` f32, and one counter a
+    /// tile (each launch leaves them at zero).
+    part: CudaSlice<f32>,
+    counters: CudaSlice<u32>,
+}
+
+impl Products {
+    /// Scratch for every product of `all` with a model of `dtype`.
+    pub fn new(dev: &CudaDevice, dtype: DType, all: &[&DecodeProj]) -> Result<Self> {
+        let stream = dev.cuda_stream();
+        let sms = stream
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .w()? as usize;
+        let (mut part_len, mut tiles_max) = (1, 1);
+        for p in all {
+            let out = p.dims()?.0;
+            let tiles = tiles_of(p)?;
+            if tiles == 0 {
+                continue;
+            }
+            let plan = split_plan(p, sms)?;
+            if plan.splits > 1 {
+                part_len = part_len.max(plan.splits * SKINNY_ROWS * out);
+            }
+            tiles_max = tiles_max.max(tiles);
+        }
+        Ok(Self {
+            part: dev.alloc_zeros::<f32>(part_len)?,
+            counters: dev.alloc_zeros::<u32>(tiles_max)?,
+            stream,
+            dtype,
+            sms,
+        })
+    }
+
+    /// `x W^T` for `x` `(rows, in)`: cuBLAS for a folded copy, else the
+    /// decode kernel (`skinny.cu`, 32 rows a launch).
+    pub fn project(&self, dev: &CudaDevice, x: &Tensor, p: &DecodeProj) -> Result<Tensor> {
+        let (parts, lora) = match p {
+            DecodeProj::Folded(w) => return x.matmul(&w.t()?),
+            DecodeProj::Parts { parts, lora } => (parts, lora),
+        };
+        if self.dtype != DType::BF16 {
+            bail!("decode: the decode kernel takes a bf16 model");
+        }
+        let (rows, inp) = x.dims2()?;
+        let (out, k) = p.dims()?;
+        if k != inp || k % 64 != 0 {
+            bail!("decode product: x ({rows}, {inp}) against a weight ({out}, {k})");
+        }
+        if parts.is_empty() || parts.len() > 3 {
+            bail!("decode product: {} segments (1 to 3)", parts.len());
+        }
+        let nf4 = matches!(parts[0], DecodeBase::Nf4 { .. });
+        let mut segs = Vec::with_capacity(parts.len());
+        for q in parts {
+            segs.push(match q {
+                DecodeBase::Dense(w) if !nf4 => {
+                    if w.dtype() != DType::BF16 {
+                        bail!("decode product: a {:?} weight in a bf16 model", w.dtype());
+                    }
+                    (ptr(w)?, 0, w.dim(0)?)
+                }
+                DecodeBase::Nf4 { weight, scales } if nf4 => {
+                    (ptr(weight.packed())?, ptr(scales)?, weight.shape().0)
+                }
+                _ => bail!("decode product: NF4 and dense segments in one product"),
+            });
+        }
+        let seg = |i: usize| segs.get(i).copied().unwrap_or((0, 0, 0));
+        // SAFETY: the kernel writes every element of y.
+        let y = Tensor::from_storage(
+            Storage::Cuda(CudaStorage::wrap_cuda_slice(
+                unsafe { dev.alloc::<bf16>(rows * out)? },
+                dev.clone(),
+            )),
+            (rows, out),
+            BackpropOp::none(),
+            false,
+        );
+        let xa = match lora {
+            Some(lora) => Some((x.matmul(&lora.a.t()?)?, lora)),
+            None => None,
+        };
+        let tiles = tiles_of(p)?;
+        let plan = split_plan(p, self.sms)?;
+        let part = slice_ptr(&self.part, &self.stream);
+        let counters = slice_ptr(&self.counters, &self.stream);
+        let elt = 2u64;
+        for first in (0..rows).step_by(SKINNY_ROWS) {
+            let m = (rows - first).min(SKINNY_ROWS);
+            let name = format!(
+                "skinny_{}_m{}",
+                if nf4 { "nf4" } else { "bf16" },
+                if m <= 16 { 16 } else { 32 }
+            );
+            let f = dev.get_or_load_custom_func(&name, SKINNY_MODULE, SKINNY_PTX)?;
+            let xp = ptr(x)? + (first * k) as u64 * elt;
+            let yp = ptr(&y)? + (first * out) as u64 * elt;
+            let (m32, k32, ldy) = (m as i32, k as i32, out as i32);
+            let (s0, s1, s2) = (seg(0), seg(1), seg(2));
+            let (r0, r1, r2) = (s0.2 as i32, s1.2 as i32, s2.2 as i32);
+            let (sp32, ps32, xs32) = (
+                plan.splits as i32,
+                plan.per_split as i32,
+                i32::from(plan.x_in_shared),
+            );
+            let (xap, xa_stride, lbp, rank) = match &xa {
+                Some((t, lora)) => (
+                    ptr(t)? + (first * t.dim(1)?) as u64 * elt,
+                    t.dim(1)? as i32,
+                    ptr(&lora.b)?,
+                    lora.rank as i32,
+                ),
+                None => (0, 0, 0, 0),
+            };
+            let mut a = f.builder();
+            a.arg(&xp);
+            a.arg(&m32);
+            a.arg(&k32);
+            a.arg(&yp);
+            a.arg(&ldy);
+            a.arg(&s0.0);
+            a.arg(&s1.0);
+            a.arg(&s2.0);
+            a.arg(&s0.1);
+            a.arg(&s1.1);
+            a.arg(&s2.1);
+            a.arg(&r0);
+            a.arg(&r1);
+            a.arg(&r2);
+            a.arg(&sp32);
+            a.arg(&ps32);
+            a.arg(&xs32);
+            a.arg(&part);
+            a.arg(&counters);
+            a.arg(&xap);
+            a.arg(&xa_stride);
+            a.arg(&lbp);
+            a.arg(&rank);
+            let config = LaunchConfig {
+                grid_dim: (tiles as u32, plan.splits as u32, 1),
+                block_dim: (SKINNY_THREADS, 1, 1),
+                shared_mem_bytes: plan.shared_bytes(),
+            };
+            // SAFETY: matches `skinny_*` in skinny.cu: x holds m rows of k,
+            // y m rows of `out`; every segment's weight its rows of k; the
+            // partial sums and counters were sized in `new` for the largest
+            // product (`split_plan`), and each launch leaves the counters
+            // at zero.
+            unsafe { a.launch(config) }.w()?;
+        }
+        Ok(y)
+    }
+}
+
+/// Blocks of [`SKINNY_TILE`] weight rows a product takes (a tile never
+/// straddles two segments).
+fn tiles_of(p: &DecodeProj) -> Result<usize> {
+    Ok(match p {
+        DecodeProj::Folded(_) => 0,
+        DecodeProj::Parts { parts, .. } => {
+            let mut tiles = 0;
+            for q in parts {
+                tiles += q.dims()?.0.div_ceil(SKINNY_TILE);
+            }
+            tiles
+        }
+    })
+}
+
+/// How a product runs: K split across blocks, and where X's rows are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Plan {
+    splits: usize,
+    /// 64-chunks of K a split.
+    per_split: usize,
+    /// X's rows of a split copied to shared memory first.
+    x_in_shared: bool,
+}
+
+impl Plan {
+    /// Dynamic shared memory a block takes.
+    fn shared_bytes(&self) -> u32 {
+        if self.x_in_shared {
+            (SKINNY_ROWS * (self.per_split * 64 + 8) * 2) as u32
+        } else {
+            0
+        }
+    }
+}
+
+/// A product's [`Plan`]: enough blocks for about two a multiprocessor;
+/// splits short enough for X's rows to sit in shared memory (beside NF4's
+/// table: 48 KiB in all) unless that would take over eight blocks a
+/// multiprocessor (the head). The partial sums are added four columns at a
+/// time: a product whose segments are not whole fours of rows is never
+/// split.
+fn split_plan(p: &DecodeProj, sms: usize) -> Result<Plan> {
+    let (out, k) = p.dims()?;
+    let tiles = tiles_of(p)?.max(1);
+    let chunks = (k / 64).max(1);
+    let (fours, cap) = match p {
+        DecodeProj::Folded(_) => (false, 0),
+        DecodeProj::Parts { parts, .. } => {
+            let mut all = out % 4 == 0;
+            for q in parts {
+                all &= q.dims()?.0 % 4 == 0;
+            }
+            let nf4 = matches!(parts.first(), Some(DecodeBase::Nf4 { .. }));
+            (all, if nf4 { 9 } else { 11 })
+        }
+    };
+    if !fours {
+        return Ok(Plan {
+            splits: 1,
+            per_split: chunks,
+            x_in_shared: chunks <= cap,
+        });
+    }
+    let want = (2 * sms).div_ceil(tiles).clamp(1, chunks);
+    let mut per_split = chunks.div_ceil(want);
+    if per_split > cap && tiles * chunks.div_ceil(cap) <= 8 * sms {
+        per_split = cap;
+    }
+    Ok(Plan {
+        splits: chunks.div_ceil(per_split),
+        per_split,
+        x_in_shared: per_split <= cap,
+    })
+}
+
 fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: grid,
@@ -690,7 +948,186 @@ fn ptr(t: &Tensor) -> Result<u64> {
         CudaStorageSlice::F16(x) => (x.device_ptr(&stream).0, 2),
         CudaStorageSlice::F32(x) => (x.device_ptr(&stream).0, 4),
         CudaStorageSlice::U32(x) => (x.device_ptr(&stream).0, 4),
+        CudaStorageSlice::U8(x) => (x.device_ptr(&stream).0, 1),
         _ => bail!("decode step: unexpected dtype {:?}", t.dtype()),
     };
     Ok(base + (l.start_offset() * size) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::decoder::DecodeLora;
+    use crate::model::nf4::Nf4Weight;
+
+    fn gpu() -> Option<CudaDevice> {
+        match Device::new_cuda(0) {
+            Ok(Device::Cuda(d)) => Some(d),
+            _ => {
+                eprintln!("SKIPPED: no CUDA device");
+                None
+            }
+        }
+    }
+
+    fn randn(rows: usize, cols: usize, std: f64, dev: &Device) -> Tensor {
+        Tensor::randn(0f32, std as f32, (rows, cols), dev).unwrap()
+    }
+
+    /// Largest difference over the largest reference value.
+    fn rel(got: &Tensor, want: &Tensor) -> f32 {
+        let d = (got.to_dtype(DType::F32).unwrap() - want)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let m = want
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        d / m
+    }
+
+    /// The decode product against f32 matmuls of the same values: bf16
+    /// weights of one and of three segments with LoRA, NF4 weights of
+    /// three segments against their dequantised f32 copy, with and without
+    /// LoRA; every row count up to 40 (two launches), segments that fill
+    /// no whole tile, K split across blocks; a second run gives the same
+    /// bits (the split sums are added in a fixed order and the counters
+    /// are reset). A folded copy goes to cuBLAS.
+    #[test]
+    fn decode_product_matches_f32_matmuls() {
+        let Some(cuda) = gpu() else { return };
+        let dev = Device::Cuda(cuda.clone());
+        let bf = |t: &Tensor| t.to_dtype(DType::BF16).unwrap();
+        let f32_of = |t: &Tensor| bf(t).to_dtype(DType::F32).unwrap();
+        let k = 2048;
+        let seg_rows = [200, 64, 130];
+        let dense_w: Vec<Tensor> = seg_rows.iter().map(|&r| randn(r, k, 0.05, &dev)).collect();
+        let parts: Vec<Arc<Nf4Weight>> = dense_w
+            .iter()
+            .map(|w| Arc::new(Nf4Weight::quantize(w).unwrap()))
+            .collect();
+        let rank = 8;
+        let a = randn(3 * rank, k, 0.02, &dev);
+        let b = randn(seg_rows.iter().sum(), rank, 0.5, &dev);
+        let lora = || {
+            Some(DecodeLora {
+                a: bf(&a),
+                b: bf(&b),
+                rank,
+            })
+        };
+        let one = DecodeProj::Parts {
+            parts: vec![DecodeBase::Dense(bf(&dense_w[0]))],
+            lora: None,
+        };
+        let dense3 = DecodeProj::Parts {
+            parts: dense_w.iter().map(|w| DecodeBase::Dense(bf(w))).collect(),
+            lora: lora(),
+        };
+        let nf4 = DecodeProj::Parts {
+            parts: parts
+                .iter()
+                .map(|p| DecodeBase::Nf4 {
+                    weight: Arc::clone(p),
+                    scales: p.block_scales().unwrap().clone(),
+                })
+                .collect(),
+            lora: None,
+        };
+        let nf4_lora = DecodeProj::Parts {
+            parts: parts
+                .iter()
+                .map(|p| DecodeBase::Nf4 {
+                    weight: Arc::clone(p),
+                    scales: p.block_scales().unwrap().clone(),
+                })
+                .collect(),
+            lora: lora(),
+        };
+        let folded = DecodeProj::Folded(bf(&randn(1000, 96, 0.1, &dev)));
+        let all = [&one, &dense3, &nf4, &nf4_lora, &folded];
+        let products = Products::new(&cuda, DType::BF16, &all).unwrap();
+        assert!(
+            split_plan(&one, products.sms).unwrap().splits > 1,
+            "the test covers split K"
+        );
+        let deq: Vec<Tensor> = parts.iter().map(|p| p.to_dense_f32().unwrap()).collect();
+        let deq = Tensor::cat(&deq, 0).unwrap();
+        let dense_cat = Tensor::cat(&dense_w.iter().map(f32_of).collect::<Vec<_>>(), 0).unwrap();
+        for m in [1, 5, 16, 17, 32, 40] {
+            let x = bf(&randn(m, k, 1.0, &dev));
+            let xf = x.to_dtype(DType::F32).unwrap();
+            let check = |p: &DecodeProj, want: &Tensor, what: &str| {
+                let got = products.project(&cuda, &x, p).unwrap();
+                let e = rel(&got, want);
+                assert!(e < 1e-2, "{what}, {m} rows: {e}");
+                got
+            };
+            let want = xf.matmul(&f32_of(&dense_w[0]).t().unwrap()).unwrap();
+            let got = check(&one, &want, "bf16");
+            let again = products.project(&cuda, &x, &one).unwrap();
+            assert_eq!(
+                got.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap(),
+                again
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .to_vec2::<f32>()
+                    .unwrap(),
+                "{m} rows: the same bits twice"
+            );
+            // LoRA: segment s reads columns s r .. (s + 1) r of x A^T.
+            let xa = f32_of(&xf.matmul(&f32_of(&a).t().unwrap()).unwrap());
+            let mut delta = Vec::new();
+            let mut row = 0;
+            for (s, &r) in seg_rows.iter().enumerate() {
+                let xs = xa.narrow(1, s * rank, rank).unwrap().contiguous().unwrap();
+                let bs = f32_of(&b.narrow(0, row, r).unwrap().contiguous().unwrap());
+                delta.push(xs.matmul(&bs.t().unwrap()).unwrap());
+                row += r;
+            }
+            let delta = Tensor::cat(&delta, 1).unwrap();
+            let want = (xf.matmul(&dense_cat.t().unwrap()).unwrap() + &delta).unwrap();
+            check(&dense3, &want, "bf16, three segments + LoRA");
+            let want = xf.matmul(&deq.t().unwrap()).unwrap();
+            check(&nf4, &want, "nf4, three segments");
+            check(&nf4_lora, &(want + &delta).unwrap(), "nf4 + LoRA");
+        }
+        // A head-sized product: too many blocks to split K, X read
+        // through L1.
+        let head_w = bf(&randn(400 * SKINNY_TILE, 2304, 0.05, &dev));
+        let head = DecodeProj::Parts {
+            parts: vec![DecodeBase::Dense(head_w.clone())],
+            lora: None,
+        };
+        let plan = split_plan(&head, products.sms).unwrap();
+        assert_eq!((plan.splits, plan.x_in_shared), (1, false), "{plan:?}");
+        let heads = Products::new(&cuda, DType::BF16, &[&head]).unwrap();
+        let x = bf(&randn(5, 2304, 1.0, &dev));
+        let want = x
+            .to_dtype(DType::F32)
+            .unwrap()
+            .matmul(&head_w.to_dtype(DType::F32).unwrap().t().unwrap())
+            .unwrap();
+        let got = heads.project(&cuda, &x, &head).unwrap();
+        assert!(rel(&got, &want) < 1e-2, "head: {}", rel(&got, &want));
+        let x = bf(&randn(3, 96, 1.0, &dev));
+        let DecodeProj::Folded(w) = &folded else {
+            unreachable!()
+        };
+        let want = x
+            .to_dtype(DType::F32)
+            .unwrap()
+            .matmul(&w.to_dtype(DType::F32).unwrap().t().unwrap())
+            .unwrap();
+        let got = products.project(&cuda, &x, &folded).unwrap();
+        assert!(rel(&got, &want) < 1e-2);
+    }
 }

@@ -263,6 +263,21 @@ pub fn with_decode_path<R>(path: DecodePath, f: impl FnOnce() -> R) -> R {
 }
 
 thread_local! {
+    static IN_PLACE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the fused step's weights read in place (`true`: the
+/// decode kernel on the bases, where the model allows) or from one folded
+/// copy (`false`) on this thread, whatever `TRACE_TRAIN_DECODE_WEIGHTS`
+/// says (for tests and benchmarks).
+pub fn with_weights_in_place<R>(in_place: bool, f: impl FnOnce() -> R) -> R {
+    let old = IN_PLACE.with(|p| p.replace(Some(in_place)));
+    let out = f();
+    IN_PLACE.with(|p| p.set(old));
+    out
+}
+
+thread_local! {
     static LAST_PATH: std::cell::Cell<Option<DecodePath>> = const { std::cell::Cell::new(None) };
 }
 
@@ -320,7 +335,8 @@ mod fast {
     use super::super::attention::Cache;
     use super::super::fast_decode::{self, Draw, Engine, Mode};
     use super::{
-        DECODE_PATH, DecodePath, Generation, PREFILL_CHUNK, decode_path, record, set_last_path,
+        DECODE_PATH, DecodePath, Generation, IN_PLACE, PREFILL_CHUNK, decode_path, record,
+        set_last_path,
     };
 
     pub(super) struct Args<'a> {
@@ -339,6 +355,33 @@ mod fast {
     const HEADROOM: usize = 2 << 30;
 
     static SAID: AtomicBool = AtomicBool::new(false);
+
+    /// Whether the step reads the bases in place (no dense copy; the
+    /// decode kernel) or one folded copy (cuBLAS; faster where it fits).
+    /// `TRACE_TRAIN_DECODE_WEIGHTS`: `copy`, `base` (in place, where the
+    /// model allows), or `auto` (the default): the copy when it fits in
+    /// `free` beside the cache rows wanted and the headroom, else in place.
+    fn read_in_place(model: &Model, free: usize, rows_bytes: usize) -> Result<bool> {
+        let dec = model.decoder();
+        if !dec.decode_can_read_bases() {
+            return Ok(false);
+        }
+        if let Some(forced) = IN_PLACE.with(|p| p.get()) {
+            return Ok(forced);
+        }
+        Ok(
+            match std::env::var("TRACE_TRAIN_DECODE_WEIGHTS").as_deref() {
+                Ok("copy") => false,
+                Ok("base") => true,
+                Ok("auto") | Err(_) => {
+                    dec.decode_weights_bytes(false)? + rows_bytes + HEADROOM > free
+                }
+                Ok(other) => candle_core::bail!(
+                    "TRACE_TRAIN_DECODE_WEIGHTS={other}\nhint: copy, base or auto"
+                ),
+            },
+        )
+    }
 
     /// Decoding op by op instead: said once a process; an error when the
     /// fused step was asked for by name ([`super::with_decode_path`]).
@@ -377,7 +420,6 @@ mod fast {
         let Some((free, _)) = fast_decode::free_memory(a.device)? else {
             return Ok(None);
         };
-        let weights = dec.decode_weights_bytes()?;
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(1);
         // The last new token is never fed back: it needs no column.
         let cap = longest + a.max_new_tokens - 1;
@@ -387,6 +429,8 @@ mod fast {
             0 => prompts.len(),
             m => m.min(prompts.len()),
         };
+        let in_place = read_in_place(a.model, free, want * per_row)?;
+        let weights = dec.decode_weights_bytes(in_place)?;
         let Some(spare) = free.checked_sub(weights + HEADROOM) else {
             return fall_back(&format!(
                 "the fused step's weights take {:.1} GiB and {:.1} GiB are free",
@@ -401,7 +445,7 @@ mod fast {
         if rows < want {
             tracing::info!("decoding {rows} rows at once (memory), not {want}");
         }
-        let Some(w) = dec.decode_weights()? else {
+        let Some(w) = dec.decode_weights(in_place)? else {
             return fall_back("the fused step does not cover this architecture");
         };
         let mut eng = Engine::new(&w, a.device, rows, cap, a.draw, mode)?;
@@ -1265,6 +1309,49 @@ mod cuda_tests {
                 a.logprobs[0],
                 b.logprobs[0]
             );
+        }
+        // The decode kernel on the bases in place (NF4 codes, bf16 rows;
+        // LoRA beside them): graph replays give the eager step's tokens,
+        // and the tokens' log-probs agree with the folded copy's.
+        let lora = crate::model::LoraConfig {
+            r: 8,
+            alpha: 16.0,
+            dropout: 0.0,
+            target_modules: crate::model::TargetModule::ALL.to_vec(),
+            seed: 3,
+        };
+        for nf4 in [false, true] {
+            let mut m = load(dir.path(), Some(&lora), DType::BF16, &dev).unwrap();
+            if nf4 {
+                m.model.quantize_base().unwrap();
+            }
+            for p in m.model.decoder().projections() {
+                let b = &p.adapter().unwrap().b;
+                let noise = Tensor::randn(0f32, 0.05, b.shape(), &dev).unwrap();
+                b.set(&noise).unwrap();
+            }
+            let run = |in_place, path| {
+                with_weights_in_place(in_place, || {
+                    with_decode_path(path, || {
+                        sample(&m.model, &prompts, 10, &[], 0, 0, &s, &dev).unwrap()
+                    })
+                })
+            };
+            let (graph, eager) = (run(true, DecodePath::Graph), run(true, DecodePath::Eager));
+            let copy = run(false, DecodePath::Graph);
+            for ((a, b), c) in graph.iter().zip(&eager).zip(&copy) {
+                assert_eq!(
+                    a.tokens, b.tokens,
+                    "nf4 {nf4}: in place, graph against eager"
+                );
+                assert_eq!(a.tokens[0], c.tokens[0], "nf4 {nf4}: the same prefill");
+                assert!(
+                    (a.logprobs[0] - c.logprobs[0]).abs() < 0.05,
+                    "nf4 {nf4}: {} vs {}",
+                    a.logprobs[0],
+                    c.logprobs[0]
+                );
+            }
         }
     }
 
