@@ -192,9 +192,14 @@ fn ded_tests_are_read_as_cpython_reads_them() {
         ded_row("test_cases", json!("{not python")),
         ded_row("verification_info", json!({"test_cases": []})),
         ded_row("test_cases", json!("[1, 2]")),
+        // 9: neither field: the original's `.get` on None raises, which scores 0.
+        TaskRow {
+            prompt: Some("p".into()),
+            ..TaskRow::default()
+        },
     ];
     let env = DedEnv::new(Arc::new(rows), exec()).unwrap();
-    let ids: Vec<u64> = (0..9).collect();
+    let ids: Vec<u64> = (0..10).collect();
     let tasks: Vec<_> = env.tasks(&ids).into_iter().map(Result::unwrap).collect();
     let s = |i: usize, reply: &str| reward(env.score(&tasks[i], reply));
     let add = "def f(a, b):\n    return a + b";
@@ -210,7 +215,7 @@ fn ded_tests_are_read_as_cpython_reads_them() {
     assert_eq!(s(4, "this is not even code"), 1.0);
     assert_eq!(s(4, "   "), 0.0, "an empty reply is never scored");
     assert_eq!(s(5, "for i in range(int(input())):\n    print(i + 1)"), 1.0);
-    for i in 6..9 {
+    for i in 6..10 {
         assert_eq!(s(i, "print(1)"), 0.0, "row {i}");
     }
     let key = env.key(&tasks[7]);
@@ -321,23 +326,50 @@ fn task_and_compare_subcommands() {
 fn eval_on_several_environments_writes_per_environment_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let out = common::trace_train(dir.path(), &["model", "tiny", "tiny"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = common::trace_train(
         dir.path(),
         &[
-            "eval", "--model", "tiny", "--environment", "sat+ded:3", "--tasks", "2", "--max_new_tokens", "4",
-            "--device", "cpu", "--output", "r.json",
+            "eval",
+            "--model",
+            "tiny",
+            "--environment",
+            "sat+ded:3",
+            "--tasks",
+            "2",
+            "--max_new_tokens",
+            "4",
+            "--device",
+            "cpu",
+            "--output",
+            "r.json",
         ],
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let r: Value = serde_json::from_slice(&std::fs::read(dir.path().join("r.json")).unwrap()).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("r.json")).unwrap()).unwrap();
     let envs = r["environments"].as_array().unwrap();
     assert_eq!(envs.len(), 2);
     for (e, name) in envs.iter().zip(["sat", "ded"]) {
         assert_eq!(e["environment"], name);
         assert_eq!(e["n"], 2);
         assert_eq!(e["predictions"].as_array().unwrap().len(), 2);
-        for key in ["accuracy", "mean_score", "std", "median", "success_rate", "interval"] {
+        for key in [
+            "accuracy",
+            "mean_score",
+            "std",
+            "median",
+            "success_rate",
+            "interval",
+        ] {
             assert!(!e[key].is_null(), "{name}: {key}");
         }
         // A random tiny model answers nothing right in four tokens.
@@ -346,7 +378,10 @@ fn eval_on_several_environments_writes_per_environment_metrics() {
     assert_eq!(r["aggregate"]["weights"], json!([1.0, 3.0]));
     assert_eq!(r["aggregate"]["n"], 4);
     // Unknown environment: a clear error before any model is loaded.
-    let out = common::trace_train(dir.path(), &["eval", "--model", "tiny", "--environment", "sat+nope"]);
+    let out = common::trace_train(
+        dir.path(),
+        &["eval", "--model", "tiny", "--environment", "sat+nope"],
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown environment `nope`"));
 }
 
@@ -355,22 +390,94 @@ fn generate_writes_sibling_sft_data_and_ppo_draws_from_a_mixture() {
     let dir = tempfile::tempdir().unwrap();
     let out = common::trace_train(
         dir.path(),
-        &["generate", "--environment", "sat+ded:2", "--tasks", "4", "--output_dir", "sib"],
+        &[
+            "generate",
+            "--environment",
+            "sat+ded:2",
+            "--tasks",
+            "4",
+            "--output_dir",
+            "sib",
+        ],
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines = |f: &str| std::fs::read_to_string(dir.path().join("sib").join(f)).unwrap().lines().count();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = |f: &str| {
+        std::fs::read_to_string(dir.path().join("sib").join(f))
+            .unwrap()
+            .lines()
+            .count()
+    };
     assert_eq!((lines("sat_sft.jsonl"), lines("ded_sft.jsonl")), (4, 4));
     // 8 records in all, weights 1:2.
     let mix = std::fs::read_to_string(dir.path().join("sib/mixture_sft.jsonl")).unwrap();
     assert_eq!(mix.lines().count(), 8);
-    assert_eq!(mix.lines().filter(|l| l.contains("\"environment\":\"ded\"")).count(), 5);
-    let out = common::trace_train(dir.path(), &["generate", "--environment", "trace+sat", "--output_dir", "sib"]);
+    assert_eq!(
+        mix.lines()
+            .filter(|l| l.contains("\"environment\":\"ded\""))
+            .count(),
+        5
+    );
+    let out = common::trace_train(
+        dir.path(),
+        &[
+            "generate",
+            "--environment",
+            "trace+sat",
+            "--output_dir",
+            "sib",
+        ],
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("stage2_transformed_train.jsonl"));
 
     // One GRPO step on sat+ded with the tiny model.
     common::word_grpo(dir.path(), 2, 1, 4);
-    let out = common::trace_train(dir.path(), &common::ppo_args("rl", &["--environment", "sat+ded"]));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = common::trace_train(
+        dir.path(),
+        &common::ppo_args("rl", &["--environment", "sat+ded"]),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let metrics = std::fs::read_to_string(dir.path().join("rl/metrics.jsonl")).unwrap();
-    assert!(metrics.lines().any(|l| l.contains("\"step\":1")), "{metrics}");
+    assert!(
+        metrics.lines().any(|l| l.contains("\"step\":1")),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn humaneval_serves_ded_with_function_call_cases() {
+    let spec = concat!(
+        "humaneval:",
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/humaneval_sample.jsonl"
+    );
+    let rows = rows::load(spec, "x").unwrap();
+    assert!(!rows.is_empty());
+    let env = DedEnv::new(Arc::new(rows.clone()), exec()).unwrap();
+    for (id, row) in rows.iter().enumerate() {
+        let t = env.task(id as u64).unwrap();
+        let key = env.key(&t);
+        let cases = key["cases"].as_array().unwrap();
+        assert!(
+            !cases.is_empty()
+                && cases
+                    .iter()
+                    .all(|c| c["suffix"].as_str().unwrap().contains("print(result)"))
+        );
+        // The canonical solution passes; a stub does not.
+        let demo = env.demonstration(&t).unwrap();
+        assert_eq!(reward(env.score(&t, &demo)), 1.0, "{}", row.name);
+        let stub = format!(
+            "```python\n{}    return None\n```",
+            row.prompt.as_deref().unwrap()
+        );
+        assert_eq!(reward(env.score(&t, &stub)), 0.0, "{}", row.name);
+    }
 }

@@ -152,8 +152,9 @@ fn parse_array(text: &str, file: &Path) -> anyhow::Result<Vec<TaskRow>> {
 /// HumanEval tasks → DED rows: `prompt` the task's prompt, one
 /// `function_call` case an assert of the form `candidate(ARGS) == VALUE`
 /// whose arguments and value are literals that survive JSON (the output
-/// is `str(VALUE)`, what `print(result)` prints for a right answer).
-/// Tasks without such an assert are left out.
+/// is `str(VALUE)`, what `print(result)` prints for a right answer); the
+/// reference solution (prompt + canonical solution) is the row's
+/// `program`. Tasks without such an assert are left out.
 const HUMANEVAL_TO_DED: &str = r#"
 import ast, json, sys
 out = []
@@ -181,7 +182,9 @@ for task in json.load(sys.stdin):
         if case not in cases:
             cases.append(case)
     if cases:
-        out.append({"task_id": task["task_id"], "prompt": task["prompt"], "test_cases": {"test_cases": cases[:10]}})
+        out.append({"task_id": task["task_id"], "prompt": task["prompt"],
+                    "program": task["prompt"] + task["canonical_solution"],
+                    "test_cases": {"test_cases": cases[:10]}})
 print(json.dumps(out))
 "#;
 
@@ -211,6 +214,7 @@ fn humaneval(path: &Path) -> anyhow::Result<Vec<TaskRow>> {
         .map(|m| TaskRow {
             name: m["task_id"].as_str().unwrap_or_default().to_owned(),
             prompt: m["prompt"].as_str().map(str::to_owned),
+            program: m["program"].as_str().map(str::to_owned),
             test_cases: Some(m["test_cases"].clone()),
             ..TaskRow::default()
         })

@@ -41,7 +41,7 @@ pub fn write_records(env: &dyn Environment, ids: &[u64], out: &Path) -> anyhow::
             Ok(task) => match env.demonstration(&task) {
                 None => "no_demonstration".to_owned(),
                 Some(answer) => match env.score(&task, &answer) {
-                    Score::Reward(r) if r == 1.0 => {
+                    Score::Reward(1.0) => {
                         lines.push(
                             json!({
                                 "messages": [

@@ -102,7 +102,7 @@ pub fn beta_interval(s: f64, n: usize, level: f64) -> (f64, f64) {
 
 /// The threshold a later model must beat: `t(p)`.
 pub fn threshold(p: f64) -> f64 {
-    (p + (0.2 * (1.0 - p)).max(0.02).min(0.1)).min(1.0)
+    (p + (0.2 * (1.0 - p)).clamp(0.02, 0.1)).min(1.0)
 }
 
 /// Whether the later model wins one environment against the earlier.
