@@ -4,7 +4,7 @@ decimals), so the affine scorers match CPython's `re` classes (\\s, \\w, \\d)
 and string methods character for character.
 
 Run with the CPython whose Unicode tables to copy:
-    python3 scripts/gen_py_unicode.py > src/affine/py_unicode.rs
+    python3 scripts/gen_py_unicode.py > src/affine/py_unicode.rs && cargo fmt
 """
 import sys
 import unicodedata
