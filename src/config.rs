@@ -1059,8 +1059,10 @@ pub struct RlConfig {
     pub target_modules: Vec<String>,
     /// Hidden width of the value head. Default 256.
     pub value_hidden: usize,
-    /// `trace` (the Trace task, programs run in the sandbox) or `word`
-    /// (answer with a given word; tests). Default `trace`.
+    /// `trace` (the Trace task, programs run in the sandbox), `word`
+    /// (answer with a given word; tests), or a mixture of trace, sat, abd
+    /// and ded joined by `+`, each optionally weighted (`trace:2+abd+ded`;
+    /// ABD reads the built-in corpus, DED `ded-builtin`). Default `trace`.
     pub environment: String,
     /// Rows the trace environment draws from: `builtin`, a JSONL path, a
     /// hub dataset id, or several joined by `+` (as `generate`'s `dataset`).
@@ -1233,9 +1235,16 @@ impl Validate for RlConfig {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             p.push(format!("top_p: {} is not in (0, 1]", self.top_p));
         }
-        if !matches!(self.environment.as_str(), "trace" | "word") {
+        let known = |part: &str| {
+            let (name, weight) = part.split_once(':').unwrap_or((part, "1"));
+            matches!(name, "trace" | "sat" | "abd" | "ded")
+                && weight
+                    .parse::<f64>()
+                    .is_ok_and(|w| w.is_finite() && w > 0.0)
+        };
+        if self.environment != "word" && !self.environment.split(['+', ',']).all(known) {
             p.push(format!(
-                "environment: `{}` is not trace or word",
+                "environment: `{}` is not `word` or trace, sat, abd, ded joined by `+` (each optionally weighted, `abd:2`)",
                 self.environment
             ));
         }

@@ -2,9 +2,11 @@
 //!
 //! Data flows one way: the binary's `main` (command line) → stages
 //! (`generate`, `eval`; training stages join them) → parts (`sandbox`,
-//! `transform`, `reward`, `prompt`, `dataset`, `config`, `atomic`, `model`).
+//! `transform`, `reward`, `prompt`, `dataset`, `config`, `atomic`, `model`,
+//! `affine`: the sibling tasks SAT, ABD and DED).
 //! See ARCHITECTURE.md.
 
+pub mod affine;
 pub mod atomic;
 pub mod bench;
 pub mod config;

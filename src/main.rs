@@ -73,6 +73,13 @@ enum Command {
     Serve(cli::serve::ServeArgs),
     /// Redraw a training run's curves and print its summary.
     Report(cli::report::ReportArgs),
+    /// Print one task of an environment (trace, sat, abd, ded) as JSON: its
+    /// prompt and what scoring it needs.
+    Task(cli::envs::TaskArgs),
+    /// Compare models' `eval --environment` reports: per-environment table
+    /// with intervals, dominance by the Pareto, Beta and threshold rules,
+    /// the frontier; JSON and a picture on request.
+    Compare(cli::compare::CompareArgs),
 }
 
 #[derive(Subcommand)]
@@ -149,6 +156,22 @@ struct GenerateArgs {
     /// Small built-in run that finishes in seconds.
     #[arg(long)]
     quick_test: bool,
+    /// Instead of the trace datasets: SFT records of the sibling
+    /// environments (sat, abd, ded, joined by `+`, each optionally
+    /// weighted), one file each and their weighted mixture; `trace` in the
+    /// list adds this folder's Stage 2 training set to the mixture.
+    #[arg(long)]
+    environment: Option<String>,
+    /// With --environment: tasks an environment (ids 0..N; ABD and DED
+    /// stop at their last row).
+    #[arg(long, default_value_t = 200)]
+    tasks: u64,
+    /// With --environment: ABD's rows (as `eval --abd_dataset`).
+    #[arg(long, default_value = "builtin")]
+    abd_dataset: String,
+    /// With --environment: DED's rows (as `eval --ded_dataset`).
+    #[arg(long, default_value = "ded-builtin")]
+    ded_dataset: String,
     #[command(flatten)]
     unsafe_flag: UnsafeFlag,
 }
@@ -390,9 +413,12 @@ fn init_logging(verbose: u8) {
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Eval(args) => {
-            match &args.compare {
-                Some(files) => cli::eval::run_compare(&files[0], &files[1])?,
-                None => {
+            match (&args.compare, &args.envs.environment) {
+                (Some(files), _) => cli::eval::run_compare(&files[0], &files[1])?,
+                (None, Some(spec)) => {
+                    cli::eval::run_envs_eval(&args, spec)?;
+                }
+                (None, None) => {
                     cli::eval::run_eval(&args)?;
                 }
             }
@@ -416,6 +442,14 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Report(args) => {
             cli::report::run(&args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Task(args) => {
+            cli::envs::run_task(&args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Compare(args) => {
+            cli::compare::run(&args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Ppo(args) => {
@@ -744,6 +778,10 @@ fn resolve_generate(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
         balance_ratio,
         balance_by,
         quick_test,
+        environment: _,
+        tasks: _,
+        abd_dataset: _,
+        ded_dataset: _,
         unsafe_flag: _,
     } = args;
     if *quick_test {
@@ -796,6 +834,24 @@ fn resolve_generate(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
 
 fn generate_cmd(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     let cfg = resolve_generate(&args)?;
+    if let Some(spec) = &args.environment {
+        cli::envs::run_generate(&cli::envs::SiblingData {
+            spec: spec.clone(),
+            tasks: args.tasks,
+            output_dir: cfg.output_dir.clone(),
+            seed: cfg.seed,
+            data: cli::envs::EnvData {
+                abd_dataset: args.abd_dataset.clone(),
+                ded_dataset: args.ded_dataset.clone(),
+                hub_file: cfg.hub_file.clone(),
+                python: cfg.python.clone(),
+                num_workers: (cfg.num_workers > 0).then_some(cfg.num_workers),
+                ..cli::envs::EnvData::default()
+            },
+            unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
+        })?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let opts = RunOptions {
         unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
     };

@@ -12,9 +12,11 @@ use candle_core::DType;
 use clap::Args;
 
 use trace_train::data::{ChatTokenizer, Message, Role};
+use trace_train::eval::envs::{EnvPrediction, EnvsReport};
 use trace_train::eval::heldout::{self, PromptKind};
 use trace_train::eval::{DEFAULT_LEVEL, EvalItem, Prediction, Report};
 use trace_train::model;
+use trace_train::rl::env::Score;
 use trace_train::sandbox::{Executor, ExecutorConfig};
 
 #[derive(Args, Clone)]
@@ -65,10 +67,33 @@ pub struct EvalArgs {
     /// `cpu`, `cuda`, `cuda:N` or `auto`.
     #[arg(long)]
     pub device: Option<String>,
-    /// With --heldout: run its programs WITHOUT isolation (only on machines
-    /// you trust).
+    /// With --heldout or --environment: run programs WITHOUT isolation
+    /// (only on machines you trust).
     #[arg(long = "unsafe-no-sandbox")]
     pub unsafe_no_sandbox: bool,
+    #[command(flatten)]
+    pub envs: EnvEvalArgs,
+}
+
+/// `eval --environment`: tasks of several environments, each scored by its
+/// own rule, with per-environment metrics and the aggregates.
+#[derive(Args, Clone, Debug, Default)]
+#[command(rename_all = "snake_case")]
+pub struct EnvEvalArgs {
+    /// Evaluate on environments instead of --data: trace, sat, abd, ded
+    /// joined by `+`, each optionally weighted for the aggregates
+    /// (`sat+abd:2+ded`; default weight: the environment's task count).
+    #[arg(long, conflicts_with_all = ["data", "heldout", "compare"])]
+    pub environment: Option<String>,
+    /// With --environment: tasks an environment (ids from --task_offset on;
+    /// ABD and DED stop at their last row).
+    #[arg(long, default_value_t = 100)]
+    pub tasks: u64,
+    /// With --environment: the first task id.
+    #[arg(long, default_value_t = 0)]
+    pub task_offset: u64,
+    #[command(flatten)]
+    pub data: super::envs::EnvData,
 }
 
 /// `eval --compare A B`: the side-by-side table on stdout.
@@ -119,12 +144,6 @@ fn heldout_items(args: &EvalArgs, name: &str) -> anyhow::Result<Vec<EvalItem>> {
 }
 
 pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
-    let device = super::train::pick_device(args.device.as_deref().unwrap_or("auto"))?;
-    let dtype = if device.is_cpu() {
-        DType::F32
-    } else {
-        DType::BF16
-    };
     let model_spec = args
         .model
         .clone()
@@ -150,22 +169,60 @@ pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
             items
         }
     };
-    let tok = ChatTokenizer::from_dir(&model_dir)?;
+    let messages: Vec<String> = items.iter().map(|it| it.prompt.clone()).collect();
+    let completions = complete(args, &model_dir, &messages)?;
+    let predictions = items
+        .iter()
+        .zip(completions)
+        .map(|(it, (text, stopped))| Prediction::new(it, text, stopped))
+        .collect();
+    let report = Report::new(predictions, DEFAULT_LEVEL);
+    let file = match &args.heldout {
+        Some(name) => format!("eval_report_heldout_{name}.json"),
+        None => "eval_report.json".to_owned(),
+    };
+    let out = args.output.clone().unwrap_or_else(|| {
+        args.adapter
+            .as_ref()
+            .unwrap_or(&model_dir)
+            .parent()
+            .map_or_else(|| PathBuf::from(&file), |p| p.join(&file))
+    });
+    report.write(&out)?;
+    eprintln!("{}", report.summary());
+    eprintln!("report: {}", out.display());
+    Ok(report)
+}
+
+/// Greedy completions of `messages` (each one user message through the
+/// model's chat template), in order, with whether each ended on a stop
+/// token.
+fn complete(
+    args: &EvalArgs,
+    model_dir: &std::path::Path,
+    messages: &[String],
+) -> anyhow::Result<Vec<(String, bool)>> {
+    let device = super::train::pick_device(args.device.as_deref().unwrap_or("auto"))?;
+    let dtype = if device.is_cpu() {
+        DType::F32
+    } else {
+        DType::BF16
+    };
+    let tok = ChatTokenizer::from_dir(model_dir)?;
     let loaded = match &args.adapter {
-        Some(a) => model::adapter::load(&model_dir, a, dtype, &device)?,
-        None => model::load(&model_dir, None, dtype, &device)?,
+        Some(a) => model::adapter::load(model_dir, a, dtype, &device)?,
+        None => model::load(model_dir, None, dtype, &device)?,
     };
     tok.check_against_vocab(loaded.model.vocab_size())?;
-
-    let prompts = items
+    let prompts = messages
         .iter()
-        .map(|it| tok.encode_prompt(&[Message::new(Role::User, it.prompt.clone())]))
+        .map(|m| tok.encode_prompt(&[Message::new(Role::User, m.clone())]))
         .collect::<Result<Vec<_>, _>>()?;
     // Similar lengths decode together: less padding.
-    let mut order: Vec<usize> = (0..items.len()).collect();
+    let mut order: Vec<usize> = (0..messages.len()).collect();
     order.sort_by_key(|&i| prompts[i].len());
     let stop = tok.stop_ids();
-    let mut completions: Vec<Option<(String, bool)>> = vec![None; items.len()];
+    let mut completions: Vec<Option<(String, bool)>> = vec![None; messages.len()];
     for chunk in order.chunks(args.batch_size.max(1)) {
         // A signal caught for an earlier stage of this process (a
         // pipeline's) ends the eval between batches; nothing is written.
@@ -190,25 +247,84 @@ pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
             completions[i] = Some((tok.decode(&g.tokens, true)?, g.stopped));
         }
     }
-    let predictions = items
+    Ok(completions
+        .into_iter()
+        .map(|c| c.expect("every prompt decoded"))
+        .collect())
+}
+
+/// `eval --environment SPEC`: each environment's tasks, the model's
+/// greedy completions, each scored by its environment; the report of
+/// [`EnvsReport`] (default `eval_report_envs.json` beside the model).
+pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> {
+    let named = super::envs::parse(spec)?;
+    let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+    let weights: Option<Vec<f64>> = named
         .iter()
-        .zip(completions)
-        .map(|(it, c)| {
-            let (text, stopped) = c.expect("every prompt decoded");
-            Prediction::new(it, text, stopped)
-        })
-        .collect();
-    let report = Report::new(predictions, DEFAULT_LEVEL);
-    let file = match &args.heldout {
-        Some(name) => format!("eval_report_heldout_{name}.json"),
-        None => "eval_report.json".to_owned(),
-    };
+        .any(|(_, w)| *w != 1.0)
+        .then(|| named.iter().map(|(_, w)| *w).collect());
+    let model_spec = args
+        .model
+        .clone()
+        .context("--model is required\nhint: pass the model folder to evaluate")?;
+    let resolved =
+        model::resolve::resolve_revision(&model_spec.to_string_lossy(), args.revision.as_deref())?;
+    let envs = super::envs::build(&names, &args.envs.data, args.unsafe_no_sandbox)?;
+    let mut tasks = Vec::new();
+    for env in &envs {
+        let end = args.envs.task_offset.saturating_add(args.envs.tasks);
+        let end = env.task_count().map_or(end, |n| end.min(n));
+        let ids: Vec<u64> = (args.envs.task_offset..end).collect();
+        let mut skipped = std::collections::BTreeMap::<String, u64>::new();
+        let made: Vec<_> = env
+            .tasks(&ids)
+            .into_iter()
+            .filter_map(|t| t.map_err(|why| *skipped.entry(why).or_default() += 1).ok())
+            .collect();
+        eprintln!(
+            "{}: {} tasks{}",
+            env.name(),
+            made.len(),
+            if skipped.is_empty() {
+                String::new()
+            } else {
+                format!(" (no task made: {})", super::counts(&skipped))
+            }
+        );
+        tasks.push(made);
+    }
+    let messages: Vec<String> = tasks.iter().flatten().map(|t| t.prompt.clone()).collect();
+    anyhow::ensure!(!messages.is_empty(), "no task was made in {spec}");
+    let mut completions = complete(args, &resolved.dir, &messages)?.into_iter();
+    let mut sections = Vec::new();
+    for (env, tasks) in envs.iter().zip(&tasks) {
+        let predictions = tasks
+            .iter()
+            .map(|t| {
+                let (completion, stopped) = completions.next().expect("one a task");
+                let (score, masked) = match env.score(t, &completion) {
+                    Score::Reward(r) => (Some(r), None),
+                    Score::Masked(why) => (None, Some(why)),
+                };
+                EnvPrediction {
+                    task_id: t.task_id,
+                    completion,
+                    score,
+                    masked,
+                    stopped,
+                }
+            })
+            .collect();
+        sections.push((env.name().to_owned(), predictions));
+    }
+    let report = EnvsReport::new(&resolved.spec, sections, weights.as_deref(), DEFAULT_LEVEL)?;
     let out = args.output.clone().unwrap_or_else(|| {
+        let file = "eval_report_envs.json";
         args.adapter
             .as_ref()
-            .unwrap_or(&model_dir)
+            .unwrap_or(&resolved.dir)
             .parent()
-            .map_or_else(|| PathBuf::from(&file), |p| p.join(&file))
+            .map_or_else(|| PathBuf::from(file), |p| p.join(file))
     });
     report.write(&out)?;
     eprintln!("{}", report.summary());

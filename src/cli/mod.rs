@@ -1,8 +1,10 @@
 //! Subcommands whose settings need more than a few lines of glue, one
 //! module each (the binary's own; the library knows nothing of them).
 
+pub mod compare;
 pub mod config;
 pub mod env;
+pub mod envs;
 pub mod eval;
 pub mod launch;
 pub mod pipeline;

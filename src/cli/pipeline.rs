@@ -460,6 +460,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             device: Some(cfg.hardware.device.clone()),
             revision: None,
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
+            envs: Default::default(),
         })?;
         // The held-out short set: programs no training split holds, one
         // to three output lines each; a model that learned to run on after
@@ -480,6 +481,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             device: Some(cfg.hardware.device.clone()),
             revision: None,
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
+            envs: Default::default(),
         })?;
         finish(4, &mut state)?;
     }

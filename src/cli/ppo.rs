@@ -15,6 +15,7 @@ use trace_train::dataset::Source;
 use trace_train::dist::{Communicator, Single};
 use trace_train::progress::Progress;
 use trace_train::rl::env::{Environment, TraceEnv, WordEnv};
+use trace_train::rl::mixture::Mixture;
 use trace_train::rl::ppo::{self, RlJob, RlSummary};
 use trace_train::sandbox::{self, Executor, ExecutorConfig};
 
@@ -70,7 +71,9 @@ pub struct PpoArgs {
     #[arg(long)]
     /// Seed of task draws, sampling and minibatch order.
     pub seed: Option<u64>,
-    /// `trace` (programs in the sandbox) or `word` (answer with a given word).
+    /// `trace` (programs in the sandbox), `word` (answer with a given
+    /// word), or a mixture of trace, sat, abd and ded joined by `+`, each
+    /// optionally weighted (`trace:2+abd+ded`).
     #[arg(long)]
     pub environment: Option<String>,
     /// Rows of the trace environment: `builtin`, a JSONL path, `humaneval:PATH`,
@@ -293,6 +296,30 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
             Arc::new(WordEnv::new(&WORDS)),
             format!("word:{}", WORDS.join(",")),
         ),
+        spec if spec != "trace" => {
+            // A mixture: each named environment by weight; the trace part
+            // reads the stage's `dataset`, ABD and DED their built-in sets.
+            let named = super::envs::parse(spec)?;
+            let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+            let data = super::envs::EnvData {
+                trace_dataset: c.dataset.clone(),
+                hub_file: c.hub_file.clone(),
+                python: c.python.clone(),
+                num_workers: (c.num_workers > 0).then_some(c.num_workers),
+                max_injections: c.max_injections,
+                ..super::envs::EnvData::default()
+            };
+            let envs = super::envs::build(&names, &data, args.unsafe_no_sandbox)?;
+            let mixture = Mixture::new(
+                envs.into_iter()
+                    .zip(named.iter().map(|(_, w)| *w))
+                    .collect(),
+            )?;
+            (
+                Arc::new(mixture),
+                format!("mixture:{spec} trace_rows:{}", c.dataset),
+            )
+        }
         _ => {
             let source = Source::resolve(&c.dataset, &c.hub_file)?;
             let rows = source

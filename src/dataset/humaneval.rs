@@ -57,7 +57,9 @@ fn read_tasks(path: &Path) -> anyhow::Result<String> {
     Ok(text)
 }
 
-fn convert(path: &Path) -> anyhow::Result<Vec<SourceRow>> {
+/// The tasks of a HumanEval file (`.jsonl` or `.jsonl.gz`) as one JSON
+/// list, each line checked for HumanEval's fields.
+pub fn read_tasks_json(path: &Path) -> anyhow::Result<Vec<u8>> {
     let text = read_tasks(path)?;
     let mut tasks = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -83,13 +85,17 @@ fn convert(path: &Path) -> anyhow::Result<Vec<SourceRow>> {
         }
         tasks.push(v);
     }
+    Ok(serde_json::to_vec(&tasks)?)
+}
+
+fn convert(path: &Path) -> anyhow::Result<Vec<SourceRow>> {
+    let input = read_tasks_json(path)?;
     let mut child = Command::new("/usr/bin/python3")
         .args(["-I", "-c", CONVERT])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .context("cannot start python3 to parse HumanEval tests")?;
-    let input = serde_json::to_vec(&tasks)?;
     let mut stdin = child.stdin.take().expect("piped");
     let writer = std::thread::spawn(move || std::io::Write::write_all(&mut stdin, &input));
     let out = child.wait_with_output()?;

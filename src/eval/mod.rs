@@ -7,7 +7,10 @@
 //! ([`Prediction`], through [`crate::reward`], the environment's own
 //! scoring), the [`Report`] with its breakdowns ([`buckets`]), miss
 //! diagnostics and JSON file, the side-by-side [`compare`] of two reports,
-//! and the Jeffreys interval ([`interval`]). It knows nothing of
+//! and the Jeffreys interval ([`interval`]). Over several environments
+//! (SAT, ABD, DED, Trace): each environment's metrics and the aggregates
+//! ([`envs`]), and the comparison of several models with the network's
+//! dominance rules ([`dominance`], [`standings`], [`plot`]). It knows nothing of
 //! tokenizers: the stage that runs eval applies the chat template to
 //! [`EvalItem::prompt`], tokenizes, decodes the batch with
 //! [`crate::model::generate::greedy`], detokenizes each continuation and
@@ -15,9 +18,13 @@
 
 pub mod buckets;
 mod compare;
+pub mod dominance;
+pub mod envs;
 pub mod heldout;
 pub mod interval;
+pub mod plot;
 mod report;
+pub mod standings;
 
 pub use compare::compare;
 pub use interval::{DEFAULT_LEVEL, jeffreys_interval};

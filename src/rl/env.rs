@@ -2,7 +2,7 @@
 //! task id and scores a completion of it. The trace environment
 //! ([`TraceEnv`]) is the Trace task; [`WordEnv`] ("answer with the given
 //! word") is a verifiable reward without a sandbox, for tests. The sibling
-//! tasks (SAT, ABD, DED) implement the same trait.
+//! tasks (SAT, ABD, DED) implement the same trait in [`crate::affine`].
 //!
 //! Task ids are drawn as the Trace environment draws them: `task_id` in
 //! `[0, 10^6)`, row `task_id mod N`, transform seed `task_id`. The run's
@@ -90,6 +90,27 @@ pub trait Environment: Send + Sync {
 
     /// Scores one completion of `task`.
     fn score(&self, task: &Task, completion: &str) -> Score;
+
+    /// What scoring a task needs, for `trace-train task` (default: the
+    /// expected answer): SAT's planted assignment and clauses, ABD's
+    /// expected output, DED's test cases.
+    fn key(&self, task: &Task) -> serde_json::Value {
+        serde_json::Value::String(task.expected.clone())
+    }
+
+    /// A right answer to `task` for supervised data, where the environment
+    /// knows one (SAT's planted assignment, ABD's row input, DED's
+    /// reference program); `None` when it does not.
+    fn demonstration(&self, _task: &Task) -> Option<String> {
+        None
+    }
+
+    /// How many task ids there are (`0..n`), for an environment whose ids
+    /// index a dataset without wrapping (ABD, DED); `None` when any id makes
+    /// a task (Trace wraps, SAT seeds from it).
+    fn task_count(&self) -> Option<u64> {
+        None
+    }
 
     /// The rows task ids map onto, for an environment that draws from a
     /// dataset whose rows' own programs can fail; `None` for one without.

@@ -15,5 +15,6 @@ pub mod curriculum;
 pub mod env;
 pub mod loss;
 pub mod memory;
+pub mod mixture;
 pub mod ppo;
 pub mod value;

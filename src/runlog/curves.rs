@@ -24,8 +24,9 @@ pub const CURVES_DIR: &str = "curves";
 const SKIP: [&str; 2] = ["epoch", "skipped_steps"];
 
 const SIZE: (u32, u32) = (800, 450);
-const FONT: &str = "sans-serif";
-const COLORS: [RGBColor; 5] = [
+/// The family name DejaVu Sans is registered under ([`register_font`]).
+pub(crate) const FONT: &str = "sans-serif";
+pub(crate) const COLORS: [RGBColor; 5] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
@@ -110,7 +111,8 @@ pub fn draw(run_dir: &Path, records: &[Record]) -> anyhow::Result<Vec<PathBuf>> 
     Ok(written)
 }
 
-fn register_font() -> anyhow::Result<()> {
+/// Registers the built-in DejaVu Sans as [`FONT`] (once a process).
+pub(crate) fn register_font() -> anyhow::Result<()> {
     static DONE: OnceLock<bool> = OnceLock::new();
     let ok = *DONE.get_or_init(|| {
         plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_ok()

@@ -1,0 +1,483 @@
+//! The sibling environments end to end in the sandbox (needs root): ABD's
+//! expected output and scoring with the original executor's rules (stderr
+//! fails, exit codes are ignored, the `solve()` auto-run, fenced
+//! programs), DED's tests as CPython parses them (JSON with NaN, Python
+//! literals, `verification_info`, `function_call` with `to_str`, unknown
+//! types), every ded-builtin reference solution passing, and the binary's
+//! `task` and `compare` subcommands.
+
+mod common;
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use trace_train::affine::OUT_OF_RANGE;
+use trace_train::affine::abd::AbdEnv;
+use trace_train::affine::ded::DedEnv;
+use trace_train::affine::rows::{self, TaskRow};
+use trace_train::affine::sat::SatEnv;
+use trace_train::rl::env::{Environment, Score};
+use trace_train::sandbox::{Executor, ExecutorConfig};
+
+fn exec() -> Arc<Executor> {
+    Arc::new(
+        Executor::new(ExecutorConfig::new("/usr/bin/python3", 2, false))
+            .expect("the sandbox needs root and /usr/bin/python3"),
+    )
+}
+
+fn reward(s: Score) -> f64 {
+    match s {
+        Score::Reward(r) => r,
+        Score::Masked(why) => panic!("masked: {why}"),
+    }
+}
+
+fn abd_row(program: &str, inputs: &str, output: Option<&str>) -> TaskRow {
+    TaskRow {
+        program: Some(program.into()),
+        inputs: Some(inputs.into()),
+        output: output.map(str::to_owned),
+        ..TaskRow::default()
+    }
+}
+
+#[test]
+fn abd_on_the_builtin_corpus() {
+    let rows = rows::load("builtin", "x").unwrap();
+    let env = AbdEnv::new(Arc::new(rows.clone()), exec()).unwrap();
+    for id in [0u64, 5] {
+        let t = env.task(id).unwrap();
+        let row = &rows[id as usize];
+        assert_eq!(Some(t.expected.as_str()), row.output.as_deref(), "row {id}");
+        assert!(t.prompt.contains(row.program.as_deref().unwrap()));
+        let right = format!(
+            "Let me see.\n<INPUT>\n{}</INPUT>",
+            row.inputs.as_deref().unwrap()
+        );
+        assert_eq!(reward(env.score(&t, &right)), 1.0, "row {id}");
+        assert_eq!(reward(env.score(&t, "<INPUT>\nnot it\n</INPUT>")), 0.0);
+        assert_eq!(reward(env.score(&t, "  \n")), 0.0);
+        assert_eq!(
+            reward(env.score(&t, row.inputs.as_deref().unwrap())),
+            0.0,
+            "no tags"
+        );
+    }
+    assert_eq!(env.task(rows.len() as u64).unwrap_err(), OUT_OF_RANGE);
+    assert_eq!(env.task_count(), Some(rows.len() as u64));
+}
+
+#[test]
+fn abd_follows_the_executor() {
+    let rows = vec![
+        // stderr on the row's own input: the expected output falls back to the row's.
+        abd_row(
+            "import sys\nx = input()\nprint(x)\nif x == '1':\n    print('w', file=sys.stderr)\n",
+            "1",
+            Some("recorded\n"),
+        ),
+        // The exit status is ignored.
+        abd_row(
+            "import os, sys\nprint(input())\nsys.stdout.flush()\nos._exit(3)\n",
+            "5",
+            None,
+        ),
+        // A silent program defining solve() runs again calling it; a list prints as *res.
+        abd_row("def solve():\n    return [int(input()), 2]\n", "1", None),
+        // The executor strips fences from what it runs.
+        abd_row("```python\nprint(input()[::-1])\n```", "abc", None),
+    ];
+    let env = AbdEnv::new(Arc::new(rows), exec()).unwrap();
+    let tasks: Vec<_> = env
+        .tasks(&[0, 1, 2, 3])
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let expected: Vec<&str> = tasks.iter().map(|t| t.expected.as_str()).collect();
+    assert_eq!(expected, ["recorded\n", "5\n", "1 2\n", "cba\n"]);
+    let s =
+        |i: usize, input: &str| reward(env.score(&tasks[i], &format!("<INPUT>{input}</INPUT>")));
+    assert_eq!(s(0, "1"), 0.0, "any stderr fails");
+    assert_eq!(s(0, "2"), 0.0);
+    assert_eq!(s(1, "5"), 1.0);
+    assert_eq!(s(2, "1"), 1.0);
+    assert_eq!(s(2, "2"), 0.0);
+    assert_eq!(s(3, "abc"), 1.0);
+}
+
+#[test]
+fn ded_builtin_reference_solutions_pass() {
+    let rows = rows::load("ded-builtin", "x").unwrap();
+    let env = DedEnv::new(Arc::new(rows.clone()), exec()).unwrap();
+    let ids: Vec<u64> = (0..rows.len() as u64).collect();
+    for (t, row) in env.tasks(&ids).into_iter().zip(&rows) {
+        let t = t.unwrap();
+        let code = row.program.as_deref().unwrap();
+        let fenced = format!("Here it is:\n```python\n{code}```\n");
+        assert_eq!(reward(env.score(&t, &fenced)), 1.0, "{}: {code}", row.name);
+        // Unfenced code is accepted too.
+        assert_eq!(reward(env.score(&t, code)), 1.0, "{}", row.name);
+        let noisy = format!("```python\nimport sys\nprint('debug', file=sys.stderr)\n{code}```");
+        assert_eq!(
+            reward(env.score(&t, &noisy)),
+            0.0,
+            "{}: stderr fails",
+            row.name
+        );
+        let extra = format!("```python\n{code}print('extra')\n```");
+        assert_eq!(reward(env.score(&t, &extra)), 0.0, "{}", row.name);
+    }
+    // solve() without a main guard is called by the auto-runner.
+    let t = env.task(0).unwrap();
+    let solve =
+        "```python\ndef solve():\n    a, b = map(int, input().split())\n    return a + b\n```";
+    assert_eq!(reward(env.score(&t, solve)), 1.0);
+    // A ```Python fence is found by the any-tag step.
+    let t = env.task(1).unwrap();
+    assert_eq!(
+        reward(env.score(&t, "```Python\nprint(input()[::-1])\n```")),
+        1.0
+    );
+}
+
+fn ded_row(field: &str, tests: Value) -> TaskRow {
+    let mut r = TaskRow {
+        prompt: Some("p".into()),
+        ..TaskRow::default()
+    };
+    match field {
+        "verification_info" => r.verification_info = Some(tests),
+        _ => r.test_cases = Some(tests),
+    }
+    r
+}
+
+#[test]
+fn ded_tests_are_read_as_cpython_reads_them() {
+    let call = |output: Value| json!({"test_cases": [{"type": "function_call", "fn_name": "f", "input": [1, 2], "output": output}]});
+    let rows = vec![
+        // 0: function_call: expected is to_str(output[0]) = "3".
+        ded_row("test_cases", call(json!([3]))),
+        // 1: a bool output becomes json.dumps(True) = "true", which print never writes.
+        ded_row("test_cases", call(json!([true]))),
+        // 2: JSON with NaN (json.loads takes it; serde would not).
+        ded_row(
+            "test_cases",
+            json!(
+                "{\"test_cases\": [{\"type\": \"stdin_stdout\", \"input\": \"\", \"output\": NaN}]}"
+            ),
+        ),
+        // 3: a Python literal (single quotes); a list input is joined by newlines.
+        ded_row(
+            "test_cases",
+            json!("{'test_cases': [{'type': 'stdin_stdout', 'input': ['1', '2'], 'output': '3'}]}"),
+        ),
+        // 4: only unknown types: nothing counted, any reply passes.
+        ded_row(
+            "test_cases",
+            json!({"test_cases": [{"type": "assert", "input": "", "output": "x"}]}),
+        ),
+        // 5: an empty verification_info falls back to test_cases; a list
+        // output is joined by newlines.
+        {
+            let mut r = ded_row(
+                "test_cases",
+                json!({"test_cases": [{"type": "stdin_stdout", "input": "2", "output": ["1", "2"]}]}),
+            );
+            r.verification_info = Some(json!(""));
+            r
+        },
+        // 6: unparsable, 7: no cases, 8: not a dict.
+        ded_row("test_cases", json!("{not python")),
+        ded_row("verification_info", json!({"test_cases": []})),
+        ded_row("test_cases", json!("[1, 2]")),
+        // 9: neither field: the original's `.get` on None raises, which scores 0.
+        TaskRow {
+            prompt: Some("p".into()),
+            ..TaskRow::default()
+        },
+    ];
+    let env = DedEnv::new(Arc::new(rows), exec()).unwrap();
+    let ids: Vec<u64> = (0..10).collect();
+    let tasks: Vec<_> = env.tasks(&ids).into_iter().map(Result::unwrap).collect();
+    let s = |i: usize, reply: &str| reward(env.score(&tasks[i], reply));
+    let add = "def f(a, b):\n    return a + b";
+    assert_eq!(s(0, add), 1.0);
+    assert_eq!(s(0, "def f(a, b):\n    return a - b"), 0.0);
+    assert_eq!(s(1, "def f(a, b):\n    return True"), 0.0);
+    assert_eq!(s(1, "def f(a, b):\n    return 'true'"), 1.0);
+    assert_eq!(s(2, "print('NaN')"), 1.0);
+    assert_eq!(
+        s(3, "a = input()\nb = input()\nprint(int(a) + int(b))"),
+        1.0
+    );
+    assert_eq!(s(4, "this is not even code"), 1.0);
+    assert_eq!(s(4, "   "), 0.0, "an empty reply is never scored");
+    assert_eq!(s(5, "for i in range(int(input())):\n    print(i + 1)"), 1.0);
+    for i in 6..10 {
+        assert_eq!(s(i, "print(1)"), 0.0, "row {i}");
+    }
+    let key = env.key(&tasks[7]);
+    assert_eq!(key, json!({"fail": "no_test_cases"}));
+}
+
+#[test]
+fn sat_needs_no_data() {
+    let t = SatEnv.task(42).unwrap();
+    assert!(
+        t.prompt
+            .starts_with("Find a satisfying assignment for the following 10-SAT formula")
+    );
+    assert_eq!(reward(SatEnv.score(&t, &t.expected)), 1.0);
+    assert_eq!(reward(SatEnv.score(&t, "UNSAT")), 0.0);
+}
+
+#[test]
+fn task_and_compare_subcommands() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::trace_train(
+        dir.path(),
+        &["task", "--environment", "sat", "--task_id", "0"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let planted: String = v["key"]["planted"]
+        .as_str()
+        .unwrap()
+        .split(", ")
+        .map(|a| if a.ends_with("True") { 'T' } else { 'F' })
+        .collect();
+    assert_eq!(planted, "FFTFFFFFFTTFTTF");
+    assert_eq!(
+        v["key"]["clauses"][0],
+        json!([-15, 9, -12, -10, -3, -5, 2, -14, -7, -6])
+    );
+    let out = common::trace_train(
+        dir.path(),
+        &["task", "--environment", "ded", "--task_id", "100"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("task_id_out_of_range (its ids are 0..10)")
+    );
+
+    // Two reports: A strong on sat, B strong on abd, C weaker than both.
+    let report = |name: &str, sat: usize, abd: usize| {
+        let preds = |right: usize| -> Vec<Value> {
+            (0..200)
+                .map(|i| json!({"task_id": i, "completion": "", "score": if i < right { 1.0 } else { 0.0 }, "stopped": true}))
+                .collect()
+        };
+        let path = dir.path().join(format!("{name}.json"));
+        let r = trace_train::eval::envs::EnvsReport::new(
+            name,
+            vec![
+                (
+                    "sat".into(),
+                    serde_json::from_value(Value::Array(preds(sat))).unwrap(),
+                ),
+                (
+                    "abd".into(),
+                    serde_json::from_value(Value::Array(preds(abd))).unwrap(),
+                ),
+            ],
+            None,
+            0.8,
+        )
+        .unwrap();
+        r.write(&path).unwrap();
+        path.display().to_string()
+    };
+    let (a, b, c) = (
+        report("a", 180, 40),
+        report("b", 40, 180),
+        report("c", 30, 30),
+    );
+    let out = common::trace_train(
+        dir.path(),
+        &[
+            "compare", &a, &b, &c, "--output", "s.json", "--plot", "s.png",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("A > C, B > C"), "{text}");
+    let s: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("s.json")).unwrap()).unwrap();
+    for v in s["verdicts"].as_array().unwrap() {
+        assert_eq!(v["frontier"], json!([0, 1]), "{v}");
+    }
+    let png = std::fs::read(dir.path().join("s.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 5000);
+    let out = common::trace_train(dir.path(), &["compare", &a]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn eval_on_several_environments_writes_per_environment_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::trace_train(dir.path(), &["model", "tiny", "tiny"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = common::trace_train(
+        dir.path(),
+        &[
+            "eval",
+            "--model",
+            "tiny",
+            "--environment",
+            "sat+ded:3",
+            "--tasks",
+            "2",
+            "--max_new_tokens",
+            "4",
+            "--device",
+            "cpu",
+            "--output",
+            "r.json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("r.json")).unwrap()).unwrap();
+    let envs = r["environments"].as_array().unwrap();
+    assert_eq!(envs.len(), 2);
+    for (e, name) in envs.iter().zip(["sat", "ded"]) {
+        assert_eq!(e["environment"], name);
+        assert_eq!(e["n"], 2);
+        assert_eq!(e["predictions"].as_array().unwrap().len(), 2);
+        for key in [
+            "accuracy",
+            "mean_score",
+            "std",
+            "median",
+            "success_rate",
+            "interval",
+        ] {
+            assert!(!e[key].is_null(), "{name}: {key}");
+        }
+        // A random tiny model answers nothing right in four tokens.
+        assert_eq!(e["accuracy"], 0.0);
+    }
+    assert_eq!(r["aggregate"]["weights"], json!([1.0, 3.0]));
+    assert_eq!(r["aggregate"]["n"], 4);
+    // Unknown environment: a clear error before any model is loaded.
+    let out = common::trace_train(
+        dir.path(),
+        &["eval", "--model", "tiny", "--environment", "sat+nope"],
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown environment `nope`"));
+}
+
+#[test]
+fn generate_writes_sibling_sft_data_and_ppo_draws_from_a_mixture() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::trace_train(
+        dir.path(),
+        &[
+            "generate",
+            "--environment",
+            "sat+ded:2",
+            "--tasks",
+            "4",
+            "--output_dir",
+            "sib",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = |f: &str| {
+        std::fs::read_to_string(dir.path().join("sib").join(f))
+            .unwrap()
+            .lines()
+            .count()
+    };
+    assert_eq!((lines("sat_sft.jsonl"), lines("ded_sft.jsonl")), (4, 4));
+    // 8 records in all, weights 1:2.
+    let mix = std::fs::read_to_string(dir.path().join("sib/mixture_sft.jsonl")).unwrap();
+    assert_eq!(mix.lines().count(), 8);
+    assert_eq!(
+        mix.lines()
+            .filter(|l| l.contains("\"environment\":\"ded\""))
+            .count(),
+        5
+    );
+    let out = common::trace_train(
+        dir.path(),
+        &[
+            "generate",
+            "--environment",
+            "trace+sat",
+            "--output_dir",
+            "sib",
+        ],
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("stage2_transformed_train.jsonl"));
+
+    // One GRPO step on sat+ded with the tiny model.
+    common::word_grpo(dir.path(), 2, 1, 4);
+    let out = common::trace_train(
+        dir.path(),
+        &common::ppo_args("rl", &["--environment", "sat+ded"]),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metrics = std::fs::read_to_string(dir.path().join("rl/metrics.jsonl")).unwrap();
+    assert!(
+        metrics.lines().any(|l| l.contains("\"step\":1")),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn humaneval_serves_ded_with_function_call_cases() {
+    let spec = concat!(
+        "humaneval:",
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/humaneval_sample.jsonl"
+    );
+    let rows = rows::load(spec, "x").unwrap();
+    assert!(!rows.is_empty());
+    let env = DedEnv::new(Arc::new(rows.clone()), exec()).unwrap();
+    for (id, row) in rows.iter().enumerate() {
+        let t = env.task(id as u64).unwrap();
+        let key = env.key(&t);
+        let cases = key["cases"].as_array().unwrap();
+        assert!(
+            !cases.is_empty()
+                && cases
+                    .iter()
+                    .all(|c| c["suffix"].as_str().unwrap().contains("print(result)"))
+        );
+        // The canonical solution passes; a stub does not.
+        let demo = env.demonstration(&t).unwrap();
+        assert_eq!(reward(env.score(&t, &demo)), 1.0, "{}", row.name);
+        let stub = format!(
+            "```python\n{}    return None\n```",
+            row.prompt.as_deref().unwrap()
+        );
+        assert_eq!(reward(env.score(&t, &stub)), 0.0, "{}", row.name);
+    }
+}
