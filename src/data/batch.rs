@@ -61,6 +61,19 @@ pub struct Batch {
     pub examples: Vec<usize>,
 }
 
+/// The row length a batch whose longest example has `len` tokens is padded
+/// to with [`Batcher::with_length_buckets`]: a multiple of 64 up to 512, of
+/// 128 up to 1024, of 256 beyond. At most 8 + 4 + 4 lengths up to 2048
+/// tokens, each at most 14% of padding over the longest example.
+pub fn bucket_len(len: usize) -> usize {
+    let step = match len {
+        0..=512 => 64,
+        513..=1024 => 128,
+        _ => 256,
+    };
+    len.div_ceil(step) * step
+}
+
 /// Plans and builds batches over a fixed set of examples.
 #[derive(Debug, Clone)]
 pub struct Batcher<'a> {
@@ -68,6 +81,7 @@ pub struct Batcher<'a> {
     batch_size: usize,
     seed: u64,
     pad_id: u32,
+    buckets: bool,
 }
 
 impl<'a> Batcher<'a> {
@@ -87,7 +101,19 @@ impl<'a> Batcher<'a> {
             batch_size,
             seed,
             pad_id,
+            buckets: false,
         })
+    }
+
+    /// Rows padded to [`bucket_len`] of the longest example instead of to
+    /// the longest example itself: on a GPU a batch's shape picks the
+    /// kernels, the cuDNN attention graphs (each built once a shape, tens
+    /// of milliseconds) and the memory pool's blocks, so a few lengths are
+    /// reused where every batch of real rows would otherwise bring a new
+    /// one. The loss is unchanged: padding is masked by position.
+    pub fn with_length_buckets(mut self, on: bool) -> Self {
+        self.buckets = on;
+        self
     }
 
     pub fn batches_per_epoch(&self) -> usize {
@@ -120,13 +146,19 @@ impl<'a> Batcher<'a> {
         batches
     }
 
-    /// Pads `indices`' examples to the longest of them.
+    /// Pads `indices`' examples to the longest of them (or to its
+    /// [`bucket_len`]).
     pub fn batch(&self, indices: &[usize]) -> Batch {
-        let seq_len = indices
+        let longest = indices
             .iter()
             .map(|&i| self.examples[i].len())
             .max()
             .unwrap_or(0);
+        let seq_len = if self.buckets {
+            bucket_len(longest)
+        } else {
+            longest
+        };
         let n = indices.len() * seq_len;
         let mut input_ids = vec![self.pad_id; n];
         let mut attention_mask = vec![0u32; n];
@@ -353,6 +385,38 @@ mod tests {
     fn bad_settings() {
         let ex = examples(&[3]);
         assert!(Batcher::new(&ex, 0, 0, 0).is_err());
+    }
+
+    #[test]
+    fn length_buckets_pad_to_a_few_lengths_and_keep_the_tokens() {
+        assert_eq!(
+            [1, 64, 65, 500, 513, 1000, 1025, 2000].map(bucket_len),
+            [64, 64, 128, 512, 640, 1024, 1280, 2048]
+        );
+        let lengths: std::collections::BTreeSet<usize> = (1..=2048).map(bucket_len).collect();
+        assert_eq!(lengths.len(), 16);
+        assert!((1..=2048).all(|l| bucket_len(l) >= l && bucket_len(l) * 7 <= l * 8 + 7 * 64));
+        let ex = examples(&[3, 70, 5]);
+        let plain = Batcher::new(&ex, 3, 0, 9).unwrap();
+        let bucketed = Batcher::new(&ex, 3, 0, 9)
+            .unwrap()
+            .with_length_buckets(true);
+        let (a, b) = (plain.batch(&[0, 1, 2]), bucketed.batch(&[0, 1, 2]));
+        assert_eq!((a.seq_len, b.seq_len), (70, 128));
+        assert_eq!((a.tokens, a.answer_tokens), (b.tokens, b.answer_tokens));
+        for row in 0..3 {
+            let (ra, rb) = (row * a.seq_len, row * b.seq_len);
+            assert_eq!(a.input_ids[ra..ra + 70], b.input_ids[rb..rb + 70]);
+            assert_eq!(a.labels[ra..ra + 70], b.labels[rb..rb + 70]);
+            assert_eq!(a.attention_mask[ra..ra + 70], b.attention_mask[rb..rb + 70]);
+            assert!(b.attention_mask[rb + 70..rb + 128].iter().all(|&m| m == 0));
+            assert!(
+                b.labels[rb + 70..rb + 128]
+                    .iter()
+                    .all(|&l| l == IGNORE_INDEX)
+            );
+            assert!(b.input_ids[rb + 70..rb + 128].iter().all(|&t| t == 9));
+        }
         assert!(Batcher::new(&[], 1, 0, 0).is_err());
     }
 }

@@ -163,7 +163,13 @@ pub fn run_with(
         _ => Vec::new(),
     };
     let pad = tok.pad().id;
-    let batcher = Batcher::new(&examples, cfg.batch_size, cfg.seed, pad)?;
+    // On a GPU, a few row lengths (shape-stable steps: cuDNN graphs and
+    // kernels reused); on the CPU, the longest example's (nothing to
+    // reuse). `TRACE_TRAIN_LENGTH_BUCKETS=off` turns them off (to measure).
+    let buckets =
+        !job.device.is_cpu() && std::env::var("TRACE_TRAIN_LENGTH_BUCKETS").as_deref() != Ok("off");
+    let batcher =
+        Batcher::new(&examples, cfg.batch_size, cfg.seed, pad)?.with_length_buckets(buckets);
     let per_epoch = batcher.batches_per_epoch();
     let accum = cfg.gradient_accumulation_steps;
     let steps_per_epoch = per_epoch.div_ceil(accum) as u64;
