@@ -14,6 +14,7 @@ pub mod dist;
 pub mod eval;
 pub mod generate;
 pub mod gpu;
+pub mod kit;
 pub mod model;
 pub mod progress;
 pub mod prompt;
