@@ -16,6 +16,7 @@ pub mod generate;
 pub mod gpu;
 pub mod kit;
 pub mod model;
+pub mod pref;
 pub mod progress;
 pub mod prompt;
 pub mod reward;

@@ -7,6 +7,7 @@ pub mod eval;
 pub mod launch;
 pub mod pipeline;
 pub mod ppo;
+pub mod pref;
 pub mod progress;
 pub mod report;
 pub mod serve;

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Args;
 
 use trace_train::config::{
-    self, HardwareConfig, ModelConfig, PipelineConfig, Sources, Stage3Config,
+    self, HardwareConfig, ModelConfig, PipelineConfig, RlConfig, Sources, Stage3Config,
 };
 use trace_train::dataset::Source;
 use trace_train::dist::{Communicator, Single};
@@ -288,7 +288,29 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
             .unwrap_or(hardware.gradient_checkpointing && !device.is_cpu()),
     );
     let c = &s3.ppo;
-    let (env, env_description): (Arc<dyn Environment>, String) = match c.environment.as_str() {
+    let (env, env_description) = environment(c, args.unsafe_no_sandbox)?;
+    Ok(RlJob {
+        config: s3.ppo.clone(),
+        curriculum: s3.curriculum.clone(),
+        model,
+        base_dir,
+        output_dir,
+        device,
+        env,
+        env_description,
+        resume: args.resume,
+        force: args.force,
+        max_steps: args.max_steps,
+    })
+}
+
+/// The environment `c` names (`word`, or `trace` on its dataset with a
+/// sandbox of its workers) and its description for the resume check.
+pub fn environment(
+    c: &RlConfig,
+    unsafe_no_sandbox: bool,
+) -> anyhow::Result<(Arc<dyn Environment>, String)> {
+    Ok(match c.environment.as_str() {
         "word" => (
             Arc::new(WordEnv::new(&WORDS)),
             format!("word:{}", WORDS.join(",")),
@@ -309,7 +331,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
             let exec = Executor::new(ExecutorConfig::new(
                 &c.python,
                 workers,
-                args.unsafe_no_sandbox,
+                unsafe_no_sandbox,
             ))
             .context("the trace environment runs programs in the sandbox\nhint: run as root, or pass --unsafe-no-sandbox on a machine you trust")?;
             let description = format!(
@@ -325,19 +347,6 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
                 description,
             )
         }
-    };
-    Ok(RlJob {
-        config: s3.ppo.clone(),
-        curriculum: s3.curriculum.clone(),
-        model,
-        base_dir,
-        output_dir,
-        device,
-        env,
-        env_description,
-        resume: args.resume,
-        force: args.force,
-        max_steps: args.max_steps,
     })
 }
 
