@@ -336,6 +336,23 @@ fn dpo_resumed_from_a_checkpoint_repeats_the_run_bit_for_bit() {
         std::fs::read(cut.join("final/adapter_model.safetensors")).unwrap(),
         "final adapters differ"
     );
+    // Going on from the trained adapter: with its frozen copy as the
+    // reference the first loss is log 2 again (the policy is its
+    // reference); with the adapter switched off the reference is the base,
+    // and the trained adapter already prefers the chosen answers.
+    let from = |out: &str, reference: &str| {
+        let o = dpo(
+            dir.path(),
+            out,
+            &["--adapter", "full/final", "--reference", reference],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        metric(&dir.path().join(out), "loss")[0]
+    };
+    let frozen = from("on_initial", "initial");
+    assert!((frozen - 2f64.ln()).abs() < 1e-5, "{frozen}");
+    let off = from("on_off", "adapter_off");
+    assert!(off < 2f64.ln() - 0.05, "{off}");
     // Without --resume the folder is refused; with other settings too.
     let o = dpo(dir.path(), "cut", &["--loss", "ipo", "--nll_coef", "0.5"]);
     assert!(stderr(&o).contains("--resume"), "{}", stderr(&o));
@@ -345,9 +362,10 @@ fn dpo_resumed_from_a_checkpoint_repeats_the_run_bit_for_bit() {
 }
 
 /// The pair's tokens against the chat template's render of the whole
-/// conversation: the prompt is the generation prompt's tokens, and prompt
-/// + answer are the tokens of the conversation (its trailing newline after
-/// the end-of-turn token left out), ending with that token.
+/// conversation: the prompt is the generation prompt's tokens, and the
+/// prompt followed by an answer is the tokens of the conversation (its
+/// trailing newline after the end-of-turn token left out), ending with
+/// that token.
 fn boundary_matches_the_template(tok: &ChatTokenizer, what: &str) {
     for (prompt, chosen, rejected) in [
         ("Predict the output:\nprint(1 + 1)", "2", "3\n4"),
@@ -470,4 +488,52 @@ fn pipeline_stage3_dpo_runs_rollouts_and_prefs_rounds_from_stage2() {
         serde_json::from_slice(&std::fs::read(dir.path().join("ck/pipeline_state.json")).unwrap())
             .unwrap();
     assert_eq!(state["finished"], serde_json::json!([3]), "{state}");
+}
+
+/// The layering the kit set up: the Stage 3 and DPO recipes and the kit
+/// below them take nothing from the SFT recipe (`train::sft`), and the kit
+/// nothing from any recipe.
+#[test]
+fn recipes_take_their_setup_from_the_kit_not_from_each_other() {
+    let src = common::repo().join("src");
+    let read = |dir: &str| -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut stack = vec![src.join(dir)];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    out.push((
+                        p.display().to_string(),
+                        std::fs::read_to_string(&p).unwrap(),
+                    ));
+                }
+            }
+        }
+        assert!(!out.is_empty(), "no sources under {dir}");
+        out
+    };
+    let code = |text: &str| -> String {
+        // Doc and line comments may name a recipe; code may not use one.
+        text.lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for dir in ["rl", "pref", "kit"] {
+        for (path, text) in read(dir) {
+            let c = code(&text);
+            assert!(!c.contains("sft::"), "`{path}` uses the SFT recipe");
+            if dir == "kit" {
+                for recipe in ["rl::ppo", "pref::dpo", "ppo::", "dpo::"] {
+                    assert!(!c.contains(recipe), "`{path}` uses a recipe ({recipe})");
+                }
+            }
+        }
+    }
+    for (path, text) in read("train") {
+        assert!(!code(&text).contains("rl::ppo"), "`{path}` uses Stage 3");
+    }
 }

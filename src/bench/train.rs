@@ -297,7 +297,7 @@ pub fn train_with(
             });
             crate::train::optim::accumulate(&mut grads, g)?;
         }
-        let grads = crate::kit::summed_over_ranks(comm, grads, &opt)?;
+        let grads = crate::kit::summed_over_ranks(comm, grads, opt)?;
         phase(&mut t, "all-reduce")?;
         opt.step(&grads, 1e-4, 1.0)?;
         phase(&mut t, "optimizer")?;

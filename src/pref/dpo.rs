@@ -311,6 +311,13 @@ pub fn run_with(
     let schedule = Cosine::new(lr, total_steps as usize, warmup, floor);
 
     // 2. The reference (from the starting weights), then resume.
+    if job.adapter.is_some() && cfg.reference == "adapter_off" {
+        // TRL's trap (#4723): switching a trained adapter off gives the
+        // base model, not the policy training starts from.
+        tracing::warn!(
+            "dpo: the reference is the base model without the adapter training starts from; `reference: initial` makes it a frozen copy of that adapter"
+        );
+    }
     let reference = match cfg.reference.as_str() {
         "adapter_off" => Reference::AdapterOff,
         "initial" => Reference::Initial(
