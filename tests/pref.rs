@@ -537,3 +537,99 @@ fn recipes_take_their_setup_from_the_kit_not_from_each_other() {
         assert!(!code(&text).contains("rl::ppo"), "`{path}` uses Stage 3");
     }
 }
+
+/// Two in-process ranks (each a share of every step: whole micro-batches
+/// with `accum` 2, row slices of one with `accum` 1) train what one rank
+/// does: the same losses and margins, the same final adapter, up to the
+/// order of additions.
+#[test]
+fn dpo_on_two_ranks_trains_what_one_rank_does() {
+    use candle_core::Device;
+    use trace_train::config::{DpoConfig, ModelConfig};
+    use trace_train::dist::{Single, inprocess::run_ranks};
+    use trace_train::kit::RunOptions;
+    use trace_train::pref::dpo::{DpoJob, run_with};
+    use trace_train::progress::NoProgress;
+
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    word_pairs(dir.path(), 8);
+    let job = |out: &str, accum: usize| DpoJob {
+        config: DpoConfig {
+            learning_rate: 1e-3,
+            batch_size: 2,
+            gradient_accumulation_steps: accum,
+            epochs: 2,
+            save_steps: 0,
+            warmup_ratio: 0.0,
+            lora_r: 4,
+            lora_alpha: 8.0,
+            ..DpoConfig::default()
+        },
+        model: ModelConfig::default(),
+        base_dir: dir.path().join("base"),
+        base_commit: None,
+        adapter: None,
+        pairs_file: dir.path().join("pairs.jsonl"),
+        run: RunOptions {
+            output_dir: dir.path().join(out),
+            device: Device::Cpu,
+            resume: false,
+            force: false,
+            max_steps: None,
+        },
+    };
+    let adapter = |out: &str| {
+        let mut t: Vec<(String, candle_core::Tensor)> = candle_core::safetensors::load(
+            dir.path().join(out).join("final/adapter_model.safetensors"),
+            &Device::Cpu,
+        )
+        .unwrap()
+        .into_iter()
+        .collect();
+        t.sort_by(|a, b| a.0.cmp(&b.0));
+        t
+    };
+    for accum in [2, 1] {
+        let (one, two) = (format!("one{accum}"), format!("two{accum}"));
+        run_with(&job(&one, accum), &Single, &NoProgress).unwrap();
+        run_ranks(2, |c| run_with(&job(&two, accum), &c, &NoProgress)).unwrap();
+        for key in ["loss", "rewards/margins", "logps/chosen", "grad_norm"] {
+            let (a, b) = (
+                metric(&dir.path().join(&one), key),
+                metric(&dir.path().join(&two), key),
+            );
+            assert_eq!(a.len(), b.len());
+            for (x, y) in a.iter().zip(&b) {
+                assert!(
+                    (x - y).abs() <= 1e-4 * x.abs().max(1.0),
+                    "accum {accum}, {key}: {a:?} vs {b:?}"
+                );
+            }
+        }
+        let moved = adapter(&one)
+            .iter()
+            .filter(|(k, _)| k.contains("lora_B"))
+            .map(|(_, t)| {
+                t.abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap()
+            })
+            .fold(0f32, f32::max);
+        assert!(moved > 1e-4, "the adapter did not move");
+        for ((k, a), (_, b)) in adapter(&one).iter().zip(adapter(&two).iter()) {
+            let d = (a - b)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(d <= 1e-5, "accum {accum}: `{k}` differs by {d:e}");
+        }
+    }
+}
