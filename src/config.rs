@@ -1449,7 +1449,20 @@ impl Default for DpoConfig {
 
 impl Validate for DpoConfig {
     fn problems(&self) -> Vec<String> {
-        let mut p = Vec::new();
+        // The loop, schedule and adapter keys SFT has too, under SFT's rules.
+        let mut p = SftConfig {
+            epochs: self.epochs,
+            batch_size: self.batch_size,
+            gradient_accumulation_steps: self.gradient_accumulation_steps,
+            learning_rate: self.learning_rate,
+            warmup_ratio: self.warmup_ratio,
+            min_lr_ratio: self.min_lr_ratio,
+            lora_r: self.lora_r,
+            lora_dropout: self.lora_dropout,
+            target_modules: self.target_modules.clone(),
+            ..SftConfig::default()
+        }
+        .problems();
         if !matches!(self.loss.as_str(), "sigmoid" | "ipo" | "robust" | "hinge") {
             p.push(format!(
                 "loss: `{}` is not one of sigmoid, ipo, robust, hinge",
@@ -1479,37 +1492,6 @@ impl Validate for DpoConfig {
             if !(v.is_finite() && v >= 0.0) {
                 p.push(format!("{name}: {v} must be finite and >= 0"));
             }
-        }
-        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
-            p.push(format!(
-                "learning_rate: {} must be positive",
-                self.learning_rate
-            ));
-        }
-        for (name, v) in [
-            ("epochs", self.epochs),
-            ("batch_size", self.batch_size),
-            (
-                "gradient_accumulation_steps",
-                self.gradient_accumulation_steps,
-            ),
-            ("lora_r", self.lora_r),
-        ] {
-            if v == 0 {
-                p.push(format!("{name}: must be at least 1"));
-            }
-        }
-        for (name, v) in [
-            ("warmup_ratio", self.warmup_ratio),
-            ("min_lr_ratio", self.min_lr_ratio),
-            ("lora_dropout", self.lora_dropout),
-        ] {
-            if !(0.0..=1.0).contains(&v) {
-                p.push(format!("{name}: {v} is not in [0, 1]"));
-            }
-        }
-        if self.target_modules.is_empty() {
-            p.push("target_modules: name at least one projection".into());
         }
         p
     }
@@ -1834,6 +1816,57 @@ mod tests {
             err.contains("ppo.algorithm") && err.contains("curriculum.promotion_threshold"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn dpo_settings_are_checked_all_at_once_with_their_keys() {
+        let c: DpoConfig = parse(r#"{"loss": "ipo", "beta": 0.2}"#, Path::new("dpo.json")).unwrap();
+        assert_eq!(
+            (c.loss.as_str(), c.beta, c.reference.as_str()),
+            ("ipo", 0.2, "adapter_off")
+        );
+        let err = parse::<DpoConfig>(
+            r#"{"loss": "kto", "beta": 0, "epsilon": 0.5, "batch_size": 0, "reference": "x", "warmup_ratio": 2}"#,
+            Path::new("dpo.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        for want in [
+            "loss: `kto`",
+            "beta: 0",
+            "epsilon: 0.5",
+            "batch_size: must be at least 1",
+            "reference: `x`",
+            "warmup_ratio: 2",
+        ] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        let err = parse::<DpoConfig>("{\n  \"betaa\": 0.1\n}", Path::new("dpo.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 2") && err.contains("betaa"), "{err}");
+        // In the pipeline: Stage 3's recipe and its rounds, under their path.
+        let p: PipelineConfig = parse(
+            r#"{"stage3": {"algorithm": "dpo", "dpo": {"rounds": 3, "train": {"nll_coef": 1}}}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap();
+        assert!(p.stage3.is_dpo());
+        assert_eq!((p.stage3.dpo.rounds, p.stage3.dpo.train.nll_coef), (3, 1.0));
+        assert!(!PipelineConfig::default().stage3.is_dpo());
+        let err = parse::<PipelineConfig>(
+            r#"{"stage3": {"algorithm": "kto", "dpo": {"rounds": 0, "train": {"loss": "x"}}}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        for want in [
+            "stage3.algorithm: `kto`",
+            "stage3.dpo.rounds",
+            "stage3.dpo.train.loss",
+        ] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
     }
 
     #[test]
