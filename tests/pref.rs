@@ -633,3 +633,49 @@ fn dpo_on_two_ranks_trains_what_one_rank_does() {
         }
     }
 }
+
+/// `rollouts` on the trace environment: the built-in programs transformed
+/// and run in the sandbox for their ground truth, the tiny model's answers
+/// scored against it.
+#[test]
+fn rollouts_on_the_trace_environment_carry_the_sandbox_ground_truth() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let o = trace_train(
+        dir.path(),
+        &[
+            "rollouts",
+            "--model",
+            "base",
+            "--environment",
+            "trace",
+            "--num_prompts",
+            "2",
+            "--num_samples",
+            "2",
+            "--max_new_tokens",
+            "4",
+            "--num_workers",
+            "2",
+            "--device",
+            "cpu",
+            "--output",
+            "t.jsonl",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = lines(&dir.path().join("t.jsonl"));
+    assert_eq!(rows.len(), 4, "{}", stderr(&o));
+    for r in &rows {
+        assert!(!r["expected"].as_str().unwrap().is_empty(), "{r}");
+        // The answer is what scoring reads of the completion.
+        let completion = r["completion"].as_str().unwrap();
+        assert_eq!(
+            r["answer"].as_str().unwrap(),
+            trace_train::reward::extract_answer(completion),
+            "{r}"
+        );
+        // The tiny model's four tokens are not the program's output.
+        assert_eq!(r["correct"].as_bool(), Some(false), "{r}");
+    }
+}
