@@ -280,10 +280,26 @@ fn dpo_starts_at_log_2_under_every_reference_and_learns() {
             accuracy[8..].iter().sum::<f64>() / 4.0 > 0.5,
             "{reference}: {accuracy:?}"
         );
+        // The run log every stage writes: TensorBoard events with the
+        // rewards/* tags, and the curves.
+        let events = trace_train::runlog::tfevents::event_files(&out).unwrap();
+        assert_eq!(events.len(), 1, "{reference}");
+        let tags: std::collections::BTreeSet<String> =
+            trace_train::runlog::tfevents::read_events(&events[0])
+                .unwrap()
+                .iter()
+                .flat_map(|e| e.values().into_iter().map(|(t, _)| t.to_owned()))
+                .collect();
+        assert!(
+            tags.iter().any(|t| t.contains("rewards/margins")),
+            "{tags:?}"
+        );
         for part in [
             "final/adapter_model.safetensors",
             "merged/config.json",
             "train_config.json",
+            "curves/rewards_margins.png",
+            "curves/loss.svg",
         ] {
             assert!(out.join(part).exists(), "{reference}: no {part}");
         }
