@@ -442,7 +442,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Dpo(args) => {
-            cli::pref::run_dpo(&args)?;
+            cli::pref::dpo_command(&args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Generate(args) => generate_cmd(args),

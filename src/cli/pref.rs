@@ -271,6 +271,11 @@ pub struct DpoArgs {
     /// `cpu`, `cuda`, `cuda:N` or `auto`.
     #[arg(long)]
     pub device: Option<String>,
+    /// GPUs to train on, one process each (default: the pipeline config's
+    /// `hardware.num_gpus`, else every visible GPU with `--device cuda` or
+    /// `auto`); each takes its share of every step's pairs.
+    #[arg(long)]
+    pub num_gpus: Option<usize>,
     /// Continue from the newest valid checkpoint.
     #[arg(long)]
     pub resume: bool,
@@ -289,6 +294,39 @@ pub struct DpoArgs {
     pub model_settings: Option<Box<ModelConfig>>,
 }
 
+/// The pipeline config whose `model` and `hardware` sections apply, when
+/// one is named or `config/pipeline_config.json` exists.
+fn pipeline_config(args: &DpoArgs) -> anyhow::Result<Option<PipelineConfig>> {
+    let default_file = Path::new("config/pipeline_config.json");
+    Ok(match &args.pipeline_config {
+        Some(p) => Some(config::load(p)?),
+        None if default_file.is_file() => Some(config::load(default_file)?),
+        None => None,
+    })
+}
+
+/// `dpo` from the command line: on one device, or on several GPUs (this
+/// process starts one child a GPU, each child runs one rank).
+pub fn dpo_command(args: &DpoArgs) -> anyhow::Result<()> {
+    let hardware = pipeline_config(args)?
+        .map(|p| p.hardware)
+        .unwrap_or_default();
+    super::launch::dispatch(
+        args.num_gpus.or(hardware.num_gpus),
+        args.device.as_deref().unwrap_or("auto"),
+        || run_dpo(args).map(|_| ()),
+        |child, progress| {
+            let args = DpoArgs {
+                device: Some(child.device()),
+                ..args.clone()
+            };
+            let job = resolve_dpo(&args)?;
+            let comm = child.communicator(&job.run.device)?;
+            run_job(&job, &*comm, progress).map(|_| ())
+        },
+    )
+}
+
 /// File values, then flags.
 pub fn resolve_dpo(args: &DpoArgs) -> anyhow::Result<DpoJob> {
     let default_file = Path::new("config/dpo.json");
@@ -298,14 +336,9 @@ pub fn resolve_dpo(args: &DpoArgs) -> anyhow::Result<DpoJob> {
         (None, None) if default_file.is_file() => config::load(default_file)?,
         (None, None) => DpoConfig::default(),
     };
-    let default_pipeline = Path::new("config/pipeline_config.json");
-    let mut model: ModelConfig = match (&args.model_settings, &args.pipeline_config) {
-        (Some(m), _) => (**m).clone(),
-        (None, Some(p)) => config::load::<PipelineConfig>(p)?.model,
-        (None, None) if default_pipeline.is_file() => {
-            config::load::<PipelineConfig>(default_pipeline)?.model
-        }
-        (None, None) => ModelConfig::default(),
+    let mut model: ModelConfig = match &args.model_settings {
+        Some(m) => (**m).clone(),
+        None => pipeline_config(args)?.map(|p| p.model).unwrap_or_default(),
     };
     macro_rules! set {
         ($flag:expr, $field:expr) => {
@@ -373,20 +406,40 @@ pub fn resolve_dpo(args: &DpoArgs) -> anyhow::Result<DpoJob> {
 /// `dpo` on one device, reported.
 pub fn run_dpo(args: &DpoArgs) -> anyhow::Result<DpoSummary> {
     let job = resolve_dpo(args)?;
-    eprintln!(
-        "dpo: {} loss, beta {}, reference {}, on `{}` from `{}`",
-        job.config.loss,
-        job.config.beta,
-        job.config.reference,
-        job.pairs_file.display(),
-        job.base_dir.display()
-    );
-    let s = dpo::run_with(&job, &Single, &super::progress::Bar::new("step")).map_err(|e| {
+    run_job(&job, &Single, &super::progress::Bar::new("step"))
+}
+
+/// Runs `job` as `comm`'s rank and, on rank 0, reports it.
+fn run_job(
+    job: &DpoJob,
+    comm: &dyn trace_train::dist::Communicator,
+    progress: &dyn trace_train::progress::Progress,
+) -> anyhow::Result<DpoSummary> {
+    let lead = comm.rank() == 0;
+    if lead {
+        eprintln!(
+            "dpo: {} loss, beta {}, reference {}, on `{}` from `{}`{}",
+            job.config.loss,
+            job.config.beta,
+            job.config.reference,
+            job.pairs_file.display(),
+            job.base_dir.display(),
+            if comm.world() > 1 {
+                format!(", on {} GPUs", comm.world())
+            } else {
+                String::new()
+            }
+        );
+    }
+    let s = dpo::run_with(job, comm, progress).map_err(|e| {
         super::out_of_memory_hint(
             e,
             "lower dpo.batch_size (raise gradient_accumulation_steps to keep the batch), or turn gradient checkpointing on; checkpoints written so far are intact, continue with --resume",
         )
     })?;
+    if !lead {
+        return Ok(s);
+    }
     let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.4}"));
     eprintln!(
         "dpo: {} steps{} on {} pairs ({} too long, left out), loss {} -> {}, accuracy {}",
