@@ -397,11 +397,7 @@ fn run_job(
             job.config.batch_size,
             job.config.group_size(),
             job.base_dir.display(),
-            if comm.world() > 1 {
-                format!(", on {} GPUs", comm.world())
-            } else {
-                String::new()
-            }
+            super::on_gpus(comm.world())
         );
     }
     let s = ppo::run_with(job, comm, progress).map_err(|e| {
@@ -437,20 +433,13 @@ fn run_job(
             rows.name()
         );
     }
-    if s.interrupted {
-        eprintln!("stage 3: stopped by a signal after saving a checkpoint; continue with --resume");
-    } else {
-        if s.stop_requested {
-            eprintln!(
-                "stage 3: a stop signal came during the last step; the run finished and saved its outputs"
-            );
-        }
-        eprintln!(
-            "adapter: {}\nmerged model: {}",
-            s.final_dir.display(),
-            s.merged_dir.display()
-        );
-    }
+    super::report_ending(
+        "stage 3",
+        s.interrupted,
+        s.stop_requested,
+        &s.final_dir,
+        &s.merged_dir,
+    );
     Ok(s)
 }
 

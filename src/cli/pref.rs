@@ -424,11 +424,7 @@ fn run_job(
             job.config.reference,
             job.pairs_file.display(),
             job.base_dir.display(),
-            if comm.world() > 1 {
-                format!(", on {} GPUs", comm.world())
-            } else {
-                String::new()
-            }
+            super::on_gpus(comm.world())
         );
     }
     let s = dpo::run_with(job, comm, progress).map_err(|e| {
@@ -453,14 +449,13 @@ fn run_job(
         fmt(s.last_loss),
         fmt(s.last_accuracy),
     );
-    if s.ending.interrupted {
-        eprintln!("dpo: stopped by a signal after saving a checkpoint; continue with --resume");
-    } else {
-        eprintln!(
-            "adapter: {}\nmerged model: {}",
-            s.ending.final_dir.display(),
-            s.ending.merged_dir.display()
-        );
-    }
+    let e = &s.ending;
+    super::report_ending(
+        "dpo",
+        e.interrupted,
+        e.stop_requested,
+        &e.final_dir,
+        &e.merged_dir,
+    );
     Ok(s)
 }
