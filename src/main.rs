@@ -60,6 +60,15 @@ enum Command {
     /// Stage 3: online RL (PPO or GRPO) against the trace environment,
     /// from Stage 2's merged model.
     Ppo(cli::ppo::PpoArgs),
+    /// Sample K answers to each prompt of an environment and score them:
+    /// JSON lines for `prefs`.
+    Rollouts(cli::pref::RolloutsArgs),
+    /// Preference pairs from rollouts: correct over incorrect answers of a
+    /// prompt (and optionally better over worse correct ones).
+    Prefs(cli::pref::PrefsArgs),
+    /// DPO (sigmoid, ipo, robust or hinge loss, optional NLL term) on
+    /// preference pairs, from Stage 2's merged model.
+    Dpo(cli::pref::DpoArgs),
     /// Accuracy on a test set: batched greedy generation, the environment's
     /// scoring, a Jeffreys interval, a JSON report.
     Eval(cli::eval::EvalArgs),
@@ -454,6 +463,20 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Ppo(args) => {
             cli::ppo::run_command(&args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Rollouts(args) => {
+            let stats = cli::pref::rollouts(&args)?;
+            println!("{}", serde_json::to_string(&stats)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Prefs(args) => {
+            let stats = cli::pref::prefs(&args)?;
+            println!("{}", serde_json::to_string(&stats)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dpo(args) => {
+            cli::pref::dpo_command(&args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Generate(args) => generate_cmd(args),

@@ -12,6 +12,18 @@ pub fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A seed for (run seed, step, part): the training recipes key dropout
+/// masks, sampling rounds and minibatch orders by it, so they differ from
+/// step to step and repeat exactly on a resume.
+pub fn keyed(seed: u64, step: u64, part: u64) -> u64 {
+    let mut h = seed ^ 0x9e37_79b9_7f4a_7c15;
+    for x in [step, part] {
+        h = (h ^ x).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^= h >> 31;
+    }
+    h
+}
+
 /// A SplitMix64 generator.
 pub struct SplitMix64(u64);
 

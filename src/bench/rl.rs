@@ -29,9 +29,9 @@ use serde::Serialize;
 
 use crate::config::{RlConfig, Validate};
 use crate::data::ChatTokenizer;
+use crate::kit::load;
 use crate::model;
 use crate::rl::ppo::{Policy, Sample, UpdateStats};
-use crate::train::sft;
 
 /// What `bench rl` measures.
 #[derive(Debug, Clone)]
@@ -173,7 +173,7 @@ pub fn rl_config(b: &RlBench) -> anyhow::Result<RlConfig> {
 /// The policy of the bench: random weights of a shape with the tiny chat
 /// model's tokenizer, or a model folder with its own.
 fn policy(b: &RlBench, cfg: &RlConfig, device: &Device) -> anyhow::Result<Policy> {
-    let dtype = sft::train_dtype("bf16", device);
+    let dtype = load::train_dtype("bf16", device);
     let lora = Policy::lora_config(cfg)?;
     let folder = std::path::Path::new(&b.model);
     let (mut loaded, tok) = if folder.is_dir() {
@@ -227,7 +227,7 @@ fn step(
         .flat_map(|p| std::iter::repeat_n(p.clone(), group))
         .collect();
     // No stop id: every completion runs to `new` tokens.
-    let gens = policy.sample_until(&rows, sft::mix(seed, index, 0), 0, &[])?;
+    let gens = policy.sample_until(&rows, crate::rng::keyed(seed, index, 0), 0, &[])?;
     let t1 = Instant::now();
     for g in &gens {
         anyhow::ensure!(

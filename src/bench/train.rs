@@ -16,9 +16,10 @@ use candle_nn::VarBuilder;
 use candle_nn::var_builder::SimpleBackend;
 use serde::Serialize;
 
+use crate::kit::load;
 use crate::model::init::Rng;
 use crate::model::{self, LoadedModel, LoraConfig, TargetModule, generate};
-use crate::train::{loss, optim::AdamW, sft};
+use crate::train::{loss, optim::AdamW};
 
 /// Model shapes, by the peer scripts' names; and `tiny` (the shape of
 /// `trace-train model tiny`: 2 layers, hidden 64, vocab 512), which runs in
@@ -210,7 +211,7 @@ pub fn train_with(
         accum >= 1 && batch >= 1 && seq >= 2,
         "batch, accum >= 1 and seq >= 2"
     );
-    let dtype = sft::train_dtype("bf16", device);
+    let dtype = load::train_dtype("bf16", device);
     let mut m = if std::path::Path::new(&shape).is_dir() {
         model::load(
             std::path::Path::new(&shape),
@@ -296,15 +297,7 @@ pub fn train_with(
             });
             crate::train::optim::accumulate(&mut grads, g)?;
         }
-        let grads = match grads {
-            Some(g) => g,
-            None => opt
-                .vars()
-                .iter()
-                .map(|(_, v)| v.as_tensor().zeros_like())
-                .collect::<candle_core::Result<_>>()?,
-        };
-        let grads = crate::dist::all_reduce_sum(comm, &grads)?;
+        let grads = crate::kit::summed_over_ranks(comm, grads, opt)?;
         phase(&mut t, "all-reduce")?;
         opt.step(&grads, 1e-4, 1.0)?;
         phase(&mut t, "optimizer")?;
@@ -420,7 +413,7 @@ pub fn sample(bench: &GenBench, device: &Device) -> anyhow::Result<GenResult> {
         "ops" => generate::DecodePath::Ops,
         other => anyhow::bail!("--path {other}: expected graph, eager or ops"),
     };
-    let dtype = sft::train_dtype("bf16", device);
+    let dtype = load::train_dtype("bf16", device);
     let mut m = random_model(shape, rank, dtype, device)?;
     if four_bit {
         m.model.quantize_base()?;

@@ -9,6 +9,7 @@ pub mod eval;
 pub mod launch;
 pub mod pipeline;
 pub mod ppo;
+pub mod pref;
 pub mod progress;
 pub mod report;
 pub mod serve;
@@ -24,6 +25,41 @@ pub fn counts(m: &std::collections::BTreeMap<String, u64>) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     }
+}
+
+/// `, on N GPUs` for a run on several ranks, nothing for one.
+pub fn on_gpus(world: usize) -> String {
+    if world > 1 {
+        format!(", on {world} GPUs")
+    } else {
+        String::new()
+    }
+}
+
+/// The last lines of a training stage's report: stopped by a signal
+/// (continue with --resume), or where its outputs are, saying so when a
+/// stop came too late to cut the run.
+pub fn report_ending(
+    stage: &str,
+    interrupted: bool,
+    stop_requested: bool,
+    final_dir: &std::path::Path,
+    merged_dir: &std::path::Path,
+) {
+    if interrupted {
+        eprintln!("{stage}: stopped by a signal after saving a checkpoint; continue with --resume");
+        return;
+    }
+    if stop_requested {
+        eprintln!(
+            "{stage}: a stop signal came during the last step; the run finished and saved its outputs"
+        );
+    }
+    eprintln!(
+        "adapter: {}\nmerged model: {}",
+        final_dir.display(),
+        merged_dir.display()
+    );
 }
 
 /// Adds what to do to a device out-of-memory error; other errors pass.

@@ -79,6 +79,8 @@ struct PipelineState {
 pub const STAGE1_DIR: &str = "stage1_warmup";
 pub const STAGE2_DIR: &str = "stage2_sft";
 pub const STAGE3_DIR: &str = "stage3_ppo";
+/// Stage 3's folder when it is DPO: `round_N/` a round inside.
+pub const STAGE3_DPO_DIR: &str = "stage3_dpo";
 
 /// What a pipeline run will do: the settings from the config file and the
 /// flags, with where each came from, and the folders.
@@ -195,6 +197,20 @@ pub fn resolve(args: &PipelineArgs) -> anyhow::Result<Plan> {
             ] {
                 sources.flag(&format!("{name}.{k}"), "--quick_test");
             }
+        }
+        // Stage 3 as DPO: a few prompts, short answers.
+        let d = &mut cfg.stage3.dpo;
+        d.num_prompts = d.num_prompts.min(4);
+        d.num_samples = d.num_samples.min(4);
+        d.max_new_tokens = d.max_new_tokens.min(16);
+        d.train.learning_rate = 1e-3;
+        for k in [
+            "num_prompts",
+            "num_samples",
+            "max_new_tokens",
+            "train.learning_rate",
+        ] {
+            sources.flag(&format!("stage3.dpo.{k}"), "--quick_test");
         }
         max_steps = Some(6);
         eval_limit = Some(4);
@@ -399,6 +415,25 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             finish(stage, &mut state)?;
         }
     }
+    let stage2_merged = root.join(STAGE2_DIR).join("merged");
+    if todo(3, &state) && cfg.stage3.is_dpo() {
+        stop_before("dpo")?;
+        eprintln!("== stage 3: dpo from the model's own rollouts");
+        let r = DpoRoundsRun {
+            cfg: &cfg.stage3,
+            model: &cfg.model,
+            root: root.join(STAGE3_DPO_DIR),
+            start: stage2_merged.clone(),
+            device: args.device.clone(),
+            resume: args.resume,
+            max_steps,
+            unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
+        };
+        if dpo_rounds(&r)? {
+            anyhow::bail!("pipeline stopped during dpo; continue with --resume");
+        }
+        finish(3, &mut state)?;
+    }
     if todo(3, &state) {
         stop_before("ppo")?;
         eprintln!("== stage 3: ppo");
@@ -441,7 +476,15 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         }
         finish(3, &mut state)?;
     }
-    let final_model = root.join(STAGE3_DIR).join("merged");
+    let final_model = if cfg.stage3.is_dpo() {
+        last_round_model(
+            &root.join(STAGE3_DPO_DIR),
+            cfg.stage3.dpo.rounds,
+            &stage2_merged,
+        )
+    } else {
+        root.join(STAGE3_DIR).join("merged")
+    };
     if todo(4, &state) {
         stop_before("eval")?;
         eprintln!("== eval");
@@ -505,4 +548,107 @@ fn finished_since(out: &std::path::Path, since: std::time::SystemTime) -> bool {
     std::fs::metadata(out.join("final/adapter_config.json"))
         .and_then(|m| m.modified())
         .is_ok_and(|t| t >= since)
+}
+
+/// Stage 3 as rounds of DPO from the model's own rollouts.
+struct DpoRoundsRun<'a> {
+    cfg: &'a config::Stage3Config,
+    model: &'a config::ModelConfig,
+    /// `stage3_dpo/`.
+    root: PathBuf,
+    /// The first round's base (Stage 2's merged model).
+    start: PathBuf,
+    device: Option<String>,
+    resume: bool,
+    max_steps: Option<u64>,
+    unsafe_no_sandbox: bool,
+}
+
+/// The model a finished Stage 3 of `rounds` DPO rounds leaves: the last
+/// round that trained (a round without pairs trains nothing and passes its
+/// base on).
+fn last_round_model(root: &Path, rounds: usize, start: &Path) -> PathBuf {
+    (0..rounds)
+        .rev()
+        .map(|r| root.join(format!("round_{r}/merged")))
+        .find(|m| m.join("config.json").exists())
+        .unwrap_or_else(|| start.to_owned())
+}
+
+/// Runs the rounds (rollouts -> prefs -> dpo), each from the last one's
+/// merged model; a round whose model is written is skipped on resume.
+/// Returns whether a signal interrupted a round's training.
+fn dpo_rounds(r: &DpoRoundsRun) -> anyhow::Result<bool> {
+    use super::pref::{DpoArgs, PrefsArgs, RolloutsArgs, prefs, rollouts, run_dpo};
+    let d = &r.cfg.dpo;
+    let ppo = &r.cfg.ppo;
+    for round in 0..d.rounds {
+        let dir = r.root.join(format!("round_{round}"));
+        if r.resume && dir.join("merged/config.json").exists() {
+            eprintln!("== stage 3: dpo round {round}: done");
+            continue;
+        }
+        let base = last_round_model(&r.root, round, &r.start);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create `{}`", dir.display()))?;
+        eprintln!(
+            "== stage 3: dpo round {round}: rollouts from `{}`",
+            base.display()
+        );
+        let rollouts_file = dir.join("rollouts.jsonl");
+        let seed = d.train.seed.wrapping_add(round as u64);
+        rollouts(&RolloutsArgs {
+            model: base.display().to_string(),
+            adapter: None,
+            num_samples: d.num_samples,
+            num_prompts: d.num_prompts,
+            // Each round asks fresh prompts of the stream.
+            first_draw: (round * d.num_prompts * 2) as u64,
+            environment: ppo.environment.clone(),
+            dataset: ppo.dataset.clone(),
+            output: rollouts_file.clone(),
+            temperature: d.temperature,
+            top_p: ppo.top_p,
+            top_k: ppo.top_k,
+            max_new_tokens: d.max_new_tokens,
+            max_prompt_tokens: ppo.max_prompt_tokens,
+            max_rows: ppo.sample_max_rows,
+            seed,
+            revision: None,
+            device: r.device.clone(),
+            num_workers: ppo.num_workers,
+            unsafe_no_sandbox: r.unsafe_no_sandbox,
+        })?;
+        let pairs_file = dir.join("pairs.jsonl");
+        let stats = prefs(&PrefsArgs {
+            rollouts: rollouts_file,
+            output: pairs_file.clone(),
+            among_correct: d.among_correct.clone(),
+            min_edit_distance: d.min_edit_distance,
+            max_pairs_per_prompt: d.max_pairs_per_prompt,
+            seed,
+        })?;
+        if stats.pairs.values().sum::<usize>() == 0 {
+            eprintln!(
+                "== stage 3: dpo round {round}: no pairs (every prompt's answers were all right or all wrong); the round trains nothing\nhint: raise stage3.dpo.num_samples or temperature"
+            );
+            continue;
+        }
+        let s = run_dpo(&DpoArgs {
+            model: Some(base.display().to_string()),
+            pairs: Some(pairs_file),
+            output_dir: Some(dir.clone()),
+            settings: Some(Box::new(d.train.clone())),
+            model_settings: Some(Box::new(r.model.clone())),
+            device: r.device.clone(),
+            resume: r.resume,
+            no_4bit: !r.model.load_in_4bit,
+            max_steps: r.max_steps,
+            ..DpoArgs::default()
+        })?;
+        if s.ending.interrupted {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }

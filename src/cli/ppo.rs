@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Args;
 
 use trace_train::config::{
-    self, HardwareConfig, ModelConfig, PipelineConfig, Sources, Stage3Config,
+    self, HardwareConfig, ModelConfig, PipelineConfig, RlConfig, Sources, Stage3Config,
 };
 use trace_train::dataset::Source;
 use trace_train::dist::{Communicator, Single};
@@ -291,7 +291,29 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
             .unwrap_or(hardware.gradient_checkpointing && !device.is_cpu()),
     );
     let c = &s3.ppo;
-    let (env, env_description): (Arc<dyn Environment>, String) = match c.environment.as_str() {
+    let (env, env_description) = environment(c, args.unsafe_no_sandbox)?;
+    Ok(RlJob {
+        config: s3.ppo.clone(),
+        curriculum: s3.curriculum.clone(),
+        model,
+        base_dir,
+        output_dir,
+        device,
+        env,
+        env_description,
+        resume: args.resume,
+        force: args.force,
+        max_steps: args.max_steps,
+    })
+}
+
+/// The environment `c` names (`word`, or `trace` on its dataset with a
+/// sandbox of its workers) and its description for the resume check.
+pub fn environment(
+    c: &RlConfig,
+    unsafe_no_sandbox: bool,
+) -> anyhow::Result<(Arc<dyn Environment>, String)> {
+    Ok(match c.environment.as_str() {
         "word" => (
             Arc::new(WordEnv::new(&WORDS)),
             format!("word:{}", WORDS.join(",")),
@@ -336,7 +358,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
             let exec = Executor::new(ExecutorConfig::new(
                 &c.python,
                 workers,
-                args.unsafe_no_sandbox,
+                unsafe_no_sandbox,
             ))
             .context("the trace environment runs programs in the sandbox\nhint: run as root, or pass --unsafe-no-sandbox on a machine you trust")?;
             let description = format!(
@@ -352,19 +374,6 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
                 description,
             )
         }
-    };
-    Ok(RlJob {
-        config: s3.ppo.clone(),
-        curriculum: s3.curriculum.clone(),
-        model,
-        base_dir,
-        output_dir,
-        device,
-        env,
-        env_description,
-        resume: args.resume,
-        force: args.force,
-        max_steps: args.max_steps,
     })
 }
 
@@ -415,11 +424,7 @@ fn run_job(
             job.config.batch_size,
             job.config.group_size(),
             job.base_dir.display(),
-            if comm.world() > 1 {
-                format!(", on {} GPUs", comm.world())
-            } else {
-                String::new()
-            }
+            super::on_gpus(comm.world())
         );
     }
     let s = ppo::run_with(job, comm, progress).map_err(|e| {
@@ -455,20 +460,13 @@ fn run_job(
             rows.name()
         );
     }
-    if s.interrupted {
-        eprintln!("stage 3: stopped by a signal after saving a checkpoint; continue with --resume");
-    } else {
-        if s.stop_requested {
-            eprintln!(
-                "stage 3: a stop signal came during the last step; the run finished and saved its outputs"
-            );
-        }
-        eprintln!(
-            "adapter: {}\nmerged model: {}",
-            s.final_dir.display(),
-            s.merged_dir.display()
-        );
-    }
+    super::report_ending(
+        "stage 3",
+        s.interrupted,
+        s.stop_requested,
+        &s.final_dir,
+        &s.merged_dir,
+    );
     Ok(s)
 }
 

@@ -489,20 +489,13 @@ fn run_job(
         s.examples.records,
         s.examples.dropped_too_long,
     );
-    if s.interrupted {
-        eprintln!("{stage}: stopped by a signal after saving a checkpoint; continue with --resume");
-    } else {
-        if s.stop_requested {
-            eprintln!(
-                "{stage}: a stop signal came during the last step; the run finished and saved its outputs"
-            );
-        }
-        eprintln!(
-            "adapter: {}\nmerged model: {}",
-            s.final_dir.display(),
-            s.merged_dir.display()
-        );
-    }
+    super::report_ending(
+        stage,
+        s.interrupted,
+        s.stop_requested,
+        &s.final_dir,
+        &s.merged_dir,
+    );
     Ok(s)
 }
 

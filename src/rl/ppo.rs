@@ -21,9 +21,14 @@
 //!    weights and their gradients are summed before the non-finite guard,
 //!    clipping and its one optimizer step, so the budget changes memory,
 //!    not the update (up to the order of additions);
-//! 5. metrics as JSONL ([`Metrics`]), the progress bar, a checkpoint every
+//! 5. metrics through the run log, the progress bar, a checkpoint every
 //!    `save_steps` (`step_N/`) and on SIGTERM/SIGINT; at the end the adapter
 //!    in `final/` (PEFT layout) and the merged model in `merged/`.
+//!
+//! [`run_with`] is those steps in order: [`collect`] (2), [`train`] (3-4),
+//! [`Totals::over_ranks`] and [`StepRecord::scalars`] (5); everything around
+//! the loop (lock, load, resume, checkpoints, outputs) is the kit's
+//! ([`crate::kit`]).
 //!
 //! Every random choice is keyed by (seed, step, ...) and the task stream by
 //! its cursor, so a resumed run repeats the uninterrupted one on CPU.
@@ -31,27 +36,24 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{CurriculumConfig, ModelConfig, RlConfig};
 use crate::data::{ChatTokenizer, Message, Role};
 use crate::dist::{self, Communicator, Single, stats};
+use crate::kit::checkpoint::{self, TrainerState};
+use crate::kit::{Resume, Run, card, clip_scale, fingerprint, load, outputs};
 use crate::model::generate::{self, Generation, Sampling};
 use crate::model::lora::{LoraConfig, set_dropout_seed, without_adapters};
 use crate::model::{self, LoadedModel};
-use crate::runlog::{self, RunLog};
-use crate::train::checkpoint::{self, Fingerprint, RunLock, TrainerState};
-use crate::train::loss::lm_head_logprobs;
+use crate::progress::Progress;
+use crate::rng::keyed;
+use crate::train::completion::{self, Packed};
 use crate::train::optim::AdamW;
-use crate::train::sft::{
-    Progress, mix, sha256_of, target_modules, train_dtype, weights_fingerprint,
-    write_adapter_and_merged,
-};
 
 use super::advantage::{gae, group_advantages, informative, token_rewards, whiten_with};
 use super::curriculum::Curriculum;
@@ -127,27 +129,6 @@ pub struct RlState {
     /// correction counts them.
     pub optimizer_steps: u64,
     pub value_optimizer_steps: u64,
-}
-
-/// Where each step's scalars go: the run log every stage shares
-/// (`metrics.jsonl`, TensorBoard events; curves at the end).
-pub struct Metrics {
-    log: RunLog,
-}
-
-impl Metrics {
-    /// Opens the run log of `dir`; a resume keeps the steps up to
-    /// `resumed_from` and drops the rest (the redone steps are logged again).
-    pub fn open(dir: &Path, resumed_from: Option<u64>) -> anyhow::Result<Self> {
-        Ok(Self {
-            log: RunLog::open(dir, resumed_from)?,
-        })
-    }
-
-    pub fn log(&mut self, step: u64, scalars: &BTreeMap<String, f64>) -> anyhow::Result<()> {
-        let pairs: Vec<(&str, f64)> = scalars.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-        self.log.log(step, &pairs)
-    }
 }
 
 /// One sampled completion and what training needs of it.
@@ -228,13 +209,9 @@ impl Policy {
         model_cfg: &ModelConfig,
         device: &Device,
     ) -> anyhow::Result<Self> {
-        let tok = ChatTokenizer::from_dir(base_dir)?;
-        let dtype = train_dtype(&model_cfg.dtype, device);
         let lora = Self::lora_config(cfg)?;
-        let mut loaded = model::load(base_dir, Some(&lora), dtype, device)?;
-        if model_cfg.load_in_4bit && !device.is_cpu() {
-            loaded.model.quantize_base()?;
-        }
+        let (tok, loaded) =
+            load::trainee(base_dir, load::Adapter::Fresh(&lora), model_cfg, device)?;
         Self::new(loaded, tok, cfg)
     }
 
@@ -245,7 +222,7 @@ impl Policy {
             r: cfg.lora_r,
             alpha: cfg.lora_alpha,
             dropout: 0.0,
-            target_modules: target_modules(&cfg.target_modules)?,
+            target_modules: load::target_modules(&cfg.target_modules)?,
             seed: cfg.seed,
         })
     }
@@ -372,57 +349,28 @@ impl Policy {
         self.stop_id
     }
 
-    /// Right-padded ids and mask of `samples` (prompt + response), the flat
-    /// positions whose next token is a response token, and those tokens.
+    /// `samples` (prompt + response) packed for [`Policy::forward`].
     fn pack(&self, samples: &[&Sample]) -> candle_core::Result<Packed> {
-        let dev = &self.loaded.device;
-        let l = samples
+        let rows: Vec<(&[u32], &[u32])> = samples
             .iter()
-            .map(|s| s.prompt.len() + s.response.len())
-            .max()
-            .unwrap_or(1);
-        let pad = self.tok.pad().id;
-        let (mut ids, mut mask, mut at, mut next, mut lens) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (i, s) in samples.iter().enumerate() {
-            let n = s.prompt.len() + s.response.len();
-            ids.extend(s.prompt.iter().chain(&s.response).copied());
-            ids.extend(std::iter::repeat_n(pad, l - n));
-            mask.extend(std::iter::repeat_n(1u32, n));
-            mask.extend(std::iter::repeat_n(0u32, l - n));
-            for (j, &t) in s.response.iter().enumerate() {
-                at.push((i * l + s.prompt.len() + j - 1) as u32);
-                next.push(t);
-            }
-            lens.push(s.response.len());
-        }
-        let (n, r) = (samples.len(), at.len());
-        Ok(Packed {
-            ids: Tensor::from_vec(ids, (n, l), dev)?,
-            mask: Tensor::from_vec(mask, (n, l), dev)?,
-            at: Tensor::from_vec(at, r, dev)?,
-            next: Tensor::from_vec(next, r, dev)?,
-            lens,
-        })
+            .map(|s| (&s.prompt[..], &s.response[..]))
+            .collect();
+        completion::pack(&rows, self.tok.pad().id, &self.loaded.device)
     }
 
     /// The response tokens' log-probs `(R,)` and entropies `(R,)`, and the
     /// hidden states that predict them `(R, hidden)`; differentiable when
-    /// `train`.
+    /// `train`. The policy that sampled is softmax(logits / temperature):
+    /// its log-probs, ratios and KL are taken under the same temperature.
     fn forward(&self, p: &Packed, train: bool) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
-        let m = &self.loaded.model;
-        let hidden = m.forward_hidden(&p.ids, Some(&p.mask), train)?;
-        let (n, l, h) = hidden.dims3()?;
-        let rows = hidden.reshape((n * l, h))?.index_select(&p.at, 0)?; // (R, H)
-        let head = m.lm_head().weight()?;
-        // The policy that sampled is softmax(logits / temperature): its
-        // log-probs, ratios and KL are taken under the same temperature.
-        // A chunk of rows at a time: the (R, V) logits are never whole.
         let entropy_grad = train && self.cfg.entropy_coef > 0.0;
-        let out = lm_head_logprobs(&rows, &head, &p.next, self.cfg.temperature, entropy_grad)?;
-        let logp = out.narrow(1, 0, 1)?.squeeze(1)?;
-        let ent = out.narrow(1, 1, 1)?.squeeze(1)?;
-        Ok((logp, ent, rows))
+        completion::forward(
+            &self.loaded.model,
+            p,
+            self.cfg.temperature,
+            train,
+            entropy_grad,
+        )
     }
 
     /// Fills old log-probs, values (PPO) and reference log-probs (adapter
@@ -567,7 +515,7 @@ impl Policy {
         for epoch in 0..c.ppo_epochs {
             // A seeded shuffle of the whole batch for this epoch.
             let mut order: Vec<usize> = (0..layout.lens.len()).collect();
-            order.sort_by_key(|&i| mix(c.seed ^ 0x5eed, step, (epoch * 1_000_003 + i) as u64));
+            order.sort_by_key(|&i| keyed(c.seed ^ 0x5eed, step, (epoch * 1_000_003 + i) as u64));
             for (mbi, chunk) in order.chunks(c.mini_batch_size.max(1)).enumerate() {
                 let lens: Vec<usize> = chunk.iter().map(|&g| layout.lens[g]).collect();
                 let cw = completion_weights(self.agg, &lens);
@@ -577,7 +525,7 @@ impl Policy {
                     .zip(&cw)
                     .filter_map(|(g, &w)| local.get(g).map(|&l| (&samples[l], w)))
                     .unzip();
-                set_dropout_seed(mix(c.seed, step, (epoch * 10_007 + mbi) as u64));
+                set_dropout_seed(keyed(c.seed, step, (epoch * 10_007 + mbi) as u64));
                 let (grads, local_sums) = if mb.is_empty() {
                     (self.zero_gradients()?, [0.0; 7])
                 } else {
@@ -604,13 +552,7 @@ impl Policy {
                     st.skipped_minibatches += 1;
                     continue;
                 }
-                let scale = |n: f64| {
-                    if n > c.max_grad_norm && c.max_grad_norm > 0.0 {
-                        c.max_grad_norm / n
-                    } else {
-                        1.0
-                    }
-                };
+                let scale = |n: f64| clip_scale(n, c.max_grad_norm);
                 self.opt.step(g, lr, scale(norm))?;
                 if let Some(o) = &mut self.value_opt {
                     o.step(vg, c.value_learning_rate, scale(vnorm))?;
@@ -769,12 +711,7 @@ impl Policy {
 
     /// The trainable tensors (adapter and value head) by name.
     fn params(&self) -> BTreeMap<String, Tensor> {
-        let mut p: BTreeMap<String, Tensor> = self
-            .opt
-            .vars()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
-            .collect();
+        let mut p = checkpoint::tensors_of(self.opt.vars());
         if let Some(v) = &self.value {
             p.extend(
                 v.named_vars()
@@ -795,13 +732,7 @@ impl Policy {
     }
 
     fn restore(&mut self, ck: &checkpoint::Loaded, rl: &RlState) -> anyhow::Result<()> {
-        for (name, var) in self.opt.vars() {
-            let t = ck
-                .params
-                .get(name)
-                .with_context(|| format!("checkpoint `{}` lacks `{name}`", ck.dir.display()))?;
-            var.set(&t.to_dtype(var.dtype())?)?;
-        }
+        ck.restore(self.opt.vars())?;
         self.opt.load_state(&ck.optim, rl.optimizer_steps)?;
         if let (Some(v), Some(o)) = (&self.value, &mut self.value_opt) {
             v.load(&ck.params)?;
@@ -829,14 +760,6 @@ impl Layout {
             mine: (0..samples.len()).collect(),
         }
     }
-}
-
-struct Packed {
-    ids: Tensor,
-    mask: Tensor,
-    at: Tensor,
-    next: Tensor,
-    lens: Vec<usize>,
 }
 
 /// Prompts of one step, with the tasks they came from.
@@ -925,14 +848,7 @@ pub fn run_with(
     progress: &dyn Progress,
 ) -> anyhow::Result<RlSummary> {
     let cfg = &job.config;
-    let (rank, world) = (comm.rank(), comm.world());
-    let lead = rank == 0;
-    let _lock = if lead {
-        Some(RunLock::acquire(&job.output_dir)?)
-    } else {
-        None
-    };
-    let stop = crate::stop::flag()?;
+    let run = Run::begin("Stage 3", &job.output_dir, comm)?;
 
     // 1. Model, value head, optimizers; fresh start or resume.
     let mut policy = Policy::load(&job.base_dir, cfg, &job.model, &job.device)?;
@@ -940,83 +856,34 @@ pub fn run_with(
     if let Some(m) = job.max_steps {
         total_steps = total_steps.min(m);
     }
-    let fingerprint = Fingerprint {
-        config: serde_json::to_value(
-            serde_json::json!({"ppo": fingerprinted(cfg)?, "curriculum": job.curriculum}),
-        )?,
-        base_model: job.base_dir.display().to_string(),
-        base_weights: weights_fingerprint(&job.base_dir)?,
-        train_data_sha256: job.env_description.clone(),
-        tokenizer_sha256: sha256_of(&[
-            &job.base_dir.join("tokenizer.json"),
-            &job.base_dir.join("tokenizer_config.json"),
-        ])?,
-    };
-    let mut state = TrainerState {
-        step: 0,
-        epoch: 0,
-        batch: 0,
-        tokens_seen: 0,
-        skipped_steps: 0,
-        fingerprint: fingerprint.clone(),
-        extra: serde_json::Value::Null,
-    };
+    let fingerprint = fingerprint::of(
+        serde_json::json!({"ppo": fingerprinted(cfg)?, "curriculum": job.curriculum}),
+        job.base_dir.display().to_string(),
+        &job.base_dir,
+        job.env_description.clone(),
+    )?;
+    let mut state = TrainerState::new(fingerprint.clone());
     let mut rl = RlState::default();
     let mut curriculum = Curriculum::new(&job.curriculum);
     let mut resumed_from = None;
-    // Rank 0 looks first (it removes interrupted saves), the others after.
-    let latest = if lead {
-        let l = checkpoint::latest_as(&job.output_dir, STEP_PREFIX, &job.device)?;
-        comm.barrier()?;
-        l
-    } else {
-        comm.barrier()?;
-        checkpoint::latest_as(&job.output_dir, STEP_PREFIX, &job.device)?
+    let how = Resume {
+        resume: job.resume,
+        force: job.force,
+        prefix: STEP_PREFIX,
     };
-    match (job.resume, latest) {
-        (true, Some(ck)) => {
-            let diff = fingerprint.differences(&ck.state.fingerprint);
-            if !diff.is_empty() && !job.force {
-                bail!(
-                    "cannot resume Stage 3 from `{}`: the run changed:\n  - {}\nhint: restore the original settings, or pass --force to resume anyway",
-                    ck.dir.display(),
-                    diff.join("\n  - ")
-                );
-            }
-            rl = serde_json::from_value(ck.state.extra.clone())
-                .with_context(|| format!("`{}`: unreadable RL state", ck.dir.display()))?;
-            policy.restore(&ck, &rl)?;
-            if let Some(c) = rl.curriculum.take() {
-                curriculum = c;
-            }
-            resumed_from = Some(ck.state.step);
-            state = TrainerState {
-                fingerprint: fingerprint.clone(),
-                ..ck.state
-            };
-            tracing::info!("resuming Stage 3 at step {}", state.step);
+    if let Some(ck) = run.resume_point(how, &fingerprint, &job.device)? {
+        rl = serde_json::from_value(ck.state.extra.clone())
+            .with_context(|| format!("`{}`: unreadable RL state", ck.dir.display()))?;
+        policy.restore(&ck, &rl)?;
+        if let Some(c) = rl.curriculum.take() {
+            curriculum = c;
         }
-        (false, Some(ck)) => bail!(
-            "`{}` holds checkpoints of an earlier run (latest `{}`)\nhint: pass --resume to continue it, or choose another output folder",
-            job.output_dir.display(),
-            ck.dir.display()
-        ),
-        (_, None) => {}
+        resumed_from = Some(ck.state.step);
+        state = ck.state;
     }
     // Every rank starts from rank 0's adapter and value head.
-    if world > 1 {
-        let vars = policy.trainable_vars();
-        let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
-        for (v, t) in vars.iter().zip(dist::broadcast(comm, &ts, 0)?) {
-            v.set(&t)?;
-        }
-    }
-    let mut metrics = if lead {
-        Some(Metrics::open(&job.output_dir, resumed_from)?)
-    } else {
-        None
-    };
-    let group = cfg.group_size();
+    run.share_lead_weights(&policy.trainable_vars())?;
+    let mut log = run.log(resumed_from)?;
     let mut stream = SharedTasks::start(
         Arc::clone(&job.env),
         cfg.seed,
@@ -1030,233 +897,410 @@ pub fn run_with(
     progress.start(Some(total_steps), state.step);
     let (mut first_reward, mut last_reward) = (None, None);
     let mut interrupted = false;
-    let mut stop_seen = false;
     while state.step < total_steps {
         let step = state.step;
         // Each step's peak device memory (weights included) is logged.
         crate::gpu::reset_peak_memory(&job.device)?;
         let t_step = Instant::now();
-        let (mut env_secs, mut sample_secs) = (0.0, 0.0);
-        let mut s = BTreeMap::<String, f64>::new();
-        // This rank's samples, and the whole batch's layout.
-        let mut batch: Vec<Sample> = Vec::new();
-        let mut layout = Layout::default();
-        // Every rank's scored completions (reward, bucket), in batch order.
-        let mut scored: Vec<(f64, Option<usize>)> = Vec::new();
-        let mut masked_now = BTreeMap::<String, u64>::new();
-        // This rank's counts, summed over ranks at the end of the step.
-        let (mut zero_var, mut dropped, mut new_tokens, mut stopped) =
-            (0usize, 0u64, 0usize, 0usize);
-        let mut groups_seen = 0usize;
-        let mut round = 0usize;
-        let mut kept_groups = 0usize;
-        loop {
-            let want = cfg.batch_size - kept_groups;
-            let d = draw(
-                &mut stream,
-                comm,
-                &policy,
-                &mut rl,
-                &mut curriculum,
-                want,
-                step,
-            )?;
-            env_secs += d.env_secs;
-            let share = stats::groups_of_rank(d.tasks.len(), world, rank);
-            let mine = &d.tasks[share.clone()];
-            let t0 = Instant::now();
-            let prompts: Vec<Vec<u32>> = mine
-                .iter()
-                .flat_map(|(_, ids, _)| std::iter::repeat_n(ids.clone(), group))
-                .collect();
-            let gens = policy.sample_share(
-                &prompts,
-                mix(cfg.seed, step, round as u64),
-                (share.start * group) as u64,
-            )?;
-            sample_secs += t0.elapsed().as_secs_f64();
-            let t1 = Instant::now();
-            let (mut kept_here, mut scored_here, mut members_here) =
-                (0usize, Vec::new(), Vec::new());
-            for (k, (task, ids, bucket)) in mine.iter().enumerate() {
-                let gid = groups_seen + share.start + k;
-                let mut members = Vec::new();
-                for g in &gens[k * group..(k + 1) * group] {
-                    new_tokens += g.tokens.len();
-                    stopped += g.stopped as usize;
-                    let text = policy.tok.decode(&g.tokens, true)?;
-                    let outcome = if cfg.mask_truncated && !g.stopped {
-                        Score::Masked("truncated".into())
-                    } else {
-                        job.env.score(task, &text)
-                    };
-                    match outcome {
-                        Score::Reward(r) => {
-                            scored_here.push(r);
-                            scored_here.push(bucket.map_or(-1.0, |b| b as f64));
-                            let mut smp = Sample::new(gid, ids.clone(), g, policy.stop_id(), r);
-                            smp.bucket = *bucket;
-                            members.push(smp);
-                        }
-                        Score::Masked(why) => {
-                            *masked_now.entry(why).or_default() += 1;
-                        }
-                    }
-                }
-                let rewards: Vec<f64> = members.iter().map(|m| m.reward).collect();
-                if group > 1 && !informative(&rewards) {
-                    zero_var += 1;
-                    if cfg.is_grpo() && cfg.dynamic_sampling {
-                        dropped += 1;
-                        continue;
-                    }
-                }
-                members.retain(|m| !m.response.is_empty());
-                if !members.is_empty() {
-                    members_here.extend(members);
-                    kept_here += 1;
-                }
-            }
-            // The round over every rank: kept groups, scores, lengths.
-            let mut mine_flat = vec![kept_here as f64, (scored_here.len() / 2) as f64];
-            mine_flat.extend(&scored_here);
-            mine_flat.extend(members_here.iter().map(|m| m.response.len() as f64));
-            let all = stats::all_gather_varlen(comm, &mine_flat)?;
-            for (r, v) in all.iter().enumerate() {
-                kept_groups += v[0] as usize;
-                let n = v[1] as usize;
-                for pair in v[2..2 + 2 * n].chunks(2) {
-                    scored.push((pair[0], (pair[1] >= 0.0).then_some(pair[1] as usize)));
-                }
-                if r == rank {
-                    layout
-                        .mine
-                        .extend(layout.lens.len()..layout.lens.len() + members_here.len());
-                }
-                layout
-                    .lens
-                    .extend(v[2 + 2 * n..].iter().map(|&l| l as usize));
-            }
-            batch.extend(members_here);
-            groups_seen += d.tasks.len();
-            env_secs += t1.elapsed().as_secs_f64();
-            round += 1;
-            let short = kept_groups < cfg.batch_size;
-            if !(cfg.is_grpo() && cfg.dynamic_sampling && short && round <= cfg.max_resample_rounds)
-            {
-                break;
-            }
-        }
-        let rewards: Vec<f64> = scored.iter().map(|x| x.0).collect();
+        // 2. Tasks, completions, scores.
+        let mut got = collect(
+            job,
+            comm,
+            &policy,
+            &mut stream,
+            &mut rl,
+            &mut curriculum,
+            step,
+        )?;
+        let rewards: Vec<f64> = got.scored.iter().map(|x| x.0).collect();
         curriculum.record(&rewards, step + 1);
-
         // 3-4. Old log-probs, values, reference, advantages, update.
-        let t_train = Instant::now();
-        let lr = cfg.learning_rate;
-        let mut up = UpdateStats::default();
-        let (mut kl_sum, mut kl_n, mut mm_sum, mut mm_max, mut mm_n) =
-            (0.0, 0usize, 0.0f64, 0.0f64, 0usize);
-        let mut seq_tokens = 0usize;
-        if !layout.lens.is_empty() {
-            policy.score_old(&mut batch)?;
-            policy.advantages_with(&mut batch, comm)?;
-            for smp in &batch {
-                for (&lp, &rp) in smp.old_logp.iter().zip(&smp.ref_logp) {
-                    kl_sum += KlEstimator::K1.value(lp, rp);
-                    kl_n += 1;
-                }
-                seq_tokens += smp.prompt.len() + smp.response.len();
-                // The sampler's log-probs against the trainer's forward on
-                // the same tokens (kernels, batching and dtype differ).
-                for (&a, &b) in smp.sampler_logp.iter().zip(&smp.old_logp) {
-                    let d = (a as f64 - b).abs();
-                    mm_sum += d;
-                    mm_max = mm_max.max(d);
-                    mm_n += 1;
-                }
-            }
-            up = policy.update_with(&batch, &layout, step, lr, comm)?;
-        } else {
+        let trained = train(&mut policy, &mut got, step, comm)?;
+        if got.layout.lens.is_empty() {
             state.skipped_steps += 1;
         }
-        let train_secs = t_train.elapsed().as_secs_f64();
+        let totals = Totals::over_ranks(comm, &got, &trained, run.stop_vote())?;
+        for (why, n) in &totals.masked {
+            *rl.masked.entry(why.clone()).or_default() += n;
+        }
+        rl.dropped_groups += totals.dropped;
+        state.step += 1;
+        state.tokens_seen += totals.seq_tokens as u64;
 
-        // The step's counts over every rank.
+        // 5. Metrics, progress, checkpoints.
+        let reward_mean = rewards.iter().sum::<f64>() / rewards.len().max(1) as f64;
+        first_reward.get_or_insert(reward_mean);
+        last_reward = Some(reward_mean);
+        let record = StepRecord {
+            got: &got,
+            trained: &trained,
+            totals: &totals,
+            secs: t_step.elapsed().as_secs_f64(),
+        };
+        let s = record.scalars(job, &policy, comm.world(), step, &rl, &curriculum)?;
+        if let Some(log) = &mut log {
+            let pairs: Vec<(&str, f64)> = s.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            log.log(state.step, &pairs)?;
+        }
+        progress.set(state.step);
+        progress.status(&format!(
+            "reward {reward_mean:.3} kl {:.4} clip {:.3}{} {:.0} tok/s",
+            totals.kl_mean,
+            trained.up.clip_fraction,
+            if curriculum.enabled {
+                format!(" level {}", curriculum.label(curriculum.level))
+            } else {
+                String::new()
+            },
+            s["tokens_per_s"]
+        ));
+
+        let checkpoint_now = || save(job, &mut state, &rl, &curriculum, &policy);
+        let vars = policy.trainable_vars();
+        if run.after_step(
+            step + 1,
+            total_steps,
+            cfg.save_steps,
+            totals.stopping,
+            &vars,
+            checkpoint_now,
+        )? {
+            interrupted = true;
+            break;
+        }
+    }
+    progress.finish();
+    drop(stream);
+
+    let (final_dir, merged_dir) = outputs::dirs(&job.output_dir);
+    run.check_in_sync(&policy.trainable_vars())?;
+    if !interrupted && run.lead() {
+        save(job, &mut state, &rl, &curriculum, &policy)?;
+        write_outputs(
+            job,
+            &policy,
+            state.step,
+            comm.world(),
+            &final_dir,
+            &merged_dir,
+        )?;
+    }
+    drop(log);
+    run.draw_curves();
+    Ok(RlSummary {
+        steps: state.step,
+        resumed_from,
+        first_reward,
+        last_reward,
+        curriculum_level: curriculum.level,
+        masked: rl.masked,
+        skipped_tasks: rl.skipped_tasks,
+        bad_rows: rl.bad_rows,
+        final_dir,
+        merged_dir,
+        interrupted,
+        stop_requested: run.stop_requested(),
+    })
+}
+
+/// A step's sampling on this rank: its samples, where they sit in the whole
+/// batch, every rank's scores, and this rank's counts.
+#[derive(Default)]
+struct Collected {
+    batch: Vec<Sample>,
+    layout: Layout,
+    /// Every rank's scored completions (reward, bucket), in batch order.
+    scored: Vec<(f64, Option<usize>)>,
+    masked: BTreeMap<String, u64>,
+    zero_var: usize,
+    dropped: u64,
+    new_tokens: usize,
+    stopped: usize,
+    groups_seen: usize,
+    rounds: usize,
+    env_secs: f64,
+    sample_secs: f64,
+}
+
+/// Step 2: rounds of drawing tasks the curriculum admits, sampling this
+/// rank's groups and scoring them, until the batch is full (or, with
+/// GRPO's dynamic sampling, the rounds are spent).
+fn collect(
+    job: &RlJob,
+    comm: &dyn Communicator,
+    policy: &Policy,
+    stream: &mut SharedTasks,
+    rl: &mut RlState,
+    curriculum: &mut Curriculum,
+    step: u64,
+) -> anyhow::Result<Collected> {
+    let cfg = &job.config;
+    let (rank, world) = (comm.rank(), comm.world());
+    let group = cfg.group_size();
+    let mut c = Collected::default();
+    let mut kept_groups = 0usize;
+    loop {
+        let want = cfg.batch_size - kept_groups;
+        let d = draw(stream, comm, policy, rl, curriculum, want, step)?;
+        c.env_secs += d.env_secs;
+        let share = stats::groups_of_rank(d.tasks.len(), world, rank);
+        let mine = &d.tasks[share.clone()];
+        let t0 = Instant::now();
+        let prompts: Vec<Vec<u32>> = mine
+            .iter()
+            .flat_map(|(_, ids, _)| std::iter::repeat_n(ids.clone(), group))
+            .collect();
+        let gens = policy.sample_share(
+            &prompts,
+            keyed(cfg.seed, step, c.rounds as u64),
+            (share.start * group) as u64,
+        )?;
+        c.sample_secs += t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let (mut kept_here, mut scored_here, mut members_here) = (0usize, Vec::new(), Vec::new());
+        for (k, (task, ids, bucket)) in mine.iter().enumerate() {
+            let gid = c.groups_seen + share.start + k;
+            let mut members = Vec::new();
+            for g in &gens[k * group..(k + 1) * group] {
+                c.new_tokens += g.tokens.len();
+                c.stopped += g.stopped as usize;
+                let text = policy.tok.decode(&g.tokens, true)?;
+                let outcome = if cfg.mask_truncated && !g.stopped {
+                    Score::Masked("truncated".into())
+                } else {
+                    job.env.score(task, &text)
+                };
+                match outcome {
+                    Score::Reward(r) => {
+                        scored_here.push(r);
+                        scored_here.push(bucket.map_or(-1.0, |b| b as f64));
+                        let mut smp = Sample::new(gid, ids.clone(), g, policy.stop_id(), r);
+                        smp.bucket = *bucket;
+                        members.push(smp);
+                    }
+                    Score::Masked(why) => {
+                        *c.masked.entry(why).or_default() += 1;
+                    }
+                }
+            }
+            let rewards: Vec<f64> = members.iter().map(|m| m.reward).collect();
+            if group > 1 && !informative(&rewards) {
+                c.zero_var += 1;
+                if cfg.is_grpo() && cfg.dynamic_sampling {
+                    c.dropped += 1;
+                    continue;
+                }
+            }
+            members.retain(|m| !m.response.is_empty());
+            if !members.is_empty() {
+                members_here.extend(members);
+                kept_here += 1;
+            }
+        }
+        // The round over every rank: kept groups, scores, lengths.
+        let mut mine_flat = vec![kept_here as f64, (scored_here.len() / 2) as f64];
+        mine_flat.extend(&scored_here);
+        mine_flat.extend(members_here.iter().map(|m| m.response.len() as f64));
+        let all = stats::all_gather_varlen(comm, &mine_flat)?;
+        for (r, v) in all.iter().enumerate() {
+            kept_groups += v[0] as usize;
+            let n = v[1] as usize;
+            for pair in v[2..2 + 2 * n].chunks(2) {
+                c.scored
+                    .push((pair[0], (pair[1] >= 0.0).then_some(pair[1] as usize)));
+            }
+            if r == rank {
+                let at = c.layout.lens.len();
+                c.layout.mine.extend(at..at + members_here.len());
+            }
+            c.layout
+                .lens
+                .extend(v[2 + 2 * n..].iter().map(|&l| l as usize));
+        }
+        c.batch.extend(members_here);
+        c.groups_seen += d.tasks.len();
+        c.env_secs += t1.elapsed().as_secs_f64();
+        c.rounds += 1;
+        let short = kept_groups < cfg.batch_size;
+        if !(cfg.is_grpo() && cfg.dynamic_sampling && short && c.rounds <= cfg.max_resample_rounds)
+        {
+            return Ok(c);
+        }
+    }
+}
+
+/// What the training half of a step did on this rank.
+#[derive(Default)]
+struct Trained {
+    up: UpdateStats,
+    /// k1 KL of the old policy to the reference, summed over tokens.
+    kl_sum: f64,
+    kl_n: usize,
+    /// The sampler's log-probs against the trainer's, summed and largest.
+    mm_sum: f64,
+    mm_max: f64,
+    mm_n: usize,
+    /// Prompt and response tokens of this rank's samples.
+    seq_tokens: usize,
+    secs: f64,
+}
+
+/// Steps 3-4: old log-probs, values and reference, advantages, then the
+/// update (nothing when no rank kept a sample).
+fn train(
+    policy: &mut Policy,
+    got: &mut Collected,
+    step: u64,
+    comm: &dyn Communicator,
+) -> anyhow::Result<Trained> {
+    let t0 = Instant::now();
+    let mut t = Trained::default();
+    if !got.layout.lens.is_empty() {
+        policy.score_old(&mut got.batch)?;
+        policy.advantages_with(&mut got.batch, comm)?;
+        for smp in &got.batch {
+            for (&lp, &rp) in smp.old_logp.iter().zip(&smp.ref_logp) {
+                t.kl_sum += KlEstimator::K1.value(lp, rp);
+                t.kl_n += 1;
+            }
+            t.seq_tokens += smp.prompt.len() + smp.response.len();
+            // The sampler's log-probs against the trainer's forward on
+            // the same tokens (kernels, batching and dtype differ).
+            for (&a, &b) in smp.sampler_logp.iter().zip(&smp.old_logp) {
+                let d = (a as f64 - b).abs();
+                t.mm_sum += d;
+                t.mm_max = t.mm_max.max(d);
+                t.mm_n += 1;
+            }
+        }
+        let lr = policy.cfg.learning_rate;
+        t.up = policy.update_with(&got.batch, &got.layout, step, lr, comm)?;
+    }
+    t.secs = t0.elapsed().as_secs_f64();
+    Ok(t)
+}
+
+/// A step's counts over every rank, and the stop request they agree on.
+struct Totals {
+    zero_var: f64,
+    dropped: u64,
+    new_tokens: f64,
+    stopped: f64,
+    seq_tokens: f64,
+    kl_mean: f64,
+    /// Mean and largest sampler/trainer log-prob gap.
+    mismatch: Option<(f64, f64)>,
+    masked: BTreeMap<String, u64>,
+    stopping: bool,
+}
+
+impl Totals {
+    fn over_ranks(
+        comm: &dyn Communicator,
+        got: &Collected,
+        t: &Trained,
+        stop_vote: f64,
+    ) -> anyhow::Result<Self> {
         let local = [
-            zero_var as f64,
-            dropped as f64,
-            new_tokens as f64,
-            stopped as f64,
-            seq_tokens as f64,
-            kl_sum,
-            kl_n as f64,
-            mm_sum,
-            mm_n as f64,
-            mm_max,
-            f64::from(u8::from(stop.load(Ordering::Relaxed))),
+            got.zero_var as f64,
+            got.dropped as f64,
+            got.new_tokens as f64,
+            got.stopped as f64,
+            t.seq_tokens as f64,
+            t.kl_sum,
+            t.kl_n as f64,
+            t.mm_sum,
+            t.mm_n as f64,
+            t.mm_max,
+            stop_vote,
         ];
         let all = comm.all_gather_f64(&local)?;
         let total = |i: usize| all.iter().map(|v| v[i]).sum::<f64>();
-        let (zero_var, dropped, new_tokens, stopped, seq_tokens) =
-            (total(0), total(1) as u64, total(2), total(3), total(4));
-        let kl_mean = total(5) / total(6).max(1.0);
-        let mismatch = (total(8) > 0.0).then(|| {
-            (
-                total(7) / total(8),
-                all.iter().map(|v| v[9]).fold(0.0, f64::max),
-            )
-        });
-        let stopping = total(10) > 0.0;
-        let masked_now = stats::sum_counts(comm, &masked_now)?;
-        for (why, n) in &masked_now {
-            *rl.masked.entry(why.clone()).or_default() += n;
-        }
-        rl.dropped_groups += dropped;
-        state.step += 1;
-        state.tokens_seen += seq_tokens as u64;
+        Ok(Self {
+            zero_var: total(0),
+            dropped: total(1) as u64,
+            new_tokens: total(2),
+            stopped: total(3),
+            seq_tokens: total(4),
+            kl_mean: total(5) / total(6).max(1.0),
+            mismatch: (total(8) > 0.0).then(|| {
+                (
+                    total(7) / total(8),
+                    all.iter().map(|v| v[9]).fold(0.0, f64::max),
+                )
+            }),
+            masked: stats::sum_counts(comm, &got.masked)?,
+            stopping: total(10) > 0.0,
+        })
+    }
+}
 
-        // 5. Metrics, progress, checkpoints.
-        let n_scored = rewards.len().max(1) as f64;
-        let reward_mean = rewards.iter().sum::<f64>() / n_scored;
-        first_reward.get_or_insert(reward_mean);
-        last_reward = Some(reward_mean);
-        let secs = t_step.elapsed().as_secs_f64();
+/// What a step logs, from its parts.
+struct StepRecord<'a> {
+    got: &'a Collected,
+    trained: &'a Trained,
+    totals: &'a Totals,
+    secs: f64,
+}
+
+impl StepRecord<'_> {
+    /// The step's scalars for the run log (`step` is the step's index).
+    fn scalars(
+        &self,
+        job: &RlJob,
+        policy: &Policy,
+        world: usize,
+        step: u64,
+        rl: &RlState,
+        curriculum: &Curriculum,
+    ) -> anyhow::Result<BTreeMap<String, f64>> {
+        let (got, up, n) = (self.got, &self.trained.up, self.totals);
+        let cfg = &job.config;
+        let mut s = BTreeMap::<String, f64>::new();
         let mut put = |k: &str, v: f64| {
             s.insert(k.to_owned(), v);
         };
-        let sampled = (groups_seen * group).max(1) as f64;
-        put("reward", reward_mean);
+        let rewards: Vec<f64> = got.scored.iter().map(|x| x.0).collect();
+        let n_scored = rewards.len().max(1) as f64;
+        let sampled = (got.groups_seen * cfg.group_size()).max(1) as f64;
+        put("reward", rewards.iter().sum::<f64>() / n_scored);
         put(
             "accuracy",
             rewards.iter().filter(|&&r| r == 1.0).count() as f64 / n_scored,
         );
         put("scored", rewards.len() as f64);
-        put("trained_samples", layout.lens.len() as f64);
-        put("masked", masked_now.values().sum::<u64>() as f64);
-        put("kl", kl_mean);
+        put("trained_samples", got.layout.lens.len() as f64);
+        put("masked", n.masked.values().sum::<u64>() as f64);
+        put("kl", n.kl_mean);
         put("kl_loss", up.kl_loss);
         put("clip_fraction", up.clip_fraction);
         put("entropy", up.entropy);
         put("policy_loss", up.policy_loss);
         put("grad_norm", up.grad_norm);
-        put("lr", lr);
+        put("lr", cfg.learning_rate);
         put(
             "frac_zero_variance_groups",
-            zero_var / groups_seen.max(1) as f64,
+            n.zero_var / got.groups_seen.max(1) as f64,
         );
-        put("sampling_rounds", round as f64);
-        put("response_tokens_mean", new_tokens / sampled);
-        put("stopped_fraction", stopped / sampled);
-        put("time_sample_s", sample_secs);
-        put("time_env_s", env_secs);
-        put("time_train_s", train_secs);
-        put("time_step_s", secs);
+        put("sampling_rounds", got.rounds as f64);
+        put("response_tokens_mean", n.new_tokens / sampled);
+        put("stopped_fraction", n.stopped / sampled);
+        put("time_sample_s", got.sample_secs);
+        put("time_env_s", got.env_secs);
+        put("time_train_s", self.trained.secs);
+        put("time_step_s", self.secs);
         if let Some(gib) = crate::gpu::peak_memory_gib(&job.device)? {
             put("peak_mem_gib", gib);
         }
         // Rank 0's sampling time; every rank's tokens.
-        put("sample_tokens_per_s", new_tokens / sample_secs.max(1e-9));
-        put("tokens_per_s", (seq_tokens + new_tokens) / secs.max(1e-9));
+        put(
+            "sample_tokens_per_s",
+            n.new_tokens / got.sample_secs.max(1e-9),
+        );
+        put(
+            "tokens_per_s",
+            (n.seq_tokens + n.new_tokens) / self.secs.max(1e-9),
+        );
         put("task_cursor", rl.cursor as f64);
         if step == 0 {
             // Once: the budget is fixed for the run (train_config.json and
@@ -1269,7 +1313,7 @@ pub fn run_with(
         if policy.value.is_some() {
             put("value_loss", up.value_loss);
         }
-        if let Some((mean, max)) = mismatch {
+        if let Some((mean, max)) = n.mismatch {
             put("logprob_mismatch_mean", mean);
             put("logprob_mismatch_max", max);
         }
@@ -1281,7 +1325,7 @@ pub fn run_with(
             put("curriculum_accuracy", curriculum.accuracy());
         }
         let mut by_bucket: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-        for (r, b) in &scored {
+        for (r, b) in &got.scored {
             let label = b.map_or_else(|| "n/a".to_owned(), |b| curriculum.label(b));
             let e = by_bucket.entry(label).or_default();
             e.0 += (*r == 1.0) as u8 as f64;
@@ -1299,142 +1343,31 @@ pub fn run_with(
         if job.env.rows().is_some() {
             s.insert("bad_rows".into(), rl.bad_rows.len() as f64);
         }
-        if let Some(m) = &mut metrics {
-            m.log(state.step, &s)?;
-        }
-        progress.set(state.step);
-        progress.status(&format!(
-            "reward {reward_mean:.3} kl {kl_mean:.4} clip {:.3}{} {:.0} tok/s",
-            up.clip_fraction,
-            if curriculum.enabled {
-                format!(" level {}", curriculum.label(curriculum.level))
-            } else {
-                String::new()
-            },
-            s["tokens_per_s"]
-        ));
-
-        let periodic = cfg.save_steps > 0 && state.step.is_multiple_of(cfg.save_steps as u64);
-        if (periodic || stopping) && state.step < total_steps {
-            dist::check_in_sync(comm, &policy.params().into_values().collect::<Vec<_>>())?;
-            if lead {
-                save(
-                    &job.output_dir,
-                    &job.base_dir,
-                    &mut state,
-                    &rl,
-                    &curriculum,
-                    &policy,
-                    cfg.save_total_limit,
-                )?;
-            }
-        }
-        // A stop during the last step comes too late to cut anything: the
-        // run is whole, and ends as one (final save and outputs).
-        stop_seen |= stopping;
-        if stopping && state.step < total_steps {
-            interrupted = true;
-            break;
-        }
+        Ok(s)
     }
-    progress.finish();
-    drop(stream);
-
-    let final_dir = job.output_dir.join("final");
-    let merged_dir = job.output_dir.join("merged");
-    dist::check_in_sync(comm, &policy.params().into_values().collect::<Vec<_>>())?;
-    if !interrupted && lead {
-        save(
-            &job.output_dir,
-            &job.base_dir,
-            &mut state,
-            &rl,
-            &curriculum,
-            &policy,
-            cfg.save_total_limit,
-        )?;
-        let info = crate::train::card::CardInfo {
-            base_model: job.base_dir.display().to_string(),
-            base_commit: None,
-            stage: "stage3_ppo".into(),
-            train_file: job.env.name().to_string(),
-            steps: state.step,
-            lora_r: cfg.lora_r,
-            lora_alpha: cfg.lora_alpha,
-            target_modules: cfg.target_modules.clone(),
-        };
-        write_adapter_and_merged(
-            &policy.loaded,
-            &policy.tok,
-            &job.base_dir,
-            &info,
-            &final_dir,
-            &merged_dir,
-        )?;
-        if let Some(v) = &policy.value {
-            let t: std::collections::HashMap<String, Tensor> = v
-                .named_vars()
-                .into_iter()
-                .map(|(k, v)| (k, v.as_tensor().clone()))
-                .collect();
-            candle_core::safetensors::save(&t, final_dir.join("value_head.safetensors"))?;
-        }
-        crate::atomic::write(
-            &job.output_dir.join("train_config.json"),
-            serde_json::to_string_pretty(&serde_json::json!({
-                "stage": "stage3_ppo", "ppo": cfg, "curriculum": job.curriculum,
-                "model": job.model, "base_dir": job.base_dir, "environment": job.env.name(),
-                "world_size": world, "micro_batch_tokens": policy.micro_batch_tokens(),
-                "gradient_checkpointing": policy.gradient_checkpointing(),
-            }))?
-            .as_bytes(),
-        )?;
-    }
-    drop(metrics);
-    // The trained outputs are safe by now: a failed drawing only warns.
-    if lead
-        && let Err(e) = runlog::read_metrics(&job.output_dir.join(runlog::METRICS_FILE))
-            .and_then(|r| runlog::curves::draw(&job.output_dir, &r))
-    {
-        tracing::warn!(
-            "stage 3: curves not drawn: {e:#}\nhint: `trace-train report {}` draws them again",
-            job.output_dir.display()
-        );
-    }
-    Ok(RlSummary {
-        steps: state.step,
-        resumed_from,
-        first_reward,
-        last_reward,
-        curriculum_level: curriculum.level,
-        masked: rl.masked,
-        skipped_tasks: rl.skipped_tasks,
-        bad_rows: rl.bad_rows,
-        final_dir,
-        merged_dir,
-        interrupted,
-        stop_requested: stop_seen || stop.load(Ordering::Relaxed),
-    })
 }
 
-#[allow(clippy::too_many_arguments)] // private; the loop's own state
+/// A checkpoint `step_N/` of the run: the adapter and value head, both
+/// optimizers, and the RL state (cursor, curriculum, counters) in the
+/// trainer state's `extra`.
 fn save(
-    out: &Path,
-    base: &Path,
+    job: &RlJob,
     state: &mut TrainerState,
     rl: &RlState,
     curriculum: &Curriculum,
     policy: &Policy,
-    keep: usize,
 ) -> anyhow::Result<()> {
     let mut extra = rl.clone();
     extra.curriculum = Some(curriculum.clone());
     extra.optimizer_steps = policy.opt.step;
     extra.value_optimizer_steps = policy.value_opt.as_ref().map_or(0, |o| o.step);
     state.extra = serde_json::to_value(&extra)?;
-    let keep = if keep == 0 { usize::MAX } else { keep };
+    let keep = match job.config.save_total_limit {
+        0 => usize::MAX,
+        k => k,
+    };
     let dir = checkpoint::save_as(
-        out,
+        &job.output_dir,
         STEP_PREFIX,
         state,
         &policy.params(),
@@ -1446,10 +1379,58 @@ fn save(
     model::adapter::save(
         &policy.loaded,
         &dir.join("adapter"),
-        &base.display().to_string(),
+        &job.base_dir.display().to_string(),
     )?;
     tracing::info!("saved `{}`", dir.display());
     Ok(())
+}
+
+/// The run's outputs: `final/` with the value head beside the adapter,
+/// `merged/`, `train_config.json`.
+fn write_outputs(
+    job: &RlJob,
+    policy: &Policy,
+    steps: u64,
+    world: usize,
+    final_dir: &Path,
+    merged_dir: &Path,
+) -> anyhow::Result<()> {
+    let cfg = &job.config;
+    let info = card::CardInfo {
+        base_model: job.base_dir.display().to_string(),
+        base_commit: None,
+        stage: "stage3_ppo".into(),
+        train_file: job.env.name().to_string(),
+        steps,
+        lora_r: cfg.lora_r,
+        lora_alpha: cfg.lora_alpha,
+        target_modules: cfg.target_modules.clone(),
+    };
+    outputs::write_adapter_and_merged(
+        &policy.loaded,
+        &policy.tok,
+        &job.base_dir,
+        &info,
+        final_dir,
+        merged_dir,
+    )?;
+    if let Some(v) = &policy.value {
+        let t: std::collections::HashMap<String, Tensor> = v
+            .named_vars()
+            .into_iter()
+            .map(|(k, v)| (k, v.as_tensor().clone()))
+            .collect();
+        candle_core::safetensors::save(&t, final_dir.join("value_head.safetensors"))?;
+    }
+    outputs::write_train_config(
+        &job.output_dir,
+        &serde_json::json!({
+            "stage": "stage3_ppo", "ppo": cfg, "curriculum": job.curriculum,
+            "model": job.model, "base_dir": job.base_dir, "environment": job.env.name(),
+            "world_size": world, "micro_batch_tokens": policy.micro_batch_tokens(),
+            "gradient_checkpointing": policy.gradient_checkpointing(),
+        }),
+    )
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
-//! Training: the SFT recipe (`sft.rs`, one loop read top to bottom) and the
-//! parts recipes share: the optimizer, the schedule, token losses and
-//! checkpoints, and the model card a trained folder carries (`card.rs`). Only this module brings model, data and optimizer together.
+//! Training parts every recipe uses (the optimizer, the schedule, token
+//! losses) and the SFT recipe (`sft.rs`, one loop read top to bottom). The
+//! run around a recipe's loop (lock, load, resume, checkpoints, outputs) is
+//! the kit's ([`crate::kit`]).
 
-pub mod card;
-pub mod checkpoint;
+pub mod completion;
 pub mod loss;
 pub mod optim;
 pub mod schedule;

@@ -1,8 +1,9 @@
 //! The LoRA SFT recipe, used by Stage 1 (`warmup`, original programs) and
 //! Stage 2 (`sft`, transformed programs). One loop, read top to bottom:
 //!
-//! 1. lock the output folder, load tokenizer and model (LoRA on the targets),
-//!    tokenize the training set (loss on the answer and its end-of-turn token);
+//! 1. lock the output folder, load tokenizer and model (LoRA on the targets;
+//!    both through the kit, [`crate::kit`]), tokenize the training set (loss
+//!    on the answer and its end-of-turn token);
 //! 2. resume from the newest valid checkpoint when asked (refused, with the
 //!    differences, if config, data or tokenizer changed, unless forced);
 //! 3. for each optimizer step: `accum` micro-batches, token-weighted mean
@@ -14,7 +15,7 @@
 //!    SIGTERM/SIGINT (then a clean exit);
 //! 5. at the end, the adapter in PEFT's layout in `final/` and the merged
 //!    model (with the tokenizer files) in `merged/`, each with a model card
-//!    and `generation_config.json` (`train::card`), and the curves in
+//!    and `generation_config.json` (`kit::outputs`), and the curves in
 //!    `curves/`.
 //!
 //! Everything that decides the numbers (data order, dropout masks, init) is
@@ -29,27 +30,25 @@
 //! gradients, so the weights stay identical (checked at each checkpoint and
 //! at the end). Rank 0 alone writes metrics, checkpoints and the outputs.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, bail};
-use candle_core::{DType, Device, Tensor};
+use anyhow::bail;
+use candle_core::{Device, Tensor};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::config::{ModelConfig, SftConfig};
 use crate::data::batch::{Batch, Batcher};
 use crate::data::example::{BuildStats, Example, build_examples};
 use crate::data::records::read_records;
-use crate::data::tokenizer::ChatTokenizer;
-use crate::dist::{self, Communicator, Single, shard};
-use crate::model::lora::{LoraConfig, TargetModule, set_dropout_seed};
-use crate::model::{self, LoadedModel};
-use crate::runlog::{self, RunLog};
-use crate::train::card;
-use crate::train::checkpoint::{self, Fingerprint, RunLock, TrainerState};
+use crate::dist::{Communicator, Single, shard};
+use crate::kit::{
+    Guard, Run, card, clip_scale, fingerprint, load, next_micro_batches, outputs, planned_steps,
+    summed_over_ranks,
+};
+use crate::model::LoadedModel;
+use crate::model::lora::{LoraConfig, set_dropout_seed};
+use crate::rng::keyed;
 use crate::train::loss::lm_head_cross_entropy;
 use crate::train::optim::AdamW;
 use crate::train::schedule::Cosine;
@@ -102,9 +101,6 @@ pub struct SftSummary {
     pub stop_requested: bool,
 }
 
-/// Consecutive non-finite steps tolerated before the run stops.
-const MAX_BAD_STEPS: u64 = 10;
-
 /// One run on one device.
 pub fn run(job: &SftJob, progress: &dyn Progress) -> anyhow::Result<SftSummary> {
     run_with(job, &Single, progress)
@@ -119,34 +115,26 @@ pub fn run_with(
 ) -> anyhow::Result<SftSummary> {
     let cfg = &job.config;
     let (rank, world) = (comm.rank(), comm.world());
-    let lead = rank == 0;
-    let _lock = if lead {
-        Some(RunLock::acquire(&job.output_dir)?)
-    } else {
-        None
-    };
-    let stop = crate::stop::flag()?;
+    let run = Run::begin(&job.stage, &job.output_dir, comm)?;
+    let lead = run.lead();
 
     // 1. Tokenizer, model, data.
-    let tok = ChatTokenizer::from_dir(&job.base_dir)?;
-    let dtype = train_dtype(&job.model.dtype, &job.device);
     let lora = LoraConfig {
         r: cfg.lora_r,
         alpha: cfg.lora_alpha,
         dropout: cfg.lora_dropout as f32,
-        target_modules: target_modules(&cfg.target_modules)?,
+        target_modules: load::target_modules(&cfg.target_modules)?,
         seed: cfg.seed,
     };
-    let mut loaded = model::load(&job.base_dir, Some(&lora), dtype, &job.device)?;
+    let (tok, mut loaded) = load::trainee(
+        &job.base_dir,
+        load::Adapter::Fresh(&lora),
+        &job.model,
+        &job.device,
+    )?;
     loaded
         .model
         .set_gradient_checkpointing(job.gradient_checkpointing);
-    // QLoRA: 4-bit frozen projections on a GPU (a CPU run keeps its dtype).
-    let four_bit = job.model.load_in_4bit && !job.device.is_cpu();
-    if four_bit {
-        loaded.model.quantize_base()?;
-    }
-    tok.check_against_vocab(loaded.model.vocab_size())?;
     let records = read_records(&job.train_file)?;
     let (examples, stats) = build_examples(&tok, &records, job.model.max_length)?;
     if examples.is_empty() {
@@ -172,11 +160,7 @@ pub fn run_with(
         Batcher::new(&examples, cfg.batch_size, cfg.seed, pad)?.with_length_buckets(buckets);
     let per_epoch = batcher.batches_per_epoch();
     let accum = cfg.gradient_accumulation_steps;
-    let steps_per_epoch = per_epoch.div_ceil(accum) as u64;
-    let mut total_steps = steps_per_epoch * cfg.epochs as u64;
-    if let Some(m) = job.max_steps {
-        total_steps = total_steps.min(m);
-    }
+    let total_steps = planned_steps(per_epoch, accum, cfg.epochs, job.max_steps);
     let schedule = Cosine::new(
         cfg.learning_rate,
         total_steps as usize,
@@ -185,98 +169,33 @@ pub fn run_with(
     );
 
     // 2. Fresh start or resume.
-    let fingerprint = Fingerprint {
-        config: serde_json::to_value(cfg)?,
-        base_model: format!(
+    let fingerprint = fingerprint::of(
+        serde_json::to_value(cfg)?,
+        format!(
             "{}{}",
             job.base_dir.display(),
-            if four_bit { " (NF4)" } else { "" }
+            if load::four_bit(&job.model, &job.device) {
+                " (NF4)"
+            } else {
+                ""
+            }
         ),
-        base_weights: weights_fingerprint(&job.base_dir)?,
-        train_data_sha256: sha256_of(&[&job.train_file])?,
-        tokenizer_sha256: sha256_of(&[
-            &job.base_dir.join("tokenizer.json"),
-            &job.base_dir.join("tokenizer_config.json"),
-        ])?,
-    };
+        &job.base_dir,
+        fingerprint::sha256_of(&[&job.train_file])?,
+    )?;
     let vars = loaded.named_trainable_vars();
     let mut opt = AdamW::new(vars.clone(), cfg.weight_decay)?;
-    let mut state = TrainerState {
-        step: 0,
-        epoch: 0,
-        batch: 0,
-        tokens_seen: 0,
-        skipped_steps: 0,
-        fingerprint: fingerprint.clone(),
-        extra: serde_json::Value::Null,
-    };
-    let mut resumed_from = None;
-    // Rank 0 looks first (it removes interrupted saves), the others after.
-    let latest = if lead {
-        let l = checkpoint::latest(&job.output_dir, &job.device)?;
-        comm.barrier()?;
-        l
-    } else {
-        comm.barrier()?;
-        checkpoint::latest(&job.output_dir, &job.device)?
-    };
-    match (job.resume, latest) {
-        (true, Some(ck)) => {
-            let diff = fingerprint.differences(&ck.state.fingerprint);
-            if !diff.is_empty() && !job.force {
-                bail!(
-                    "cannot resume {} from `{}`: the run changed:\n  - {}\nhint: restore the original settings, or pass --force to resume anyway",
-                    job.stage,
-                    ck.dir.display(),
-                    diff.join("\n  - ")
-                );
-            }
-            for (name, var) in &vars {
-                let t = ck
-                    .params
-                    .get(name)
-                    .with_context(|| format!("checkpoint `{}` lacks `{name}`", ck.dir.display()))?;
-                var.set(&t.to_dtype(var.dtype())?)?;
-            }
-            opt.load_state(&ck.optim, ck.state.step)?;
-            resumed_from = Some(ck.state.step);
-            state = TrainerState {
-                fingerprint: fingerprint.clone(),
-                ..ck.state
-            };
-            tracing::info!("resuming {} at step {}", job.stage, state.step);
-        }
-        (false, Some(ck)) => bail!(
-            "`{}` holds checkpoints of an earlier run (latest `{}`)\nhint: pass --resume to continue it, or choose another output folder",
-            job.output_dir.display(),
-            ck.dir.display()
-        ),
-        (_, None) => {}
-    }
-    // Every rank starts from rank 0's weights (they are equal already when
-    // initialisation and checkpoint agree; this makes it certain).
-    if world > 1 {
-        let ts: Vec<Tensor> = vars.iter().map(|(_, v)| v.as_tensor().clone()).collect();
-        for ((_, v), t) in vars.iter().zip(dist::broadcast(comm, &ts, 0)?) {
-            v.set(&t)?;
-        }
-    }
-    // Rank 0 alone logs; it keeps the steps up to the checkpoint (all of
-    // them on a fresh start: none).
-    let mut log = if lead {
-        Some(RunLog::open(&job.output_dir, resumed_from)?)
-    } else {
-        None
-    };
+    let (mut state, resumed_from, mut log) =
+        run.start_optimizer(job.resume, job.force, &fingerprint, &job.device, &mut opt)?;
+    let keep = cfg.save_total_limit;
 
     // 3-4. The loop.
     if lead {
         progress.start(Some(total_steps), state.step);
     }
     let (mut first_loss, mut last_loss, mut eval_loss) = (None, None, None);
-    let mut bad_in_a_row = 0u64;
+    let mut guard = Guard::default();
     let mut interrupted = false;
-    let mut stop_seen = false;
     let started = Instant::now();
     let tokens_at_start = state.tokens_seen;
     let mut plan = batcher.plan(state.epoch as u64);
@@ -286,19 +205,7 @@ pub fn run_with(
         let t0 = Instant::now();
         // This step's micro-batches (example indices), from the saved data
         // position; every rank plans all of them and computes its share.
-        let mut micro: Vec<Vec<usize>> = Vec::with_capacity(accum);
-        while micro.len() < accum {
-            if state.batch >= per_epoch {
-                if !micro.is_empty() {
-                    break; // the epoch's last, shorter step
-                }
-                state.epoch += 1;
-                state.batch = 0;
-                plan = batcher.plan(state.epoch as u64);
-            }
-            micro.push(plan[state.batch].clone());
-            state.batch += 1;
-        }
+        let micro = next_micro_batches(&mut state, accum, &mut plan, |e| batcher.plan(e));
         let answer_tokens: usize = micro
             .iter()
             .flatten()
@@ -314,7 +221,7 @@ pub fn run_with(
                 None => part.micro as u64,
                 Some(s) => ((part.micro * world + s) as u64) | (1 << 32),
             };
-            set_dropout_seed(mix(cfg.seed, state.step, key));
+            set_dropout_seed(keyed(cfg.seed, state.step, key));
             let b = batcher.batch(&part.rows);
             let (ids, mask, labels) = tensors(&b, &job.device)?;
             let hidden = loaded.model.forward_hidden(&ids, Some(&mask), true)?;
@@ -327,45 +234,16 @@ pub fn run_with(
             crate::train::optim::accumulate(&mut grads, step_grads)?;
         }
         state.tokens_seen += step_tokens as u64;
-        // A rank with no share this step (an epoch's short last step on
-        // many ranks) adds zeros.
-        let grads = match grads {
-            Some(g) => g,
-            None => vars
-                .iter()
-                .map(|(_, v)| v.as_tensor().zeros_like())
-                .collect::<candle_core::Result<_>>()?,
-        };
-        let grads = dist::all_reduce_sum(comm, &grads)?;
+        let grads = summed_over_ranks(comm, grads, &opt)?;
         // The loss and the stop request, agreed by all ranks (a signal seen
         // by one rank stops all of them at the same step).
-        let agreed =
-            comm.sum_f64(&[loss_sum, f64::from(u8::from(stop.load(Ordering::Relaxed)))])?;
+        let agreed = comm.sum_f64(&[loss_sum, run.stop_vote()])?;
         let loss_sum = agreed[0];
         let stopping = agreed[1] > 0.0;
         let norm = AdamW::grad_norm(&grads)?;
         let lr = schedule.lr(state.step as usize);
-        if !loss_sum.is_finite() || !norm.is_finite() {
-            state.skipped_steps += 1;
-            bad_in_a_row += 1;
-            tracing::warn!(
-                "step {}: non-finite loss or gradient, skipped",
-                state.step + 1
-            );
-            if bad_in_a_row >= MAX_BAD_STEPS {
-                bail!(
-                    "{} stopped: {bad_in_a_row} steps in a row had a non-finite loss or gradient (last checkpoint is intact)\nhint: lower the learning rate",
-                    job.stage
-                );
-            }
-        } else {
-            bad_in_a_row = 0;
-            let scale = if norm > cfg.max_grad_norm {
-                cfg.max_grad_norm / norm
-            } else {
-                1.0
-            };
-            opt.step(&grads, lr, scale)?;
+        if guard.admits(&job.stage, &mut state, loss_sum, norm)? {
+            opt.step(&grads, lr, clip_scale(norm, cfg.max_grad_norm))?;
         }
         state.step += 1;
         let secs = t0.elapsed().as_secs_f64();
@@ -381,9 +259,6 @@ pub fn run_with(
             ("time_step_s", secs),
             ("skipped_steps", state.skipped_steps as f64),
         ];
-        if let Some(gib) = crate::gpu::peak_memory_gib(&job.device)? {
-            scalars.push(("peak_mem_gib", gib));
-        }
         if cfg.eval_steps > 0
             && state.step.is_multiple_of(cfg.eval_steps as u64)
             && !eval_examples.is_empty()
@@ -399,9 +274,8 @@ pub fn run_with(
             scalars.push(("eval_loss", e));
             eval_loss = Some(e);
         }
-        if let Some(log) = log.as_mut() {
-            scalars.push(("world_size", world as f64));
-            log.log(state.step, &scalars)?;
+        run.log_step(&mut log, state.step, scalars, &job.device)?;
+        if lead {
             progress.set(state.step);
             progress.status(&format!(
                 "loss {loss_sum:.4} {:.0} tok/s",
@@ -409,17 +283,7 @@ pub fn run_with(
             ));
         }
 
-        let periodic = cfg.save_steps > 0 && state.step.is_multiple_of(cfg.save_steps as u64);
-        if (periodic || stopping) && state.step < total_steps {
-            dist::check_in_sync(comm, &var_tensors(&vars))?;
-            if lead {
-                save_checkpoint(&job.output_dir, &state, &opt, cfg.save_total_limit)?;
-            }
-        }
-        // A stop during the last step comes too late to cut anything: the
-        // run is whole, and ends as one (final save and outputs).
-        stop_seen |= stopping;
-        if stopping && state.step < total_steps {
+        if run.after_optimizer_step(&state, total_steps, cfg.save_steps, keep, stopping, &opt)? {
             interrupted = true;
             break;
         }
@@ -429,11 +293,8 @@ pub fn run_with(
     }
 
     // 5. Outputs of the stage.
-    let final_dir = job.output_dir.join("final");
-    let merged_dir = job.output_dir.join("merged");
-    dist::check_in_sync(comm, &var_tensors(&vars))?;
-    if !interrupted && lead {
-        save_checkpoint(&job.output_dir, &state, &opt, cfg.save_total_limit)?;
+    let (final_dir, merged_dir) = outputs::dirs(&job.output_dir);
+    if run.finish_optimizer(&state, keep, interrupted, &opt)? {
         // A hub model is named by its id, as PEFT records it; a folder by its path.
         let base_name = job
             .base
@@ -454,30 +315,26 @@ pub fn run_with(
             lora_alpha: cfg.lora_alpha,
             target_modules: cfg.target_modules.clone(),
         };
-        write_adapter_and_merged(&loaded, &tok, &job.base_dir, &info, &final_dir, &merged_dir)?;
-        crate::atomic::write(
-            &job.output_dir.join("train_config.json"),
-            serde_json::to_string_pretty(&serde_json::json!({
+        outputs::write_adapter_and_merged(
+            &loaded,
+            &tok,
+            &job.base_dir,
+            &info,
+            &final_dir,
+            &merged_dir,
+        )?;
+        outputs::write_train_config(
+            &job.output_dir,
+            &serde_json::json!({
                 "stage": job.stage, "config": cfg, "model": job.model,
                 "base_dir": job.base_dir, "base_model": job.base,
                 "train_file": job.train_file,
-            }))?
-            .as_bytes(),
+            }),
         )?;
     }
-    // The trained outputs are safe by now: a failed drawing only warns.
     // Rank 0 wrote the metrics, so it alone draws them.
-    let metrics = job.output_dir.join(runlog::METRICS_FILE);
-    if lead
-        && let Err(e) =
-            runlog::read_metrics(&metrics).and_then(|r| runlog::curves::draw(&job.output_dir, &r))
-    {
-        tracing::warn!(
-            "{}: curves not drawn: {e:#}\nhint: `trace-train report {}` draws them again",
-            job.stage,
-            job.output_dir.display()
-        );
-    }
+    drop(log);
+    run.draw_curves();
     let secs = started.elapsed().as_secs_f64();
     Ok(SftSummary {
         steps: state.step,
@@ -491,81 +348,8 @@ pub fn run_with(
         final_dir,
         merged_dir,
         interrupted,
-        stop_requested: stop_seen || stop.load(Ordering::Relaxed),
+        stop_requested: run.stop_requested(),
     })
-}
-
-/// A stage's outputs: the adapter in PEFT's layout in `final_dir`, the
-/// merged model with the base's tokenizer files in `merged_dir`, each with
-/// its model card and `generation_config.json` (Stages 1, 2 and 3 alike).
-pub(crate) fn write_adapter_and_merged(
-    loaded: &LoadedModel,
-    tok: &ChatTokenizer,
-    base_dir: &Path,
-    info: &card::CardInfo,
-    final_dir: &Path,
-    merged_dir: &Path,
-) -> anyhow::Result<()> {
-    model::adapter::save(loaded, final_dir, &info.base_model)?;
-    model::adapter::merge(loaded, merged_dir)?;
-    for f in [
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        crate::data::tokenizer::CHAT_TEMPLATE_FILE,
-    ] {
-        let src = base_dir.join(f);
-        if src.exists() {
-            std::fs::copy(&src, merged_dir.join(f))
-                .with_context(|| format!("cannot copy `{}`", src.display()))?;
-        }
-    }
-    let generation = card::generation_config(base_dir, tok)?;
-    card::write(final_dir, info, card::Kind::Adapter, &generation)?;
-    card::write(merged_dir, info, card::Kind::Merged, &generation)?;
-    Ok(())
-}
-
-/// The projections named in a config's `target_modules`, each checked.
-pub(crate) fn target_modules(names: &[String]) -> anyhow::Result<Vec<TargetModule>> {
-    names
-        .iter()
-        .map(|m| {
-            TargetModule::parse(m).with_context(|| {
-                format!("target module `{m}` is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj")
-            })
-        })
-        .collect()
-}
-
-/// The dtype a run computes in: the configured one (`bf16`, `f16` or
-/// `f32`) on an accelerator, f32 on the CPU.
-pub fn train_dtype(name: &str, device: &Device) -> DType {
-    match (name, device.is_cpu()) {
-        (_, true) | ("f32", _) => DType::F32,
-        ("f16", _) => DType::F16,
-        _ => DType::BF16,
-    }
-}
-
-fn save_checkpoint(
-    out: &Path,
-    state: &TrainerState,
-    opt: &AdamW,
-    keep: usize,
-) -> anyhow::Result<()> {
-    let params: BTreeMap<String, Tensor> = opt
-        .vars()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
-        .collect();
-    let dir = checkpoint::save(out, state, &params, &opt.state(), keep)?;
-    tracing::info!("saved `{}`", dir.display());
-    Ok(())
-}
-
-fn var_tensors(vars: &[(String, candle_core::Var)]) -> Vec<Tensor> {
-    vars.iter().map(|(_, v)| v.as_tensor().clone()).collect()
 }
 
 /// Input ids, attention mask and labels of a batch, as (B, L) tensors.
@@ -604,56 +388,4 @@ fn evaluate_loss(
     }
     let total = comm.sum_f64(&[sum, n as f64])?;
     Ok(total[0] / total[1].max(1.0))
-}
-
-/// A seed for (run seed, step, micro-batch): dropout masks differ per step
-/// and repeat exactly on resume.
-pub(crate) fn mix(seed: u64, step: u64, micro: u64) -> u64 {
-    let mut h = seed ^ 0x9e37_79b9_7f4a_7c15;
-    for x in [step, micro] {
-        h = (h ^ x).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        h ^= h >> 31;
-    }
-    h
-}
-
-pub(crate) fn sha256_of(paths: &[&Path]) -> anyhow::Result<String> {
-    let mut h = Sha256::new();
-    for p in paths {
-        if p.exists() {
-            checkpoint::hash_file(&mut h, p)
-                .with_context(|| format!("cannot read `{}`", p.display()))?;
-        }
-    }
-    Ok(crate::hex(&h.finalize()))
-}
-
-/// A quick fingerprint of a model folder: `config.json`, and each weight
-/// file's name, length and 32 samples of 4 KiB spread over it. Hashing all
-/// of a 4B model's 8 GB would cost seconds on every start; merging an
-/// adapter rewrites most projection bytes, which the samples see.
-pub(crate) fn weights_fingerprint(dir: &Path) -> anyhow::Result<String> {
-    use std::io::{Read, Seek, SeekFrom};
-    const SAMPLES: u64 = 32;
-    const CHUNK: u64 = 4096;
-    let mut h = Sha256::new();
-    let config = dir.join("config.json");
-    h.update(
-        std::fs::read(&config).with_context(|| format!("cannot read `{}`", config.display()))?,
-    );
-    for path in model::weight_files(dir)? {
-        let mut f = std::fs::File::open(&path)
-            .with_context(|| format!("cannot read `{}`", path.display()))?;
-        let len = f.metadata()?.len();
-        h.update(path.file_name().unwrap_or_default().as_encoded_bytes());
-        h.update(len.to_le_bytes());
-        let mut buf = vec![0u8; CHUNK as usize];
-        for i in 0..SAMPLES {
-            let at = (len.saturating_sub(CHUNK)) * i / (SAMPLES - 1);
-            f.seek(SeekFrom::Start(at))?;
-            let n = f.read(&mut buf)?;
-            h.update(&buf[..n]);
-        }
-    }
-    Ok(crate::hex(&h.finalize()))
 }

@@ -30,7 +30,7 @@ pub struct Fingerprint {
     /// The resolved stage config.
     pub config: serde_json::Value,
     pub base_model: String,
-    /// [`crate::train::sft`]'s quick fingerprint of the base weights (config
+    /// [`crate::kit::fingerprint::weights`]: the quick fingerprint of the base weights (config
     /// and samples of every weight file), so a base folder rewritten in
     /// place (a re-run Stage 1 merge) is noticed. Empty when unknown.
     #[serde(default)]
@@ -97,6 +97,50 @@ pub struct TrainerState {
     /// counters); null for SFT.
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub extra: serde_json::Value,
+}
+
+impl TrainerState {
+    /// A fresh run's state: step 0 at the data's start.
+    pub fn new(fingerprint: Fingerprint) -> Self {
+        TrainerState {
+            step: 0,
+            epoch: 0,
+            batch: 0,
+            tokens_seen: 0,
+            skipped_steps: 0,
+            fingerprint,
+            extra: serde_json::Value::Null,
+        }
+    }
+}
+
+/// The tensors of named variables, by name: what a checkpoint stores of
+/// them.
+pub fn tensors_of(vars: &[(String, candle_core::Var)]) -> BTreeMap<String, Tensor> {
+    vars.iter()
+        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+        .collect()
+}
+
+/// [`save_as`] of an optimizer's variables and moments: the checkpoint of
+/// a recipe that trains only what `opt` holds (SFT, DPO).
+pub fn save_optimizer(
+    out_dir: &Path,
+    prefix: &str,
+    state: &TrainerState,
+    opt: &crate::train::optim::AdamW,
+    keep: usize,
+) -> anyhow::Result<PathBuf> {
+    let dir = save_as(
+        out_dir,
+        prefix,
+        state,
+        &tensors_of(opt.vars()),
+        &opt.state(),
+        keep,
+    )?;
+    tracing::info!("saved `{}`", dir.display());
+    Ok(dir)
 }
 
 /// Folder name prefix of SFT checkpoints (`checkpoint-<step>`).
@@ -243,6 +287,21 @@ pub struct Loaded {
     pub state: TrainerState,
     pub params: BTreeMap<String, Tensor>,
     pub optim: BTreeMap<String, Tensor>,
+}
+
+impl Loaded {
+    /// Sets each of `vars` to its saved tensor (in the variable's dtype);
+    /// a variable the checkpoint lacks is an error naming both.
+    pub fn restore(&self, vars: &[(String, candle_core::Var)]) -> anyhow::Result<()> {
+        for (name, var) in vars {
+            let t = self
+                .params
+                .get(name)
+                .with_context(|| format!("checkpoint `{}` lacks `{name}`", self.dir.display()))?;
+            var.set(&t.to_dtype(var.dtype())?)?;
+        }
+        Ok(())
+    }
 }
 
 /// The newest valid checkpoint, after removing interrupted saves.

@@ -1,0 +1,403 @@
+//! Preference pairs from scored rollouts: for each prompt, a correct answer
+//! over an incorrect one (iterative RPO's rule, Pang et al. 2024), and
+//! optionally, among correct answers, the better over the worse by a stated
+//! criterion (shorter, or fewer lines). Pairs whose texts are identical, or
+//! closer than a minimum edit distance, teach nothing or push the shared
+//! tokens down (Smaug/DPOP, Pal et al. 2024), and are dropped; ties under a
+//! criterion are dropped; at most `max_pairs_per_prompt` are kept a prompt,
+//! chosen by a seeded hash so a re-run keeps the same ones. Every prompt
+//! that gave no pair is counted under why.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::rollout::Rollout;
+
+/// How to rank correct answers against each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Criterion {
+    /// Fewer completion tokens is better.
+    Shorter,
+    /// Fewer lines in the completion text is better.
+    FewerLines,
+}
+
+impl Criterion {
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "shorter" => Ok(Self::Shorter),
+            "fewer_lines" => Ok(Self::FewerLines),
+            other => Err(format!("`{other}` is not one of shorter, fewer_lines")),
+        }
+    }
+
+    /// The amount that ranks a rollout (lower is better).
+    fn cost(self, r: &Rollout) -> usize {
+        match self {
+            Self::Shorter => r.tokens,
+            Self::FewerLines => r.completion.lines().count(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Shorter => "shorter",
+            Self::FewerLines => "fewer_lines",
+        }
+    }
+}
+
+/// What `prefs` is asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairRules {
+    /// Rank correct answers against each other too.
+    pub among_correct: Option<Criterion>,
+    /// Drop pairs whose texts are closer than this many character edits
+    /// (0: only identical texts are dropped).
+    pub min_edit_distance: usize,
+    /// Most pairs a prompt (0: all).
+    pub max_pairs_per_prompt: usize,
+    /// Seeds which pairs a capped prompt keeps.
+    pub seed: u64,
+}
+
+impl Default for PairRules {
+    fn default() -> Self {
+        Self {
+            among_correct: None,
+            min_edit_distance: 0,
+            max_pairs_per_prompt: 4,
+            seed: 42,
+        }
+    }
+}
+
+/// One preference pair, a line of the pairs file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pair {
+    pub prompt_id: u64,
+    /// The user message, before any chat template.
+    pub prompt: String,
+    pub chosen: String,
+    pub rejected: String,
+    /// `correctness`, or the criterion that ranked two correct answers.
+    pub kind: String,
+    pub chosen_reward: f64,
+    pub rejected_reward: f64,
+    /// Character edits between the two texts.
+    pub edit_distance: usize,
+}
+
+/// What `prefs` made and left out.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PairStats {
+    pub rollouts: usize,
+    pub prompts: usize,
+    pub prompts_with_pairs: usize,
+    /// Prompts that gave no pair, by why: `all_incorrect`, `all_correct`
+    /// (and no criterion, or every correct answer tied), `single_rollout`,
+    /// `all_identical`, `all_too_similar`.
+    pub prompts_without_pairs: BTreeMap<String, usize>,
+    /// Pairs written, by kind.
+    pub pairs: BTreeMap<String, usize>,
+    /// Candidate pairs dropped, by why: `identical`, `too_similar`, `tie`,
+    /// `over_cap`.
+    pub dropped: BTreeMap<String, usize>,
+}
+
+/// Levenshtein distance in characters (two rows of the DP table).
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, ca) in a.iter().enumerate() {
+        cur[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
+/// The pairs of `rollouts` under `rules`, prompt by prompt in prompt-id
+/// order, and what was made and left out.
+pub fn make_pairs(rollouts: &[Rollout], rules: &PairRules) -> (Vec<Pair>, PairStats) {
+    let mut by_prompt: BTreeMap<u64, Vec<&Rollout>> = BTreeMap::new();
+    for r in rollouts {
+        by_prompt.entry(r.prompt_id).or_default().push(r);
+    }
+    let mut stats = PairStats {
+        rollouts: rollouts.len(),
+        prompts: by_prompt.len(),
+        ..PairStats::default()
+    };
+    let mut out = Vec::new();
+    for (&id, group) in &by_prompt {
+        let (pairs, why) = prompt_pairs(id, group, rules, &mut stats.dropped);
+        match why {
+            Some(why) => *stats.prompts_without_pairs.entry(why).or_default() += 1,
+            None => stats.prompts_with_pairs += 1,
+        }
+        for p in &pairs {
+            *stats.pairs.entry(p.kind.clone()).or_default() += 1;
+        }
+        out.extend(pairs);
+    }
+    (out, stats)
+}
+
+/// One prompt's pairs, or why it gave none.
+fn prompt_pairs(
+    id: u64,
+    group: &[&Rollout],
+    rules: &PairRules,
+    dropped: &mut BTreeMap<String, usize>,
+) -> (Vec<Pair>, Option<String>) {
+    if group.len() < 2 {
+        return (Vec::new(), Some("single_rollout".into()));
+    }
+    let correct: Vec<&Rollout> = group.iter().copied().filter(|r| r.correct).collect();
+    let wrong: Vec<&Rollout> = group.iter().copied().filter(|r| !r.correct).collect();
+    // Candidates: (chosen, rejected, kind).
+    let mut candidates: Vec<(&Rollout, &Rollout, &'static str)> = Vec::new();
+    for c in &correct {
+        for w in &wrong {
+            candidates.push((c, w, "correctness"));
+        }
+    }
+    let mut ties = 0usize;
+    if let Some(crit) = rules.among_correct {
+        for (i, a) in correct.iter().enumerate() {
+            for b in &correct[i + 1..] {
+                let (ca, cb) = (crit.cost(a), crit.cost(b));
+                if ca < cb {
+                    candidates.push((a, b, crit.name()));
+                } else if cb < ca {
+                    candidates.push((b, a, crit.name()));
+                } else {
+                    ties += 1;
+                }
+            }
+        }
+    }
+    if ties > 0 {
+        *dropped.entry("tie".into()).or_default() += ties;
+    }
+    if candidates.is_empty() {
+        let why = if correct.is_empty() {
+            "all_incorrect"
+        } else {
+            "all_correct"
+        };
+        return (Vec::new(), Some(why.into()));
+    }
+    let mut kept = Vec::new();
+    let (mut identical, mut similar) = (0usize, 0usize);
+    for (c, r, kind) in candidates {
+        if c.completion == r.completion {
+            identical += 1;
+            continue;
+        }
+        let d = edit_distance(&c.completion, &r.completion);
+        if d < rules.min_edit_distance {
+            similar += 1;
+            continue;
+        }
+        kept.push(Pair {
+            prompt_id: id,
+            prompt: c.prompt.clone(),
+            chosen: c.completion.clone(),
+            rejected: r.completion.clone(),
+            kind: kind.into(),
+            chosen_reward: c.reward,
+            rejected_reward: r.reward,
+            edit_distance: d,
+        });
+    }
+    for (why, n) in [("identical", identical), ("too_similar", similar)] {
+        if n > 0 {
+            *dropped.entry(why.into()).or_default() += n;
+        }
+    }
+    if kept.is_empty() {
+        let why = if similar == 0 {
+            "all_identical"
+        } else {
+            "all_too_similar"
+        };
+        return (Vec::new(), Some(why.into()));
+    }
+    if rules.max_pairs_per_prompt > 0 && kept.len() > rules.max_pairs_per_prompt {
+        // A seeded order, then the original order among the kept ones.
+        let mut order: Vec<usize> = (0..kept.len()).collect();
+        order.sort_by_key(|&i| crate::rng::keyed(rules.seed, id, i as u64));
+        let mut keep: Vec<usize> = order[..rules.max_pairs_per_prompt].to_vec();
+        keep.sort_unstable();
+        *dropped.entry("over_cap".into()).or_default() += kept.len() - keep.len();
+        kept = keep.into_iter().map(|i| kept[i].clone()).collect();
+    }
+    (kept, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roll(id: u64, text: &str, correct: bool, tokens: usize) -> Rollout {
+        Rollout {
+            prompt_id: id,
+            prompt: format!("prompt {id}"),
+            completion: text.into(),
+            answer: text.into(),
+            expected: "x".into(),
+            tokens,
+            stopped: true,
+            reward: f64::from(u8::from(correct)),
+            correct,
+            sample: 0,
+            sampling: Default::default(),
+            model: "m".into(),
+            model_commit: None,
+            adapter: None,
+        }
+    }
+
+    #[test]
+    fn edit_distance_counts_character_edits() {
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("same", "same"), 0);
+        assert_eq!(edit_distance("1\n2", "1\n3"), 1);
+    }
+
+    #[test]
+    fn correct_over_incorrect_and_why_prompts_gave_none() {
+        let rs = vec![
+            // Prompt 1: two correct, one wrong: two pairs.
+            roll(1, "4", true, 2),
+            roll(1, "4\n", true, 3),
+            roll(1, "5", false, 2),
+            // Prompt 2: all wrong.
+            roll(2, "a", false, 1),
+            roll(2, "b", false, 1),
+            // Prompt 3: all correct, no criterion.
+            roll(3, "a", true, 1),
+            roll(3, "a", true, 1),
+            // Prompt 4: one rollout.
+            roll(4, "a", true, 1),
+            // Prompt 5: the wrong answer's text equals the correct one's
+            // (a scoring that looked at more than the text).
+            roll(5, "same", true, 1),
+            roll(5, "same", false, 1),
+        ];
+        let (pairs, st) = make_pairs(&rs, &PairRules::default());
+        assert_eq!(pairs.len(), 2);
+        assert!(pairs.iter().all(|p| p.prompt_id == 1 && p.rejected == "5"));
+        assert_eq!(pairs[0].chosen, "4");
+        assert_eq!(pairs[0].kind, "correctness");
+        assert_eq!(
+            (pairs[0].chosen_reward, pairs[0].rejected_reward),
+            (1.0, 0.0)
+        );
+        assert_eq!(st.prompts, 5);
+        assert_eq!(st.prompts_with_pairs, 1);
+        let why = &st.prompts_without_pairs;
+        assert_eq!(why["all_incorrect"], 1);
+        assert_eq!(why["all_correct"], 1);
+        assert_eq!(why["single_rollout"], 1);
+        assert_eq!(why["all_identical"], 1);
+        assert_eq!(st.dropped["identical"], 1);
+        assert_eq!(st.pairs["correctness"], 2);
+    }
+
+    #[test]
+    fn a_criterion_ranks_correct_answers_and_drops_ties() {
+        let rs = vec![
+            roll(1, "1\n2\n3", true, 9),
+            roll(1, "123", true, 4),
+            roll(1, "321", true, 4),
+        ];
+        let shorter = PairRules {
+            among_correct: Some(Criterion::Shorter),
+            ..PairRules::default()
+        };
+        let (pairs, st) = make_pairs(&rs, &shorter);
+        // 4 < 9 twice; the two of 4 tokens tie.
+        assert_eq!(pairs.len(), 2, "{pairs:?}");
+        assert!(
+            pairs
+                .iter()
+                .all(|p| p.rejected == "1\n2\n3" && p.kind == "shorter")
+        );
+        assert_eq!(st.dropped["tie"], 1);
+        let lines = PairRules {
+            among_correct: Some(Criterion::FewerLines),
+            ..PairRules::default()
+        };
+        let (pairs, _) = make_pairs(&rs, &lines);
+        assert!(
+            pairs
+                .iter()
+                .all(|p| p.kind == "fewer_lines" && p.rejected == "1\n2\n3")
+        );
+        // Every correct answer tied: no pair, counted as all_correct.
+        let tied = vec![roll(2, "a", true, 1), roll(2, "b", true, 1)];
+        let (pairs, st) = make_pairs(&tied, &shorter);
+        assert!(pairs.is_empty());
+        assert_eq!(st.prompts_without_pairs["all_correct"], 1);
+    }
+
+    #[test]
+    fn minimum_edit_distance_and_the_cap() {
+        let rs = vec![
+            roll(1, "10", true, 1),
+            roll(1, "11", false, 1),
+            roll(1, "99999", false, 1),
+        ];
+        let rules = PairRules {
+            min_edit_distance: 2,
+            ..PairRules::default()
+        };
+        let (pairs, st) = make_pairs(&rs, &rules);
+        assert_eq!(pairs.len(), 1);
+        assert_eq!(pairs[0].rejected, "99999");
+        assert_eq!(pairs[0].edit_distance, 5);
+        assert_eq!(st.dropped["too_similar"], 1);
+        let only_close = vec![roll(2, "10", true, 1), roll(2, "11", false, 1)];
+        let (_, st) = make_pairs(&only_close, &rules);
+        assert_eq!(st.prompts_without_pairs["all_too_similar"], 1);
+
+        // Three correct x three wrong = 9 candidates, capped at 4, the same
+        // four on every run, and another seed picks others.
+        let many: Vec<Rollout> = (0..6)
+            .map(|i| roll(7, &format!("answer {i}"), i < 3, 2))
+            .collect();
+        let cap = PairRules {
+            max_pairs_per_prompt: 4,
+            ..PairRules::default()
+        };
+        let (a, st) = make_pairs(&many, &cap);
+        assert_eq!(a.len(), 4);
+        assert_eq!(st.dropped["over_cap"], 5);
+        assert_eq!(make_pairs(&many, &cap).0, a);
+        let other: Vec<Vec<Pair>> = (0..8)
+            .map(|seed| {
+                make_pairs(
+                    &many,
+                    &PairRules {
+                        seed,
+                        ..cap.clone()
+                    },
+                )
+                .0
+            })
+            .collect();
+        assert!(other.iter().any(|o| *o != a), "the seed changes nothing");
+    }
+}

@@ -1,0 +1,282 @@
+//! Rollouts: `K` sampled answers to each of a set of prompts from the
+//! batched sampler, each scored by the environment, one JSON line each
+//! with what a pair builder and a reader of the file need (prompt,
+//! completion, extracted answer, token count, reward, correctness, the
+//! sampling settings and the model with its commit).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::data::{ChatTokenizer, Message, Role};
+use crate::model::LoadedModel;
+use crate::model::generate::{self, Sampling};
+use crate::rl::env::{self, Environment, MAX_BARREN_DRAWS, Score};
+
+/// How the answers were sampled (recorded on every line).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingSettings {
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: usize,
+    pub max_new_tokens: usize,
+    /// Prompt `i`'s sample `j` draws from the stream `(seed, i·K + j)`.
+    pub seed: u64,
+}
+
+impl Default for SamplingSettings {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            max_new_tokens: 512,
+            seed: 42,
+        }
+    }
+}
+
+/// One sampled, scored answer: a line of the rollouts file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rollout {
+    /// The environment's task id.
+    pub prompt_id: u64,
+    /// The user message, before any chat template.
+    pub prompt: String,
+    /// The sampled text (special tokens left out).
+    pub completion: String,
+    /// What scoring reads of it (`reward::extract_answer`).
+    pub answer: String,
+    /// The environment's ground truth.
+    pub expected: String,
+    /// Sampled tokens, the stop token not counted.
+    pub tokens: usize,
+    /// Ended by a stop token (else by `max_new_tokens`).
+    pub stopped: bool,
+    pub reward: f64,
+    /// Reward 1: the exact answer.
+    pub correct: bool,
+    /// Which of the prompt's `K` samples.
+    pub sample: usize,
+    pub sampling: SamplingSettings,
+    /// The model folder (or hub id) sampled from.
+    pub model: String,
+    /// Its commit, when it came from the hub cache.
+    pub model_commit: Option<String>,
+    /// The adapter applied on it, if any.
+    pub adapter: Option<String>,
+}
+
+/// What one rollout run asks for.
+pub struct RolloutPlan<'a> {
+    pub env: &'a dyn Environment,
+    /// Prompts wanted (draws that give no task are passed over).
+    pub num_prompts: usize,
+    /// Samples a prompt.
+    pub num_samples: usize,
+    /// Draw `k` is task `env::task_id(task_seed, first_draw + k)`.
+    pub task_seed: u64,
+    pub first_draw: u64,
+    /// Prompts longer than this many tokens are passed over.
+    pub max_prompt_tokens: usize,
+    pub sampling: SamplingSettings,
+    /// Completions decoding at once (0: all).
+    pub max_rows: usize,
+    pub model: String,
+    pub model_commit: Option<String>,
+    pub adapter: Option<String>,
+}
+
+/// What a rollout run made and passed over.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RolloutStats {
+    pub prompts: usize,
+    pub rollouts: usize,
+    pub correct: usize,
+    /// Draws that gave no prompt, by why.
+    pub skipped_tasks: BTreeMap<String, u64>,
+    /// Answers the environment could not score (left out), by why.
+    pub masked: BTreeMap<String, u64>,
+    /// The next draw, for a later run to continue from.
+    pub next_draw: u64,
+}
+
+/// Samples and scores `plan.num_samples` answers to each of
+/// `plan.num_prompts` prompts of the environment.
+pub fn roll_out(
+    model: &LoadedModel,
+    tok: &ChatTokenizer,
+    plan: &RolloutPlan,
+) -> anyhow::Result<(Vec<Rollout>, RolloutStats)> {
+    let mut stats = RolloutStats::default();
+    // The prompts: draws in order, a chunk at a time (in parallel where
+    // the environment can).
+    let mut tasks = Vec::new();
+    let mut draw = plan.first_draw;
+    let mut barren = 0u64;
+    while tasks.len() < plan.num_prompts {
+        let want = (plan.num_prompts - tasks.len()).max(8);
+        let ids: Vec<u64> = (draw..draw + want as u64)
+            .map(|k| env::task_id(plan.task_seed, k))
+            .collect();
+        for made in plan.env.tasks(&ids) {
+            if tasks.len() == plan.num_prompts {
+                break;
+            }
+            draw += 1;
+            let why = match made {
+                Ok(task) => {
+                    let ids =
+                        tok.encode_prompt(&[Message::new(Role::User, task.prompt.clone())])?;
+                    if ids.is_empty() || ids.len() > plan.max_prompt_tokens {
+                        "prompt_too_long".to_owned()
+                    } else {
+                        barren = 0;
+                        tasks.push((task, ids));
+                        continue;
+                    }
+                }
+                Err(why) => why,
+            };
+            *stats.skipped_tasks.entry(why).or_default() += 1;
+            barren += 1;
+            anyhow::ensure!(
+                barren < MAX_BARREN_DRAWS,
+                "{barren} draws in a row of the {} environment gave no usable prompt ({:?})\nhint: check the dataset, or raise --max_prompt_tokens",
+                plan.env.name(),
+                stats.skipped_tasks
+            );
+        }
+    }
+    stats.next_draw = draw;
+    stats.prompts = tasks.len();
+    let k = plan.num_samples;
+    let prompts: Vec<Vec<u32>> = tasks
+        .iter()
+        .flat_map(|(_, ids)| std::iter::repeat_n(ids.clone(), k))
+        .collect();
+    let s = &plan.sampling;
+    let gens = generate::sample(
+        &model.model,
+        &prompts,
+        s.max_new_tokens,
+        &tok.stop_ids(),
+        tok.pad().id,
+        plan.max_rows,
+        &Sampling {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: s.top_k,
+            seed: s.seed,
+            first_stream: 0,
+        },
+        &model.device,
+    )?;
+    let mut out = Vec::with_capacity(gens.len());
+    for (i, (task, _)) in tasks.iter().enumerate() {
+        for (j, g) in gens[i * k..(i + 1) * k].iter().enumerate() {
+            let text = tok.decode(&g.tokens, true)?;
+            let reward = match plan.env.score(task, &text) {
+                Score::Reward(r) => r,
+                Score::Masked(why) => {
+                    *stats.masked.entry(why).or_default() += 1;
+                    continue;
+                }
+            };
+            let correct = reward == 1.0;
+            stats.correct += usize::from(correct);
+            out.push(Rollout {
+                prompt_id: task.task_id,
+                prompt: task.prompt.clone(),
+                answer: crate::reward::extract_answer(&text),
+                completion: text,
+                expected: task.expected.clone(),
+                tokens: g.tokens.len(),
+                stopped: g.stopped,
+                reward,
+                correct,
+                sample: j,
+                sampling: s.clone(),
+                model: plan.model.clone(),
+                model_commit: plan.model_commit.clone(),
+                adapter: plan.adapter.clone(),
+            });
+        }
+    }
+    stats.rollouts = out.len();
+    Ok((out, stats))
+}
+
+/// Writes `rows` as JSON lines at `path`, atomically.
+pub fn write_jsonl<T: Serialize>(path: &Path, rows: &[T]) -> anyhow::Result<()> {
+    let mut text = String::new();
+    for r in rows {
+        text.push_str(&serde_json::to_string(r)?);
+        text.push('\n');
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    crate::atomic::write(path, text.as_bytes())
+}
+
+/// Reads JSON lines of `T` (`what` names a line in errors); blank lines
+/// are skipped, anything else that does not parse stops with the file,
+/// the line and why.
+pub fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path, what: &str) -> anyhow::Result<Vec<T>> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read `{}`", path.display()))?;
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row = serde_json::from_str(line).map_err(|e| {
+            anyhow::anyhow!(
+                "`{}` line {}: not a {what}: {e}\nhint: each line is one JSON object as `trace-train {}` writes it",
+                path.display(),
+                i + 1,
+                if what == "rollout" { "rollouts" } else { "prefs" }
+            )
+        })?;
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_line_is_named_with_its_file_and_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.jsonl");
+        let good = serde_json::json!({
+            "prompt_id": 1, "prompt": "p", "completion": "c", "answer": "c",
+            "expected": "c", "tokens": 1, "stopped": true, "reward": 1.0,
+            "correct": true, "sample": 0,
+            "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8, "seed": 1},
+            "model": "m", "model_commit": null, "adapter": null
+        });
+        let mut bad = good.clone();
+        bad.as_object_mut().unwrap().remove("reward");
+        std::fs::write(&p, format!("{good}\n\n{bad}\n")).unwrap();
+        let e = read_jsonl::<Rollout>(&p, "rollout")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 3"), "{e}");
+        assert!(e.contains("missing field `reward`"), "{e}");
+        assert!(e.contains("r.jsonl"), "{e}");
+        std::fs::write(&p, format!("{good}\n")).unwrap();
+        let rows = read_jsonl::<Rollout>(&p, "rollout").unwrap();
+        assert_eq!(rows.len(), 1);
+        // Written back, read back: the same.
+        write_jsonl(&p, &rows).unwrap();
+        assert_eq!(read_jsonl::<Rollout>(&p, "rollout").unwrap(), rows);
+    }
+}

@@ -1,0 +1,697 @@
+//! DPO from own rollouts through the real binary on the tiny chat model:
+//! `rollouts` (K scored samples a prompt, deterministic for a seed),
+//! `prefs` (pairs and the stats of prompts without one), `dpo` (the loss
+//! of a fresh adapter starts at log 2 under every reference, learning,
+//! exact resume); and the prompt/answer token boundary of a pair under the
+//! Qwen3 and SmolLM2 chat templates.
+
+mod common;
+
+use std::path::Path;
+
+use common::{stderr, trace_train};
+use trace_train::data::{ChatTokenizer, Message, Role};
+use trace_train::pref::dpo::TokenPair;
+
+fn lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn tiny(dir: &Path) {
+    let o = trace_train(dir, &["model", "tiny", "base"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+fn rollouts(dir: &Path, out: &str, seed: &str) -> std::process::Output {
+    trace_train(
+        dir,
+        &[
+            "rollouts",
+            "--model",
+            "base",
+            "--environment",
+            "word",
+            "--num_prompts",
+            "3",
+            "--num_samples",
+            "4",
+            "--max_new_tokens",
+            "6",
+            "--device",
+            "cpu",
+            "--seed",
+            seed,
+            "--output",
+            out,
+        ],
+    )
+}
+
+#[test]
+fn rollouts_are_scored_recorded_and_repeat_for_a_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let o = rollouts(dir.path(), "r.jsonl", "5");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stats: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (stats["prompts"].as_u64(), stats["rollouts"].as_u64()),
+        (Some(3), Some(12))
+    );
+    let rows = lines(&dir.path().join("r.jsonl"));
+    assert_eq!(rows.len(), 12);
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r["sample"].as_u64(), Some((i % 4) as u64), "{r}");
+        assert_eq!(
+            r["prompt_id"],
+            rows[i - i % 4]["prompt_id"],
+            "samples of a prompt together"
+        );
+        let reward = r["reward"].as_f64().unwrap();
+        assert_eq!(r["correct"].as_bool(), Some(reward == 1.0), "{r}");
+        assert!(r["tokens"].as_u64().unwrap() <= 6, "{r}");
+        assert!(
+            r["prompt"]
+                .as_str()
+                .unwrap()
+                .starts_with("Answer with the word"),
+            "{r}"
+        );
+        assert_eq!(r["sampling"]["max_new_tokens"].as_u64(), Some(6));
+        assert_eq!(r["sampling"]["seed"].as_u64(), Some(5));
+        assert!(r["model"].as_str().unwrap().ends_with("base"), "{r}");
+        for key in [
+            "completion",
+            "answer",
+            "expected",
+            "model_commit",
+            "adapter",
+            "stopped",
+        ] {
+            assert!(r.get(key).is_some(), "no {key}: {r}");
+        }
+    }
+    // Four samples of a prompt are not all the same text (temperature 1).
+    let texts: std::collections::BTreeSet<&str> = rows[..4]
+        .iter()
+        .map(|r| r["completion"].as_str().unwrap())
+        .collect();
+    assert!(texts.len() > 1, "{texts:?}");
+    // The same seed: the same file; another: other samples.
+    assert!(rollouts(dir.path(), "again.jsonl", "5").status.success());
+    assert_eq!(
+        std::fs::read(dir.path().join("r.jsonl")).unwrap(),
+        std::fs::read(dir.path().join("again.jsonl")).unwrap()
+    );
+    assert!(rollouts(dir.path(), "other.jsonl", "6").status.success());
+    assert_ne!(
+        std::fs::read(dir.path().join("r.jsonl")).unwrap(),
+        std::fs::read(dir.path().join("other.jsonl")).unwrap()
+    );
+
+    // prefs on what the tiny model said: every prompt is accounted for.
+    let o = trace_train(
+        dir.path(),
+        &[
+            "prefs",
+            "--rollouts",
+            "r.jsonl",
+            "--output",
+            "p.jsonl",
+            "--among_correct",
+            "shorter",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let without: u64 = st["prompts_without_pairs"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        st["prompts_with_pairs"].as_u64().unwrap() + without,
+        3,
+        "{st}"
+    );
+    assert!(dir.path().join("p.jsonl.stats.json").exists());
+}
+
+/// A rollouts file written by hand: prompt 1 has a correct and two wrong
+/// answers, prompt 2 only wrong ones.
+fn hand_rollouts(dir: &Path) {
+    let row = |id: u64, text: &str, correct: bool, sample: usize| {
+        serde_json::json!({
+            "prompt_id": id, "prompt": format!("Answer with the word apple and nothing else. ({id})"),
+            "completion": text, "answer": text, "expected": "apple", "tokens": text.len(),
+            "stopped": true, "reward": if correct { 1.0 } else { 0.0 }, "correct": correct,
+            "sample": sample,
+            "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8, "seed": 1},
+            "model": "base", "model_commit": null, "adapter": null
+        })
+    };
+    let rows = [
+        row(1, "apple", true, 0),
+        row(1, "river", false, 1),
+        row(1, "stone", false, 2),
+        row(2, "cloud", false, 0),
+        row(2, "rivers", false, 1),
+    ];
+    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(dir.join("hand.jsonl"), text).unwrap();
+}
+
+#[test]
+fn prefs_pairs_correct_over_incorrect_and_says_why_a_prompt_gave_none() {
+    let dir = tempfile::tempdir().unwrap();
+    hand_rollouts(dir.path());
+    let o = trace_train(
+        dir.path(),
+        &["prefs", "--rollouts", "hand.jsonl", "--output", "p.jsonl"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let pairs = lines(&dir.path().join("p.jsonl"));
+    assert_eq!(pairs.len(), 2);
+    assert!(
+        pairs
+            .iter()
+            .all(|p| p["chosen"] == "apple" && p["kind"] == "correctness")
+    );
+    let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        st["prompts_without_pairs"]["all_incorrect"].as_u64(),
+        Some(1),
+        "{st}"
+    );
+    // A broken line names the file, the line and the field.
+    std::fs::write(dir.path().join("bad.jsonl"), "{\"prompt_id\": 1}\n").unwrap();
+    let o = trace_train(dir.path(), &["prefs", "--rollouts", "bad.jsonl"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("bad.jsonl") && e.contains("line 1") && e.contains("missing field"),
+        "{e}"
+    );
+}
+
+/// Pairs for the word task: the asked word over a refusal.
+fn word_pairs(dir: &Path, n: usize) {
+    let words = ["apple", "river", "stone", "cloud"];
+    let text: String = (0..n)
+        .map(|i| {
+            let (w, o) = (words[i % 4], "no idea");
+            let p = serde_json::json!({
+                "prompt_id": i, "prompt": format!("Answer with the word {w} and nothing else."),
+                "chosen": w, "rejected": o, "kind": "correctness",
+                "chosen_reward": 1.0, "rejected_reward": 0.0, "edit_distance": 5
+            });
+            format!("{p}\n")
+        })
+        .collect();
+    std::fs::write(dir.join("pairs.jsonl"), text).unwrap();
+    std::fs::write(
+        dir.join("dpo.json"),
+        r#"{"learning_rate": 0.001, "batch_size": 2, "epochs": 3, "save_steps": 2,
+            "save_total_limit": 0, "warmup_ratio": 0.0, "lora_r": 4, "lora_alpha": 8}"#,
+    )
+    .unwrap();
+}
+
+fn dpo(dir: &Path, out: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "dpo",
+        "--model",
+        "base",
+        "--pairs",
+        "pairs.jsonl",
+        "--config",
+        "dpo.json",
+        "--device",
+        "cpu",
+        "--output_dir",
+        out,
+    ];
+    args.extend_from_slice(extra);
+    trace_train(dir, &args)
+}
+
+fn metric(dir: &Path, key: &str) -> Vec<f64> {
+    lines(&dir.join("metrics.jsonl"))
+        .iter()
+        .map(|m| m[key].as_f64().unwrap_or_else(|| panic!("no {key}: {m}")))
+        .collect()
+}
+
+#[test]
+fn dpo_starts_at_log_2_under_every_reference_and_learns() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    word_pairs(dir.path(), 8);
+    let mut firsts = Vec::new();
+    for reference in ["adapter_off", "initial", "precomputed"] {
+        let o = dpo(dir.path(), reference, &["--reference", reference]);
+        assert!(o.status.success(), "{reference}: {}", stderr(&o));
+        let out = dir.path().join(reference);
+        let loss = metric(&out, "loss");
+        // 8 pairs, 2 a step, 3 epochs.
+        assert_eq!(loss.len(), 12, "{reference}");
+        // A fresh adapter is the reference: h = 0, −log σ(0) = log 2
+        // (Rafailov et al. 2023 Eq. 7), and the margins are 0 (up to the
+        // training forward's rounding against the reference's).
+        assert!(
+            (loss[0] - 2f64.ln()).abs() < 1e-5,
+            "{reference}: {}",
+            loss[0]
+        );
+        assert!(metric(&out, "rewards/margins")[0].abs() < 1e-5);
+        // It learns: the last epoch's loss is below log 2 and the chosen
+        // answers' rewards pass the rejected ones'.
+        let last: f64 = loss[8..].iter().sum::<f64>() / 4.0;
+        assert!(last < 0.2, "{reference}: {loss:?}");
+        let margins = metric(&out, "rewards/margins");
+        assert!(margins[11] > 1.0, "{reference}: {margins:?}");
+        let accuracy = metric(&out, "rewards/accuracies");
+        assert!(
+            accuracy[8..].iter().sum::<f64>() / 4.0 > 0.5,
+            "{reference}: {accuracy:?}"
+        );
+        // The run log every stage writes: TensorBoard events with the
+        // rewards/* tags, and the curves.
+        let events = trace_train::runlog::tfevents::event_files(&out).unwrap();
+        assert_eq!(events.len(), 1, "{reference}");
+        let tags: std::collections::BTreeSet<String> =
+            trace_train::runlog::tfevents::read_events(&events[0])
+                .unwrap()
+                .iter()
+                .flat_map(|e| e.values().into_iter().map(|(t, _)| t.to_owned()))
+                .collect();
+        assert!(
+            tags.iter().any(|t| t.contains("rewards/margins")),
+            "{tags:?}"
+        );
+        for part in [
+            "final/adapter_model.safetensors",
+            "merged/config.json",
+            "train_config.json",
+            "curves/rewards_margins.png",
+            "curves/loss.svg",
+        ] {
+            assert!(out.join(part).exists(), "{reference}: no {part}");
+        }
+        firsts.push(loss);
+    }
+    // The three references agree on a fresh adapter (the precomputed one
+    // up to the padding of its batches).
+    for other in &firsts[1..] {
+        for (a, b) in firsts[0].iter().zip(other) {
+            assert!((a - b).abs() < 1e-3, "{:?} vs {other:?}", firsts[0]);
+        }
+    }
+}
+
+#[test]
+fn dpo_resumed_from_a_checkpoint_repeats_the_run_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    word_pairs(dir.path(), 8);
+    let o = dpo(dir.path(), "full", &["--loss", "ipo", "--nll_coef", "0.5"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The state after step 4, as a run stopped there leaves it.
+    let full = dir.path().join("full");
+    let cut = dir.path().join("cut");
+    std::fs::create_dir(&cut).unwrap();
+    let ck = "checkpoint-4";
+    let copy = |from: &Path, to: &Path| {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    };
+    copy(&full.join(ck), &cut.join(ck));
+    let metrics = std::fs::read_to_string(full.join("metrics.jsonl")).unwrap();
+    let head: String = metrics.lines().take(4).map(|l| format!("{l}\n")).collect();
+    std::fs::write(cut.join("metrics.jsonl"), head).unwrap();
+    let o = dpo(
+        dir.path(),
+        "cut",
+        &["--loss", "ipo", "--nll_coef", "0.5", "--resume"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("resumed at 4"), "{}", stderr(&o));
+    for key in ["loss", "rewards/margins", "logps/chosen", "grad_norm", "lr"] {
+        assert_eq!(metric(&full, key), metric(&cut, key), "{key}");
+    }
+    assert_eq!(
+        std::fs::read(full.join("final/adapter_model.safetensors")).unwrap(),
+        std::fs::read(cut.join("final/adapter_model.safetensors")).unwrap(),
+        "final adapters differ"
+    );
+    // Going on from the trained adapter: with its frozen copy as the
+    // reference the first loss is log 2 again (the policy is its
+    // reference); with the adapter switched off the reference is the base,
+    // and the trained adapter already prefers the chosen answers.
+    let from = |out: &str, reference: &str| {
+        let o = dpo(
+            dir.path(),
+            out,
+            &["--adapter", "full/final", "--reference", reference],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        metric(&dir.path().join(out), "loss")[0]
+    };
+    let frozen = from("on_initial", "initial");
+    assert!((frozen - 2f64.ln()).abs() < 1e-5, "{frozen}");
+    let off = from("on_off", "adapter_off");
+    assert!(off < 2f64.ln() - 0.05, "{off}");
+    // Without --resume the folder is refused; with other settings too.
+    let o = dpo(dir.path(), "cut", &["--loss", "ipo", "--nll_coef", "0.5"]);
+    assert!(stderr(&o).contains("--resume"), "{}", stderr(&o));
+    let o = dpo(dir.path(), "cut", &["--loss", "sigmoid", "--resume"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("the run changed"), "{}", stderr(&o));
+}
+
+/// The pair's tokens against the chat template's render of the whole
+/// conversation: the prompt is the generation prompt's tokens, and the
+/// prompt followed by an answer is the tokens of the conversation (its
+/// trailing newline after the end-of-turn token left out), ending with
+/// that token.
+fn boundary_matches_the_template(tok: &ChatTokenizer, what: &str) {
+    for (prompt, chosen, rejected) in [
+        ("Predict the output:\nprint(1 + 1)", "2", "3\n4"),
+        ("x = [1, 2]\nprint(x)", "[1, 2]", ""),
+    ] {
+        let t = TokenPair::new(tok, prompt, chosen, rejected).unwrap();
+        let user = Message::new(Role::User, prompt);
+        assert_eq!(
+            t.prompt,
+            tok.encode_prompt(std::slice::from_ref(&user)).unwrap(),
+            "{what}"
+        );
+        for (answer, ids) in [(chosen, &t.chosen), (rejected, &t.rejected)] {
+            let chat = [user.clone(), Message::new(Role::Assistant, answer)];
+            let full = tok.template().render(&chat, false).unwrap();
+            let mut got = t.prompt.clone();
+            got.extend(ids.iter());
+            assert_eq!(
+                got,
+                tok.encode(full.trim_end()).unwrap(),
+                "{what}: {answer:?}"
+            );
+            assert_eq!(ids.last(), Some(&tok.end_of_turn().id), "{what}");
+            assert_eq!(
+                tok.decode(ids, false).unwrap(),
+                format!("{answer}{}", tok.end_of_turn().text),
+                "{what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn qwen3_pair_boundary_is_the_templates() {
+    let dir = common::repo().join("target/fixtures/qwen3-tokenizer");
+    if !dir.join("tokenizer.json").exists() {
+        eprintln!(
+            "*** SKIPPED qwen3_pair_boundary_is_the_templates: run .ci/fetch-qwen3-tokenizer.sh ***"
+        );
+        return;
+    }
+    boundary_matches_the_template(&ChatTokenizer::from_dir(&dir).unwrap(), "qwen3");
+}
+
+#[test]
+fn smollm2_pair_boundary_is_the_templates() {
+    let Some(gguf) = common::train::smollm2_gguf("smollm2_pair_boundary_is_the_templates") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let o = trace_train(
+        dir.path(),
+        &["model", "import-gguf", gguf.to_str().unwrap(), "smol"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let tok = ChatTokenizer::from_dir(&dir.path().join("smol")).unwrap();
+    boundary_matches_the_template(&tok, "smollm2");
+}
+
+#[test]
+fn tiny_pair_boundary_is_the_templates() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    boundary_matches_the_template(
+        &ChatTokenizer::from_dir(&dir.path().join("base")).unwrap(),
+        "tiny",
+    );
+}
+
+#[test]
+fn pipeline_stage3_dpo_runs_rollouts_and_prefs_rounds_from_stage2() {
+    let dir = tempfile::tempdir().unwrap();
+    let merged = dir.path().join("ck/stage2_sft/merged");
+    let o = trace_train(dir.path(), &["model", "tiny", merged.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(
+        dir.path().join("p.json"),
+        r#"{"model": {"load_in_4bit": false},
+            "stage3": {"algorithm": "dpo", "ppo": {"environment": "word"},
+                       "dpo": {"rounds": 2, "num_prompts": 3, "num_samples": 2,
+                               "max_new_tokens": 4}}}"#,
+    )
+    .unwrap();
+    let o = trace_train(
+        dir.path(),
+        &[
+            "pipeline",
+            "--config",
+            "p.json",
+            "--checkpoints",
+            "ck",
+            "--start_stage",
+            "3",
+            "--last_stage",
+            "3",
+            "--device",
+            "cpu",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    for round in 0..2 {
+        let r = dir.path().join(format!("ck/stage3_dpo/round_{round}"));
+        assert_eq!(
+            lines(&r.join("rollouts.jsonl")).len(),
+            6,
+            "round {round}: {e}"
+        );
+        let st: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(r.join("pairs.jsonl.stats.json")).unwrap())
+                .unwrap();
+        assert_eq!(st["prompts"].as_u64(), Some(3), "{st}");
+        // Each round asks other prompts of the stream.
+        assert!(e.contains(&format!("dpo round {round}")), "{e}");
+    }
+    let p0 = lines(&dir.path().join("ck/stage3_dpo/round_0/rollouts.jsonl"));
+    let p1 = lines(&dir.path().join("ck/stage3_dpo/round_1/rollouts.jsonl"));
+    assert_ne!(p0[0]["prompt_id"], p1[0]["prompt_id"]);
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("ck/pipeline_state.json")).unwrap())
+            .unwrap();
+    assert_eq!(state["finished"], serde_json::json!([3]), "{state}");
+}
+
+/// The layering the kit set up: the Stage 3 and DPO recipes and the kit
+/// below them take nothing from the SFT recipe (`train::sft`), and the kit
+/// nothing from any recipe.
+#[test]
+fn recipes_take_their_setup_from_the_kit_not_from_each_other() {
+    let src = common::repo().join("src");
+    let read = |dir: &str| -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut stack = vec![src.join(dir)];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    out.push((
+                        p.display().to_string(),
+                        std::fs::read_to_string(&p).unwrap(),
+                    ));
+                }
+            }
+        }
+        assert!(!out.is_empty(), "no sources under {dir}");
+        out
+    };
+    let code = |text: &str| -> String {
+        // Doc and line comments may name a recipe; code may not use one.
+        text.lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for dir in ["rl", "pref", "kit"] {
+        for (path, text) in read(dir) {
+            let c = code(&text);
+            assert!(!c.contains("sft::"), "`{path}` uses the SFT recipe");
+            if dir == "kit" {
+                for recipe in ["rl::ppo", "pref::dpo", "ppo::", "dpo::"] {
+                    assert!(!c.contains(recipe), "`{path}` uses a recipe ({recipe})");
+                }
+            }
+        }
+    }
+    for (path, text) in read("train") {
+        assert!(!code(&text).contains("rl::ppo"), "`{path}` uses Stage 3");
+    }
+}
+
+/// Two in-process ranks (each a share of every step: whole micro-batches
+/// with `accum` 2, row slices of one with `accum` 1) train what one rank
+/// does: the same losses and margins, the same final adapter, up to the
+/// order of additions.
+#[test]
+fn dpo_on_two_ranks_trains_what_one_rank_does() {
+    use candle_core::Device;
+    use trace_train::config::{DpoConfig, ModelConfig};
+    use trace_train::dist::{Single, inprocess::run_ranks};
+    use trace_train::kit::RunOptions;
+    use trace_train::pref::dpo::{DpoJob, run_with};
+    use trace_train::progress::NoProgress;
+
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    word_pairs(dir.path(), 8);
+    let job = |out: &str, accum: usize| DpoJob {
+        config: DpoConfig {
+            learning_rate: 1e-3,
+            batch_size: 2,
+            gradient_accumulation_steps: accum,
+            epochs: 2,
+            save_steps: 0,
+            warmup_ratio: 0.0,
+            lora_r: 4,
+            lora_alpha: 8.0,
+            ..DpoConfig::default()
+        },
+        model: ModelConfig::default(),
+        base_dir: dir.path().join("base"),
+        base_commit: None,
+        adapter: None,
+        pairs_file: dir.path().join("pairs.jsonl"),
+        run: RunOptions {
+            output_dir: dir.path().join(out),
+            device: Device::Cpu,
+            resume: false,
+            force: false,
+            max_steps: None,
+        },
+    };
+    let adapter = |out: &str| {
+        let mut t: Vec<(String, candle_core::Tensor)> = candle_core::safetensors::load(
+            dir.path().join(out).join("final/adapter_model.safetensors"),
+            &Device::Cpu,
+        )
+        .unwrap()
+        .into_iter()
+        .collect();
+        t.sort_by(|a, b| a.0.cmp(&b.0));
+        t
+    };
+    for accum in [2, 1] {
+        let (one, two) = (format!("one{accum}"), format!("two{accum}"));
+        run_with(&job(&one, accum), &Single, &NoProgress).unwrap();
+        run_ranks(2, |c| run_with(&job(&two, accum), &c, &NoProgress)).unwrap();
+        for key in ["loss", "rewards/margins", "logps/chosen", "grad_norm"] {
+            let (a, b) = (
+                metric(&dir.path().join(&one), key),
+                metric(&dir.path().join(&two), key),
+            );
+            assert_eq!(a.len(), b.len());
+            for (x, y) in a.iter().zip(&b) {
+                assert!(
+                    (x - y).abs() <= 1e-4 * x.abs().max(1.0),
+                    "accum {accum}, {key}: {a:?} vs {b:?}"
+                );
+            }
+        }
+        let moved = adapter(&one)
+            .iter()
+            .filter(|(k, _)| k.contains("lora_B"))
+            .map(|(_, t)| {
+                t.abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap()
+            })
+            .fold(0f32, f32::max);
+        assert!(moved > 1e-4, "the adapter did not move");
+        for ((k, a), (_, b)) in adapter(&one).iter().zip(adapter(&two).iter()) {
+            let d = (a - b)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(d <= 1e-5, "accum {accum}: `{k}` differs by {d:e}");
+        }
+    }
+}
+
+/// `rollouts` on the trace environment: the built-in programs transformed
+/// and run in the sandbox for their ground truth, the tiny model's answers
+/// scored against it.
+#[test]
+fn rollouts_on_the_trace_environment_carry_the_sandbox_ground_truth() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let o = trace_train(
+        dir.path(),
+        &[
+            "rollouts",
+            "--model",
+            "base",
+            "--environment",
+            "trace",
+            "--num_prompts",
+            "2",
+            "--num_samples",
+            "2",
+            "--max_new_tokens",
+            "4",
+            "--num_workers",
+            "2",
+            "--device",
+            "cpu",
+            "--output",
+            "t.jsonl",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = lines(&dir.path().join("t.jsonl"));
+    assert_eq!(rows.len(), 4, "{}", stderr(&o));
+    for r in &rows {
+        assert!(!r["expected"].as_str().unwrap().is_empty(), "{r}");
+        // The answer is what scoring reads of the completion.
+        let completion = r["completion"].as_str().unwrap();
+        assert_eq!(
+            r["answer"].as_str().unwrap(),
+            trace_train::reward::extract_answer(completion),
+            "{r}"
+        );
+        // The tiny model's four tokens are not the program's output.
+        assert_eq!(r["correct"].as_bool(), Some(false), "{r}");
+    }
+}
