@@ -331,7 +331,7 @@ pub fn environment(
                 max_injections: c.max_injections,
                 ..super::envs::EnvData::default()
             };
-            let envs = super::envs::build(&names, &data, args.unsafe_no_sandbox)?;
+            let envs = super::envs::build(&names, &data, unsafe_no_sandbox)?;
             let mixture = Mixture::new(
                 envs.into_iter()
                     .zip(named.iter().map(|(_, w)| *w))
