@@ -1032,7 +1032,7 @@ mod tests {
             parts: dense_w.iter().map(|w| DecodeBase::Dense(bf(w))).collect(),
             lora: lora(),
         };
-        let nf4 = DecodeProj::Parts {
+        let nf4_with = |lora| DecodeProj::Parts {
             parts: parts
                 .iter()
                 .map(|p| DecodeBase::Nf4 {
@@ -1040,18 +1040,9 @@ mod tests {
                     scales: p.block_scales().unwrap().clone(),
                 })
                 .collect(),
-            lora: None,
+            lora,
         };
-        let nf4_lora = DecodeProj::Parts {
-            parts: parts
-                .iter()
-                .map(|p| DecodeBase::Nf4 {
-                    weight: Arc::clone(p),
-                    scales: p.block_scales().unwrap().clone(),
-                })
-                .collect(),
-            lora: lora(),
-        };
+        let (nf4, nf4_lora) = (nf4_with(None), nf4_with(lora()));
         let folded = DecodeProj::Folded(bf(&randn(1000, 96, 0.1, &dev)));
         let all = [&one, &dense3, &nf4, &nf4_lora, &folded];
         let products = Products::new(&cuda, DType::BF16, &all).unwrap();
