@@ -38,6 +38,11 @@ fn tensorboard_reads_what_a_training_run_logged_and_report_summarises_it() {
         records.iter().map(|r| r.step).collect::<Vec<_>>(),
         [1, 2, 3, 4, 5]
     );
+    // Each step's share of padded positions, a fraction.
+    for r in &records {
+        let p = r.values["padding"];
+        assert!((0.0..1.0).contains(&p), "padding {p} at step {}", r.step);
+    }
     let files = runlog::tfevents::event_files(&out).unwrap();
     assert_eq!(files.len(), 1, "{files:?}");
     for f in [

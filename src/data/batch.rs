@@ -147,19 +147,24 @@ impl<'a> Batcher<'a> {
         batches
     }
 
-    /// Pads `indices`' examples to the longest of them (or to its
+    /// The row length of `indices`' batch: the longest example's (or its
     /// [`bucket_len`]).
-    pub fn batch(&self, indices: &[usize]) -> Batch {
+    pub fn row_len(&self, indices: &[usize]) -> usize {
         let longest = indices
             .iter()
             .map(|&i| self.examples[i].len())
             .max()
             .unwrap_or(0);
-        let seq_len = if self.buckets {
+        if self.buckets {
             bucket_len(longest)
         } else {
             longest
-        };
+        }
+    }
+
+    /// Pads `indices`' examples to [`Self::row_len`].
+    pub fn batch(&self, indices: &[usize]) -> Batch {
+        let seq_len = self.row_len(indices);
         let n = indices.len() * seq_len;
         let mut input_ids = vec![self.pad_id; n];
         let mut attention_mask = vec![0u32; n];
@@ -407,6 +412,10 @@ mod tests {
             .with_length_buckets(true);
         let (a, b) = (plain.batch(&[0, 1, 2]), bucketed.batch(&[0, 1, 2]));
         assert_eq!((a.seq_len, b.seq_len), (70, 128));
+        assert_eq!(
+            (plain.row_len(&[0, 1, 2]), bucketed.row_len(&[0, 2])),
+            (70, 64)
+        );
         assert_eq!((a.tokens, a.answer_tokens), (b.tokens, b.answer_tokens));
         for row in 0..3 {
             let (ra, rb) = (row * a.seq_len, row * b.seq_len);

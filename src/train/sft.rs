@@ -212,6 +212,8 @@ pub fn run_with(
             .map(|&i| examples[i].answer_len())
             .sum();
         let step_tokens: usize = micro.iter().flatten().map(|&i| examples[i].len()).sum();
+        // Positions the step computes, padding included.
+        let positions: usize = micro.iter().map(|m| m.len() * batcher.row_len(m)).sum();
         let mut grads: Option<Vec<Tensor>> = None;
         let mut loss_sum = 0f64;
         for part in shard::split_step(&micro, world, rank) {
@@ -256,6 +258,10 @@ pub fn run_with(
             ("grad_norm", norm),
             ("answer_tokens", answer_tokens as f64),
             ("tokens_per_s", step_tokens as f64 / secs.max(1e-9)),
+            (
+                "padding",
+                1.0 - step_tokens as f64 / positions.max(1) as f64,
+            ),
             ("time_step_s", secs),
             ("skipped_steps", state.skipped_steps as f64),
         ];
