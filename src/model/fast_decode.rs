@@ -141,12 +141,15 @@ pub fn cache_bytes(w: &DecodeWeights, rows: usize, cap: usize) -> usize {
     2 * w.layers.len() * rows * w.kv_heads * cap * w.head_dim * w.embed.dtype().size_in_bytes()
 }
 
-/// Free and total bytes of `device`'s memory (`None` off CUDA).
-pub fn free_memory(device: &Device) -> Result<Option<(usize, usize)>> {
-    match device {
-        Device::Cuda(d) => Ok(Some(d.cuda_stream().context().mem_get_info().w()?)),
-        _ => Ok(None),
-    }
+/// Bytes this process can still allocate on `device` (`None` off CUDA):
+/// the driver's free memory plus what the memory pool holds reserved but
+/// unused (`gpu::free_memory`). After a training pass the pool keeps its
+/// blocks, so the driver's figure alone would see a full card as nearly
+/// full and send decoding to a slower path.
+pub fn free_memory(device: &Device) -> Result<Option<usize>> {
+    crate::gpu::free_memory(device)
+        .map(|f| f.map(|b| b as usize))
+        .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))
 }
 
 impl Drop for Engine<'_> {

@@ -417,7 +417,7 @@ mod fast {
             return fall_back("the device is not a CUDA device");
         }
         let dec = a.model.decoder();
-        let Some((free, _)) = fast_decode::free_memory(a.device)? else {
+        let Some(free) = fast_decode::free_memory(a.device)? else {
             return Ok(None);
         };
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(1);
