@@ -656,26 +656,28 @@ impl<'w> Engine<'w> {
     /// An uninitialised `(rows, cols)` tensor of the model's dtype (every
     /// use writes it whole first).
     fn empty(&self, rows: usize, cols: usize) -> Result<Tensor> {
-        let n = rows * cols;
-        // SAFETY: each caller's kernel writes every element before a read.
-        let storage = unsafe {
-            match self.dtype {
-                DType::BF16 => {
-                    CudaStorage::wrap_cuda_slice(self.dev.alloc::<bf16>(n)?, self.dev.clone())
-                }
-                DType::F16 => {
-                    CudaStorage::wrap_cuda_slice(self.dev.alloc::<f16>(n)?, self.dev.clone())
-                }
-                _ => CudaStorage::wrap_cuda_slice(self.dev.alloc::<f32>(n)?, self.dev.clone()),
-            }
-        };
-        Ok(Tensor::from_storage(
-            Storage::Cuda(storage),
-            (rows, cols),
-            BackpropOp::none(),
-            false,
-        ))
+        uninit(&self.dev, self.dtype, rows, cols)
     }
+}
+
+/// An uninitialised `(rows, cols)` tensor of `dtype` (bf16, f16, else f32)
+/// on `dev`: every caller's kernel writes it whole before any read.
+fn uninit(dev: &CudaDevice, dtype: DType, rows: usize, cols: usize) -> Result<Tensor> {
+    let n = rows * cols;
+    // SAFETY: each caller's kernel writes every element before a read.
+    let storage = unsafe {
+        match dtype {
+            DType::BF16 => CudaStorage::wrap_cuda_slice(dev.alloc::<bf16>(n)?, dev.clone()),
+            DType::F16 => CudaStorage::wrap_cuda_slice(dev.alloc::<f16>(n)?, dev.clone()),
+            _ => CudaStorage::wrap_cuda_slice(dev.alloc::<f32>(n)?, dev.clone()),
+        }
+    };
+    Ok(Tensor::from_storage(
+        Storage::Cuda(storage),
+        (rows, cols),
+        BackpropOp::none(),
+        false,
+    ))
 }
 
 /// The decode step's products `x W^T` (a few rows of x, all of W) and
@@ -757,16 +759,8 @@ impl Products {
             });
         }
         let seg = |i: usize| segs.get(i).copied().unwrap_or((0, 0, 0));
-        // SAFETY: the kernel writes every element of y.
-        let y = Tensor::from_storage(
-            Storage::Cuda(CudaStorage::wrap_cuda_slice(
-                unsafe { dev.alloc::<bf16>(rows * out)? },
-                dev.clone(),
-            )),
-            (rows, out),
-            BackpropOp::none(),
-            false,
-        );
+        // The kernel writes every element of y.
+        let y = uninit(dev, DType::BF16, rows, out)?;
         let xa = match lora {
             Some(lora) => Some((x.matmul(&lora.a.t()?)?, lora)),
             None => None,
