@@ -1,9 +1,10 @@
 //! Build steps: the git commit for `trace-train env`, and the GPU
 //! features' (without them, nothing more).
 //!
-//! - `cuda`: compiles every `src/kernels/*.cu` to PTX in `OUT_DIR` with nvcc
-//!   (`$CUDA_HOME/bin/nvcc` when `CUDA_HOME` is set, else `nvcc` on the
-//!   PATH) for `sm_$CUDA_COMPUTE_CAP` (default 90).
+//! - `cuda`: compiles every `src/kernels/*.cu` to a fat binary in `OUT_DIR`
+//!   with nvcc (`$CUDA_HOME/bin/nvcc` when `CUDA_HOME` is set, else `nvcc`
+//!   on the PATH): SASS for `sm_$CUDA_COMPUTE_CAP` (default 90) and its PTX
+//!   for newer GPUs.
 //! - `cudnn`: compiles the cuDNN attention shim (`csrc/sdpa_cudnn.cpp`).
 //!   Headers come from `scripts/fetch-cudnn-headers.sh`: cuDNN's
 //!   (`CUDNN_INCLUDE_DIR`, default `/opt/cudnn/cudnn/include`), the
@@ -25,7 +26,7 @@ use std::process::Command;
 
 fn main() {
     git_commit();
-    ptx_kernels();
+    cuda_kernels();
     nccl_link();
     #[cfg(feature = "cudnn")]
     cudnn::build();
@@ -62,7 +63,7 @@ fn git_commit() {
     }
 }
 
-fn ptx_kernels() {
+fn cuda_kernels() {
     println!("cargo:rerun-if-changed=build.rs");
     // The built-in corpora are embedded with `include_dir!`, which tracks
     // the files it found but not the folders: a program added later would
@@ -81,6 +82,7 @@ fn ptx_kernels() {
     if cap.is_empty() || !cap.chars().all(|c| c.is_ascii_digit()) {
         panic!("CUDA_COMPUTE_CAP must be a compute capability such as 90 or 8.9, got `{cap}`");
     }
+    println!("cargo:rustc-env=TRACE_TRAIN_CUDA_CAP={cap}");
     let nvcc = std::env::var_os("CUDA_HOME")
         .map(|home| Path::new(&home).join("bin").join("nvcc"))
         .filter(|p| p.exists())
@@ -95,13 +97,16 @@ fn ptx_kernels() {
     for source in sources {
         println!("cargo:rerun-if-changed={}", source.display());
         let stem = source.file_stem().expect("a file name").to_string_lossy();
-        let ptx = out_dir.join(format!("{stem}.ptx"));
+        let fatbin = out_dir.join(format!("{stem}.fatbin"));
+        // SASS for the build's architecture (loads at once: no driver JIT
+        // on a fresh machine) and PTX of it for newer GPUs.
         let status = Command::new(&nvcc)
-            .arg("--ptx")
-            .arg(format!("-arch=sm_{cap}"))
+            .arg("--fatbin")
+            .arg(format!("-gencode=arch=compute_{cap},code=sm_{cap}"))
+            .arg(format!("-gencode=arch=compute_{cap},code=compute_{cap}"))
             .arg("-O3")
             .arg("-o")
-            .arg(&ptx)
+            .arg(&fatbin)
             .arg(&source)
             .status()
             .unwrap_or_else(|e| {

@@ -480,9 +480,6 @@ mod cuda {
     use candle_core::{DType, Result, Storage, Tensor, bail};
     use half::{bf16, f16};
 
-    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/attention.ptx"));
-    const MODULE: &str = "trace_train_attention";
-
     /// `softmax(scores * scale + mask)` over the last dimension of the
     /// contiguous `scores: (B, .., T)` whose rows are (batch, head, query),
     /// `per_batch` rows a batch and `queries` a head; `mask: (B or 1, 1,
@@ -540,8 +537,11 @@ mod cuda {
             .slice(sl.start_offset()..sl.start_offset() + rows * t);
         // SAFETY: every element is written by the kernel.
         let mut p = unsafe { dev.alloc::<T>(rows * t) }?;
-        let func =
-            dev.get_or_load_custom_func(&format!("scaled_masked_softmax_{suffix}"), MODULE, PTX)?;
+        let func = crate::model::kernels::kernel(
+            &dev,
+            &crate::model::kernels::ATTENTION,
+            &format!("scaled_masked_softmax_{suffix}"),
+        )?;
         let (t32, pb32, q32) = (t as i32, per_batch as i32, queries as i32);
         let config = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),

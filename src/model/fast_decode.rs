@@ -40,12 +40,6 @@ use half::{bf16, f16};
 use super::attention::Cache;
 use super::decoder::{DecodeBase, DecodeProj, DecodeWeights};
 
-const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/decode.ptx"));
-const MODULE: &str = "trace_train_decode";
-const SAMPLE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sample.ptx"));
-const SAMPLE_MODULE: &str = "trace_train_sample";
-const SKINNY_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/skinny.ptx"));
-const SKINNY_MODULE: &str = "trace_train_skinny";
 /// Weight rows one block of the decode product owns (`SK_TILE` in skinny.cu).
 const SKINNY_TILE: usize = 128;
 /// Threads of a block of the decode product (`SK_THREADS`).
@@ -300,10 +294,10 @@ impl<'w> Engine<'w> {
             .collect();
         let meta = self.stream.clone_htod(&meta).w()?;
         let base = slice_ptr(&meta, &self.stream);
-        let func = self.dev.get_or_load_custom_func(
+        let func = crate::model::kernels::kernel(
+            &self.dev,
+            &crate::model::kernels::DECODE,
             &format!("copy_to_slots_{}", self.suffix),
-            MODULE,
-            PTX,
         )?;
         for layer in 0..self.w.layers.len() {
             let Some((ks, vs)) = cache.layer(layer) else {
@@ -434,10 +428,10 @@ impl<'w> Engine<'w> {
 
         let x = self.empty(b, hidden)?;
         {
-            let f = self.dev.get_or_load_custom_func(
+            let f = crate::model::kernels::kernel(
+                &self.dev,
+                &crate::model::kernels::DECODE,
                 &format!("embed_rows_{}", self.suffix),
-                MODULE,
-                PTX,
             )?;
             let (e, xp, h) = (ptr(&w.embed)?, ptr(&x)?, hidden as i32);
             let mut a = f.builder();
@@ -450,22 +444,26 @@ impl<'w> Engine<'w> {
         }
         self.mark("embed")?;
         let (cos, sin) = (ptr(&w.cos)?, ptr(&w.sin)?);
-        let qkv_prep =
-            self.dev
-                .get_or_load_custom_func(&format!("qkv_prep_{}", self.suffix), MODULE, PTX)?;
-        let attention = self.dev.get_or_load_custom_func(
+        let qkv_prep = crate::model::kernels::kernel(
+            &self.dev,
+            &crate::model::kernels::DECODE,
+            &format!("qkv_prep_{}", self.suffix),
+        )?;
+        let attention = crate::model::kernels::kernel(
+            &self.dev,
+            &crate::model::kernels::DECODE,
             &format!("decode_attention_{}_d{d}_g{groups}", self.suffix),
-            MODULE,
-            PTX,
         )?;
-        let combine = self.dev.get_or_load_custom_func(
+        let combine = crate::model::kernels::kernel(
+            &self.dev,
+            &crate::model::kernels::DECODE,
             &format!("attention_combine_{}", self.suffix),
-            MODULE,
-            PTX,
         )?;
-        let silu_mul =
-            self.dev
-                .get_or_load_custom_func(&format!("silu_mul_{}", self.suffix), MODULE, PTX)?;
+        let silu_mul = crate::model::kernels::kernel(
+            &self.dev,
+            &crate::model::kernels::DECODE,
+            &format!("silu_mul_{}", self.suffix),
+        )?;
         let part = slice_ptr(&self.part, &self.stream);
         let mut h: Option<Tensor> = None;
         for (l, lw) in w.layers.iter().enumerate() {
@@ -575,10 +573,10 @@ impl<'w> Engine<'w> {
         // SAFETY: the sampling kernel writes both values of every row.
         let out = unsafe { self.dev.alloc::<u32>(2 * b) }?;
         {
-            let f = self.dev.get_or_load_custom_func(
+            let f = crate::model::kernels::kernel(
+                &self.dev,
+                &crate::model::kernels::SAMPLE,
                 &format!("sample_rows_{}", self.suffix),
-                SAMPLE_MODULE,
-                SAMPLE_PTX,
             )?;
             let lp = ptr(&logits)?;
             let op = slice_ptr(&out, &self.stream);
@@ -629,10 +627,10 @@ impl<'w> Engine<'w> {
         eps: f32,
     ) -> Result<()> {
         let (rows, n) = x.dims2()?;
-        let f = self.dev.get_or_load_custom_func(
+        let f = crate::model::kernels::kernel(
+            &self.dev,
+            &crate::model::kernels::DECODE,
             &format!("add_rmsnorm_{}", self.suffix),
-            MODULE,
-            PTX,
         )?;
         let (xp, hp, wp, op) = (
             ptr(x)?,
@@ -777,7 +775,7 @@ impl Products {
                 if nf4 { "nf4" } else { "bf16" },
                 if m <= 16 { 16 } else { 32 }
             );
-            let f = dev.get_or_load_custom_func(&name, SKINNY_MODULE, SKINNY_PTX)?;
+            let f = crate::model::kernels::kernel(&dev, &crate::model::kernels::SKINNY, &name)?;
             let xp = ptr(x)? + (first * k) as u64 * elt;
             let yp = ptr(&y)? + (first * out) as u64 * elt;
             let (m32, k32, ldy) = (m as i32, k as i32, out as i32);

@@ -127,8 +127,6 @@ mod cuda {
     use candle_core::{CudaDevice, DType, Layout, Result, Shape, Storage, Tensor, bail};
     use half::{bf16, f16};
 
-    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/train.ptx"));
-    const MODULE: &str = "trace_train_train";
     const THREADS: u32 = 256;
 
     /// The suffix of a kernel instantiated for `dtype`.
@@ -230,10 +228,10 @@ mod cuda {
         );
         // SAFETY: every element is written by the kernel.
         let mut out = unsafe { dev.alloc::<T>(count * n) }?;
-        let func = dev.get_or_load_custom_func(
+        let func = crate::model::kernels::kernel(
+            &dev,
+            &crate::model::kernels::TRAIN,
             &format!("rmsnorm_bwd_{}", suffix(x.dtype())?),
-            MODULE,
-            PTX,
         )?;
         let (n32, eps32) = (n as i32, eps as f32);
         let mut b = func.builder();
@@ -266,10 +264,10 @@ mod cuda {
         let (gv, uv) = (view::<T>(&gs, gl, numel)?, view::<T>(&us, ul, numel)?);
         // SAFETY: every element is written by the kernel.
         let mut h = unsafe { dev.alloc::<T>(numel) }?;
-        let func = dev.get_or_load_custom_func(
+        let func = crate::model::kernels::kernel(
+            &dev,
+            &crate::model::kernels::TRAIN,
             &format!("swiglu_fwd_{}", suffix(g.dtype())?),
-            MODULE,
-            PTX,
         )?;
         let mut b = func.builder();
         b.arg(&gv);
@@ -317,10 +315,10 @@ mod cuda {
         // SAFETY: every element is written by the kernel.
         let mut dg = unsafe { dev.alloc::<T>(numel) }?;
         let mut du = unsafe { dev.alloc::<T>(numel) }?;
-        let func = dev.get_or_load_custom_func(
+        let func = crate::model::kernels::kernel(
+            &dev,
+            &crate::model::kernels::TRAIN,
             &format!("swiglu_bwd_{}", suffix(g.dtype())?),
-            MODULE,
-            PTX,
         )?;
         let mut b = func.builder();
         b.arg(&gv);
@@ -372,7 +370,7 @@ mod cuda {
                 dev.alloc::<f32>(n)?,
             )
         };
-        let func = dev.get_or_load_custom_func("adamw_f32", MODULE, PTX)?;
+        let func = crate::model::kernels::kernel(&dev, &crate::model::kernels::TRAIN, "adamw_f32")?;
         let scalars = [
             h.grad_scale,
             h.beta1,
@@ -428,10 +426,10 @@ mod cuda {
         let (zv, tv) = (view::<T>(&zs, zl, c * v)?, view::<u32>(&ts, tl, c)?);
         // SAFETY: every element is written by the kernel.
         let mut loss = unsafe { dev.alloc::<f32>(c) }?;
-        let func = dev.get_or_load_custom_func(
+        let func = crate::model::kernels::kernel(
+            &dev,
+            &crate::model::kernels::TRAIN,
             &format!("xent_fwd_bwd_{}", suffix(logits.dtype())?),
-            MODULE,
-            PTX,
         )?;
         let v32 = v as i32;
         let mut b = func.builder();

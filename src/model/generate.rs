@@ -911,8 +911,6 @@ mod cuda {
     use candle_core::{DType, Result, Storage, Tensor, bail};
     use half::{bf16, f16};
 
-    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sample.ptx"));
-    const MODULE: &str = "trace_train_sample";
     const THREADS: u32 = 1024;
 
     /// The token and log-probability of each row of `logits: (B, V)`:
@@ -956,7 +954,11 @@ mod cuda {
         let seeds = dev.clone_htod(seeds)?;
         // SAFETY: the kernel writes both values of every row.
         let mut out = unsafe { dev.alloc::<u32>(2 * b) }?;
-        let func = dev.get_or_load_custom_func(&format!("sample_rows_{suffix}"), MODULE, PTX)?;
+        let func = crate::model::kernels::kernel(
+            &dev,
+            &crate::model::kernels::SAMPLE,
+            &format!("sample_rows_{suffix}"),
+        )?;
         let (v32, k32) = (v as i32, top_k.min(i32::MAX as usize) as i32);
         let mut builder = func.builder();
         builder.arg(&x);

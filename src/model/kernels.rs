@@ -1,17 +1,99 @@
-//! The project's own CUDA kernels: PTX that `build.rs` compiles from
-//! `src/kernels/*.cu` with nvcc, loaded once a device through candle's
-//! `CudaDevice::get_or_load_custom_func` and launched with cudarc.
+//! The project's own CUDA kernels: `build.rs` compiles each
+//! `src/kernels/*.cu` with nvcc into a fat binary holding machine code
+//! (SASS) for the build's GPU architecture and PTX for newer ones. A module
+//! is loaded once a CUDA context ([`kernel`]) and launched with cudarc.
+//!
+//! Why not candle's `CudaDevice::get_or_load_custom_func`: it takes PTX
+//! text only, which the driver compiles on first use. For the decode
+//! kernels that took 27 s on an H100 (a fresh machine's first Stage 3
+//! step; the driver's cache in `~/.nv/ComputeCache` hides it afterwards),
+//! and a fat binary with SASS loads in milliseconds.
+
+use std::sync::{Arc, Mutex};
 
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaModule, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchArgs,
+    LaunchConfig, PushKernelArg,
 };
+use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::{CudaDevice, Result, bail};
 
+/// One compiled `src/kernels/*.cu`: its fat binary.
+pub struct Module {
+    name: &'static str,
+    image: &'static [u8],
+}
+
+macro_rules! module {
+    ($stem:literal) => {
+        Module {
+            name: $stem,
+            image: include_bytes!(concat!(env!("OUT_DIR"), "/", $stem, ".fatbin")),
+        }
+    };
+}
+
 /// `src/kernels/nf4.cu`.
-pub const NF4_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/nf4.ptx"));
-/// The module name the NF4 kernels are cached under on a device.
-const NF4_MODULE: &str = "trace_train_nf4";
+pub const NF4: Module = module!("nf4");
+/// `src/kernels/decode.cu`: the fused decode step's kernels.
+pub const DECODE: Module = module!("decode");
+/// `src/kernels/skinny.cu`: the decode products against weights in place.
+pub const SKINNY: Module = module!("skinny");
+/// `src/kernels/sample.cu`: drawing a token a row.
+pub const SAMPLE: Module = module!("sample");
+/// `src/kernels/attention.cu`.
+pub const ATTENTION: Module = module!("attention");
+/// `src/kernels/train.cu`: the training step's fused kernels.
+pub const TRAIN: Module = module!("train");
+
+/// A kernel of a loaded module and the device stream it launches on.
+pub struct Kernel {
+    func: CudaFunction,
+    stream: Arc<CudaStream>,
+}
+
+impl Kernel {
+    /// A launch of this kernel on the device's stream.
+    pub fn builder(&self) -> LaunchArgs<'_> {
+        self.stream.launch_builder(&self.func)
+    }
+}
+
+/// Modules loaded so far, by CUDA context and module name. Candle's
+/// devices on one GPU share its primary context, so they share modules.
+static LOADED: Mutex<Vec<(usize, &'static str, Arc<CudaModule>)>> = Mutex::new(Vec::new());
+
+/// Kernel `name` of `module` on `dev`, loading the module on first use.
+pub fn kernel(dev: &CudaDevice, module: &Module, name: &str) -> Result<Kernel> {
+    let stream = dev.cuda_stream();
+    let ctx = stream.context();
+    let key = ctx.cu_ctx() as usize;
+    let loaded = {
+        let mut all = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+        match all.iter().find(|(c, n, _)| *c == key && *n == module.name) {
+            Some((_, _, m)) => Arc::clone(m),
+            None => {
+                let m = ctx
+                    .load_module(Ptx::from_binary(module.image.to_vec()))
+                    .map_err(|e| {
+                        candle_core::Error::Msg(format!(
+                            "cannot load the `{}` kernels on this GPU: {e}\nhint: the binary \
+                             was built for compute capability {}; rebuild with \
+                             CUDA_COMPUTE_CAP set to this GPU's (nvidia-smi \
+                             --query-gpu=compute_cap --format=csv)",
+                            module.name,
+                            env!("TRACE_TRAIN_CUDA_CAP"),
+                        ))
+                    })?;
+                all.push((key, module.name, Arc::clone(&m)));
+                m
+            }
+        }
+    };
+    let func = loaded.load_function(name).w()?;
+    Ok(Kernel { func, stream })
+}
 
 /// NF4 dequantisation kernels, one an output dtype.
 pub const NF4_F32: &str = "nf4_dequantize_f32";
@@ -74,7 +156,7 @@ pub fn nf4_dequantize<T: DeviceRepr>(
         block_dim: (NF4_THREADS_PER_BLOCK, 1, 1),
         shared_mem_bytes: 0,
     };
-    let func = dev.get_or_load_custom_func(kernel, NF4_MODULE, NF4_PTX)?;
+    let func = self::kernel(dev, &NF4, kernel)?;
     let mut builder = func.builder();
     builder.arg(args.packed);
     builder.arg(args.absmax_codes);
