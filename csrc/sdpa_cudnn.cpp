@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -81,6 +82,9 @@ struct State {
     size_t version = 0;
     std::map<int, cudnnHandle_t> handles;
     std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;
+    // Graphs built so far and the seconds their builds took.
+    int64_t builds = 0;
+    double build_seconds = 0.0;
 };
 
 State &state() {
@@ -298,8 +302,11 @@ std::shared_ptr<fe::graph::Graph> graph_for(State &s, const TtSdpaDims &d, Direc
     if (it != s.graphs.end()) {
         return it->second;
     }
+    auto started = std::chrono::steady_clock::now();
     auto g = build(handle, d, direction);
     s.graphs.emplace(key, g);
+    s.builds += 1;
+    s.build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return g;
 }
 
@@ -363,6 +370,15 @@ int tt_sdpa_cudnn_version(int64_t *version, char *err, size_t err_len) {
         open_cudnn(s);
         *version = static_cast<int64_t>(s.version);
     });
+}
+
+// Graphs built so far (one a shape and direction) and the seconds spent
+// building them.
+void tt_sdpa_graph_builds(int64_t *count, double *seconds) {
+    State &s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    *count = s.builds;
+    *seconds = s.build_seconds;
 }
 
 // Bytes of device workspace the forward needs; builds and caches its graph.

@@ -53,6 +53,11 @@ pub struct TrainArgs {
     /// Micro-batches an optimizer step.
     #[arg(long)]
     pub gradient_accumulation_steps: Option<usize>,
+    /// Positions a forward/backward pass holds: a step's records are
+    /// regrouped, longest first, into passes of at most this many (rows x
+    /// row length). 0 (the default): micro-batches of `batch_size` rows.
+    #[arg(long)]
+    pub micro_batch_tokens: Option<usize>,
     /// Peak learning rate (cosine schedule with warmup).
     #[arg(long)]
     pub learning_rate: Option<f64>,
@@ -113,6 +118,7 @@ impl TrainArgs {
             epochs,
             batch_size,
             gradient_accumulation_steps,
+            micro_batch_tokens,
             learning_rate,
             lora_r,
             max_length,
@@ -147,6 +153,10 @@ impl TrainArgs {
         opt(
             "gradient_accumulation_steps",
             text(gradient_accumulation_steps.map(|v| v.to_string())),
+        );
+        opt(
+            "micro_batch_tokens",
+            text(micro_batch_tokens.map(|v| v.to_string())),
         );
         // `{:?}` of an f64 parses back to the same value.
         opt(
@@ -278,6 +288,7 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
         epochs,
         batch_size,
         gradient_accumulation_steps,
+        micro_batch_tokens,
         learning_rate,
         lora_r,
         max_length,
@@ -310,6 +321,10 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
         cfg.gradient_accumulation_steps,
         "gradient_accumulation_steps"
     );
+    if let Some(v) = micro_batch_tokens {
+        cfg.micro_batch_tokens = Some(v);
+        sources.flag("micro_batch_tokens", "--micro_batch_tokens");
+    }
     set!(learning_rate, cfg.learning_rate, "learning_rate");
     set!(lora_r, cfg.lora_r, "lora_r");
     set!(save_steps, cfg.save_steps, "save_steps");
@@ -521,6 +536,7 @@ mod tests {
             model: Some("base".into()),
             output_dir: Some("out dir".into()),
             batch_size: Some(4),
+            micro_batch_tokens: Some(0),
             learning_rate: Some(1.0e-4 / 3.0),
             max_steps: Some(7),
             device: Some("cuda".into()),

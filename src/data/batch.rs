@@ -191,6 +191,27 @@ impl<'a> Batcher<'a> {
         }
     }
 
+    /// A step's examples (its micro-batches of `batch_size` rows) regrouped
+    /// into passes of at most `budget` positions each, rows x
+    /// [`Self::row_len`], padding included: longest first, each pass taking
+    /// rows while they fit (a row alone always does). The step keeps its
+    /// examples and its token-weighted loss; fewer, fuller passes keep a GPU
+    /// busier than many short ones (real rows are far shorter than
+    /// `max_length`). A pure function of the step's examples, so resumed
+    /// and several-rank runs regroup alike.
+    pub fn regroup(&self, step: &[Vec<usize>], budget: usize) -> Vec<Vec<usize>> {
+        let mut rows: Vec<usize> = step.iter().flatten().copied().collect();
+        rows.sort_by_key(|&i| (std::cmp::Reverse(self.examples[i].len()), i));
+        let mut passes: Vec<Vec<usize>> = Vec::new();
+        for i in rows {
+            match passes.last_mut() {
+                Some(p) if (p.len() + 1) * self.row_len(&p[..1]) <= budget => p.push(i),
+                _ => passes.push(vec![i]),
+            }
+        }
+        passes
+    }
+
     /// The position after `pos` (the next epoch's first batch after an
     /// epoch's last).
     pub fn next_position(&self, pos: Position) -> Position {
@@ -431,5 +452,39 @@ mod tests {
             assert!(b.input_ids[rb + 70..rb + 128].iter().all(|&t| t == 9));
         }
         assert!(Batcher::new(&[], 1, 0, 0).is_err());
+    }
+
+    #[test]
+    fn regrouped_passes_keep_the_step_and_fit_the_budget() {
+        let lens = [30, 700, 64, 65, 5, 1500, 200, 90];
+        let ex = examples(&lens);
+        let b = Batcher::new(&ex, 2, 0, 9)
+            .unwrap()
+            .with_length_buckets(true);
+        let step = vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]];
+        for budget in [1, 1536, 2048, 4096, 100_000] {
+            let passes = b.regroup(&step, budget);
+            let mut seen: Vec<usize> = passes.iter().flatten().copied().collect();
+            seen.sort();
+            assert_eq!(seen, (0..8).collect::<Vec<_>>(), "budget {budget}");
+            for p in &passes {
+                assert!(
+                    p.len() == 1 || p.len() * b.row_len(p) <= budget,
+                    "budget {budget}: {p:?}"
+                );
+            }
+            // Longest first: no pass holds a row longer than an earlier pass's.
+            let longest: Vec<usize> = passes.iter().map(|p| b.row_len(p)).collect();
+            assert!(longest.windows(2).all(|w| w[0] >= w[1]), "{longest:?}");
+            assert_eq!(passes, b.regroup(&step, budget));
+        }
+        assert_eq!(b.regroup(&step, 1).len(), 8);
+        assert_eq!(b.regroup(&step, 100_000).len(), 1);
+        // 1536 (1500's bucket) alone, then 768 x 2 = 1536 for 700 with 200
+        // (bucket 256 <= 768), and so on.
+        assert_eq!(
+            b.regroup(&step, 1536),
+            vec![vec![5], vec![1, 6], vec![7, 3, 2, 0, 4]]
+        );
     }
 }

@@ -73,7 +73,32 @@ __device__ void xent_fwd_bwd(T *z, const uint32_t *target, float *loss, int v) {
     }
 }
 
+// SplitMix64's finaliser (Steele, Lea and Flood 2014): a counter-based
+// stream, value i of seed s being mix(s ^ i * odd constant).
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// Inverted dropout's mask: element i is 0 with probability p, else keep =
+// 1 / (1 - p), from a uniform of 24 bits drawn from (seed, i) alone, so a
+// mask repeats exactly whatever the launch shape.
+template <typename T>
+__device__ void dropout_mask(T *out, size_t numel, uint64_t seed, float p, float keep) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < numel;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float u = (float)(mix64(seed ^ (i * 0xd1b54a32d192ed03ull)) >> 40) * 0x1p-24f;
+        out[i] = from_f<T>(u < p ? 0.f : keep);
+    }
+}
+
 #define INSTANTIATE(NAME, T)                                                                      \
+    extern "C" __global__ void dropout_mask_##NAME(T *out, size_t numel, uint64_t seed, float p,  \
+                                                   float keep) {                                  \
+        dropout_mask<T>(out, numel, seed, p, keep);                                               \
+    }                                                                                             \
     extern "C" __global__ void rmsnorm_bwd_##NAME(const T *x, const T *w, const T *dy, T *dx,     \
                                                   int n, float eps) {                             \
         rmsnorm_bwd<T>(x, w, dy, dx, n, eps);                                                     \

@@ -62,12 +62,17 @@ impl Fingerprint {
             d.push("tokenizer: tokenizer.json or tokenizer_config.json changed".into());
         }
         if let (Some(a), Some(b)) = (self.config.as_object(), other.config.as_object()) {
+            // A setting added since the checkpoint was written reads as
+            // absent there and null (its default) here: the same run.
+            let get = |m: &serde_json::Map<String, serde_json::Value>, k: &str| {
+                m.get(k).filter(|v| !v.is_null()).cloned()
+            };
             for k in a
                 .keys()
                 .chain(b.keys())
                 .collect::<std::collections::BTreeSet<_>>()
             {
-                if a.get(k) != b.get(k) {
+                if get(a, k) != get(b, k) {
                     d.push(format!(
                         "config `{k}`: {} then, {} now",
                         b.get(k).map_or("absent".into(), |v| v.to_string()),
@@ -441,6 +446,22 @@ mod tests {
             "{d:?}"
         );
         assert!(d.iter().any(|x| x.contains("training data")), "{d:?}");
+    }
+
+    #[test]
+    fn a_setting_added_since_the_checkpoint_is_no_difference_while_null() {
+        let mut a = state(1).fingerprint;
+        a.config = serde_json::json!({"lr": 1});
+        let mut b = a.clone();
+        b.config = serde_json::json!({"lr": 1, "micro_batch_tokens": null});
+        assert!(b.differences(&a).is_empty(), "{:?}", b.differences(&a));
+        b.config = serde_json::json!({"lr": 1, "micro_batch_tokens": 4096});
+        let d = b.differences(&a);
+        assert!(
+            d.iter()
+                .any(|x| x.contains("config `micro_batch_tokens`: absent then, 4096 now")),
+            "{d:?}"
+        );
     }
 
     #[test]

@@ -775,7 +775,7 @@ impl Products {
                 if nf4 { "nf4" } else { "bf16" },
                 if m <= 16 { 16 } else { 32 }
             );
-            let f = crate::model::kernels::kernel(&dev, &crate::model::kernels::SKINNY, &name)?;
+            let f = crate::model::kernels::kernel(dev, &crate::model::kernels::SKINNY, &name)?;
             let xp = ptr(x)? + (first * k) as u64 * elt;
             let yp = ptr(&y)? + (first * out) as u64 * elt;
             let (m32, k32, ldy) = (m as i32, k as i32, out as i32);

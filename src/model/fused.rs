@@ -98,6 +98,26 @@ pub struct AdamWStep {
     pub grad_scale: f64,
 }
 
+/// Inverted dropout's mask of `shape` in `dtype` on a CUDA `device`: each
+/// value 0 with probability `p`, else `1 / (1 - p)`, drawn from `seed` and
+/// the value's index in one kernel; `None` on other devices. Replaces
+/// candle's `Tensor::rand` chain, which needs a fresh cuRAND generator for
+/// each seed (one a LoRA projection a pass).
+pub fn dropout_mask(
+    shape: &candle_core::Shape,
+    dtype: candle_core::DType,
+    device: &candle_core::Device,
+    seed: u64,
+    p: f32,
+) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = device {
+        return cuda::dropout_mask(shape, dtype, dev, seed, p).map(Some);
+    }
+    let _ = (shape, dtype, device, seed, p);
+    Ok(None)
+}
+
 /// One AdamW step on f32 `param`, `grad`, `m`, `v` of one shape: the new
 /// `(param, m, v)`, in one kernel on CUDA; `None` on other devices (the
 /// caller runs the same formula as tensor ops).
@@ -245,6 +265,43 @@ mod cuda {
         // sizes were checked above.
         unsafe { b.launch(rows(count)) }.w()?;
         tensor(out, &dev, (count, n)).reshape(x.shape())
+    }
+
+    pub fn dropout_mask(
+        shape: &Shape,
+        dtype: DType,
+        dev: &CudaDevice,
+        seed: u64,
+        p: f32,
+    ) -> Result<Tensor> {
+        dispatch!(dtype, dropout_mask_t, shape, dtype, dev, seed, p)
+    }
+
+    fn dropout_mask_t<T: CudaDType + DeviceRepr>(
+        shape: &Shape,
+        dtype: DType,
+        dev: &CudaDevice,
+        seed: u64,
+        p: f32,
+    ) -> Result<Tensor> {
+        let numel = shape.elem_count();
+        // SAFETY: every element is written by the kernel.
+        let mut out = unsafe { dev.alloc::<T>(numel) }?;
+        let func = crate::model::kernels::kernel(
+            dev,
+            &crate::model::kernels::TRAIN,
+            &format!("dropout_mask_{}", suffix(dtype)?),
+        )?;
+        let keep = 1.0 / (1.0 - p);
+        let mut b = func.builder();
+        b.arg(&mut out);
+        b.arg(&numel);
+        b.arg(&seed);
+        b.arg(&p);
+        b.arg(&keep);
+        // SAFETY: the arguments match `dropout_mask_*` in train.cu.
+        unsafe { b.launch(grid(numel)) }.w()?;
+        Ok(tensor(out, dev, shape.clone()))
     }
 
     pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
@@ -444,5 +501,58 @@ mod cuda {
         unsafe { b.launch(rows(c)) }.w()?;
         drop(zs);
         Ok((tensor(loss, &dev, c), grad))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The CUDA dropout mask: values 0 or 1 / (1 - p), about a share p of
+    /// zeros, the same mask for the same seed, another for another seed.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_dropout_masks_drop_a_share_p_and_repeat_by_seed() {
+        use candle_core::{DType, Device, Shape};
+        let Ok(gpu) = Device::new_cuda(0) else {
+            eprintln!("SKIPPED: no CUDA device");
+            return;
+        };
+        let shape = Shape::from((300, 1001));
+        for (dtype, p) in [(DType::F32, 0.05f32), (DType::BF16, 0.3)] {
+            let draw = |seed: u64| -> Vec<f32> {
+                super::dropout_mask(&shape, dtype, &gpu, seed, p)
+                    .unwrap()
+                    .expect("a CUDA mask")
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap()
+            };
+            let (a, b, c) = (draw(7), draw(7), draw(8));
+            assert_eq!(a, b, "{dtype:?}: same seed, same mask");
+            assert_ne!(a, c, "{dtype:?}: another seed, another mask");
+            let keep = 1.0 / (1.0 - p);
+            let keep = candle_core::Tensor::new(&[keep], &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()[0];
+            assert!(a.iter().all(|&v| v == 0.0 || v == keep), "{dtype:?}");
+            let zeros = a.iter().filter(|&&v| v == 0.0).count() as f64 / a.len() as f64;
+            // 300,300 draws: a standard deviation under 0.001.
+            assert!(
+                (zeros - p as f64).abs() < 0.005,
+                "{dtype:?}: {zeros} zeros for p {p}"
+            );
+        }
+        assert!(
+            super::dropout_mask(&shape, DType::F32, &Device::Cpu, 7, 0.1)
+                .unwrap()
+                .is_none()
+        );
     }
 }

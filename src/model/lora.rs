@@ -319,16 +319,23 @@ pub fn without_adapters<R>(f: impl FnOnce() -> R) -> R {
 /// `1 / (1 - p)`, drawn from the step's seed and `name`.
 ///
 /// On the CPU the draws come from the host generator, so a run and its
-/// resumption see the same masks bit for bit. On an accelerator the device's
-/// own generator, re-seeded from the same two values, draws them in place
-/// (the same masks run to run on that device, different numbers from the
-/// CPU's): drawing millions of values a layer on the host and copying them
-/// over would cost more than the layer itself.
+/// resumption see the same masks bit for bit. On CUDA one kernel draws
+/// them in place from the same two values, a counter-based stream (the
+/// same masks run to run, different numbers from the CPU's): drawing
+/// millions of values a layer on the host and copying them over would
+/// cost more than the layer itself, and re-seeding candle's generator
+/// makes a new cuRAND generator each time. Another accelerator re-seeds
+/// its own generator.
 fn dropout_mask(x: &Tensor, p: f32, name: &str, seed: u64) -> Result<Tensor> {
     let keep = 1.0 / (1.0 - p);
     let device = x.device();
+    let stream = Rng::for_tensor(seed, name).next_u64();
+    if let Some(mask) = crate::model::fused::dropout_mask(x.shape(), x.dtype(), device, stream, p)?
+    {
+        return Ok(mask);
+    }
     if !device.is_cpu() {
-        device.set_seed(Rng::for_tensor(seed, name).next_u64())?;
+        device.set_seed(stream)?;
         let u = Tensor::rand(0f32, 1f32, x.shape(), device)?;
         return (u.ge(p as f64)?.to_dtype(DType::F32)? * keep as f64)?.to_dtype(x.dtype());
     }

@@ -76,6 +76,7 @@ struct SdpaDims {
 
 unsafe extern "C" {
     fn tt_sdpa_cudnn_version(version: *mut i64, err: *mut c_char, err_len: usize) -> c_int;
+    fn tt_sdpa_graph_builds(count: *mut i64, seconds: *mut f64);
     fn tt_sdpa_fwd_workspace(
         dims: *const SdpaDims,
         device: c_int,
@@ -147,6 +148,16 @@ pub fn cudnn_version() -> Result<i64> {
         tt_sdpa_cudnn_version(&mut version, err, len)
     })?;
     Ok(version)
+}
+
+/// Attention graphs built so far in this process (one a shape and
+/// direction, cached after) and the seconds their builds took: the cost a
+/// new shape brings.
+pub fn graph_builds() -> (u64, f64) {
+    let (mut count, mut seconds) = (0i64, 0f64);
+    // SAFETY: the shim writes one i64 and one f64.
+    unsafe { tt_sdpa_graph_builds(&mut count, &mut seconds) };
+    (count.max(0) as u64, seconds)
 }
 
 /// `softmax(q k^T * scale + causal mask) v` for `q: (B, H, L, D)` and

@@ -6,7 +6,9 @@
 //!    on the answer and its end-of-turn token);
 //! 2. resume from the newest valid checkpoint when asked (refused, with the
 //!    differences, if config, data or tokenizer changed, unless forced);
-//! 3. for each optimizer step: `accum` micro-batches, token-weighted mean
+//! 3. for each optimizer step: `accum` micro-batches of `batch_size` rows
+//!    (or, with `micro_batch_tokens`, the same records regrouped by length
+//!    into passes of at most that many positions), token-weighted mean
 //!    cross-entropy, backward, gradients summed; a non-finite loss or gradient
 //!    skips the step (counted; too many in a row stops the run); clip; AdamW
 //!    at the cosine schedule's rate;
@@ -160,6 +162,7 @@ pub fn run_with(
         Batcher::new(&examples, cfg.batch_size, cfg.seed, pad)?.with_length_buckets(buckets);
     let per_epoch = batcher.batches_per_epoch();
     let accum = cfg.gradient_accumulation_steps;
+    let pass_budget = cfg.micro_batch_tokens.filter(|&n| n > 0);
     let total_steps = planned_steps(per_epoch, accum, cfg.epochs, job.max_steps);
     let schedule = Cosine::new(
         cfg.learning_rate,
@@ -202,10 +205,15 @@ pub fn run_with(
     while state.step < total_steps {
         // Each step's peak device memory (weights included) is logged.
         crate::gpu::reset_peak_memory(&job.device)?;
+        let graphs_before = crate::model::attention_graph_builds();
         let t0 = Instant::now();
         // This step's micro-batches (example indices), from the saved data
         // position; every rank plans all of them and computes its share.
         let micro = next_micro_batches(&mut state, accum, &mut plan, |e| batcher.plan(e));
+        let micro = match pass_budget {
+            Some(budget) => batcher.regroup(&micro, budget),
+            None => micro,
+        };
         let answer_tokens: usize = micro
             .iter()
             .flatten()
@@ -257,6 +265,7 @@ pub fn run_with(
             ("lr", lr),
             ("grad_norm", norm),
             ("answer_tokens", answer_tokens as f64),
+            ("passes", micro.len() as f64),
             ("tokens_per_s", step_tokens as f64 / secs.max(1e-9)),
             (
                 "padding",
@@ -265,6 +274,12 @@ pub fn run_with(
             ("time_step_s", secs),
             ("skipped_steps", state.skipped_steps as f64),
         ];
+        if !job.device.is_cpu() {
+            // New shapes' attention graphs: built once each, seconds apiece.
+            let graphs = crate::model::attention_graph_builds();
+            scalars.push(("graph_builds", (graphs.0 - graphs_before.0) as f64));
+            scalars.push(("time_graph_build_s", graphs.1 - graphs_before.1));
+        }
         if cfg.eval_steps > 0
             && state.step.is_multiple_of(cfg.eval_steps as u64)
             && !eval_examples.is_empty()
