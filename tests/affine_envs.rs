@@ -449,6 +449,22 @@ fn generate_writes_sibling_sft_data_and_ppo_draws_from_a_mixture() {
         metrics.lines().any(|l| l.contains("\"step\":1")),
         "{metrics}"
     );
+    // Reward and accuracy a mixture environment, for those the step drew;
+    // their completions add up to the step's.
+    let step: Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+    let parts: Vec<&str> = ["sat", "ded"]
+        .into_iter()
+        .filter(|e| step.get(format!("reward/environment={e}")).is_some())
+        .collect();
+    assert!(!parts.is_empty(), "{step}");
+    for e in &parts {
+        let r = step[format!("reward/environment={e}")].as_f64().unwrap();
+        let a = step[format!("accuracy/environment={e}")].as_f64().unwrap();
+        assert!(
+            (0.0..=1.0).contains(&r) && (0.0..=1.0).contains(&a) && a <= r,
+            "{step}"
+        );
+    }
 }
 
 #[test]

@@ -117,6 +117,18 @@ pub trait Environment: Send + Sync {
     fn rows(&self) -> Option<&TaskRows> {
         None
     }
+
+    /// The environments a mixture draws from, by name; empty for a single
+    /// environment. Stage 3 logs reward and accuracy a part.
+    fn parts(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+
+    /// The index in [`Self::parts`] of the environment task `task_id`
+    /// comes from; `None` for a single environment.
+    fn part_of(&self, _task_id: u64) -> Option<usize> {
+        None
+    }
 }
 
 /// What is known of a row's own program.

@@ -126,6 +126,14 @@ impl Environment for Mixture {
         let (i, t) = self.inner(task);
         serde_json::json!({ "environment": self.envs[i].name(), "key": self.envs[i].key(&t) })
     }
+
+    fn parts(&self) -> Vec<&'static str> {
+        self.envs.iter().map(|e| e.name()).collect()
+    }
+
+    fn part_of(&self, task_id: u64) -> Option<usize> {
+        Some(self.route(task_id).0)
+    }
 }
 
 #[cfg(test)]
@@ -163,6 +171,10 @@ mod tests {
                 m.env_of(*id).name()
             );
             assert_eq!(m.score(&t, "zz"), Score::Reward(0.0));
+        }
+        assert_eq!(m.parts(), ["word", "sat"]);
+        for id in 0..100 {
+            assert_eq!(m.part_of(id), Some(m.route(id).0));
         }
         assert!(Mixture::new(vec![]).is_err());
         assert!(Mixture::new(vec![(Arc::new(SatEnv) as Arc<dyn Environment>, 0.0)]).is_err());

@@ -1009,8 +1009,9 @@ pub fn run_with(
 struct Collected {
     batch: Vec<Sample>,
     layout: Layout,
-    /// Every rank's scored completions (reward, bucket), in batch order.
-    scored: Vec<(f64, Option<usize>)>,
+    /// Every rank's scored completions (reward, bucket, the mixture's
+    /// environment), in batch order.
+    scored: Vec<(f64, Option<usize>, Option<usize>)>,
     masked: BTreeMap<String, u64>,
     zero_var: usize,
     dropped: u64,
@@ -1074,6 +1075,8 @@ fn collect(
                     Score::Reward(r) => {
                         scored_here.push(r);
                         scored_here.push(bucket.map_or(-1.0, |b| b as f64));
+                        let part = job.env.part_of(task.task_id);
+                        scored_here.push(part.map_or(-1.0, |p| p as f64));
                         let mut smp = Sample::new(gid, ids.clone(), g, policy.stop_id(), r);
                         smp.bucket = *bucket;
                         members.push(smp);
@@ -1098,16 +1101,16 @@ fn collect(
             }
         }
         // The round over every rank: kept groups, scores, lengths.
-        let mut mine_flat = vec![kept_here as f64, (scored_here.len() / 2) as f64];
+        let mut mine_flat = vec![kept_here as f64, (scored_here.len() / 3) as f64];
         mine_flat.extend(&scored_here);
         mine_flat.extend(members_here.iter().map(|m| m.response.len() as f64));
         let all = stats::all_gather_varlen(comm, &mine_flat)?;
         for (r, v) in all.iter().enumerate() {
             kept_groups += v[0] as usize;
             let n = v[1] as usize;
-            for pair in v[2..2 + 2 * n].chunks(2) {
-                c.scored
-                    .push((pair[0], (pair[1] >= 0.0).then_some(pair[1] as usize)));
+            let index = |x: f64| (x >= 0.0).then_some(x as usize);
+            for t in v[2..2 + 3 * n].chunks(3) {
+                c.scored.push((t[0], index(t[1]), index(t[2])));
             }
             if r == rank {
                 let at = c.layout.lens.len();
@@ -1115,7 +1118,7 @@ fn collect(
             }
             c.layout
                 .lens
-                .extend(v[2 + 2 * n..].iter().map(|&l| l as usize));
+                .extend(v[2 + 3 * n..].iter().map(|&l| l as usize));
         }
         c.batch.extend(members_here);
         c.groups_seen += d.tasks.len();
@@ -1325,7 +1328,7 @@ impl StepRecord<'_> {
             put("curriculum_accuracy", curriculum.accuracy());
         }
         let mut by_bucket: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-        for (r, b) in &got.scored {
+        for (r, b, _) in &got.scored {
             let label = b.map_or_else(|| "n/a".to_owned(), |b| curriculum.label(b));
             let e = by_bucket.entry(label).or_default();
             e.0 += (*r == 1.0) as u8 as f64;
@@ -1333,6 +1336,22 @@ impl StepRecord<'_> {
         }
         for (label, (hit, n)) in by_bucket {
             s.insert(format!("accuracy/{}={label}", curriculum.feature), hit / n);
+        }
+        // A mixture's environments apiece: reward and exact answers.
+        let parts = job.env.parts();
+        let mut by_part = vec![(0f64, 0f64, 0f64); parts.len()];
+        for (r, _, p) in &got.scored {
+            if let Some(e) = p.and_then(|p| by_part.get_mut(p)) {
+                e.0 += r;
+                e.1 += (*r == 1.0) as u8 as f64;
+                e.2 += 1.0;
+            }
+        }
+        for (name, (sum, hit, n)) in parts.iter().zip(by_part) {
+            if n > 0.0 {
+                s.insert(format!("reward/environment={name}"), sum / n);
+                s.insert(format!("accuracy/environment={name}"), hit / n);
+            }
         }
         for (why, n) in &rl.masked {
             s.insert(format!("masked_total/{why}"), *n as f64);
