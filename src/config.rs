@@ -1105,12 +1105,19 @@ pub struct RlConfig {
     /// `trace` (the Trace task, programs run in the sandbox), `word`
     /// (answer with a given word; tests), or a mixture of trace, sat, abd
     /// and ded joined by `+`, each optionally weighted (`trace:2+abd+ded`;
-    /// ABD reads the built-in corpus, DED `ded-builtin`). Default `trace`.
+    /// ABD reads `abd_dataset`, DED `ded_dataset`). Default `trace`.
     pub environment: String,
     /// Rows the trace environment draws from: `builtin`, a JSONL path, a
     /// hub dataset id, or several joined by `+` (as `generate`'s `dataset`).
     /// Default `builtin`.
     pub dataset: String,
+    /// Rows of ABD in a mixture (`program`, `inputs`, `output`): `builtin`,
+    /// a JSONL path or a hub id; several joined by `+`. Default `builtin`.
+    pub abd_dataset: String,
+    /// Rows of DED in a mixture (`prompt`, `test_cases` or
+    /// `verification_info`): `ded-builtin`, `humaneval:PATH`, a JSONL path
+    /// or a hub id; several joined by `+`. Default `ded-builtin`.
+    pub ded_dataset: String,
     /// File inside a hub dataset. Default `python_dataset.jsonl`.
     pub hub_file: String,
     /// Most injected prints a task. Default 6.
@@ -1171,6 +1178,8 @@ impl Default for RlConfig {
             value_hidden: 256,
             environment: "trace".into(),
             dataset: "builtin".into(),
+            abd_dataset: "builtin".into(),
+            ded_dataset: "ded-builtin".into(),
             hub_file: "python_dataset.jsonl".into(),
             max_injections: 6,
             num_workers: 0,

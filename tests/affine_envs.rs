@@ -465,6 +465,24 @@ fn generate_writes_sibling_sft_data_and_ppo_draws_from_a_mixture() {
             "{step}"
         );
     }
+    // DED's rows from a file: a missing one is named.
+    let out = common::trace_train(
+        dir.path(),
+        &common::ppo_args(
+            "rl2",
+            &[
+                "--environment",
+                "sat+ded",
+                "--ded_dataset",
+                "no-such-rows.jsonl",
+            ],
+        ),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no-such-rows.jsonl"),
+        "{err}"
+    );
 }
 
 #[test]

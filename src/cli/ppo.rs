@@ -80,6 +80,13 @@ pub struct PpoArgs {
     /// `synthetic:N[:SEED]`, a hub id, or several joined by `+`.
     #[arg(long)]
     pub dataset: Option<String>,
+    /// Rows of ABD in a mixture: `builtin`, a JSONL path or a hub id.
+    #[arg(long)]
+    pub abd_dataset: Option<String>,
+    /// Rows of DED in a mixture: `ded-builtin`, `humaneval:PATH`, a JSONL
+    /// path or a hub id.
+    #[arg(long)]
+    pub ded_dataset: Option<String>,
     /// Turn the curriculum on or off (default: the config's `curriculum.enabled`).
     #[arg(long)]
     pub curriculum: Option<bool>,
@@ -232,6 +239,8 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
     set!(args.seed, c.seed);
     set!(args.environment, c.environment);
     set!(args.dataset, c.dataset);
+    set!(args.abd_dataset, c.abd_dataset);
+    set!(args.ded_dataset, c.ded_dataset);
     set!(args.num_workers, c.num_workers);
     set!(args.curriculum, s3.curriculum.enabled);
     if let Some(g) = args.group_size {
@@ -320,11 +329,14 @@ pub fn environment(
         ),
         spec if spec != "trace" => {
             // A mixture: each named environment by weight; the trace part
-            // reads the stage's `dataset`, ABD and DED their built-in sets.
+            // reads the stage's `dataset`, ABD `abd_dataset`, DED
+            // `ded_dataset`.
             let named = super::envs::parse(spec)?;
             let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
             let data = super::envs::EnvData {
                 trace_dataset: c.dataset.clone(),
+                abd_dataset: c.abd_dataset.clone(),
+                ded_dataset: c.ded_dataset.clone(),
                 hub_file: c.hub_file.clone(),
                 python: c.python.clone(),
                 num_workers: (c.num_workers > 0).then_some(c.num_workers),
@@ -337,10 +349,19 @@ pub fn environment(
                     .zip(named.iter().map(|(_, w)| *w))
                     .collect(),
             )?;
-            (
-                Arc::new(mixture),
-                format!("mixture:{spec} trace_rows:{}", c.dataset),
-            )
+            (Arc::new(mixture), {
+                // Rows other than the defaults named, so a checkpoint
+                // of a default mixture keeps its description.
+                let d = RlConfig::default();
+                let mut text = format!("mixture:{spec} trace_rows:{}", c.dataset);
+                if c.abd_dataset != d.abd_dataset {
+                    text += &format!(" abd_rows:{}", c.abd_dataset);
+                }
+                if c.ded_dataset != d.ded_dataset {
+                    text += &format!(" ded_rows:{}", c.ded_dataset);
+                }
+                text
+            })
         }
         _ => {
             let source = Source::resolve(&c.dataset, &c.hub_file)?;
