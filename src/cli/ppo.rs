@@ -341,7 +341,6 @@ pub fn environment(
                 python: c.python.clone(),
                 num_workers: (c.num_workers > 0).then_some(c.num_workers),
                 max_injections: c.max_injections,
-                ..super::envs::EnvData::default()
             };
             let envs = super::envs::build(&names, &data, unsafe_no_sandbox)?;
             let mixture = Mixture::new(
