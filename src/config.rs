@@ -940,6 +940,48 @@ impl Validate for SftConfig {
     }
 }
 
+/// The sampling temperature of each RL step: `initial` at step 0, moving
+/// linearly to `final` over `warmup_steps` steps, then `final`. A function
+/// of the step alone, so a resumed run samples as the uninterrupted one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TemperatureSchedule {
+    /// Default false (the stage's `temperature` throughout).
+    pub enabled: bool,
+    /// Default 1.0.
+    pub initial: f64,
+    /// Default 0.7.
+    #[serde(rename = "final")]
+    pub r#final: f64,
+    /// Default 100.
+    pub warmup_steps: u64,
+}
+
+impl Default for TemperatureSchedule {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            initial: 1.0,
+            r#final: 0.7,
+            warmup_steps: 100,
+        }
+    }
+}
+
+impl TemperatureSchedule {
+    /// The temperature of step `step` (from 0), or `fixed` when off.
+    pub fn at(&self, step: u64, fixed: f64) -> f64 {
+        if !self.enabled {
+            return fixed;
+        }
+        if step >= self.warmup_steps {
+            return self.r#final;
+        }
+        let f = step as f64 / self.warmup_steps as f64;
+        self.initial + (self.r#final - self.initial) * f
+    }
+}
+
 /// Stage 3 as `config/stage3_ppo_config.json` holds it: the user's
 /// `{"ppo": {...}, "curriculum": {...}}`, any subset of keys.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -1061,6 +1103,9 @@ pub struct RlConfig {
     pub mask_truncated: bool,
     /// Sampling temperature. Default 1.
     pub temperature: f64,
+    /// The sampling temperature by step, in place of `temperature` when
+    /// enabled (the GRPO guide's schedule). Default off.
+    pub temperature_schedule: TemperatureSchedule,
     /// Nucleus sampling mass (1 = off). Default 1.
     pub top_p: f64,
     /// Top-k sampling (0 = off). Default 0.
@@ -1163,6 +1208,7 @@ impl Default for RlConfig {
             max_resample_rounds: 3,
             mask_truncated: false,
             temperature: 1.0,
+            temperature_schedule: TemperatureSchedule::default(),
             top_p: 1.0,
             top_k: 0,
             max_new_tokens: 512,
@@ -1283,6 +1329,12 @@ impl Validate for RlConfig {
         }
         if !(self.temperature.is_finite() && self.temperature > 0.0) {
             p.push("temperature: must be positive".into());
+        }
+        let t = &self.temperature_schedule;
+        for (name, v) in [("initial", t.initial), ("final", t.r#final)] {
+            if !(v.is_finite() && v > 0.0) {
+                p.push(format!("temperature_schedule.{name}: {v} must be positive"));
+            }
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             p.push(format!("top_p: {} is not in (0, 1]", self.top_p));
@@ -1596,6 +1648,36 @@ impl Validate for CurriculumConfig {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn temperature_schedule_moves_linearly_then_holds() {
+        let off = TemperatureSchedule::default();
+        assert_eq!(off.at(0, 0.9), 0.9);
+        let t: TemperatureSchedule = serde_json::from_str(
+            r#"{"enabled": true, "initial": 1.5, "final": 0.5, "warmup_steps": 4}"#,
+        )
+        .unwrap();
+        let got: Vec<f64> = (0..7).map(|s| t.at(s, 9.0)).collect();
+        assert_eq!(got, [1.5, 1.25, 1.0, 0.75, 0.5, 0.5, 0.5]);
+        let now = TemperatureSchedule {
+            warmup_steps: 0,
+            ..t.clone()
+        };
+        assert_eq!(now.at(0, 9.0), 0.5);
+        assert!(serde_json::from_str::<TemperatureSchedule>(r#"{"start": 1}"#).is_err());
+        let bad = RlConfig {
+            temperature_schedule: TemperatureSchedule { r#final: 0.0, ..t },
+            ..RlConfig::default()
+        };
+        assert!(
+            bad.problems()
+                .iter()
+                .any(|p| p.contains("temperature_schedule.final")),
+            "{:?}",
+            bad.problems()
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -268,7 +268,9 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run() {
         r#"{"ppo": {"algorithm": "grpo", "group_size": 2, "dynamic_sampling": false, "batch_size": 2,
                     "num_train_steps": 6, "max_new_tokens": 2, "mini_batch_size": 4, "save_steps": 2,
                     "learning_rate": 0.001, "max_prompt_tokens": 2000, "num_workers": 2, "kl_coef": 0.01,
-                    "dataset": "rows.jsonl", "micro_batch_tokens": 1},
+                    "dataset": "rows.jsonl", "micro_batch_tokens": 1,
+                    "temperature_schedule": {"enabled": true, "initial": 1.5, "final": 0.5,
+                                             "warmup_steps": 4}},
             "curriculum": {"enabled": true, "promotion_threshold": 0.0, "window": 4}}"#,
     )
     .unwrap();
@@ -295,6 +297,12 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run() {
     );
     assert_eq!(full.len(), 6);
     assert_eq!(full, cut, "the resumed run's steps differ");
+    // The temperature schedule, step by step, resumed with the run.
+    let temps: Vec<f64> = full
+        .iter()
+        .map(|v| v["temperature"].as_f64().unwrap())
+        .collect();
+    assert_eq!(temps, [1.5, 1.25, 1.0, 0.75, 0.5, 0.5]);
     let levels: Vec<f64> = full
         .iter()
         .map(|v| v["curriculum_level"].as_f64().unwrap())

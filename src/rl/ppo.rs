@@ -819,9 +819,17 @@ fn draw(
 /// checkpoints still match.
 fn fingerprinted(cfg: &RlConfig) -> anyhow::Result<serde_json::Value> {
     let mut v = serde_json::to_value(cfg)?;
+    let defaults = serde_json::to_value(RlConfig::default())?;
     if let Some(m) = v.as_object_mut() {
         m.remove("micro_batch_tokens");
         m.remove("gradient_checkpointing");
+        // Settings added since checkpoints were first written count only
+        // when changed, so a checkpoint of an earlier version resumes.
+        for k in ["abd_dataset", "ded_dataset", "temperature_schedule"] {
+            if m.get(k) == defaults.get(k) {
+                m.remove(k);
+            }
+        }
     }
     Ok(v)
 }
@@ -899,6 +907,9 @@ pub fn run_with(
     let mut interrupted = false;
     while state.step < total_steps {
         let step = state.step;
+        // This step's sampling temperature: its draws and every log-prob
+        // of them (old, new, reference) are taken under it.
+        policy.cfg.temperature = cfg.temperature_schedule.at(step, cfg.temperature);
         // Each step's peak device memory (weights included) is logged.
         crate::gpu::reset_peak_memory(&job.device)?;
         let t_step = Instant::now();
@@ -1281,6 +1292,7 @@ impl StepRecord<'_> {
         put("policy_loss", up.policy_loss);
         put("grad_norm", up.grad_norm);
         put("lr", cfg.learning_rate);
+        put("temperature", policy.cfg.temperature);
         put(
             "frac_zero_variance_groups",
             n.zero_var / got.groups_seen.max(1) as f64,

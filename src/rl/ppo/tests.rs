@@ -399,3 +399,21 @@ fn a_resume_ignores_the_memory_settings() {
             .is_none()
     );
 }
+
+#[test]
+fn settings_added_later_are_fingerprinted_only_when_changed() {
+    let plain = super::fingerprinted(&RlConfig::default()).unwrap();
+    for k in ["abd_dataset", "ded_dataset", "temperature_schedule"] {
+        assert!(
+            plain.get(k).is_none(),
+            "{k} at its default is fingerprinted"
+        );
+    }
+    let mut c = RlConfig::default();
+    c.temperature_schedule.enabled = true;
+    c.ded_dataset = "rows.jsonl".into();
+    let changed = super::fingerprinted(&c).unwrap();
+    assert_eq!(changed["temperature_schedule"]["enabled"], true);
+    assert_eq!(changed["ded_dataset"], "rows.jsonl");
+    assert!(changed.get("abd_dataset").is_none());
+}
