@@ -162,11 +162,19 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
 #[test]
 fn max_steps_and_last_stage_cap_the_run() {
     let dir = tempfile::tempdir().unwrap();
+    // The gate keeps the best model, on one set.
+    std::fs::write(
+        dir.path().join("p.json"),
+        r#"{"gate": {"mode": "keep_best", "sets": ["original_test"]}}"#,
+    )
+    .unwrap();
     let o = trace_train(
         dir.path(),
         &[
             "pipeline",
             "--quick_test",
+            "--config",
+            "p.json",
             "--device",
             "cpu",
             "--max_steps",
@@ -197,6 +205,32 @@ fn max_steps_and_last_stage_cap_the_run() {
         );
     }
     assert!(!root.join("eval").exists(), "eval ran past --last_stage 3");
+    // keep_best recorded the gated model with the highest exact match on
+    // the one set, ties to the earlier stage, and said which.
+    let gate: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("gate.json")).unwrap()).unwrap();
+    let scores: Vec<(u64, f64)> = gate["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            assert_eq!(s["sets"].as_array().unwrap().len(), 1, "{gate}");
+            (
+                s["stage"].as_u64().unwrap(),
+                s["sets"][0][1]["accuracy"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(scores.len(), 4, "{gate}");
+    let best = scores
+        .iter()
+        .fold(scores[0], |b, &s| if s.1 > b.1 { s } else { b });
+    assert_eq!(gate["kept"].as_u64(), Some(best.0), "{gate}");
+    assert!(
+        stderr(&o).contains("gate: keep_best: the final model is"),
+        "{}",
+        stderr(&o)
+    );
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("pipeline_state.json")).unwrap()).unwrap();
     assert_eq!(state["finished"], serde_json::json!([0, 1, 2, 3]));

@@ -131,6 +131,8 @@ fn heldout_items(args: &EvalArgs, name: &str) -> anyhow::Result<Vec<EvalItem>> {
         &heldout::Options {
             prompt,
             variants: args.variants,
+            // One item a program: the first --limit programs are enough.
+            programs: args.limit.filter(|_| prompt == PromptKind::Original),
             ..heldout::Options::default()
         },
     )?;
