@@ -152,6 +152,12 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
         "a finished stage ran again: {}",
         stderr(&o)
     );
+    // The gate read its reports back instead of evaluating again.
+    assert!(
+        !stderr(&o).contains("== gate") && stderr(&o).contains("the report of an earlier run"),
+        "{}",
+        stderr(&o)
+    );
     assert!(t.elapsed().as_secs() < 20);
     assert_eq!(
         before,

@@ -7,7 +7,9 @@
 //! Each model's report of each set goes to
 //! `<checkpoints>/gate/<stage>_<name>/<set>.json`; a run with `--resume`
 //! reads those back instead of evaluating again (a finished stage's model
-//! does not change), a fresh run evaluates anew.
+//! does not change). A fresh run removes `gate/` first, and a stage that
+//! trains removes its own reports ([`Gate::forget`]), so no report outlives
+//! its model.
 
 use std::path::{Path, PathBuf};
 
@@ -57,7 +59,8 @@ pub struct Gate {
 
 impl Gate {
     /// The gate of a pipeline whose Stage 0 writes to `data_dir`; `None`
-    /// when `cfg.mode` is `off`.
+    /// when `cfg.mode` is `off`. Without `resume`, the reports of an
+    /// earlier run are removed.
     pub fn new(
         cfg: &GateConfig,
         root: &Path,
@@ -65,10 +68,15 @@ impl Gate {
         device: &str,
         unsafe_no_sandbox: bool,
         resume: bool,
-    ) -> Option<Self> {
+    ) -> anyhow::Result<Option<Self>> {
         let mode = cfg.mode();
         if mode == Mode::Off {
-            return None;
+            return Ok(None);
+        }
+        let reports = root.join("gate");
+        if !resume && reports.exists() {
+            std::fs::remove_dir_all(&reports)
+                .with_context(|| format!("cannot remove `{}`", reports.display()))?;
         }
         let mut sets: Vec<Set> = cfg
             .sets
@@ -103,7 +111,7 @@ impl Gate {
             });
         }
         let items = sets.iter().map(|_| None).collect();
-        Some(Self {
+        Ok(Some(Self {
             cfg: cfg.clone(),
             mode,
             root: root.to_owned(),
@@ -114,7 +122,32 @@ impl Gate {
             items,
             gated: Vec::new(),
             report: GateReport::new(mode),
-        })
+        }))
+    }
+
+    /// Removes what the gate knows of `stage`'s model (its reports, its
+    /// scores and comparison): the stage is about to train it anew.
+    pub fn forget(&mut self, stage: u8) -> anyhow::Result<()> {
+        let reports = self.root.join("gate");
+        if reports.is_dir() {
+            let prefix = format!("{stage}_");
+            for e in std::fs::read_dir(&reports)
+                .with_context(|| format!("cannot read `{}`", reports.display()))?
+            {
+                let path = e?.path();
+                if path
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+                {
+                    std::fs::remove_dir_all(&path)
+                        .with_context(|| format!("cannot remove `{}`", path.display()))?;
+                }
+            }
+        }
+        self.report.stages.retain(|s| s.stage != stage);
+        self.report.comparisons.retain(|c| c.stage != stage);
+        self.gated.retain(|g| g.stage != stage);
+        Ok(())
     }
 
     fn args(&self, set: &Set, model: &Gated, out: PathBuf) -> EvalArgs {

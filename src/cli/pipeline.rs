@@ -337,7 +337,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         &cfg.hardware.device,
         args.unsafe_flag.unsafe_no_sandbox,
         args.resume,
-    );
+    )?;
     if gate.is_some() && (1..=3).any(in_range) {
         // What the gate reads must be there before a stage trains (Stage
         // 0's test splits once Stage 0 ran).
@@ -455,6 +455,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
                 // training: a set the gate cannot read fails here.
                 stop_before("the gate")?;
                 g.before(&gated(stage - 1))?;
+                g.forget(stage)?;
             }
             stop_before(name)?;
             eprintln!("== stage {stage}: {name}");
@@ -496,6 +497,11 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             stop_before("the gate")?;
             g.after(&gated(stage - 1), &gated(stage))?;
         }
+    }
+    if let Some(g) = gate.as_mut().filter(|_| todo(3, &state)) {
+        stop_before("the gate")?;
+        g.before(&gated(2))?;
+        g.forget(3)?;
     }
     if todo(3, &state) && cfg.stage3.is_dpo() {
         stop_before("dpo")?;
