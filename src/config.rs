@@ -328,6 +328,8 @@ pub struct PipelineConfig {
     pub stage2: SftConfig,
     /// Stage 3: online RL, as `config/stage3_ppo_config.json`.
     pub stage3: Stage3Config,
+    /// The held-out gate after each training stage.
+    pub gate: GateConfig,
 }
 
 impl Validate for PipelineConfig {
@@ -340,6 +342,7 @@ impl Validate for PipelineConfig {
             ("stage1", self.stage1.problems()),
             ("stage2", self.stage2.problems()),
             ("stage3", self.stage3.problems()),
+            ("gate", self.gate.problems()),
         ] {
             p.extend(v.into_iter().map(|m| format!("{name}.{m}")));
         }
@@ -404,6 +407,106 @@ impl PipelineConfig {
         ] {
             sources.set(key, Source::Preset { by: by.to_owned() });
         }
+    }
+}
+
+/// The pipeline's gate between stages (`eval::gate`): after Stages 1, 2
+/// and 3 the stage's merged model is evaluated on the held-out sets below
+/// and compared with the model it started from (the base model before
+/// Stage 1); the comparison goes into `gate.json` under the pipeline's
+/// output folder and is printed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GateConfig {
+    /// What the gate does when a set's exact match fell beyond its 80%
+    /// interval: `warn` (print a warning naming the set, go on), `stop`
+    /// (stop the pipeline with an error), `keep_best` (go on; the final
+    /// eval and report use the gated model with the highest mean exact
+    /// match over the sets, ties to the earlier stage), or `off` (no gate,
+    /// no evaluation between stages). Default `warn`.
+    pub mode: String,
+    /// The built-in sets the gate evaluates on: `heldout_short` (the
+    /// held-out short set, original prompts), `original_test` (Stage 0's
+    /// `stage1_original_test.jsonl`), `transformed_test` (Stage 0's
+    /// `stage2_transformed_test.jsonl`). Default all three.
+    pub sets: Vec<String>,
+    /// More held-out sets: JSONL files of `generate`'s records, each a set
+    /// named by its path. Default none.
+    pub files: Vec<PathBuf>,
+    /// Items a set (the first N; null: all). Default 200.
+    pub limit: Option<usize>,
+    /// Longest answer in tokens; longer ones are cut and scored as they
+    /// are (wrong, alike for every stage). Default 512.
+    pub max_new_tokens: usize,
+    /// Prompts decoded together. Default 16.
+    pub batch_size: usize,
+}
+
+/// The gate's built-in sets, as `gate.sets` names them.
+pub const GATE_SETS: [&str; 3] = ["heldout_short", "original_test", "transformed_test"];
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        GateConfig {
+            mode: "warn".into(),
+            sets: GATE_SETS.map(String::from).to_vec(),
+            files: Vec::new(),
+            limit: Some(200),
+            max_new_tokens: 512,
+            batch_size: 16,
+        }
+    }
+}
+
+impl GateConfig {
+    /// The mode (valid once [`Validate::problems`] found nothing).
+    pub fn mode(&self) -> crate::eval::gate::Mode {
+        crate::eval::gate::Mode::parse(&self.mode).unwrap_or(crate::eval::gate::Mode::Warn)
+    }
+}
+
+impl Validate for GateConfig {
+    fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if crate::eval::gate::Mode::parse(&self.mode).is_none() {
+            p.push(format!(
+                "mode: `{}` is not one of {} (hint: `warn` prints a warning and goes on, `stop` stops the pipeline, `keep_best` keeps the best stage's model, `off` skips the gate)",
+                self.mode,
+                crate::eval::gate::Mode::NAMES.join(", ")
+            ));
+        }
+        for (i, set) in self.sets.iter().enumerate() {
+            if !GATE_SETS.contains(&set.as_str()) {
+                p.push(format!(
+                    "sets: `{set}` is not one of {} (hint: name other JSONL files in gate.files)",
+                    GATE_SETS.join(", ")
+                ));
+            } else if self.sets[..i].contains(set) {
+                p.push(format!("sets: `{set}` is named twice"));
+            }
+        }
+        for (i, f) in self.files.iter().enumerate() {
+            if self.files[..i].contains(f) {
+                p.push(format!("files: `{}` is named twice", f.display()));
+            }
+        }
+        if self.mode != "off" && self.sets.is_empty() && self.files.is_empty() {
+            p.push(
+                "sets, files: the gate has no set to evaluate on (hint: name a set, or set gate.mode to `off`)".into(),
+            );
+        }
+        if self.limit == Some(0) {
+            p.push("limit: must be at least 1 (null: every item)".into());
+        }
+        for (name, v) in [
+            ("max_new_tokens", self.max_new_tokens),
+            ("batch_size", self.batch_size),
+        ] {
+            if v == 0 {
+                p.push(format!("{name}: must be at least 1"));
+            }
+        }
+        p
     }
 }
 
@@ -2032,6 +2135,63 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("`micro_batch_tokens` takes"), "{err}");
+    }
+
+    #[test]
+    fn the_gate_section_loads_with_defaults_and_bad_values_name_the_key() {
+        let d = PipelineConfig::default().gate;
+        assert_eq!(d.mode, "warn");
+        assert_eq!(d.mode(), crate::eval::gate::Mode::Warn);
+        assert_eq!(d.sets, GATE_SETS.map(String::from).to_vec());
+        assert_eq!((d.limit, d.max_new_tokens), (Some(200), 512));
+        let p: PipelineConfig = parse(
+            r#"{"gate": {"mode": "keep_best", "sets": ["heldout_short"], "files": ["extra.jsonl"], "limit": null}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap();
+        assert_eq!(p.gate.mode(), crate::eval::gate::Mode::KeepBest);
+        assert_eq!(p.gate.files, [PathBuf::from("extra.jsonl")]);
+        assert_eq!(p.gate.limit, None);
+        let off: PipelineConfig = parse(
+            r#"{"gate": {"mode": "off", "sets": []}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap();
+        assert_eq!(off.gate.mode(), crate::eval::gate::Mode::Off);
+        let err = parse::<PipelineConfig>(
+            r#"{"gate": {"mode": "halt", "sets": ["heldout_short", "cruxeval", "heldout_short"], "limit": 0, "batch_size": 0}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        for want in [
+            "gate.mode: `halt` is not one of off, warn, stop, keep_best",
+            "hint:",
+            "gate.sets: `cruxeval`",
+            "gate.sets: `heldout_short` is named twice",
+            "gate.limit: must be at least 1",
+            "gate.batch_size: must be at least 1",
+        ] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        let err = parse::<PipelineConfig>(r#"{"gate": {"sets": []}}"#, Path::new("p.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("gate.sets, files: the gate has no set"),
+            "{err}"
+        );
+        let err = parse::<PipelineConfig>(r#"{"gate": {"mod": "warn"}}"#, Path::new("p.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown field `mod`") && err.contains("`mode`"),
+            "{err}"
+        );
+        let err = parse::<PipelineConfig>("{\"gate\": {\"mode\": 1}}", Path::new("p.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`mode` takes"), "{err}");
     }
 
     #[test]

@@ -58,6 +58,16 @@ fn heldout_items_carry_the_environments_prompts() {
         assert!(d.loop_depth.is_some() && d.lines.is_some() && d.injections.is_none());
         assert!((1..=3).contains(&d.output_lines.unwrap()));
     }
+    // The first programs only: the first items of all, no more.
+    let (first, _) = heldout::short_items(
+        exec(),
+        &Options {
+            programs: Some(5),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(first, orig[..5]);
     let (tr, dropped) = heldout::short_items(
         exec(),
         &Options {

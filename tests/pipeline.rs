@@ -89,6 +89,56 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("pipeline_state.json")).unwrap()).unwrap();
     assert_eq!(state["finished"], serde_json::json!([0, 1, 2, 3, 4]));
+    // The gate (default `warn`) scored the base model and every stage's on
+    // its three sets and compared each stage with the model before it.
+    let gate: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("gate.json")).unwrap()).unwrap();
+    assert_eq!(gate["mode"], "warn", "{gate}");
+    let stages: Vec<(u64, &str)> = gate["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["stage"].as_u64().unwrap(), s["name"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        stages,
+        [(0, "base"), (1, "warmup"), (2, "sft"), (3, "ppo")],
+        "{gate}"
+    );
+    for s in gate["stages"].as_array().unwrap() {
+        let sets: Vec<&str> = s["sets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x[0].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            sets,
+            ["heldout_short", "original_test", "transformed_test"],
+            "{gate}"
+        );
+        // The quick test's gate reads 4 items a set.
+        assert!(
+            s["sets"].as_array().unwrap().iter().all(|x| x[1]["n"] == 4),
+            "{gate}"
+        );
+    }
+    let cmp: Vec<(u64, u64)> = gate["comparisons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["stage"].as_u64().unwrap(), c["against"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(cmp, [(1, 0), (2, 1), (3, 2)], "{gate}");
+    assert!(
+        root.join("gate/0_base/heldout_short.json").is_file()
+            && root.join("gate/3_ppo/transformed_test.json").is_file()
+    );
+    let e = stderr(&o);
+    assert!(
+        e.contains("gate (warn): exact match") && e.contains("stage 3 (ppo)"),
+        "{e}"
+    );
 
     let t = Instant::now();
     let before = std::fs::read(root.join("stage2_sft/final/adapter_model.safetensors")).unwrap();
@@ -102,6 +152,12 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
         "a finished stage ran again: {}",
         stderr(&o)
     );
+    // The gate read its reports back instead of evaluating again.
+    assert!(
+        !stderr(&o).contains("== gate") && stderr(&o).contains("the report of an earlier run"),
+        "{}",
+        stderr(&o)
+    );
     assert!(t.elapsed().as_secs() < 20);
     assert_eq!(
         before,
@@ -112,11 +168,19 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
 #[test]
 fn max_steps_and_last_stage_cap_the_run() {
     let dir = tempfile::tempdir().unwrap();
+    // The gate keeps the best model, on one set.
+    std::fs::write(
+        dir.path().join("p.json"),
+        r#"{"gate": {"mode": "keep_best", "sets": ["original_test"]}}"#,
+    )
+    .unwrap();
     let o = trace_train(
         dir.path(),
         &[
             "pipeline",
             "--quick_test",
+            "--config",
+            "p.json",
             "--device",
             "cpu",
             "--max_steps",
@@ -147,6 +211,32 @@ fn max_steps_and_last_stage_cap_the_run() {
         );
     }
     assert!(!root.join("eval").exists(), "eval ran past --last_stage 3");
+    // keep_best recorded the gated model with the highest exact match on
+    // the one set, ties to the earlier stage, and said which.
+    let gate: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("gate.json")).unwrap()).unwrap();
+    let scores: Vec<(u64, f64)> = gate["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            assert_eq!(s["sets"].as_array().unwrap().len(), 1, "{gate}");
+            (
+                s["stage"].as_u64().unwrap(),
+                s["sets"][0][1]["accuracy"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(scores.len(), 4, "{gate}");
+    let best = scores
+        .iter()
+        .fold(scores[0], |b, &s| if s.1 > b.1 { s } else { b });
+    assert_eq!(gate["kept"].as_u64(), Some(best.0), "{gate}");
+    assert!(
+        stderr(&o).contains("gate: keep_best: the final model is"),
+        "{}",
+        stderr(&o)
+    );
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("pipeline_state.json")).unwrap()).unwrap();
     assert_eq!(state["finished"], serde_json::json!([0, 1, 2, 3]));
@@ -165,6 +255,56 @@ fn max_steps_and_last_stage_cap_the_run() {
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains("--last_stage 2") && stderr(&o).contains("hint:"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn the_gate_refuses_before_training_what_it_cannot_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |config: &str| {
+        std::fs::write(dir.path().join("p.json"), config).unwrap();
+        trace_train(
+            dir.path(),
+            &[
+                "pipeline",
+                "--config",
+                "p.json",
+                "--checkpoints",
+                "ck",
+                "--start_stage",
+                "1",
+                "--device",
+                "cpu",
+            ],
+        )
+    };
+    // Stage 0's test splits are not there: the gate says so before Stage 1.
+    let o = run(r#"{"model": {"load_in_4bit": false}}"#);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("gate.sets: `original_test`") && e.contains("hint:") && e.contains("gate.mode"),
+        "{e}"
+    );
+    assert!(!e.contains("== stage 1"), "{e}");
+    assert!(!dir.path().join("ck/stage1_warmup").exists());
+    // An extra file that is not there, likewise.
+    let o = run(
+        r#"{"model": {"load_in_4bit": false}, "gate": {"sets": ["heldout_short"], "files": ["nope.jsonl"]}}"#,
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("gate.files: `nope.jsonl` is not a file"),
+        "{}",
+        stderr(&o)
+    );
+    // A bad mode names its key and the choices.
+    let o = run(r#"{"gate": {"mode": "halt"}}"#);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("gate.mode: `halt` is not one of off, warn, stop, keep_best"),
         "{}",
         stderr(&o)
     );

@@ -459,7 +459,7 @@ fn pipeline_stage3_dpo_runs_rollouts_and_prefs_rounds_from_stage2() {
     assert!(o.status.success(), "{}", stderr(&o));
     std::fs::write(
         dir.path().join("p.json"),
-        r#"{"model": {"load_in_4bit": false},
+        r#"{"model": {"load_in_4bit": false}, "gate": {"mode": "off"},
             "stage3": {"algorithm": "dpo", "ppo": {"environment": "word"},
                        "dpo": {"rounds": 2, "num_prompts": 3, "num_samples": 2,
                                "max_new_tokens": 4}}}"#,

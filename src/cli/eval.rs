@@ -131,6 +131,8 @@ fn heldout_items(args: &EvalArgs, name: &str) -> anyhow::Result<Vec<EvalItem>> {
         &heldout::Options {
             prompt,
             variants: args.variants,
+            // One item a program: the first --limit programs are enough.
+            programs: args.limit.filter(|_| prompt == PromptKind::Original),
             ..heldout::Options::default()
         },
     )?;
@@ -144,17 +146,14 @@ fn heldout_items(args: &EvalArgs, name: &str) -> anyhow::Result<Vec<EvalItem>> {
 }
 
 pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
-    let model_spec = args
-        .model
-        .clone()
-        .context("--model is required\nhint: pass the model folder to evaluate")?;
-    let resolved =
-        model::resolve::resolve_revision(&model_spec.to_string_lossy(), args.revision.as_deref())?;
-    if let Some(commit) = &resolved.commit {
-        eprintln!("model `{}` at commit {commit}", resolved.spec);
-    }
-    let model_dir = resolved.dir;
-    let items = match &args.heldout {
+    let items = eval_items(args)?;
+    run_eval_on(args, &items)
+}
+
+/// The items `args` asks for: the held-out set of `--heldout`, else the
+/// records of `--data`, the first `--limit` of them.
+pub fn eval_items(args: &EvalArgs) -> anyhow::Result<Vec<EvalItem>> {
+    Ok(match &args.heldout {
         Some(name) => heldout_items(args, name)?,
         None => {
             let data = args.data.clone().unwrap_or_else(|| {
@@ -168,7 +167,22 @@ pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
             );
             items
         }
-    };
+    })
+}
+
+/// Evaluates `args`'s model on `items` (made by [`eval_items`], once for
+/// several models: the pipeline's gate) and writes the report.
+pub fn run_eval_on(args: &EvalArgs, items: &[EvalItem]) -> anyhow::Result<Report> {
+    let model_spec = args
+        .model
+        .clone()
+        .context("--model is required\nhint: pass the model folder to evaluate")?;
+    let resolved =
+        model::resolve::resolve_revision(&model_spec.to_string_lossy(), args.revision.as_deref())?;
+    if let Some(commit) = &resolved.commit {
+        eprintln!("model `{}` at commit {commit}", resolved.spec);
+    }
+    let model_dir = resolved.dir;
     let messages: Vec<String> = items.iter().map(|it| it.prompt.clone()).collect();
     let completions = complete(args, &model_dir, &messages)?;
     let predictions = items

@@ -6,6 +6,7 @@ pub mod config;
 pub mod env;
 pub mod envs;
 pub mod eval;
+pub mod gate;
 pub mod launch;
 pub mod pipeline;
 pub mod ppo;

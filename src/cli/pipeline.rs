@@ -3,7 +3,9 @@
 //! from `config/pipeline_config.json`, each stage's output the next one's
 //! input. The pipeline records the stages it finished in
 //! `<checkpoints>/pipeline_state.json`; `--resume` skips those and resumes
-//! the interrupted one from its checkpoint.
+//! the interrupted one from its checkpoint. After each training stage the
+//! gate (`cli::gate`, the `gate` section) compares the stage's model with
+//! the one it started from on held-out sets: `<checkpoints>/gate.json`.
 
 use std::path::{Path, PathBuf};
 
@@ -15,6 +17,7 @@ use trace_train::config::{self, PipelineConfig, Source, Sources};
 use trace_train::generate::{self, RunOptions};
 
 use super::eval::{EvalArgs, run_eval};
+use super::gate::{Gate, Gated};
 use super::launch::{Role, role, run_children_with};
 use super::ppo::PpoArgs;
 use super::train::{TrainArgs, run_stage};
@@ -215,6 +218,13 @@ pub fn resolve(args: &PipelineArgs) -> anyhow::Result<Plan> {
         max_steps = Some(6);
         eval_limit = Some(4);
         max_new_tokens = 24;
+        cfg.gate.limit = Some(4);
+        cfg.gate.max_new_tokens = 24;
+        cfg.gate.batch_size = 8;
+        quick(
+            &mut sources,
+            &["gate.limit", "gate.max_new_tokens", "gate.batch_size"],
+        );
     }
     cfg.stage0.output_dir = data_dir.clone();
     // The stages' files follow the pipeline's layout under `root`.
@@ -317,8 +327,69 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         state.finished.push(stage);
         trace_train::atomic::write(&state_path, &serde_json::to_vec_pretty(state)?)
     };
-    let todo = |stage: u8, state: &PipelineState| {
-        (args.start_stage..=args.last_stage).contains(&stage) && !state.finished.contains(&stage)
+    let in_range = |stage: u8| (args.start_stage..=args.last_stage).contains(&stage);
+    let todo =
+        |stage: u8, state: &PipelineState| in_range(stage) && !state.finished.contains(&stage);
+    let mut gate = Gate::new(
+        &cfg.gate,
+        root,
+        data_dir,
+        &cfg.hardware.device,
+        args.unsafe_flag.unsafe_no_sandbox,
+        args.resume,
+    )?;
+    if gate.is_some() && (1..=3).any(in_range) {
+        // What the gate reads must be there before a stage trains (Stage
+        // 0's test splits once Stage 0 ran).
+        for f in &cfg.gate.files {
+            anyhow::ensure!(
+                f.is_file(),
+                "gate.files: `{}` is not a file\nhint: name JSONL files of `generate`'s records (relative to the working folder), or remove the entry",
+                f.display()
+            );
+        }
+        if !in_range(0) {
+            for (set, file) in [
+                ("original_test", "stage1_original_test.jsonl"),
+                ("transformed_test", "stage2_transformed_test.jsonl"),
+            ] {
+                let path = data_dir.join(file);
+                anyhow::ensure!(
+                    !cfg.gate.sets.iter().any(|s| s == set) || path.is_file(),
+                    "gate.sets: `{set}` reads Stage 0's `{}`, which is not there\nhint: run Stage 0 first, or leave `{set}` out of gate.sets (or set gate.mode to `off`)",
+                    path.display()
+                );
+            }
+        }
+    }
+    let stage2_merged = root.join(STAGE2_DIR).join("merged");
+    // The model each stage leaves (0: the base model the pipeline starts
+    // from), as the gate names it; Stage 3's once it ran.
+    let gated = |stage: u8| -> Gated {
+        let (name, model) = match stage {
+            0 => ("base", PathBuf::from(&cfg.model.name)),
+            1 => ("warmup", root.join(STAGE1_DIR).join("merged")),
+            2 => ("sft", stage2_merged.clone()),
+            _ if cfg.stage3.is_dpo() => (
+                "dpo",
+                last_round_model(
+                    &root.join(STAGE3_DPO_DIR),
+                    cfg.stage3.dpo.rounds,
+                    &stage2_merged,
+                ),
+            ),
+            _ => ("ppo", root.join(STAGE3_DIR).join("merged")),
+        };
+        Gated {
+            stage,
+            name,
+            model,
+            revision: if stage == 0 {
+                cfg.model.revision.clone()
+            } else {
+                None
+            },
+        }
     };
 
     if todo(0, &state) {
@@ -379,6 +450,13 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     };
     for (stage, name) in [(1u8, "warmup"), (2u8, "sft")] {
         if todo(stage, &state) {
+            if let Some(g) = &mut gate {
+                // The model the stage starts from, before hours of
+                // training: a set the gate cannot read fails here.
+                stop_before("the gate")?;
+                g.before(&gated(stage - 1))?;
+                g.forget(stage)?;
+            }
             stop_before(name)?;
             eprintln!("== stage {stage}: {name}");
             let a = stage_args(stage);
@@ -415,8 +493,16 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             }
             finish(stage, &mut state)?;
         }
+        if let Some(g) = gate.as_mut().filter(|_| in_range(stage)) {
+            stop_before("the gate")?;
+            g.after(&gated(stage - 1), &gated(stage))?;
+        }
     }
-    let stage2_merged = root.join(STAGE2_DIR).join("merged");
+    if let Some(g) = gate.as_mut().filter(|_| todo(3, &state)) {
+        stop_before("the gate")?;
+        g.before(&gated(2))?;
+        g.forget(3)?;
+    }
     if todo(3, &state) && cfg.stage3.is_dpo() {
         stop_before("dpo")?;
         eprintln!("== stage 3: dpo from the model's own rollouts");
@@ -477,15 +563,16 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         }
         finish(3, &mut state)?;
     }
-    let final_model = if cfg.stage3.is_dpo() {
-        last_round_model(
-            &root.join(STAGE3_DPO_DIR),
-            cfg.stage3.dpo.rounds,
-            &stage2_merged,
-        )
-    } else {
-        root.join(STAGE3_DIR).join("merged")
+    if let Some(g) = gate.as_mut().filter(|_| in_range(3)) {
+        stop_before("the gate")?;
+        g.after(&gated(2), &gated(3))?;
+    }
+    // Stage 3's model, or with gate.mode keep_best the best gated one.
+    let last = match &mut gate {
+        Some(g) if (1..=4).any(in_range) => g.final_model(gated(3))?,
+        _ => gated(3),
     };
+    let (final_model, final_revision) = (last.model, last.revision);
     if todo(4, &state) {
         stop_before("eval")?;
         eprintln!("== eval");
@@ -502,7 +589,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             max_new_tokens,
             batch_size: 8,
             device: Some(cfg.hardware.device.clone()),
-            revision: None,
+            revision: final_revision.clone(),
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
             envs: Default::default(),
         })?;
@@ -523,7 +610,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             max_new_tokens,
             batch_size: 8,
             device: Some(cfg.hardware.device.clone()),
-            revision: None,
+            revision: final_revision.clone(),
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
             envs: Default::default(),
         })?;

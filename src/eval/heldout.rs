@@ -47,6 +47,9 @@ pub struct Options {
     pub variants: usize,
     pub max_injections: usize,
     pub limits: Limits,
+    /// Only the first N programs (None: all). With original prompts (one
+    /// item a program) the items are those of all programs, cut at N.
+    pub programs: Option<usize>,
 }
 
 impl Default for Options {
@@ -59,6 +62,7 @@ impl Default for Options {
                 wall_ms: 10_000,
                 ..Limits::default()
             },
+            programs: None,
         }
     }
 }
@@ -69,8 +73,12 @@ pub fn short_items(
     exec: &Executor,
     opts: &Options,
 ) -> anyhow::Result<(Vec<EvalItem>, BTreeMap<String, u64>)> {
-    let rows = builtin::heldout_short();
+    let mut rows = builtin::heldout_short();
+    // The seeds count every program, whatever is kept.
     let n = rows.len() as u64;
+    if let Some(p) = opts.programs {
+        rows.truncate(p);
+    }
     let per_row: Vec<anyhow::Result<(Vec<EvalItem>, Vec<String>)>> = exec.install(|| {
         rows.par_iter()
             .map(|row| {

@@ -20,6 +20,7 @@ pub mod buckets;
 mod compare;
 pub mod dominance;
 pub mod envs;
+pub mod gate;
 pub mod heldout;
 pub mod interval;
 pub mod plot;
