@@ -1209,6 +1209,27 @@ pub struct RlConfig {
     /// The sampling temperature by step, in place of `temperature` when
     /// enabled (the GRPO guide's schedule). Default off.
     pub temperature_schedule: TemperatureSchedule,
+    /// Turns of an episode: after a wrong answer the environment says so
+    /// (`feedback`) as a user turn and the model answers again, up to this
+    /// many answers; the episode ends at a right one. Each answer trains as
+    /// a completion of the conversation so far (the environment's tokens
+    /// sit in its prompt, never trained), rewarded with the episode's
+    /// outcome; GRPO's group advantages are taken over episodes. 1: one
+    /// answer, no feedback. Default 1.
+    pub max_turns: usize,
+    /// What a feedback turn says: `verdict` (wrong, try again),
+    /// `first_diff` (also the first output line that differs) or `line`
+    /// (also what that line should be). Default `first_diff`.
+    pub feedback: String,
+    /// The episode's reward is its last answer's times this to the power
+    /// of the answers before it (1: a late right answer counts in full).
+    /// Default 1.
+    pub turn_discount: f64,
+    /// Longest conversation a turn may start from, in tokens (prompt,
+    /// earlier answers and feedback); an episode that would pass it ends.
+    /// 0: `max_prompt_tokens + max_turns x (max_new_tokens + 256)`.
+    /// Default 0.
+    pub max_episode_tokens: usize,
     /// Nucleus sampling mass (1 = off). Default 1.
     pub top_p: f64,
     /// Top-k sampling (0 = off). Default 0.
@@ -1312,6 +1333,10 @@ impl Default for RlConfig {
             mask_truncated: false,
             temperature: 1.0,
             temperature_schedule: TemperatureSchedule::default(),
+            max_turns: 1,
+            feedback: "first_diff".into(),
+            turn_discount: 1.0,
+            max_episode_tokens: 0,
             top_p: 1.0,
             top_k: 0,
             max_new_tokens: 512,
@@ -1432,6 +1457,21 @@ impl Validate for RlConfig {
         }
         if !(self.temperature.is_finite() && self.temperature > 0.0) {
             p.push("temperature: must be positive".into());
+        }
+        if self.max_turns == 0 {
+            p.push("max_turns: must be at least 1".into());
+        }
+        if !matches!(self.feedback.as_str(), "verdict" | "first_diff" | "line") {
+            p.push(format!(
+                "feedback: `{}` is not verdict, first_diff or line",
+                self.feedback
+            ));
+        }
+        if !(self.turn_discount > 0.0 && self.turn_discount <= 1.0) {
+            p.push(format!(
+                "turn_discount: {} is not in (0, 1]",
+                self.turn_discount
+            ));
         }
         let t = &self.temperature_schedule;
         for (name, v) in [("initial", t.initial), ("final", t.r#final)] {

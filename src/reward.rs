@@ -75,9 +75,69 @@ pub fn lines_matched(answer: &str, ground_truth: &str) -> (usize, usize) {
     (matched, expected.len())
 }
 
+/// What the environment tells a model whose answer was wrong, before it
+/// tries again (a multi-turn episode's feedback turn), by `kind`:
+/// - `verdict`: only that it was wrong;
+/// - `first_diff`: also which output line is the first to differ, compared
+///   as [`lines_matched`] compares them, and how many lines each side has;
+/// - `line`: also what that line should have been.
+pub fn feedback(completion: &str, ground_truth: &str, kind: &str) -> String {
+    const AGAIN: &str = "Try again: reply with the program's exact output only.";
+    if kind == "verdict" {
+        return format!("Your answer is incorrect. {AGAIN}");
+    }
+    let answer = extract_answer(completion);
+    let expected: Vec<&str> = python_strip(ground_truth).lines().collect();
+    let got: Vec<&str> = python_strip(&answer).lines().collect();
+    let first = (0..expected.len().max(got.len()))
+        .find(|&i| expected.get(i).map(|e| normalize(e)) != got.get(i).map(|a| normalize(a)));
+    let Some(i) = first else {
+        // Equal line by line but not as a whole: no line to point at.
+        return format!("Your answer is incorrect. {AGAIN}");
+    };
+    let mut text = format!(
+        "Your answer is incorrect: line {} is the first that differs (the output has {} line{}, your answer {}).",
+        i + 1,
+        expected.len(),
+        if expected.len() == 1 { "" } else { "s" },
+        got.len()
+    );
+    if kind == "line" {
+        match expected.get(i) {
+            Some(line) => text.push_str(&format!(" Line {} should be:\n{line}\n", i + 1)),
+            None => text.push_str(&format!(" The output ends after line {i}.")),
+        }
+    }
+    format!("{text} {AGAIN}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn feedback_names_the_first_line_that_differs() {
+        let truth = "1\n2\n3";
+        assert_eq!(
+            feedback("1\n2\n4", truth, "verdict"),
+            "Your answer is incorrect. Try again: reply with the program's exact output only."
+        );
+        let d = feedback("```\n1\n 2\n4\n```", truth, "first_diff");
+        assert!(d.starts_with("Your answer is incorrect: line 3 is the first that differs (the output has 3 lines, your answer 3)."), "{d}");
+        assert!(!d.contains("should be"), "{d}");
+        let l = feedback("1\n2\n4", truth, "line");
+        assert!(l.contains("Line 3 should be:\n3\n"), "{l}");
+        // A shorter answer: the first missing line; a longer one: where the output ends.
+        assert!(feedback("1", truth, "line").contains("line 2 is the first"));
+        let long = feedback("1\n2\n3\n4", truth, "line");
+        assert!(
+            long.contains("line 4 is the first") && long.contains("The output ends after line 3."),
+            "{long}"
+        );
+        assert!(
+            feedback("x", "7", "first_diff").contains("(the output has 1 line, your answer 1)")
+        );
+    }
 
     #[test]
     fn lines_are_matched_by_position() {

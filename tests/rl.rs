@@ -241,6 +241,76 @@ fn lines_of(path: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Twelve short programs printing 1 to 6 lines, as `rows.jsonl` in `dir`.
+fn write_counting_rows(dir: &Path) {
+    let mut rows = String::new();
+    for k in 0..12u32 {
+        let n = k % 6 + 1;
+        let program = "n = int(input())\nt = 0\nfor i in range(n):\n    t = t + i\n    print(t)\n";
+        let output: Vec<String> = (0..n).map(|i| (i * (i + 1) / 2).to_string()).collect();
+        rows.push_str(&format!(
+            "{}\n",
+            serde_json::json!({"program": program, "inputs": format!("{n}\n"), "output": output.join("\n")})
+        ));
+    }
+    std::fs::write(dir.join("rows.jsonl"), rows).unwrap();
+}
+
+/// Runs `ppo_args` to the end as `full`, and as `cut` killed (SIGKILL) once
+/// its metrics pass step 3 and then resumed; both runs' metrics.
+fn full_and_killed_then_resumed(dir: &Path) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    let o = trace_train(dir, &ppo_args("full", &[]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut child = start(dir, &ppo_args("cut", &[]), Stdio::null());
+    let metrics = dir.join("cut/metrics.jsonl");
+    wait_for_steps(&metrics, 3, Duration::from_secs(300));
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(!dir.join("cut/final").exists(), "killed before the end");
+    let o = trace_train(dir, &ppo_args("cut", &["--resume"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("resumed at"), "{}", stderr(&o));
+    (
+        lines_of(&dir.join("full/metrics.jsonl")),
+        lines_of(&metrics),
+    )
+}
+
+/// Multi-turn episodes (feedback naming the wrong line, three answers at
+/// most) stop and resume exactly; each step reports accuracy after each
+/// answer, never falling from one answer to the next.
+#[test]
+fn multi_turn_episodes_resume_exactly_and_report_accuracy_by_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = trace_train(dir.path(), &["model", "tiny", "base"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    write_counting_rows(dir.path());
+    std::fs::write(
+        dir.path().join("s3.json"),
+        r#"{"ppo": {"algorithm": "grpo", "group_size": 2, "dynamic_sampling": false, "batch_size": 2,
+                    "num_train_steps": 4, "max_new_tokens": 3, "mini_batch_size": 4, "save_steps": 2,
+                    "learning_rate": 0.001, "max_prompt_tokens": 2000, "num_workers": 2, "kl_coef": 0.01,
+                    "dataset": "rows.jsonl", "max_turns": 3, "feedback": "line"}}"#,
+    )
+    .unwrap();
+    let (full, cut) = full_and_killed_then_resumed(dir.path());
+    assert_eq!(full.len(), 4);
+    assert_eq!(full, cut, "the resumed run's steps differ");
+    let mut retries = 0.0;
+    for v in &full {
+        let acc: Vec<f64> = (1..=3)
+            .map(|t| v[format!("accuracy/turn={t}")].as_f64().unwrap())
+            .collect();
+        assert!(acc.windows(2).all(|w| w[0] <= w[1]), "{v}");
+        assert_eq!(acc[2], v["accuracy"].as_f64().unwrap(), "{v}");
+        let u = v["unchanged_retries"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&u), "{v}");
+        retries += v["retries"].as_f64().unwrap();
+    }
+    // An untrained tiny model is wrong nearly always: episodes go on.
+    assert!(retries > 0.0, "no episode had a second answer: {full:?}");
+}
+
 #[test]
 fn kill_9_then_resume_repeats_the_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -252,17 +322,7 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run() {
     // that moves on every full window (threshold 0); GRPO with dynamic
     // sampling off so every step trains; a token budget that gives each
     // completion its own micro-batch (a resume repeats those too).
-    let mut rows = String::new();
-    for k in 0..12u32 {
-        let n = k % 6 + 1;
-        let program = "n = int(input())\nt = 0\nfor i in range(n):\n    t = t + i\n    print(t)\n";
-        let output: Vec<String> = (0..n).map(|i| (i * (i + 1) / 2).to_string()).collect();
-        rows.push_str(&format!(
-            "{}\n",
-            serde_json::json!({"program": program, "inputs": format!("{n}\n"), "output": output.join("\n")})
-        ));
-    }
-    std::fs::write(dir.path().join("rows.jsonl"), rows).unwrap();
+    write_counting_rows(dir.path());
     std::fs::write(
         dir.path().join("s3.json"),
         r#"{"ppo": {"algorithm": "grpo", "group_size": 2, "dynamic_sampling": false, "batch_size": 2,

@@ -118,6 +118,14 @@ pub trait Environment: Send + Sync {
         None
     }
 
+    /// What the environment answers a wrong `completion` of `task` before
+    /// the model tries again (a multi-turn episode), by `kind` (`verdict`,
+    /// `first_diff` or `line`; see [`crate::reward::feedback`]). Default:
+    /// the verdict alone, whatever the kind.
+    fn feedback(&self, task: &Task, completion: &str, _kind: &str) -> String {
+        crate::reward::feedback(completion, &task.expected, "verdict")
+    }
+
     /// The environments a mixture draws from, by name; empty for a single
     /// environment. Stage 3 logs reward and accuracy a part.
     fn parts(&self) -> Vec<&'static str> {
@@ -389,6 +397,10 @@ impl Environment for TraceEnv {
     fn tasks(&self, ids: &[u64]) -> Vec<Result<Task, String>> {
         self.exec
             .install(|| ids.par_iter().map(|&id| self.task(id)).collect())
+    }
+
+    fn feedback(&self, task: &Task, completion: &str, kind: &str) -> String {
+        crate::reward::feedback(completion, &task.expected, kind)
     }
 
     fn score(&self, task: &Task, completion: &str) -> Score {

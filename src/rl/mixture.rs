@@ -127,6 +127,11 @@ impl Environment for Mixture {
         serde_json::json!({ "environment": self.envs[i].name(), "key": self.envs[i].key(&t) })
     }
 
+    fn feedback(&self, task: &Task, completion: &str, kind: &str) -> String {
+        let (i, t) = self.inner(task);
+        self.envs[i].feedback(&t, completion, kind)
+    }
+
     fn parts(&self) -> Vec<&'static str> {
         self.envs.iter().map(|e| e.name()).collect()
     }

@@ -51,6 +51,7 @@ use crate::model::generate::{self, Generation, Sampling};
 use crate::model::lora::{LoraConfig, set_dropout_seed, without_adapters};
 use crate::model::{self, LoadedModel};
 use crate::progress::Progress;
+use crate::reward;
 use crate::rng::keyed;
 use crate::train::completion::{self, Packed};
 use crate::train::optim::AdamW;
@@ -141,6 +142,9 @@ pub struct Sample {
     pub stopped: bool,
     pub reward: f64,
     pub bucket: Option<usize>,
+    /// The multi-turn episode this answer is a turn of (its answers share
+    /// the episode's reward and GRPO advantage); `None`: an episode alone.
+    pub episode: Option<usize>,
     /// The sampler's log-probs of the kept tokens (not the stop token).
     pub sampler_logp: Vec<f32>,
     old_logp: Vec<f64>,
@@ -163,6 +167,7 @@ impl Sample {
             stopped: g.stopped,
             reward,
             bucket: None,
+            episode: None,
             sampler_logp: g.logprobs.clone(),
             old_logp: Vec::new(),
             ref_logp: Vec::new(),
@@ -433,10 +438,26 @@ impl Policy {
                 groups.entry(s.group).or_default().push(i);
             }
             for idx in groups.values() {
-                let r: Vec<f64> = idx.iter().map(|&i| samples[i].reward).collect();
-                for (&i, a) in idx.iter().zip(group_advantages(&r, c.scale_rewards)) {
+                // One reward an episode (its answers share it), in order of
+                // first appearance; each answer takes its episode's advantage.
+                let mut episodes: Vec<(Option<usize>, f64)> = Vec::new();
+                let mut of: Vec<usize> = Vec::with_capacity(idx.len());
+                for &i in idx {
+                    let key = samples[i].episode;
+                    let at = match key.and_then(|e| episodes.iter().position(|x| x.0 == Some(e))) {
+                        Some(at) => at,
+                        None => {
+                            episodes.push((key, samples[i].reward));
+                            episodes.len() - 1
+                        }
+                    };
+                    of.push(at);
+                }
+                let r: Vec<f64> = episodes.iter().map(|x| x.1).collect();
+                let adv = group_advantages(&r, c.scale_rewards);
+                for (&i, &e) in idx.iter().zip(&of) {
                     let n = samples[i].response.len();
-                    samples[i].advantages = vec![a; n];
+                    samples[i].advantages = vec![adv[e]; n];
                     samples[i].returns = vec![0.0; n];
                 }
             }
@@ -825,7 +846,15 @@ fn fingerprinted(cfg: &RlConfig) -> anyhow::Result<serde_json::Value> {
         m.remove("gradient_checkpointing");
         // Settings added since checkpoints were first written count only
         // when changed, so a checkpoint of an earlier version resumes.
-        for k in ["abd_dataset", "ded_dataset", "temperature_schedule"] {
+        for k in [
+            "abd_dataset",
+            "ded_dataset",
+            "temperature_schedule",
+            "max_turns",
+            "feedback",
+            "turn_discount",
+            "max_episode_tokens",
+        ] {
             if m.get(k) == defaults.get(k) {
                 m.remove(k);
             }
@@ -923,7 +952,7 @@ pub fn run_with(
             &mut curriculum,
             step,
         )?;
-        let rewards: Vec<f64> = got.scored.iter().map(|x| x.0).collect();
+        let rewards: Vec<f64> = got.scored.iter().map(|x| x.reward).collect();
         curriculum.record(&rewards, step + 1);
         // 3-4. Old log-probs, values, reference, advantages, update.
         let trained = train(&mut policy, &mut got, step, comm)?;
@@ -1020,9 +1049,13 @@ pub fn run_with(
 struct Collected {
     batch: Vec<Sample>,
     layout: Layout,
-    /// Every rank's scored completions (reward, bucket, the mixture's
-    /// environment), in batch order.
-    scored: Vec<(f64, Option<usize>, Option<usize>)>,
+    /// Every rank's scored episodes, in batch order.
+    scored: Vec<Scored>,
+    /// Feedback turns whose conversation tokens did not extend the earlier
+    /// turn's prompt and answer (the chat template rewrote the past).
+    template_drift: usize,
+    /// Episodes ended by `max_episode_tokens` before their last turn.
+    over_budget: usize,
     masked: BTreeMap<String, u64>,
     zero_var: usize,
     dropped: u64,
@@ -1032,6 +1065,135 @@ struct Collected {
     rounds: usize,
     env_secs: f64,
     sample_secs: f64,
+}
+
+/// One scored episode (a completion, with its retries when multi-turn).
+#[derive(Debug, Clone, Copy)]
+struct Scored {
+    /// The episode's reward: its last answer's, discounted by turns.
+    reward: f64,
+    bucket: Option<usize>,
+    /// The mixture's environment.
+    part: Option<usize>,
+    /// The answer (1, 2, ...) that was right; `None` when none was.
+    solved_at: Option<usize>,
+    /// Answers after the first.
+    retries: usize,
+    /// Retries whose answer was the one before it (compared as scored).
+    unchanged: usize,
+}
+
+/// Values a [`Scored`] travels as between ranks.
+const SCORED: usize = 6;
+
+/// One answer of an episode: the conversation it continued, what was
+/// sampled and its score.
+struct Turn {
+    prompt: Vec<u32>,
+    sampled: Generation,
+    text: String,
+    score: Score,
+}
+
+impl Turn {
+    fn scored(
+        job: &RlJob,
+        policy: &Policy,
+        task: &Task,
+        prompt: Vec<u32>,
+        sampled: Generation,
+    ) -> anyhow::Result<Self> {
+        let text = policy.tok.decode(&sampled.tokens, true)?;
+        let score = if job.config.mask_truncated && !sampled.stopped {
+            Score::Masked("truncated".into())
+        } else {
+            job.env.score(task, &text)
+        };
+        Ok(Self {
+            prompt,
+            sampled,
+            text,
+            score,
+        })
+    }
+}
+
+/// Where a turn's sampling stands: the step, its sampling round, the turn
+/// (1 for the second answer), and this rank's first sampling stream.
+struct TurnAt {
+    step: u64,
+    round: usize,
+    turn: usize,
+    first: u64,
+}
+
+/// One more answer for every episode of `episodes` whose last answer was
+/// scored wrong (below 1): the conversation so far (the task, each answer,
+/// the environment's feedback on it) in the chat template, sampled
+/// together; `false` when no episode continues. Episodes whose
+/// conversation would pass `max_episode_tokens` end instead.
+fn more_turns(
+    job: &RlJob,
+    policy: &Policy,
+    mine: &[(Task, Vec<u32>, Option<usize>)],
+    group: usize,
+    episodes: &mut [Vec<Turn>],
+    at: TurnAt,
+    c: &mut Collected,
+) -> anyhow::Result<bool> {
+    let cfg = &job.config;
+    let TurnAt {
+        step,
+        round,
+        turn,
+        first,
+    } = at;
+    let budget = match cfg.max_episode_tokens {
+        0 => cfg.max_prompt_tokens + cfg.max_turns * (cfg.max_new_tokens + 256),
+        n => n,
+    };
+    let (mut who, mut prompts) = (Vec::new(), Vec::new());
+    for (j, ep) in episodes.iter().enumerate() {
+        let last = ep.last().expect("an episode has its first answer");
+        if !matches!(last.score, Score::Reward(r) if r < 1.0) {
+            continue;
+        }
+        let task = &mine[j / group].0;
+        let mut messages = vec![Message::new(Role::User, task.prompt.clone())];
+        for t in ep {
+            messages.push(Message::new(Role::Assistant, t.text.clone()));
+            messages.push(Message::new(
+                Role::User,
+                job.env.feedback(task, &t.text, &cfg.feedback),
+            ));
+        }
+        let ids = policy.tok.encode_prompt(&messages)?;
+        if ids.len() + cfg.max_new_tokens > budget {
+            c.over_budget += 1;
+            continue;
+        }
+        // The template applied to the whole conversation should extend the
+        // last turn's tokens; where it rewrites them (Qwen3 drops past
+        // thinking), the new turn starts from the template's tokens.
+        let mut before = last.prompt.clone();
+        before.extend(&last.sampled.tokens);
+        if !ids.starts_with(&before) {
+            c.template_drift += 1;
+        }
+        who.push(j);
+        prompts.push(ids);
+    }
+    if who.is_empty() {
+        return Ok(false);
+    }
+    let key = (round as u64) | ((turn as u64) << 32);
+    let gens = policy.sample_share(&prompts, keyed(cfg.seed, step, key), first)?;
+    for ((j, ids), g) in who.into_iter().zip(prompts).zip(gens) {
+        let task = &mine[j / group].0;
+        let t = Turn::scored(job, policy, task, ids, g)?;
+        episodes[j].push(t);
+    }
+    Ok(true)
 }
 
 /// Step 2: rounds of drawing tasks the curriculum admits, sampling this
@@ -1069,35 +1231,76 @@ fn collect(
         )?;
         c.sample_secs += t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
+        // Each completion's episode: its first answer, then (multi-turn)
+        // an answer a feedback turn while it is wrong.
+        let mut episodes: Vec<Vec<Turn>> = Vec::with_capacity(gens.len());
+        for (j, g) in gens.into_iter().enumerate() {
+            let (task, ids, _) = &mine[j / group];
+            episodes.push(vec![Turn::scored(job, policy, task, ids.clone(), g)?]);
+        }
+        let mut retry_secs = 0.0;
+        for turn in 1..cfg.max_turns {
+            let t = Instant::now();
+            let at = TurnAt {
+                step,
+                round: c.rounds,
+                turn,
+                first: (share.start * group) as u64,
+            };
+            if !more_turns(job, policy, mine, group, &mut episodes, at, &mut c)? {
+                break;
+            }
+            retry_secs += t.elapsed().as_secs_f64();
+        }
         let (mut kept_here, mut scored_here, mut members_here) = (0usize, Vec::new(), Vec::new());
-        for (k, (task, ids, bucket)) in mine.iter().enumerate() {
+        for (k, (task, _, bucket)) in mine.iter().enumerate() {
             let gid = c.groups_seen + share.start + k;
             let mut members = Vec::new();
-            for g in &gens[k * group..(k + 1) * group] {
-                c.new_tokens += g.tokens.len();
-                c.stopped += g.stopped as usize;
-                let text = policy.tok.decode(&g.tokens, true)?;
-                let outcome = if cfg.mask_truncated && !g.stopped {
-                    Score::Masked("truncated".into())
-                } else {
-                    job.env.score(task, &text)
-                };
-                match outcome {
-                    Score::Reward(r) => {
-                        scored_here.push(r);
-                        scored_here.push(bucket.map_or(-1.0, |b| b as f64));
-                        let part = job.env.part_of(task.task_id);
-                        scored_here.push(part.map_or(-1.0, |p| p as f64));
-                        let mut smp = Sample::new(gid, ids.clone(), g, policy.stop_id(), r);
-                        smp.bucket = *bucket;
-                        members.push(smp);
-                    }
+            let mut rewards = Vec::new();
+            for m in 0..group {
+                let ep = &episodes[k * group + m];
+                for t in ep {
+                    c.new_tokens += t.sampled.tokens.len();
+                    c.stopped += t.sampled.stopped as usize;
+                }
+                let last = ep.last().expect("an episode has its first answer");
+                let r = match &last.score {
+                    Score::Reward(r) => *r,
                     Score::Masked(why) => {
-                        *c.masked.entry(why).or_default() += 1;
+                        // The episode's outcome is unknown: none of its
+                        // answers trains.
+                        *c.masked.entry(why.clone()).or_default() += 1;
+                        continue;
                     }
+                };
+                let answers = ep.len();
+                let reward = r * cfg.turn_discount.powi(answers as i32 - 1);
+                let unchanged = ep
+                    .windows(2)
+                    .filter(|w| {
+                        let a = |t: &Turn| reward::normalize(&reward::extract_answer(&t.text));
+                        a(&w[0]) == a(&w[1])
+                    })
+                    .count();
+                let part = job.env.part_of(task.task_id);
+                scored_here.extend([
+                    reward,
+                    bucket.map_or(-1.0, |b| b as f64),
+                    part.map_or(-1.0, |p| p as f64),
+                    if r == 1.0 { answers as f64 } else { -1.0 },
+                    (answers - 1) as f64,
+                    unchanged as f64,
+                ]);
+                rewards.push(reward);
+                let episode = (cfg.max_turns > 1).then_some(gid * group + m);
+                for t in ep {
+                    let mut smp =
+                        Sample::new(gid, t.prompt.clone(), &t.sampled, policy.stop_id(), reward);
+                    smp.bucket = *bucket;
+                    smp.episode = episode;
+                    members.push(smp);
                 }
             }
-            let rewards: Vec<f64> = members.iter().map(|m| m.reward).collect();
             if group > 1 && !informative(&rewards) {
                 c.zero_var += 1;
                 if cfg.is_grpo() && cfg.dynamic_sampling {
@@ -1112,7 +1315,7 @@ fn collect(
             }
         }
         // The round over every rank: kept groups, scores, lengths.
-        let mut mine_flat = vec![kept_here as f64, (scored_here.len() / 3) as f64];
+        let mut mine_flat = vec![kept_here as f64, (scored_here.len() / SCORED) as f64];
         mine_flat.extend(&scored_here);
         mine_flat.extend(members_here.iter().map(|m| m.response.len() as f64));
         let all = stats::all_gather_varlen(comm, &mine_flat)?;
@@ -1120,8 +1323,15 @@ fn collect(
             kept_groups += v[0] as usize;
             let n = v[1] as usize;
             let index = |x: f64| (x >= 0.0).then_some(x as usize);
-            for t in v[2..2 + 3 * n].chunks(3) {
-                c.scored.push((t[0], index(t[1]), index(t[2])));
+            for t in v[2..2 + SCORED * n].chunks(SCORED) {
+                c.scored.push(Scored {
+                    reward: t[0],
+                    bucket: index(t[1]),
+                    part: index(t[2]),
+                    solved_at: index(t[3]),
+                    retries: t[4] as usize,
+                    unchanged: t[5] as usize,
+                });
             }
             if r == rank {
                 let at = c.layout.lens.len();
@@ -1129,8 +1339,11 @@ fn collect(
             }
             c.layout
                 .lens
-                .extend(v[2 + 3 * n..].iter().map(|&l| l as usize));
+                .extend(v[2 + SCORED * n..].iter().map(|&l| l as usize));
         }
+        // Later turns (their sampling and scoring) count as sampling.
+        c.sample_secs += retry_secs;
+        c.env_secs -= retry_secs;
         c.batch.extend(members_here);
         c.groups_seen += d.tasks.len();
         c.env_secs += t1.elapsed().as_secs_f64();
@@ -1274,14 +1487,33 @@ impl StepRecord<'_> {
         let mut put = |k: &str, v: f64| {
             s.insert(k.to_owned(), v);
         };
-        let rewards: Vec<f64> = got.scored.iter().map(|x| x.0).collect();
+        let rewards: Vec<f64> = got.scored.iter().map(|x| x.reward).collect();
         let n_scored = rewards.len().max(1) as f64;
         let sampled = (got.groups_seen * cfg.group_size()).max(1) as f64;
         put("reward", rewards.iter().sum::<f64>() / n_scored);
         put(
             "accuracy",
-            rewards.iter().filter(|&&r| r == 1.0).count() as f64 / n_scored,
+            got.scored.iter().filter(|x| x.solved_at.is_some()).count() as f64 / n_scored,
         );
+        if cfg.max_turns > 1 {
+            // Accuracy after each answer: episodes right by then.
+            for t in 1..=cfg.max_turns {
+                let by = got
+                    .scored
+                    .iter()
+                    .filter(|x| x.solved_at.is_some_and(|a| a <= t));
+                put(&format!("accuracy/turn={t}"), by.count() as f64 / n_scored);
+            }
+            let retries: usize = got.scored.iter().map(|x| x.retries).sum();
+            let unchanged: usize = got.scored.iter().map(|x| x.unchanged).sum();
+            put("retries", retries as f64);
+            put(
+                "unchanged_retries",
+                unchanged as f64 / retries.max(1) as f64,
+            );
+            put("template_drift", got.template_drift as f64);
+            put("episodes_over_budget", got.over_budget as f64);
+        }
         put("scored", rewards.len() as f64);
         put("trained_samples", got.layout.lens.len() as f64);
         put("masked", n.masked.values().sum::<u64>() as f64);
@@ -1340,10 +1572,12 @@ impl StepRecord<'_> {
             put("curriculum_accuracy", curriculum.accuracy());
         }
         let mut by_bucket: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-        for (r, b, _) in &got.scored {
-            let label = b.map_or_else(|| "n/a".to_owned(), |b| curriculum.label(b));
+        for x in &got.scored {
+            let label = x
+                .bucket
+                .map_or_else(|| "n/a".to_owned(), |b| curriculum.label(b));
             let e = by_bucket.entry(label).or_default();
-            e.0 += (*r == 1.0) as u8 as f64;
+            e.0 += x.solved_at.is_some() as u8 as f64;
             e.1 += 1.0;
         }
         for (label, (hit, n)) in by_bucket {
@@ -1352,10 +1586,10 @@ impl StepRecord<'_> {
         // A mixture's environments apiece: reward and exact answers.
         let parts = job.env.parts();
         let mut by_part = vec![(0f64, 0f64, 0f64); parts.len()];
-        for (r, _, p) in &got.scored {
-            if let Some(e) = p.and_then(|p| by_part.get_mut(p)) {
-                e.0 += r;
-                e.1 += (*r == 1.0) as u8 as f64;
+        for x in &got.scored {
+            if let Some(e) = x.part.and_then(|p| by_part.get_mut(p)) {
+                e.0 += x.reward;
+                e.1 += x.solved_at.is_some() as u8 as f64;
                 e.2 += 1.0;
             }
         }

@@ -84,6 +84,7 @@ fn samples(p: &Policy, n: usize, group: usize) -> Vec<Sample> {
                 stopped,
                 reward: ((i * 7) % 5) as f64 / 4.0,
                 bucket: None,
+                episode: None,
                 sampler_logp: Vec::new(),
                 old_logp: Vec::new(),
                 ref_logp: Vec::new(),
@@ -416,4 +417,41 @@ fn settings_added_later_are_fingerprinted_only_when_changed() {
     assert_eq!(changed["temperature_schedule"]["enabled"], true);
     assert_eq!(changed["ded_dataset"], "rows.jsonl");
     assert!(changed.get("abd_dataset").is_none());
+}
+
+/// GRPO's advantages in multi-turn runs are taken over episodes: a group's
+/// answers that share an episode count once and take its advantage.
+#[test]
+fn grpo_advantages_are_an_episodes_and_its_answers_share_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = policy(dir.path(), "grpo", "token_mean");
+    let answer = |episode: Option<usize>, reward: f64| {
+        let g = Generation {
+            tokens: vec![5, 6],
+            logprobs: vec![-1.0, -1.0],
+            stopped: true,
+        };
+        let mut s = Sample::new(0, vec![1, 2, 3], &g, 9, reward);
+        s.episode = episode;
+        s
+    };
+    // Episode 0: wrong, then right (reward 1 on both answers); episode 1:
+    // wrong twice; episode 2: right at once.
+    let mut samples = vec![
+        answer(Some(0), 1.0),
+        answer(Some(0), 1.0),
+        answer(Some(1), 0.0),
+        answer(Some(1), 0.0),
+        answer(Some(2), 1.0),
+    ];
+    p.advantages_with(&mut samples, &Single).unwrap();
+    let want = group_advantages(&[1.0, 0.0, 1.0], p.cfg.scale_rewards);
+    let got: Vec<f64> = samples.iter().map(|s| s.advantages[0]).collect();
+    let expect = [want[0], want[0], want[1], want[1], want[2]];
+    for (g, w) in got.iter().zip(expect) {
+        assert!((g - w).abs() < 1e-12, "{got:?} against {expect:?}");
+    }
+    // Counted by answers instead, episode 0 would weigh twice.
+    let by_answer = group_advantages(&[1.0, 1.0, 0.0, 0.0, 1.0], p.cfg.scale_rewards);
+    assert!((by_answer[0] - want[0]).abs() > 1e-3);
 }
