@@ -414,6 +414,45 @@ fn boundary_matches_the_template(tok: &ChatTokenizer, what: &str) {
     }
 }
 
+/// A multi-turn episode's next prompt (`ChatTokenizer::next_turn`): the
+/// first turn's prompt and answer tokens as they were, then the template's
+/// end of the answer, the feedback as a user turn and the generation
+/// prompt the first turn had. `whole_too`: templating the whole
+/// conversation again gives the same tokens (not so for Qwen3, whose
+/// template drops the empty thinking block of past answers).
+fn turns_extend_the_conversation(tok: &ChatTokenizer, what: &str, whole_too: bool) {
+    let task = "x = [1, 2]\nprint(x)";
+    let reply = "Your answer is incorrect. Try again.";
+    let user = Message::new(Role::User, task);
+    let first = tok.encode_prompt(std::slice::from_ref(&user)).unwrap();
+    let opening = tok.decode(&first, false).unwrap();
+    let opening = &opening[opening.rfind(task).unwrap() + task.len()..];
+    for answer in ["[1, 2]", "3\n4"] {
+        let said = tok.encode(answer).unwrap();
+        let next = tok.next_turn(&first, &said, reply).unwrap();
+        let mut before = first.clone();
+        before.extend(&said);
+        assert!(next.starts_with(&before), "{what}: {answer:?}");
+        let text = tok.decode(&next[before.len()..], false).unwrap();
+        assert!(
+            text.starts_with(&tok.end_of_turn().text) && text.contains(reply),
+            "{what}: {text:?}"
+        );
+        // The next answer opens as the first did (Qwen3: with its empty
+        // thinking block).
+        let tail = &opening[opening.find(&tok.end_of_turn().text).unwrap()..];
+        assert!(text.ends_with(tail), "{what}: {text:?} against {tail:?}");
+        let whole = tok
+            .encode_prompt(&[
+                user.clone(),
+                Message::new(Role::Assistant, answer),
+                Message::new(Role::User, reply),
+            ])
+            .unwrap();
+        assert_eq!(whole == next, whole_too, "{what}: {answer:?}");
+    }
+}
+
 #[test]
 fn qwen3_pair_boundary_is_the_templates() {
     let dir = common::repo().join("target/fixtures/qwen3-tokenizer");
@@ -423,7 +462,9 @@ fn qwen3_pair_boundary_is_the_templates() {
         );
         return;
     }
-    boundary_matches_the_template(&ChatTokenizer::from_dir(&dir).unwrap(), "qwen3");
+    let tok = ChatTokenizer::from_dir(&dir).unwrap();
+    boundary_matches_the_template(&tok, "qwen3");
+    turns_extend_the_conversation(&tok, "qwen3", false);
 }
 
 #[test]
@@ -439,6 +480,7 @@ fn smollm2_pair_boundary_is_the_templates() {
     assert!(o.status.success(), "{}", stderr(&o));
     let tok = ChatTokenizer::from_dir(&dir.path().join("smol")).unwrap();
     boundary_matches_the_template(&tok, "smollm2");
+    turns_extend_the_conversation(&tok, "smollm2", true);
 }
 
 #[test]

@@ -206,6 +206,38 @@ impl ChatTokenizer {
         &self.template
     }
 
+    /// The prompt of a conversation's next answer after the model answered
+    /// `prompt` with `answer` (its tokens, without the stop token) and the
+    /// user replied `reply`: `prompt` and `answer` as they are, then the
+    /// template's own tokens that close an answer, hold a user turn and
+    /// open the next answer. Templating the whole conversation again would
+    /// not do: a template may rewrite earlier turns (Qwen3's drops the
+    /// empty thinking block of past answers), and the model must read back
+    /// the tokens it read and wrote.
+    pub fn next_turn(&self, prompt: &[u32], answer: &[u32], reply: &str) -> Result<Vec<u32>> {
+        // Markers in place of the earlier turns: what follows an answer
+        // does not depend on them.
+        const ASKED: &str = "\u{E000}";
+        const SAID: &str = "\u{E001}";
+        let whole = [
+            Message::new(Role::User, ASKED),
+            Message::new(Role::Assistant, SAID),
+            Message::new(Role::User, reply),
+        ];
+        let next = self.template.render(&whole, true)?;
+        let Some(after) = next.rfind(SAID).map(|at| at + SAID.len()) else {
+            return Err(DataError::Template {
+                message: "the chat template drops an assistant answer from the conversation".into(),
+                hint: "multi-turn episodes (max_turns > 1) need a template that keeps answers"
+                    .into(),
+            });
+        };
+        let mut ids = prompt.to_vec();
+        ids.extend_from_slice(answer);
+        ids.extend(self.encode(&next[after..])?);
+        Ok(ids)
+    }
+
     /// Turns Qwen3's thinking on or off for every later render (off after
     /// loading), and finds the end-of-turn token again.
     pub fn set_enable_thinking(&mut self, on: bool) -> Result<()> {

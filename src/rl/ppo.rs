@@ -1128,9 +1128,9 @@ struct TurnAt {
 }
 
 /// One more answer for every episode of `episodes` whose last answer was
-/// scored wrong (below 1): the conversation so far (the task, each answer,
-/// the environment's feedback on it) in the chat template, sampled
-/// together; `false` when no episode continues. Episodes whose
+/// scored wrong (below 1): its last prompt and answer, then the
+/// environment's feedback as a user turn ([`ChatTokenizer::next_turn`]),
+/// sampled together; `false` when no episode continues. Episodes whose
 /// conversation would pass `max_episode_tokens` end instead.
 fn more_turns(
     job: &RlJob,
@@ -1159,6 +1159,17 @@ fn more_turns(
             continue;
         }
         let task = &mine[j / group].0;
+        let reply = job.env.feedback(task, &last.text, &cfg.feedback);
+        let ids = policy
+            .tok
+            .next_turn(&last.prompt, &last.sampled.tokens, &reply)?;
+        if ids.len() + cfg.max_new_tokens > budget {
+            c.over_budget += 1;
+            continue;
+        }
+        // The template over the whole conversation, for the record: where
+        // it differs, it rewrote earlier turns (Qwen3 drops past thinking);
+        // the episode goes on from the tokens the model read and wrote.
         let mut messages = vec![Message::new(Role::User, task.prompt.clone())];
         for t in ep {
             messages.push(Message::new(Role::Assistant, t.text.clone()));
@@ -1167,17 +1178,7 @@ fn more_turns(
                 job.env.feedback(task, &t.text, &cfg.feedback),
             ));
         }
-        let ids = policy.tok.encode_prompt(&messages)?;
-        if ids.len() + cfg.max_new_tokens > budget {
-            c.over_budget += 1;
-            continue;
-        }
-        // The template applied to the whole conversation should extend the
-        // last turn's tokens; where it rewrites them (Qwen3 drops past
-        // thinking), the new turn starts from the template's tokens.
-        let mut before = last.prompt.clone();
-        before.extend(&last.sampled.tokens);
-        if !ids.starts_with(&before) {
+        if policy.tok.encode_prompt(&messages)? != ids {
             c.template_drift += 1;
         }
         who.push(j);
