@@ -334,27 +334,8 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run() {
             "curriculum": {"enabled": true, "promotion_threshold": 0.0, "window": 4}}"#,
     )
     .unwrap();
-    let o = trace_train(dir.path(), &ppo_args("full", &[]));
-    assert!(o.status.success(), "{}", stderr(&o));
-
-    let mut child = start(dir.path(), &ppo_args("cut", &[]), Stdio::null());
-    let metrics = dir.path().join("cut/metrics.jsonl");
-    // Past the step-2 checkpoint, before the end.
-    wait_for_steps(&metrics, 3, Duration::from_secs(300));
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
-    assert!(
-        !dir.path().join("cut/final").exists(),
-        "killed before the end"
-    );
-
-    let o = trace_train(dir.path(), &ppo_args("cut", &["--resume"]));
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("resumed at"), "{}", stderr(&o));
-    let (full, cut) = (
-        lines_of(&dir.path().join("full/metrics.jsonl")),
-        lines_of(&metrics),
-    );
+    // Killed past the step-2 checkpoint, before the end.
+    let (full, cut) = full_and_killed_then_resumed(dir.path());
     assert_eq!(full.len(), 6);
     assert_eq!(full, cut, "the resumed run's steps differ");
     // The temperature schedule, step by step, resumed with the run.
