@@ -474,6 +474,7 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Resu
 /// The softmax of inference attention on CUDA (`src/kernels/attention.cu`).
 #[cfg(feature = "cuda")]
 mod cuda {
+    use crate::model::kernels;
     use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::{CudaDType, CudaStorage, WrapErr};
     use candle_core::op::BackpropOp;
@@ -537,9 +538,9 @@ mod cuda {
             .slice(sl.start_offset()..sl.start_offset() + rows * t);
         // SAFETY: every element is written by the kernel.
         let mut p = unsafe { dev.alloc::<T>(rows * t) }?;
-        let func = crate::model::kernels::kernel(
+        let func = kernels::kernel(
             &dev,
-            &crate::model::kernels::ATTENTION,
+            &kernels::ATTENTION,
             &format!("scaled_masked_softmax_{suffix}"),
         )?;
         let (t32, pb32, q32) = (t as i32, per_batch as i32, queries as i32);

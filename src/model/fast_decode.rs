@@ -39,6 +39,7 @@ use half::{bf16, f16};
 
 use super::attention::Cache;
 use super::decoder::{DecodeBase, DecodeProj, DecodeWeights};
+use super::kernels::{self, DECODE, Kernel, Module, SAMPLE, SKINNY};
 
 /// Weight rows one block of the decode product owns (`SK_TILE` in skinny.cu).
 const SKINNY_TILE: usize = 128;
@@ -294,11 +295,7 @@ impl<'w> Engine<'w> {
             .collect();
         let meta = self.stream.clone_htod(&meta).w()?;
         let base = slice_ptr(&meta, &self.stream);
-        let func = crate::model::kernels::kernel(
-            &self.dev,
-            &crate::model::kernels::DECODE,
-            &format!("copy_to_slots_{}", self.suffix),
-        )?;
+        let func = self.kernel(&DECODE, "copy_to_slots")?;
         for layer in 0..self.w.layers.len() {
             let Some((ks, vs)) = cache.layer(layer) else {
                 bail!("load_rows: the prefill cache has no layer {layer}");
@@ -428,11 +425,7 @@ impl<'w> Engine<'w> {
 
         let x = self.empty(b, hidden)?;
         {
-            let f = crate::model::kernels::kernel(
-                &self.dev,
-                &crate::model::kernels::DECODE,
-                &format!("embed_rows_{}", self.suffix),
-            )?;
+            let f = self.kernel(&DECODE, "embed_rows")?;
             let (e, xp, h) = (ptr(&w.embed)?, ptr(&x)?, hidden as i32);
             let mut a = f.builder();
             a.arg(&e);
@@ -444,26 +437,14 @@ impl<'w> Engine<'w> {
         }
         self.mark("embed")?;
         let (cos, sin) = (ptr(&w.cos)?, ptr(&w.sin)?);
-        let qkv_prep = crate::model::kernels::kernel(
+        let qkv_prep = self.kernel(&DECODE, "qkv_prep")?;
+        let attention = kernels::kernel(
             &self.dev,
-            &crate::model::kernels::DECODE,
-            &format!("qkv_prep_{}", self.suffix),
-        )?;
-        let attention = crate::model::kernels::kernel(
-            &self.dev,
-            &crate::model::kernels::DECODE,
+            &DECODE,
             &format!("decode_attention_{}_d{d}_g{groups}", self.suffix),
         )?;
-        let combine = crate::model::kernels::kernel(
-            &self.dev,
-            &crate::model::kernels::DECODE,
-            &format!("attention_combine_{}", self.suffix),
-        )?;
-        let silu_mul = crate::model::kernels::kernel(
-            &self.dev,
-            &crate::model::kernels::DECODE,
-            &format!("silu_mul_{}", self.suffix),
-        )?;
+        let combine = self.kernel(&DECODE, "attention_combine")?;
+        let silu_mul = self.kernel(&DECODE, "silu_mul")?;
         let part = slice_ptr(&self.part, &self.stream);
         let mut h: Option<Tensor> = None;
         for (l, lw) in w.layers.iter().enumerate() {
@@ -573,11 +554,7 @@ impl<'w> Engine<'w> {
         // SAFETY: the sampling kernel writes both values of every row.
         let out = unsafe { self.dev.alloc::<u32>(2 * b) }?;
         {
-            let f = crate::model::kernels::kernel(
-                &self.dev,
-                &crate::model::kernels::SAMPLE,
-                &format!("sample_rows_{}", self.suffix),
-            )?;
+            let f = self.kernel(&SAMPLE, "sample_rows")?;
             let lp = ptr(&logits)?;
             let op = slice_ptr(&out, &self.stream);
             let Draw {
@@ -627,11 +604,7 @@ impl<'w> Engine<'w> {
         eps: f32,
     ) -> Result<()> {
         let (rows, n) = x.dims2()?;
-        let f = crate::model::kernels::kernel(
-            &self.dev,
-            &crate::model::kernels::DECODE,
-            &format!("add_rmsnorm_{}", self.suffix),
-        )?;
+        let f = self.kernel(&DECODE, "add_rmsnorm")?;
         let (xp, hp, wp, op) = (
             ptr(x)?,
             h.map(ptr).transpose()?.unwrap_or(0),
@@ -649,6 +622,12 @@ impl<'w> Engine<'w> {
         // SAFETY: matches `add_rmsnorm_*`; x, h and out hold rows x n.
         unsafe { a.launch(cfg((rows as u32, 1, 1), 256)) }.w()?;
         Ok(())
+    }
+
+    /// Kernel `{name}_{dtype}` of `module`, instantiated for the model's
+    /// dtype.
+    fn kernel(&self, module: &Module, name: &str) -> Result<Kernel> {
+        kernels::kernel(&self.dev, module, &format!("{name}_{}", self.suffix))
     }
 
     /// An uninitialised `(rows, cols)` tensor of the model's dtype (every
@@ -775,7 +754,7 @@ impl Products {
                 if nf4 { "nf4" } else { "bf16" },
                 if m <= 16 { 16 } else { 32 }
             );
-            let f = crate::model::kernels::kernel(dev, &crate::model::kernels::SKINNY, &name)?;
+            let f = kernels::kernel(dev, &SKINNY, &name)?;
             let xp = ptr(x)? + (first * k) as u64 * elt;
             let yp = ptr(&y)? + (first * out) as u64 * elt;
             let (m32, k32, ldy) = (m as i32, k as i32, out as i32);

@@ -138,6 +138,7 @@ pub fn adamw_step(
 
 #[cfg(feature = "cuda")]
 mod cuda {
+    use crate::model::kernels;
     use candle_core::cuda_backend::WrapErr;
     use candle_core::cuda_backend::cudarc::driver::{
         CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
@@ -248,9 +249,9 @@ mod cuda {
         );
         // SAFETY: every element is written by the kernel.
         let mut out = unsafe { dev.alloc::<T>(count * n) }?;
-        let func = crate::model::kernels::kernel(
+        let func = kernels::kernel(
             &dev,
-            &crate::model::kernels::TRAIN,
+            &kernels::TRAIN,
             &format!("rmsnorm_bwd_{}", suffix(x.dtype())?),
         )?;
         let (n32, eps32) = (n as i32, eps as f32);
@@ -287,9 +288,9 @@ mod cuda {
         let numel = shape.elem_count();
         // SAFETY: every element is written by the kernel.
         let mut out = unsafe { dev.alloc::<T>(numel) }?;
-        let func = crate::model::kernels::kernel(
+        let func = kernels::kernel(
             dev,
-            &crate::model::kernels::TRAIN,
+            &kernels::TRAIN,
             &format!("dropout_mask_{}", suffix(dtype)?),
         )?;
         let keep = 1.0 / (1.0 - p);
@@ -321,9 +322,9 @@ mod cuda {
         let (gv, uv) = (view::<T>(&gs, gl, numel)?, view::<T>(&us, ul, numel)?);
         // SAFETY: every element is written by the kernel.
         let mut h = unsafe { dev.alloc::<T>(numel) }?;
-        let func = crate::model::kernels::kernel(
+        let func = kernels::kernel(
             &dev,
-            &crate::model::kernels::TRAIN,
+            &kernels::TRAIN,
             &format!("swiglu_fwd_{}", suffix(g.dtype())?),
         )?;
         let mut b = func.builder();
@@ -372,9 +373,9 @@ mod cuda {
         // SAFETY: every element is written by the kernel.
         let mut dg = unsafe { dev.alloc::<T>(numel) }?;
         let mut du = unsafe { dev.alloc::<T>(numel) }?;
-        let func = crate::model::kernels::kernel(
+        let func = kernels::kernel(
             &dev,
-            &crate::model::kernels::TRAIN,
+            &kernels::TRAIN,
             &format!("swiglu_bwd_{}", suffix(g.dtype())?),
         )?;
         let mut b = func.builder();
@@ -427,7 +428,7 @@ mod cuda {
                 dev.alloc::<f32>(n)?,
             )
         };
-        let func = crate::model::kernels::kernel(&dev, &crate::model::kernels::TRAIN, "adamw_f32")?;
+        let func = kernels::kernel(&dev, &kernels::TRAIN, "adamw_f32")?;
         let scalars = [
             h.grad_scale,
             h.beta1,
@@ -483,9 +484,9 @@ mod cuda {
         let (zv, tv) = (view::<T>(&zs, zl, c * v)?, view::<u32>(&ts, tl, c)?);
         // SAFETY: every element is written by the kernel.
         let mut loss = unsafe { dev.alloc::<f32>(c) }?;
-        let func = crate::model::kernels::kernel(
+        let func = kernels::kernel(
             &dev,
-            &crate::model::kernels::TRAIN,
+            &kernels::TRAIN,
             &format!("xent_fwd_bwd_{}", suffix(logits.dtype())?),
         )?;
         let v32 = v as i32;

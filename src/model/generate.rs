@@ -906,6 +906,7 @@ pub(crate) fn draw(logits: &[f32], s: &Sampling, rng: &mut Rng) -> (u32, f32) {
 /// reach the host instead of the row of logits.
 #[cfg(feature = "cuda")]
 mod cuda {
+    use crate::model::kernels;
     use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::{CudaDType, WrapErr};
     use candle_core::{DType, Result, Storage, Tensor, bail};
@@ -954,11 +955,7 @@ mod cuda {
         let seeds = dev.clone_htod(seeds)?;
         // SAFETY: the kernel writes both values of every row.
         let mut out = unsafe { dev.alloc::<u32>(2 * b) }?;
-        let func = crate::model::kernels::kernel(
-            &dev,
-            &crate::model::kernels::SAMPLE,
-            &format!("sample_rows_{suffix}"),
-        )?;
+        let func = kernels::kernel(&dev, &kernels::SAMPLE, &format!("sample_rows_{suffix}"))?;
         let (v32, k32) = (v as i32, top_k.min(i32::MAX as usize) as i32);
         let mut builder = func.builder();
         builder.arg(&x);
