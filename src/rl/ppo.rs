@@ -1093,6 +1093,8 @@ struct Turn {
     sampled: Generation,
     text: String,
     score: Score,
+    /// The environment's feedback on this answer, once the episode went on.
+    reply: Option<String>,
 }
 
 impl Turn {
@@ -1114,6 +1116,7 @@ impl Turn {
             sampled,
             text,
             score,
+            reply: None,
         })
     }
 }
@@ -1152,7 +1155,7 @@ fn more_turns(
         0 => cfg.max_prompt_tokens + cfg.max_turns * (cfg.max_new_tokens + 256),
         n => n,
     };
-    let (mut who, mut prompts) = (Vec::new(), Vec::new());
+    let (mut who, mut prompts, mut replies) = (Vec::new(), Vec::new(), Vec::new());
     for (j, ep) in episodes.iter().enumerate() {
         let last = ep.last().expect("an episode has its first answer");
         if !matches!(last.score, Score::Reward(r) if r < 1.0) {
@@ -1173,26 +1176,29 @@ fn more_turns(
         let mut messages = vec![Message::new(Role::User, task.prompt.clone())];
         for t in ep {
             messages.push(Message::new(Role::Assistant, t.text.clone()));
-            messages.push(Message::new(
-                Role::User,
-                job.env.feedback(task, &t.text, &cfg.feedback),
-            ));
+            let said = t.reply.as_ref().unwrap_or(&reply);
+            messages.push(Message::new(Role::User, said.clone()));
         }
         if policy.tok.encode_prompt(&messages)? != ids {
             c.template_drift += 1;
         }
         who.push(j);
         prompts.push(ids);
+        replies.push(reply);
     }
     if who.is_empty() {
         return Ok(false);
     }
     let key = (round as u64) | ((turn as u64) << 32);
     let gens = policy.sample_share(&prompts, keyed(cfg.seed, step, key), first)?;
-    for ((j, ids), g) in who.into_iter().zip(prompts).zip(gens) {
+    for (((j, ids), reply), g) in who.into_iter().zip(prompts).zip(replies).zip(gens) {
         let task = &mine[j / group].0;
         let t = Turn::scored(job, policy, task, ids, g)?;
-        episodes[j].push(t);
+        let ep = &mut episodes[j];
+        ep.last_mut()
+            .expect("an episode has its first answer")
+            .reply = Some(reply);
+        ep.push(t);
     }
     Ok(true)
 }
