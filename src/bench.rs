@@ -12,6 +12,7 @@
 //! overhead on a program that does nothing, for both, and report ratios.
 
 pub mod rl;
+pub mod serve;
 pub mod train;
 
 use std::io::Write;

@@ -71,6 +71,20 @@ pub fn free_memory(device: &Device) -> anyhow::Result<Option<u64>> {
     Ok(None)
 }
 
+/// Bytes of the device's pool in use now (no synchronisation: a reading
+/// from another thread while the GPU works); `None` off CUDA.
+pub fn used_memory(device: &Device) -> anyhow::Result<Option<u64>> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        return Ok(Some(pool::get(
+            d,
+            pool::Attr::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+        )?));
+    }
+    let _ = device;
+    Ok(None)
+}
+
 #[cfg(feature = "cuda")]
 mod pool {
     use anyhow::Context;

@@ -299,6 +299,43 @@ enum BenchCommand {
         #[arg(long, default_value = "auto")]
         device: String,
     },
+    /// `serve` under concurrent clients in one process: completion
+    /// tokens/s and time to first token of `--clients` streamed requests at
+    /// once, then (with `--soak_seconds`) a soak of random requests, some
+    /// hung up mid-answer, checking every answer and the server's memory.
+    #[command(rename_all = "snake_case")]
+    Serve {
+        /// A model folder (weights, tokenizer with a chat template).
+        #[arg(long)]
+        model: String,
+        /// Requests sent at once for the throughput part.
+        #[arg(long, default_value_t = 32)]
+        clients: usize,
+        /// About this many prompt tokens a request.
+        #[arg(long, default_value_t = 256)]
+        prompt: usize,
+        /// New tokens a request (the soak's requests ask 1 to this many).
+        #[arg(long, default_value_t = 256)]
+        max_tokens: usize,
+        /// The server's --max_batch (default: --clients).
+        #[arg(long)]
+        max_batch: Option<usize>,
+        /// The server's --max_model_len.
+        #[arg(long)]
+        max_model_len: Option<usize>,
+        /// Seconds of soak after the throughput part (0: none).
+        #[arg(long, default_value_t = 0)]
+        soak_seconds: u64,
+        /// Clients of the soak.
+        #[arg(long, default_value_t = 200)]
+        soak_clients: usize,
+        /// Share of soak requests whose client hangs up mid-answer.
+        #[arg(long, default_value_t = 0.1)]
+        cancel_share: f64,
+        /// `cpu`, `cuda`, `cuda:N` or `auto`.
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
     /// Batched sampling (temperature 0.7, KV cache) new tokens/s on random
     /// weights (run the peer's `hf_peer.py gen` with the same flags).
     #[command(rename_all = "snake_case")]
@@ -564,6 +601,42 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             };
             println!("{}", serde_json::to_string(&r)?);
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Serve {
+            model,
+            clients,
+            prompt,
+            max_tokens,
+            max_batch,
+            max_model_len,
+            soak_seconds,
+            soak_clients,
+            cancel_share,
+            device,
+        }) => {
+            let device = cli::train::pick_device(&device)?;
+            let bench = trace_train::bench::serve::ServeBench {
+                model_dir: trace_train::model::resolve(&model)?,
+                clients,
+                prompt,
+                max_tokens,
+                max_batch: max_batch.unwrap_or(clients),
+                max_model_len,
+                soak_seconds,
+                soak_clients,
+                cancel_share,
+            };
+            let r = trace_train::bench::serve::run(&bench, &device)?;
+            println!("{}", serde_json::to_string(&r)?);
+            let whole = r
+                .soak
+                .as_ref()
+                .is_none_or(|s| s.bad_count == 0 && s.counters_add_up);
+            Ok(if whole {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::Bench(BenchCommand::Gen {
             model,

@@ -52,6 +52,8 @@ fn server() -> &'static TestServer {
             api_key: Some(KEY.into()),
             max_batch: 8,
             max_tokens: 64,
+            max_model_len: None,
+            log_requests: false,
             device: Device::Cpu,
         })
         .unwrap();
@@ -547,5 +549,109 @@ async fn soak_200_concurrent_clients_for_30_seconds() {
     assert!(
         last <= first + first / 5,
         "RSS grew from {first} to {last} KiB"
+    );
+}
+
+/// The answer of a sampled request, as text.
+async fn sampled(prompt: &str, temperature: f32, top_p: f32, seed: i64, max_tokens: u32) -> String {
+    let mut req = request(prompt, max_tokens);
+    req.temperature = Some(temperature);
+    req.top_p = Some(top_p);
+    #[allow(deprecated)] // OpenAI has deprecated `seed`; this server honours it
+    {
+        req.seed = Some(seed);
+    }
+    let r = client(KEY).chat().create(req).await.unwrap();
+    r.choices[0].message.content.clone().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_sampled_answer_depends_on_its_prompt_settings_and_seed_alone() {
+    let alone = sampled("print(3 * 7)", 0.9, 0.95, 42, 24).await;
+    // The same request among others that join and leave at other times.
+    let mut tasks = Vec::new();
+    for i in 0..7u32 {
+        tasks.push(tokio::spawn(async move {
+            sampled(
+                &format!("x = {i}"),
+                0.3 + 0.1 * i as f32,
+                1.0,
+                i64::from(i),
+                3 + 5 * i,
+            )
+            .await
+        }));
+    }
+    let together = sampled("print(3 * 7)", 0.9, 0.95, 42, 24).await;
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(together, alone);
+    // Another seed draws another answer (the tiny model's distribution is
+    // wide at temperature 0.9: 24 tokens alike by chance is unlikely).
+    let other = sampled("print(3 * 7)", 0.9, 0.95, 43, 24).await;
+    assert_ne!(other, alone);
+}
+
+#[tokio::test]
+async fn metrics_are_prometheus_text_with_the_requests_counted() {
+    let s = server();
+    greedy("m = 1", 4);
+    client(KEY)
+        .chat()
+        .create(request("m = 1", 4))
+        .await
+        .unwrap();
+    let base = s.url.trim_end_matches("/v1");
+    let r = reqwest::get(format!("{base}/metrics")).await.unwrap();
+    assert!(r.status().is_success());
+    let kind = r.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(kind.starts_with("text/plain; version=0.0.4"), "{kind}");
+    let text = r.text().await.unwrap();
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    };
+    assert!(value("trace_train_requests_received_total") >= 1.0);
+    assert!(value("trace_train_requests_total{outcome=\"length\"}") >= 1.0);
+    assert!(value("trace_train_completion_tokens_total") >= 4.0);
+    assert!(value("trace_train_time_to_first_token_seconds_count") >= 1.0);
+    assert_eq!(value("trace_train_batch_rows"), 8.0);
+    assert!(value("trace_train_decode_steps_total") >= 3.0);
+}
+
+#[test]
+fn bench_serve_soaks_the_server_with_hang_ups_and_finds_every_answer_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = dir.path().join("tiny");
+    model::tiny::write_tiny_chat_model(&model_dir, 7).unwrap();
+    let r = trace_train::bench::serve::run(
+        &trace_train::bench::serve::ServeBench {
+            model_dir,
+            clients: 6,
+            prompt: 40,
+            max_tokens: 24,
+            max_batch: 4,
+            max_model_len: Some(256),
+            soak_seconds: 4,
+            soak_clients: 24,
+            cancel_share: 0.3,
+        },
+        &Device::Cpu,
+    )
+    .unwrap();
+    assert_eq!((r.rows, r.context, r.fused), (4, 256, false));
+    assert_eq!(r.throughput.answered, 6);
+    assert!(r.throughput.completion_tokens > 0);
+    let soak = r.soak.unwrap();
+    assert!(soak.bad.is_empty(), "{:?}", soak.bad);
+    assert!(soak.counters_add_up, "{}", soak.server_outcomes);
+    assert!(soak.answered > 20, "{} answered", soak.answered);
+    assert!(soak.cancelled_by_client > 0);
+    assert!(
+        soak.server_outcomes["cancelled"].as_u64().unwrap() > 0,
+        "{}",
+        soak.server_outcomes
     );
 }

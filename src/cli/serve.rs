@@ -42,6 +42,15 @@ pub struct ServeArgs {
     /// does not say.
     #[arg(long, default_value_t = 2048)]
     pub max_tokens: usize,
+    /// Tokens a request's prompt and answer may take together; every row of
+    /// the batch holds this many (default: 4096, or the model's context when
+    /// smaller).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Print a line on stderr for every request that ends (id, outcome,
+    /// tokens, seconds).
+    #[arg(long)]
+    pub log_requests: bool,
     /// `cpu`, `cuda`, `cuda:N` or `auto`.
     #[arg(long, default_value = "auto")]
     pub device: String,
@@ -62,6 +71,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         api_key: api_key.clone(),
         max_batch: args.max_batch,
         max_tokens: args.max_tokens,
+        max_model_len: args.max_model_len,
+        log_requests: args.log_requests,
         device,
     })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -81,10 +92,17 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         // The address on stdout (a script reads it), the rest on stderr.
         println!("http://{addr}/v1");
         std::io::stdout().flush()?;
+        let cap = state.capacity();
         eprintln!(
-            "serving `{}` at http://{addr}/v1 (batches of up to {}, {}); Ctrl-C stops",
+            "serving `{}` at http://{addr}/v1 ({} rows of {} tokens, {}, {}); Ctrl-C stops",
             state.name(),
-            args.max_batch,
+            cap.rows,
+            cap.context,
+            if cap.fused {
+                "the fused decode step"
+            } else {
+                "op by op"
+            },
             if api_key.is_some() {
                 "bearer key required"
             } else {

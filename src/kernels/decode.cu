@@ -132,7 +132,7 @@ __device__ __forceinline__ void load8(const __half *p, float *v) {
 
 // Flash-decoding (split-KV) attention of one token a row over its slot:
 // block (kv head h, row b, split s) reads the row's keys and values of
-// columns [s * chunk, min((s + 1) * chunk, pos[b] + 1)) once for the G
+// columns [s * c, min((s + 1) * c, pos[b] + 1)) once for the G
 // query heads h * G .. h * G + G - 1 that share them, and writes per query
 // head its max m, sum l and unnormalised output acc (f32) to
 // `part[(b, h, s, g)] = [m, l, acc[D]]`; attention_combine merges the
@@ -158,7 +158,14 @@ __device__ __forceinline__ void decode_attention(const T *__restrict__ q, const 
     const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
     const int tid = threadIdx.x, grp = tid / LANES, lane = tid % LANES;
     const int len = (int)pos[b] + 1;
-    const int start = split * chunk, end = min(start + chunk, len);
+    // Each row's chunk c: `chunk` (a multiple of 64), or more where the row
+    // is longer than the splits x chunk (a multiple of 64 that spreads it
+    // over every split). The grid's splits are fixed at capture whatever
+    // the slots' length, so a short row leaves most splits idle and a long
+    // one lengthens its chunks instead of needing more blocks.
+    const int per = (len + splits - 1) / splits;
+    const int c = max(chunk, (per + 63) / 64 * 64);
+    const int start = split * c, end = min(start + c, len);
     float *out = part + (((size_t)b * hkv + h) * splits + split) * G * (D + 2);
     if (start >= end) {
         if (tid < G) out[tid * (D + 2) + 1] = 0.f; // l = 0: the combine skips it

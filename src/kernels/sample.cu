@@ -18,6 +18,11 @@
 //     depends on nothing but its own logits and seed.
 // Temperature 0 (inv_temp == 0) picks the most likely token (the lowest id
 // among ties) with the log-probability of the raw logits.
+//
+// Every row has its own settings (a server's requests each ask their own):
+// `params` holds 3 b words for b rows, [inv_temp (f32 bits) a row | top_k a
+// row | top_p (f32 bits) a row]. `draw_like_device` in src/model/generate.rs
+// is this rule on the host, step for step.
 
 #include "common.cuh"
 
@@ -72,11 +77,15 @@ __device__ __forceinline__ uint32_t block_argmax(float s, uint32_t i, float *fs,
 // One block a row of v logits. out[2 row] = the token, out[2 row + 1] = the
 // bits of its f32 log-probability (one buffer, one copy to the host).
 template <typename T>
-__device__ void sample_rows(const T *logits, int v, const uint64_t *seeds, float inv_temp,
-                            int top_k, float top_p, uint32_t *out) {
+__device__ void sample_rows(const T *logits, int v, const uint64_t *seeds, const uint32_t *params,
+                            uint32_t *out) {
     __shared__ float fs[32];
     __shared__ uint32_t us[32];
     const size_t row = blockIdx.x;
+    const size_t b = gridDim.x;
+    const float inv_temp = __uint_as_float(params[row]);
+    const int top_k = (int)params[b + row];
+    const float top_p = __uint_as_float(params[2 * b + row]);
     const T *x = logits + row * (size_t)v;
     const bool greedy = inv_temp == 0.f;
     const float scale = greedy ? 1.f : inv_temp;
@@ -143,9 +152,8 @@ __device__ void sample_rows(const T *logits, int v, const uint64_t *seeds, float
 
 #define INSTANTIATE(NAME, T)                                                                      \
     extern "C" __global__ void sample_rows_##NAME(const T *logits, int v, const uint64_t *seeds,  \
-                                                  float inv_temp, int top_k, float top_p,         \
-                                                  uint32_t *out) {                                \
-        sample_rows<T>(logits, v, seeds, inv_temp, top_k, top_p, out);                            \
+                                                  const uint32_t *params, uint32_t *out) {        \
+        sample_rows<T>(logits, v, seeds, params, out);                                            \
     }
 
 INSTANTIATE(f32, float)

@@ -39,6 +39,7 @@ use half::{bf16, f16};
 
 use super::attention::Cache;
 use super::decoder::{DecodeBase, DecodeProj, DecodeWeights};
+pub use super::draw::Draw;
 use super::kernels::{self, DECODE, Kernel, Module, SAMPLE, SKINNY};
 
 /// Weight rows one block of the decode product owns (`SK_TILE` in skinny.cu).
@@ -47,8 +48,11 @@ const SKINNY_TILE: usize = 128;
 const SKINNY_THREADS: u32 = 128;
 /// Rows of X one launch of the decode product takes.
 const SKINNY_ROWS: usize = 32;
-/// Keys one attention block reads (`decode_attention` in decode.cu).
+/// Keys one attention block reads at least (`decode_attention` in
+/// decode.cu).
 const CHUNK: usize = 64;
+/// Most splits of a row's keys (blocks a row and KV head).
+const MAX_SPLITS: usize = 16;
 const ATTN_THREADS: u32 = 128;
 
 /// How the step runs.
@@ -59,38 +63,6 @@ pub enum Mode {
     /// Captured once as a CUDA graph (after one eager step that loads every
     /// kernel), replayed every later step.
     Graph,
-}
-
-/// How every row draws its token (the same for the whole call): the
-/// sampling kernel's settings; `inv_temp` 0 picks the most likely.
-#[derive(Debug, Clone, Copy)]
-pub struct Draw {
-    pub inv_temp: f32,
-    pub top_k: i32,
-    pub top_p: f32,
-}
-
-impl Draw {
-    /// The most likely token.
-    pub const GREEDY: Self = Self {
-        inv_temp: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-    };
-
-    /// The kernel's settings for a temperature (0: greedy), top-k (0: off)
-    /// and top-p.
-    pub fn new(temperature: f64, top_k: usize, top_p: f64) -> Self {
-        Self {
-            inv_temp: if temperature == 0.0 {
-                0.0
-            } else {
-                (1.0 / temperature) as f32
-            },
-            top_k: top_k.min(i32::MAX as usize) as i32,
-            top_p: top_p as f32,
-        }
-    }
 }
 
 /// A captured step. The graph is declared first so that it is destroyed
@@ -117,12 +89,12 @@ pub struct Engine<'w> {
     /// Per layer, `(rows, H_kv, cap, D)`.
     k: Vec<Tensor>,
     v: Vec<Tensor>,
-    /// `[seed (two words a row) | token id a row | position a row]`.
+    /// `[seed (two words a row) | token id a row | position a row |
+    /// the sampling settings, three words a row (`Draw::words`)]`.
     io: CudaSlice<u32>,
     /// Split-KV partial results: `(rows, H_kv, splits, G, D + 2)` f32.
     part: CudaSlice<f32>,
     products: Products,
-    draw: Draw,
     mode: Mode,
     graph: Option<Captured>,
     steps: u64,
@@ -178,7 +150,6 @@ impl<'w> Engine<'w> {
         device: &Device,
         rows: usize,
         cap: usize,
-        draw: Draw,
         mode: Mode,
     ) -> Result<Self> {
         let Device::Cuda(dev) = device else {
@@ -214,9 +185,13 @@ impl<'w> Engine<'w> {
             k.push(zeros()?);
             v.push(zeros()?);
         }
-        let splits = cap.div_ceil(CHUNK).max(1);
+        // One split a CHUNK of the slot, up to MAX_SPLITS (longer rows
+        // lengthen their chunks instead): a slot of 4,096 columns at 64
+        // rows would launch 32,768 blocks a layer, most of them idle for
+        // rows far shorter than the slot.
+        let splits = cap.div_ceil(CHUNK).clamp(1, MAX_SPLITS);
         let groups = w.heads / w.kv_heads;
-        let io = dev.alloc_zeros::<u32>(4 * rows)?;
+        let io = dev.alloc_zeros::<u32>(7 * rows)?;
         let part =
             dev.alloc_zeros::<f32>(rows * w.kv_heads * splits * groups * (w.head_dim + 2))?;
         let all: Vec<&DecodeProj> = w
@@ -240,7 +215,6 @@ impl<'w> Engine<'w> {
             io,
             part,
             products,
-            draw,
             mode,
             graph: None,
             steps: 0,
@@ -261,6 +235,11 @@ impl<'w> Engine<'w> {
 
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    /// Columns a slot holds.
+    pub fn cap(&self) -> usize {
+        self.cap
     }
 
     /// Copies prefilled prompts into slots: row `r` of `cache` (left-padded
@@ -330,17 +309,24 @@ impl<'w> Engine<'w> {
 
     /// One step: row `r` feeds token `ids[r]` at position `pos[r]` (its
     /// K/V go to column `pos[r]` of its slot; it attends to columns
-    /// `0..=pos[r]`) and draws with `seeds[r]`. Returns each row's token
-    /// and its log-probability. Free rows decode too (their slot is theirs
-    /// to spoil); callers ignore them.
-    pub fn step(&mut self, seeds: &[u64], ids: &[u32], pos: &[u32]) -> Result<Vec<(u32, f32)>> {
+    /// `0..=pos[r]`) and draws with `seeds[r]` by `draws[r]`. Returns each
+    /// row's token and its log-probability. Free rows decode too (their
+    /// slot is theirs to spoil); callers ignore them.
+    pub fn step(
+        &mut self,
+        seeds: &[u64],
+        ids: &[u32],
+        pos: &[u32],
+        draws: &[Draw],
+    ) -> Result<Vec<(u32, f32)>> {
         let b = self.rows;
-        if seeds.len() != b || ids.len() != b || pos.len() != b {
+        if seeds.len() != b || ids.len() != b || pos.len() != b || draws.len() != b {
             bail!(
-                "decode step: {b} rows but {} seeds, {} ids, {} positions",
+                "decode step: {b} rows but {} seeds, {} ids, {} positions, {} settings",
                 seeds.len(),
                 ids.len(),
-                pos.len()
+                pos.len(),
+                draws.len()
             );
         }
         if let Some(&p) = pos.iter().find(|&&p| p as usize >= self.cap) {
@@ -349,13 +335,14 @@ impl<'w> Engine<'w> {
                 self.cap
             );
         }
-        let mut host = Vec::with_capacity(4 * b);
+        let mut host = Vec::with_capacity(7 * b);
         for &s in seeds {
             host.push(s as u32);
             host.push((s >> 32) as u32);
         }
         host.extend_from_slice(ids);
         host.extend_from_slice(pos);
+        host.extend(Draw::words(draws));
         self.stream.memcpy_htod(&host, &mut self.io).w()?;
         let first = self.steps == 0;
         self.steps += 1;
@@ -420,6 +407,7 @@ impl<'w> Engine<'w> {
         let elt = self.dtype.size_in_bytes() as u64;
         let io = slice_ptr(&self.io, &self.stream);
         let (seeds, ids, pos) = (io, io + 8 * b as u64, io + 12 * b as u64);
+        let params = io + 16 * b as u64;
         let (hidden, inter) = (w.hidden, w.intermediate);
         let eps = w.eps as f32;
 
@@ -557,21 +545,14 @@ impl<'w> Engine<'w> {
             let f = self.kernel(&SAMPLE, "sample_rows")?;
             let lp = ptr(&logits)?;
             let op = slice_ptr(&out, &self.stream);
-            let Draw {
-                inv_temp,
-                top_k,
-                top_p,
-            } = self.draw;
             let mut a = f.builder();
             a.arg(&lp);
             a.arg(&vocab);
             a.arg(&seeds);
-            a.arg(&inv_temp);
-            a.arg(&top_k);
-            a.arg(&top_p);
+            a.arg(&params);
             a.arg(&op);
             // SAFETY: matches `sample_rows_*` in sample.cu: b rows of
-            // `vocab` logits, b seeds, 2 b outputs.
+            // `vocab` logits, b seeds, 3 b settings, 2 b outputs.
             unsafe { a.launch(cfg((b as u32, 1, 1), 1024)) }.w()?;
         }
         self.mark("sample")?;

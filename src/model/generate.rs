@@ -122,7 +122,7 @@ pub fn greedy(
 ) -> Result<Vec<Generation>> {
     #[cfg(feature = "cuda")]
     if device.is_cuda() {
-        let draw = super::fast_decode::Draw::GREEDY;
+        let draw = super::draw::Draw::GREEDY;
         let args = fast::Args {
             model,
             prompts,
@@ -140,7 +140,9 @@ pub fn greedy(
     let mut pick = |logits: &Tensor, _: &[(usize, usize)]| {
         #[cfg(feature = "cuda")]
         if logits.device().is_cuda() {
-            return cuda::sample_rows(logits, &vec![0; logits.dim(0)?], 0.0, 0, 1.0);
+            let n = logits.dim(0)?;
+            let greedy = vec![super::draw::Draw::GREEDY; n];
+            return super::draw::sample_rows(logits, &vec![0; n], &greedy);
         }
         pick_greedy(logits)
     };
@@ -187,7 +189,7 @@ pub fn sample(
         .collect();
     #[cfg(feature = "cuda")]
     if device.is_cuda() && std::env::var_os("TRACE_TRAIN_HOST_SAMPLING").is_none() {
-        let draw = super::fast_decode::Draw::new(temperature, sampling.top_k, top_p);
+        let draw = super::draw::Draw::new(temperature, sampling.top_k, top_p);
         let args = fast::Args {
             model,
             prompts,
@@ -211,8 +213,8 @@ pub fn sample(
             for &(row, prompt) in live {
                 seeds[row] = rngs[prompt].next_u64();
             }
-            let d = super::fast_decode::Draw::new(temperature, sampling.top_k, top_p);
-            return cuda::sample_rows(logits, &seeds, d.inv_temp, sampling.top_k, d.top_p);
+            let d = super::draw::Draw::new(temperature, sampling.top_k, top_p);
+            return super::draw::sample_rows(logits, &seeds, &vec![d; seeds.len()]);
         }
         let rows = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
         let mut out = vec![(0, 0.0); rows.len()];
@@ -329,11 +331,12 @@ fn record(
 mod fast {
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use candle_core::{Device, Result, Tensor};
+    use candle_core::{Device, Result};
 
     use super::super::Model;
-    use super::super::attention::Cache;
-    use super::super::fast_decode::{self, Draw, Engine, Mode};
+    use super::super::draw::Draw;
+    use super::super::fast_decode::Mode;
+    use super::super::slots::{self, Feed, FusedSlots, Join, Slots};
     use super::{
         DECODE_PATH, DecodePath, Generation, IN_PLACE, PREFILL_CHUNK, decode_path, record,
         set_last_path,
@@ -350,38 +353,7 @@ mod fast {
         pub draw: Draw,
     }
 
-    /// Memory kept free beside the decode weights and the cache slots:
-    /// prefill's activations and scores, cuBLAS's workspace, the logits.
-    const HEADROOM: usize = 2 << 30;
-
     static SAID: AtomicBool = AtomicBool::new(false);
-
-    /// Whether the step reads the bases in place (no dense copy; the
-    /// decode kernel) or one folded copy (cuBLAS; faster where it fits).
-    /// `TRACE_TRAIN_DECODE_WEIGHTS`: `copy`, `base` (in place, where the
-    /// model allows), or `auto` (the default): the copy when it fits in
-    /// `free` beside the cache rows wanted and the headroom, else in place.
-    fn read_in_place(model: &Model, free: usize, rows_bytes: usize) -> Result<bool> {
-        let dec = model.decoder();
-        if !dec.decode_can_read_bases() {
-            return Ok(false);
-        }
-        if let Some(forced) = IN_PLACE.with(|p| p.get()) {
-            return Ok(forced);
-        }
-        Ok(
-            match std::env::var("TRACE_TRAIN_DECODE_WEIGHTS").as_deref() {
-                Ok("copy") => false,
-                Ok("base") => true,
-                Ok("auto") | Err(_) => {
-                    dec.decode_weights_bytes(false)? + rows_bytes + HEADROOM > free
-                }
-                Ok(other) => candle_core::bail!(
-                    "TRACE_TRAIN_DECODE_WEIGHTS={other}\nhint: copy, base or auto"
-                ),
-            },
-        )
-    }
 
     /// Decoding op by op instead: said once a process; an error when the
     /// fused step was asked for by name ([`super::with_decode_path`]).
@@ -413,134 +385,96 @@ mod fast {
             // The op-by-op path answers these (nothing to do, or the error).
             return Ok(None);
         }
-        if !a.device.is_cuda() {
-            return fall_back("the device is not a CUDA device");
-        }
-        let dec = a.model.decoder();
-        let Some(free) = fast_decode::free_memory(a.device)? else {
-            return Ok(None);
-        };
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(1);
         // The last new token is never fed back: it needs no column.
         let cap = longest + a.max_new_tokens - 1;
-        // A row's slot, and its share of a prefill cache.
-        let per_row = dec.kv_bytes_per_token() * (cap + longest);
         let want = match a.max_rows {
             0 => prompts.len(),
             m => m.min(prompts.len()),
         };
-        let in_place = read_in_place(a.model, free, want * per_row)?;
-        let weights = dec.decode_weights_bytes(in_place)?;
-        let Some(spare) = free.checked_sub(weights + HEADROOM) else {
-            return fall_back(&format!(
-                "the fused step's weights take {:.1} GiB and {:.1} GiB are free",
-                weights as f64 / (1u64 << 30) as f64,
-                free as f64 / (1u64 << 30) as f64
-            ));
+        let forced = IN_PLACE.with(|p| p.get());
+        let in_place = |free, rows_bytes| slots::read_in_place(a.model, forced, free, rows_bytes);
+        // Prompts join in groups of this many tokens at most.
+        let prefill = (want * longest).min(longest.max(slots::PREFILL_TOKENS));
+        let plan = match slots::plan(a.model, a.device, want, cap, prefill, &in_place)? {
+            Ok(plan) => plan,
+            Err(why) => return fall_back(&why),
         };
-        let rows = want.min(spare / per_row.max(1));
-        if rows == 0 {
-            return fall_back("too little free memory for one cache slot");
+        if plan.rows < want {
+            tracing::info!("decoding {} rows at once (memory), not {want}", plan.rows);
         }
-        if rows < want {
-            tracing::info!("decoding {rows} rows at once (memory), not {want}");
-        }
-        let Some(w) = dec.decode_weights(in_place)? else {
+        let Some(w) = a.model.decoder().decode_weights(plan.in_place)? else {
             return fall_back("the fused step does not cover this architecture");
         };
-        let mut eng = Engine::new(&w, a.device, rows, cap, a.draw, mode)?;
+        let mut rows = FusedSlots::new(
+            a.model,
+            &w,
+            a.device,
+            plan.rows,
+            cap,
+            a.pad_id,
+            prefill,
+            PREFILL_CHUNK,
+            mode,
+        )?;
         let empty = Generation {
             tokens: Vec::new(),
             logprobs: Vec::new(),
             stopped: false,
         };
         let mut out = vec![empty; prompts.len()];
-        let mut slot: Vec<Option<usize>> = vec![None; rows];
-        let mut next = vec![a.pad_id; rows];
-        let mut len = vec![0u32; rows];
+        // The prompt each row decodes, and the token it feeds next.
+        let mut slot: Vec<Option<(usize, u32)>> = vec![None; plan.rows];
         let mut waiting = 0..prompts.len();
         loop {
-            let free: Vec<usize> = (0..rows).filter(|&r| slot[r].is_none()).collect();
-            let joining: Vec<usize> = waiting.by_ref().take(free.len()).collect();
-            if !joining.is_empty() {
-                let at = &free[..joining.len()];
-                let (logits, cache, pads) = prefill(a, &joining)?;
-                let lens: Vec<usize> = joining.iter().map(|&p| prompts[p].len()).collect();
-                eng.load_rows(&cache, at, &pads, &lens)?;
-                drop(cache);
-                let seeds: Vec<u64> = joining.iter().map(|&p| seed(p)).collect();
-                let Draw {
-                    inv_temp,
-                    top_k,
-                    top_p,
-                } = a.draw;
-                let picks =
-                    super::cuda::sample_rows(&logits, &seeds, inv_temp, top_k as usize, top_p)?;
-                for ((&r, &p), &(token, logprob)) in at.iter().zip(&joining).zip(&picks) {
-                    len[r] = prompts[p].len() as u32;
-                    if record(&mut out[p], token, logprob, a.stop_ids, a.max_new_tokens) {
-                        slot[r] = None;
-                    } else {
-                        slot[r] = Some(p);
-                        next[r] = token;
-                    }
+            let free = (0..plan.rows).filter(|&r| slot[r].is_none());
+            // (row, prompt) of each prompt joining now.
+            let joining: Vec<(usize, usize)> = free.zip(waiting.by_ref()).collect();
+            let (picked, by) = if joining.is_empty() {
+                let by: Vec<(usize, usize)> = (0..plan.rows)
+                    .filter_map(|r| slot[r].map(|(p, _)| (r, p)))
+                    .collect();
+                if by.is_empty() {
+                    break;
                 }
-                continue;
-            }
-            let live: Vec<usize> = (0..rows).filter(|&r| slot[r].is_some()).collect();
-            if live.is_empty() {
-                break;
-            }
-            let mut seeds = vec![0u64; rows];
-            let mut pos = vec![0u32; rows];
-            let mut ids = vec![a.pad_id; rows];
-            for &r in &live {
-                let p = slot[r].expect("a live row");
-                seeds[r] = seed(p);
-                pos[r] = len[r];
-                ids[r] = next[r];
-            }
-            let picks = eng.step(&seeds, &ids, &pos)?;
-            for &r in &live {
-                let p = slot[r].expect("a live row");
-                len[r] += 1;
-                let (token, logprob) = picks[r];
+                let feeds: Vec<Feed> = by
+                    .iter()
+                    .map(|&(row, p)| Feed {
+                        row,
+                        token: slot[row].expect("a live row").1,
+                        draw: a.draw,
+                        seed: seed(p),
+                    })
+                    .collect();
+                (rows.step(&feeds)?, by)
+            } else {
+                let joins: Vec<Join> = joining
+                    .iter()
+                    .map(|&(row, p)| Join {
+                        row,
+                        prompt: &prompts[p],
+                        budget: a.max_new_tokens,
+                        draw: a.draw,
+                        seed: seed(p),
+                    })
+                    .collect();
+                (rows.admit(&joins)?, joining)
+            };
+            for (&(token, logprob), &(r, p)) in picked.iter().zip(&by) {
                 if record(&mut out[p], token, logprob, a.stop_ids, a.max_new_tokens) {
                     slot[r] = None;
+                    rows.free(r);
                 } else {
-                    next[r] = token;
+                    slot[r] = Some((p, token));
                 }
             }
         }
-        set_last_path(if eng.captured() {
+        set_last_path(if rows.captured() {
             DecodePath::Graph
         } else {
             DecodePath::Eager
         });
         Ok(Some(out))
-    }
-
-    /// Prefills the prompts `joining` together (left-padded to the longest)
-    /// with the model's forward: their last logits `(k, vocab)`, the cache
-    /// and each row's padding.
-    fn prefill(a: &Args, joining: &[usize]) -> Result<(Tensor, Cache, Vec<usize>)> {
-        let width = joining
-            .iter()
-            .map(|&p| a.prompts[p].len())
-            .max()
-            .unwrap_or(0);
-        let pads: Vec<usize> = joining
-            .iter()
-            .map(|&p| width - a.prompts[p].len())
-            .collect();
-        let ids = super::left_padded(a.prompts, joining, width, a.pad_id, a.device)?;
-        let mut cache = a
-            .model
-            .new_cache()
-            .with_capacity(width)
-            .with_left_padding(pads.clone());
-        let logits = super::prefill(a.model, &ids, 0, &mut cache, PREFILL_CHUNK)?;
-        Ok((logits, cache, pads))
     }
 }
 
@@ -701,7 +635,7 @@ fn left_padded(
 
 /// Runs `ids: (k, W)` into columns `start..start + W` of `cache`, `chunk`
 /// columns a pass; the last column's logits `(k, vocab)`.
-fn prefill(
+pub(crate) fn prefill(
     model: &Model,
     ids: &Tensor,
     start: usize,
@@ -901,87 +835,6 @@ pub(crate) fn draw(logits: &[f32], s: &Sampling, rng: &mut Rng) -> (u32, f32) {
     (t as u32, logprob(t))
 }
 
-/// The sampling kernel (`src/kernels/sample.cu`): one block a row picks
-/// the token and its log-probability on the device, so two numbers a row
-/// reach the host instead of the row of logits.
-#[cfg(feature = "cuda")]
-mod cuda {
-    use crate::model::kernels;
-    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-    use candle_core::cuda_backend::{CudaDType, WrapErr};
-    use candle_core::{DType, Result, Storage, Tensor, bail};
-    use half::{bf16, f16};
-
-    const THREADS: u32 = 1024;
-
-    /// The token and log-probability of each row of `logits: (B, V)`:
-    /// temperature `1 / inv_temp` (0: the most likely token), then top-k
-    /// (0: off) and top-p, drawn with the row's seed.
-    pub fn sample_rows(
-        logits: &Tensor,
-        seeds: &[u64],
-        inv_temp: f32,
-        top_k: usize,
-        top_p: f32,
-    ) -> Result<Vec<(u32, f32)>> {
-        let logits = logits.contiguous()?;
-        match logits.dtype() {
-            DType::F32 => launch::<f32>(&logits, seeds, inv_temp, top_k, top_p, "f32"),
-            DType::BF16 => launch::<bf16>(&logits, seeds, inv_temp, top_k, top_p, "bf16"),
-            DType::F16 => launch::<f16>(&logits, seeds, inv_temp, top_k, top_p, "f16"),
-            other => bail!("sampling takes f32, bf16 or f16 logits, not {other:?}"),
-        }
-    }
-
-    fn launch<T: CudaDType + DeviceRepr>(
-        logits: &Tensor,
-        seeds: &[u64],
-        inv_temp: f32,
-        top_k: usize,
-        top_p: f32,
-        suffix: &str,
-    ) -> Result<Vec<(u32, f32)>> {
-        let (b, v) = logits.dims2()?;
-        if seeds.len() != b {
-            bail!("sampling: {b} rows but {} seeds", seeds.len());
-        }
-        let (storage, layout) = logits.storage_and_layout();
-        let Storage::Cuda(cuda) = &*storage else {
-            bail!("sampling kernel: expected a CUDA tensor");
-        };
-        let dev = cuda.device.clone();
-        let start = layout.start_offset();
-        let x = cuda.as_cuda_slice::<T>()?.slice(start..start + b * v);
-        let seeds = dev.clone_htod(seeds)?;
-        // SAFETY: the kernel writes both values of every row.
-        let mut out = unsafe { dev.alloc::<u32>(2 * b) }?;
-        let func = kernels::kernel(&dev, &kernels::SAMPLE, &format!("sample_rows_{suffix}"))?;
-        let (v32, k32) = (v as i32, top_k.min(i32::MAX as usize) as i32);
-        let mut builder = func.builder();
-        builder.arg(&x);
-        builder.arg(&v32);
-        builder.arg(&seeds);
-        builder.arg(&inv_temp);
-        builder.arg(&k32);
-        builder.arg(&top_p);
-        builder.arg(&mut out);
-        let config = LaunchConfig {
-            grid_dim: (b as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the arguments match `sample_rows_*` in sample.cu; `x`
-        // holds b rows of v values, `seeds` b and `out` 2 b.
-        unsafe { builder.launch(config) }.w()?;
-        drop(storage);
-        let host = dev.clone_dtoh(&out)?;
-        Ok(host
-            .chunks_exact(2)
-            .map(|pair| (pair[0], f32::from_bits(pair[1])))
-            .collect())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1114,6 +967,22 @@ mod cuda_tests {
         }
     }
 
+    /// The kernel with one setting for every row.
+    fn sample_all(
+        logits: &Tensor,
+        seeds: &[u64],
+        inv_temp: f32,
+        top_k: usize,
+        top_p: f32,
+    ) -> Result<Vec<(u32, f32)>> {
+        let d = crate::model::draw::Draw {
+            inv_temp,
+            top_k: top_k as i32,
+            top_p,
+        };
+        crate::model::draw::sample_rows(logits, seeds, &vec![d; seeds.len()])
+    }
+
     fn share(picks: &[(u32, f32)], t: u32) -> f64 {
         picks.iter().filter(|p| p.0 == t).count() as f64 / picks.len() as f64
     }
@@ -1125,7 +994,7 @@ mod cuda_tests {
         let row = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln(), -100.0];
         let logits = Tensor::from_vec(row.repeat(rows), (rows, 4), &dev).unwrap();
         let seeds: Vec<u64> = (0..rows as u64).map(|i| i * 7919 + 1).collect();
-        let all = cuda::sample_rows(&logits, &seeds, 1.0, 0, 1.0).unwrap();
+        let all = sample_all(&logits, &seeds, 1.0, 0, 1.0).unwrap();
         for (t, p) in [(0, 0.5), (1, 0.3), (2, 0.2)] {
             assert!(
                 (share(&all, t) - p).abs() < 0.03,
@@ -1136,10 +1005,10 @@ mod cuda_tests {
         for &(t, lp) in &all {
             assert!((lp - row[t as usize]).abs() < 1e-5, "{t}: {lp}");
         }
-        let again = cuda::sample_rows(&logits, &seeds, 1.0, 0, 1.0).unwrap();
+        let again = sample_all(&logits, &seeds, 1.0, 0, 1.0).unwrap();
         assert_eq!(all, again, "a seed repeats its draws");
         for (k, p) in [(2, 1.0), (0, 0.75), (3, 0.75)] {
-            let cut = cuda::sample_rows(&logits, &seeds, 1.0, k, p).unwrap();
+            let cut = sample_all(&logits, &seeds, 1.0, k, p).unwrap();
             assert!(cut.iter().all(|x| x.0 < 2), "top_k {k} top_p {p}");
             assert!((share(&cut, 0) - 0.625).abs() < 0.03, "top_k {k} top_p {p}");
             // The log-prob stays the untruncated one.
@@ -1148,7 +1017,7 @@ mod cuda_tests {
                     .all(|&(t, lp)| (lp - row[t as usize]).abs() < 1e-5)
             );
         }
-        let hot = cuda::sample_rows(&logits, &seeds, 0.5, 0, 1.0).unwrap();
+        let hot = sample_all(&logits, &seeds, 0.5, 0, 1.0).unwrap();
         let z: f64 = row.iter().map(|&x| (f64::from(x) / 2.0).exp()).sum();
         for &(t, lp) in &hot {
             let want = f64::from(row[t as usize]) / 2.0 - z.ln();
@@ -1157,7 +1026,7 @@ mod cuda_tests {
                 "temperature 2: {lp} vs {want}"
             );
         }
-        let greedy = cuda::sample_rows(&logits, &seeds, 0.0, 0, 1.0).unwrap();
+        let greedy = sample_all(&logits, &seeds, 0.0, 0, 1.0).unwrap();
         assert!(greedy.iter().all(|x| x.0 == 0));
         // A Qwen3-sized row in bf16: log-probs as the host computes them.
         let v = 151_936;
@@ -1176,7 +1045,7 @@ mod cuda_tests {
             .repeat((8, 1))
             .unwrap();
         let host = big.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap();
-        let picks = cuda::sample_rows(&big, &seeds[..8], 1.0, 50, 0.9).unwrap();
+        let picks = sample_all(&big, &seeds[..8], 1.0, 50, 0.9).unwrap();
         for (r, &(t, lp)) in picks.iter().enumerate() {
             let max = host[r].iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
             let lse = max

@@ -20,6 +20,7 @@
 pub mod adapter;
 pub mod attention;
 pub mod decoder;
+pub mod draw;
 #[cfg(feature = "cuda")]
 pub mod fast_decode;
 pub mod fused;
@@ -38,6 +39,7 @@ pub mod resolve;
 pub mod rope;
 #[cfg(feature = "cudnn")]
 pub mod sdpa_cudnn;
+pub mod slots;
 
 /// Fused-attention graphs built so far in this process and the seconds
 /// their builds took (one a new shape and direction; none without the

@@ -1,17 +1,14 @@
-//! The model's thread: takes the requests waiting in its queue (up to
-//! `max_batch`), decodes them together with [`model::generate::decode_with`],
-//! and sends each request's text back as it is produced.
+//! The model's thread: the requests share a fixed number of decoding rows
+//! ([`model::slots`]) with continuous batching. A request takes a free row
+//! at the next step (newcomers are prefilled together), a row whose answer
+//! ended or whose client went away is freed at once, and one step draws a
+//! token for every live row. On CUDA the rows are the fused decode step's
+//! (one CUDA graph a step, draws on the device); elsewhere the model's own
+//! forward with the same sampling rule on the host.
 //!
-//! Requests that arrive while a batch decodes wait for the next one. Each
-//! row keeps its own sampling (temperature, top_p, seeded stream), token
-//! limit and stop strings: the batch's pick draws every live row's token
-//! with that row's rules, and ends a row early (stop string, its own
-//! limit, a client that went away) by answering a stop id for it.
-//!
-//! The seam for continuous batching is [`Engine::start`]'s loop: it owns
-//! the queue and hands [`Row`]s to `run_batch`; a scheduler that admits
-//! new rows into a running batch replaces `run_batch` and keeps the rows
-//! and the events as they are.
+//! Each row keeps its own sampling (temperature, top_p, its seeded stream:
+//! one seed a token from `(seed, "serve")`), token limit and stop strings;
+//! its answer depends on nothing but its prompt, settings and seed.
 //!
 //! Text leaves in pieces that are final: tokens are detokenized
 //! incrementally (a piece is released once it does not end in the middle of
@@ -21,13 +18,17 @@
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor};
+use anyhow::Context;
+use candle_core::{DType, Device};
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::metrics::{Metrics, Outcome};
 use crate::data::ChatTokenizer;
-use crate::model::generate::{Sampling, decode_with, draw};
+use crate::model::draw::Draw;
 use crate::model::init::Rng;
+use crate::model::slots::{Feed, HostSlots, Join, Slots};
 use crate::model::{self, LoadedModel};
 
 /// Why an answer ended, as the API names it.
@@ -77,141 +78,339 @@ pub enum Update {
 
 /// One request in the queue.
 pub struct Job {
+    /// The id its answer carries (for the request log).
+    pub id: String,
     pub prompt: Vec<u32>,
     pub params: Params,
     pub updates: UnboundedSender<Update>,
+    /// When it was queued.
+    pub queued: Instant,
 }
 
-/// The handle the HTTP side holds.
+/// How the engine decodes.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Rows decoding at once (fewer where the memory does not hold them).
+    pub max_batch: usize,
+    /// Tokens a row holds, prompt and answer.
+    pub max_model_len: usize,
+    /// A line on stderr for every request that ends.
+    pub log_requests: bool,
+}
+
+/// What the model thread set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Rows decoding at once.
+    pub rows: usize,
+    /// Tokens a row holds.
+    pub context: usize,
+    /// Whether the rows are the fused decode step's.
+    pub fused: bool,
+}
+
+/// The model thread has stopped: nothing more is decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped;
+
+/// The handle the HTTP side holds. Dropping it closes the queue and waits
+/// for the model thread to finish its rows and free the model, so that the
+/// process never exits while that thread still tears down CUDA state.
 pub struct Engine {
-    queue: Sender<Job>,
+    queue: Option<Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    capacity: Capacity,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            tracing::error!("the model thread panicked while stopping");
+        }
+    }
 }
 
 impl Engine {
-    /// Moves the model onto its own thread and starts taking jobs.
+    /// Moves the model onto its own thread, sets up its rows and starts
+    /// taking jobs.
     pub fn start(
         model: LoadedModel,
         tok: Arc<ChatTokenizer>,
         device: Device,
-        max_batch: usize,
-    ) -> std::io::Result<Engine> {
+        opts: EngineOptions,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Engine> {
         let (queue, rx) = channel::<Job>();
-        std::thread::Builder::new()
+        let (ready, set_up) = channel::<Result<Capacity, String>>();
+        let m = Arc::clone(&metrics);
+        let thread = std::thread::Builder::new()
             .name("model".into())
-            .spawn(move || run(&model, &tok, &device, max_batch.max(1), &rx))?;
-        Ok(Engine { queue })
+            .spawn(move || serve_rows(&model, &tok, &device, &opts, &rx, &ready, &m))
+            .context("cannot start the model thread")?;
+        let capacity = set_up
+            .recv()
+            .context("the model thread stopped while setting up")?
+            .map_err(|e| anyhow::anyhow!("cannot set up decoding: {e}"))?;
+        metrics.set_rows(capacity.rows);
+        Ok(Engine {
+            queue: Some(queue),
+            thread: Some(thread),
+            capacity,
+            metrics,
+        })
     }
 
-    /// Queues `job`; gives it back when the model thread has stopped.
-    pub fn submit(&self, job: Job) -> Result<(), Job> {
-        self.queue.send(job).map_err(|e| e.0)
+    /// The rows and their length.
+    pub fn capacity(&self) -> Capacity {
+        self.capacity
+    }
+
+    /// Queues `job`; an error when the model thread has stopped.
+    pub fn submit(&self, job: Job) -> Result<(), Stopped> {
+        let Some(queue) = &self.queue else {
+            return Err(Stopped);
+        };
+        queue.send(job).map_err(|_| Stopped)?;
+        self.metrics.queued();
+        Ok(())
     }
 }
 
-fn run(
+/// Sets up the rows (the fused step's on CUDA where it applies), says what
+/// it set up on `ready`, then serves the queue until it closes.
+fn serve_rows(
     model: &LoadedModel,
     tok: &ChatTokenizer,
     device: &Device,
-    max_batch: usize,
+    opts: &EngineOptions,
     rx: &Receiver<Job>,
+    ready: &Sender<Result<Capacity, String>>,
+    metrics: &Metrics,
 ) {
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        while jobs.len() < max_batch {
+    let rows = opts.max_batch.max(1);
+    let cap = opts.max_model_len.max(1);
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        use crate::model::fast_decode::Mode;
+        use crate::model::slots::{FusedSlots, plan, read_in_place};
+        // Newcomers are prefilled in groups of this many tokens at most.
+        let prefill = cap.max(crate::model::slots::PREFILL_TOKENS);
+        let fused = (|| -> candle_core::Result<Result<_, String>> {
+            let in_place = |free, bytes| read_in_place(&model.model, None, free, bytes);
+            let p = match plan(&model.model, device, rows, cap, prefill, &in_place)? {
+                Ok(p) => p,
+                Err(why) => return Ok(Err(why)),
+            };
+            Ok(match model.model.decoder().decode_weights(p.in_place)? {
+                Some(w) => Ok((p, w)),
+                None => Err("the fused step does not cover this architecture".to_owned()),
+            })
+        })();
+        match fused {
+            Ok(Ok((p, w))) => {
+                let pad = tok.pad().id;
+                let chunk = crate::model::generate::PREFILL_CHUNK;
+                match FusedSlots::new(
+                    &model.model,
+                    &w,
+                    device,
+                    p.rows,
+                    cap,
+                    pad,
+                    prefill,
+                    chunk,
+                    Mode::Graph,
+                ) {
+                    Ok(mut slots) => {
+                        if p.rows < rows {
+                            tracing::warn!(
+                                "decoding {} rows at once (the memory holds no more), not {rows}",
+                                p.rows
+                            );
+                        }
+                        let _ = ready.send(Ok(Capacity {
+                            rows: p.rows,
+                            context: cap,
+                            fused: true,
+                        }));
+                        run(&mut slots, tok, rx, opts, metrics);
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(format!("{e}")));
+                        return;
+                    }
+                }
+            }
+            Ok(Err(why)) => tracing::warn!("serving op by op (slow): {why}"),
+            Err(e) => {
+                let _ = ready.send(Err(format!("{e}")));
+                return;
+            }
+        }
+    }
+    let mut slots = HostSlots::new(&model.model, device, rows, cap);
+    let _ = ready.send(Ok(Capacity {
+        rows,
+        context: cap,
+        fused: false,
+    }));
+    run(&mut slots, tok, rx, opts, metrics);
+}
+
+/// Runs `f`, turning an error or a panic into the message each row gets.
+fn guarded<T>(f: impl FnOnce() -> candle_core::Result<T>) -> Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(format!("decoding failed: {e}")),
+        Err(_) => Err("decoding failed: the model thread panicked".to_owned()),
+    }
+}
+
+/// The scheduler: admit waiting requests into free rows, step the live
+/// rows, free rows that ended; block on the queue only when no row is live.
+fn run(
+    slots: &mut dyn Slots,
+    tok: &ChatTokenizer,
+    rx: &Receiver<Job>,
+    opts: &EngineOptions,
+    metrics: &Metrics,
+) {
+    let stop_ids = tok.stop_ids();
+    let mut rows: Vec<Option<Row>> = (0..slots.rows()).map(|_| None).collect();
+    loop {
+        let live = rows.iter().flatten().count();
+        let mut joining: Vec<Job> = Vec::new();
+        if live == 0 {
+            match rx.recv() {
+                Ok(j) => joining.push(j),
+                Err(_) => return, // the server is gone
+            }
+        }
+        while live + joining.len() < rows.len() {
             match rx.try_recv() {
-                Ok(j) => jobs.push(j),
+                Ok(j) => joining.push(j),
                 Err(_) => break,
             }
         }
-        // A client that left while waiting costs nothing.
-        jobs.retain(|j| !j.updates.is_closed());
-        if jobs.is_empty() {
+        metrics.started(joining.len());
+        let mut newcomers: Vec<(usize, Row)> = Vec::new();
+        let mut free = (0..rows.len()).filter(|&r| rows[r].is_none());
+        for job in joining {
+            let mut row = Row::new(job, opts.log_requests);
+            if row.job.updates.is_closed() {
+                // A client that left while waiting costs nothing.
+                row.outcome = Some(Outcome::Cancelled);
+                row.report(metrics);
+                continue;
+            }
+            let r = free.next().expect("no more joining than free rows");
+            newcomers.push((r, row));
+        }
+        if !newcomers.is_empty() {
+            let seeds: Vec<u64> = newcomers
+                .iter_mut()
+                .map(|(_, r)| r.rng.next_u64())
+                .collect();
+            let joins: Vec<Join> = newcomers
+                .iter()
+                .zip(&seeds)
+                .map(|((r, row), &seed)| Join {
+                    row: *r,
+                    prompt: &row.job.prompt,
+                    budget: row.job.params.max_tokens,
+                    draw: row.draw,
+                    seed,
+                })
+                .collect();
+            let t = Instant::now();
+            let picked = guarded(|| slots.admit(&joins));
+            metrics.prefill(t.elapsed().as_secs_f64());
+            for (i, (r, mut row)) in newcomers.into_iter().enumerate() {
+                match &picked {
+                    Ok(picks) => {
+                        metrics.first_token(row.job.queued.elapsed().as_secs_f64());
+                        row.accept(picks[i].0, tok, &stop_ids);
+                        if row.done() {
+                            row.report(metrics);
+                            slots.free(r);
+                        } else {
+                            rows[r] = Some(row);
+                        }
+                    }
+                    Err(msg) => {
+                        row.fail(msg);
+                        row.report(metrics);
+                        slots.free(r);
+                    }
+                }
+            }
+        }
+        // Rows whose client went away leave now.
+        for (r, slot) in rows.iter_mut().enumerate() {
+            if let Some(row) = slot
+                && row.job.updates.is_closed()
+            {
+                row.outcome = Some(Outcome::Cancelled);
+                row.report(metrics);
+                *slot = None;
+                slots.free(r);
+            }
+        }
+        let feeds: Vec<Feed> = rows
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(r, row)| {
+                let row = row.as_mut()?;
+                Some(Feed {
+                    row: r,
+                    token: row.last,
+                    draw: row.draw,
+                    seed: row.rng.next_u64(),
+                })
+            })
+            .collect();
+        if feeds.is_empty() {
+            metrics.set_live(0);
             continue;
         }
-        let mut rows: Vec<Row> = jobs.into_iter().map(Row::new).collect();
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_batch(model, tok, device, &mut rows)
-        }));
-        let failure = match outcome {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(format!("decoding failed: {e}")),
-            Err(_) => Some("decoding failed: the model thread panicked".to_owned()),
-        };
-        for row in &mut rows {
-            match &failure {
-                Some(msg) if !row.done => {
-                    row.done = true;
-                    let _ = row.job.updates.send(Update::Failed(msg.clone()));
-                }
-                _ => {}
+        let t = Instant::now();
+        let picked = guarded(|| slots.step(&feeds));
+        let step_seconds = t.elapsed().as_secs_f64();
+        for (i, f) in feeds.iter().enumerate() {
+            let Some(row) = &mut rows[f.row] else {
+                continue;
+            };
+            match &picked {
+                Ok(picks) => row.accept(picks[i].0, tok, &stop_ids),
+                Err(msg) => row.fail(msg),
+            }
+            if row.done() {
+                row.report(metrics);
+                rows[f.row] = None;
+                slots.free(f.row);
             }
         }
-        if let Some(msg) = failure {
+        if let Err(msg) = &picked {
             tracing::error!("{msg}");
         }
+        metrics.step(step_seconds, feeds.len(), rows.iter().flatten().count());
     }
-}
-
-/// Decodes `rows` together until each has finished.
-fn run_batch(
-    model: &LoadedModel,
-    tok: &ChatTokenizer,
-    device: &Device,
-    rows: &mut [Row],
-) -> anyhow::Result<()> {
-    let prompts: Vec<Vec<u32>> = rows.iter().map(|r| r.job.prompt.clone()).collect();
-    let max_new = rows
-        .iter()
-        .map(|r| r.job.params.max_tokens)
-        .max()
-        .unwrap_or(1);
-    let stop_ids = tok.stop_ids();
-    let end = stop_ids[0];
-    let mut pick =
-        |logits: &Tensor, live: &[(usize, usize)]| -> candle_core::Result<Vec<(u32, f32)>> {
-            let host = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-            let mut next = vec![(end, 0.0); host.len()];
-            for &(b, i) in live {
-                let row = &mut rows[i];
-                if row.done {
-                    continue; // answered `end`: the batch drops the row
-                }
-                let p = &row.job.params;
-                let sampling = Sampling {
-                    temperature: p.temperature,
-                    top_p: p.top_p,
-                    top_k: 0,
-                    seed: p.seed,
-                    first_stream: 0,
-                };
-                next[b] = draw(&host[b], &sampling, &mut row.rng);
-                row.accept(next[b].0, tok, &stop_ids);
-            }
-            Ok(next)
-        };
-    // Every row at once (max_rows 0): the batch is what was waiting.
-    decode_with(
-        &model.model,
-        &prompts,
-        max_new,
-        &stop_ids,
-        tok.pad().id,
-        0,
-        device,
-        &mut pick,
-    )?;
-    // A row the batch ended without its pick knowing (none today) still
-    // gets its end.
-    for row in rows.iter_mut().filter(|r| !r.done) {
-        row.finish(FinishReason::Length, tok);
-    }
-    Ok(())
 }
 
 /// A request being decoded: its sampler, detokenizer and stop-string state.
 struct Row {
     job: Job,
     rng: Rng,
+    draw: Draw,
+    /// The last token drawn (fed at the next step).
+    last: u32,
+    /// Say on stderr how it ended.
+    log: bool,
     ids: Vec<u32>,
     /// Tokens drawn, the stop token included.
     drawn: usize,
@@ -221,28 +420,63 @@ struct Row {
     /// The answer's text so far, and how much of it has been sent.
     text: String,
     sent: usize,
-    done: bool,
+    /// How it ended, once it has.
+    outcome: Option<Outcome>,
 }
 
 impl Row {
-    fn new(job: Job) -> Self {
+    fn new(job: Job, log: bool) -> Self {
         let rng = Rng::for_tensor(job.params.seed, "serve");
+        let p = &job.params;
+        let draw = Draw::new(p.temperature, 0, p.top_p);
         Row {
             job,
             rng,
+            draw,
+            last: 0,
+            log,
             ids: Vec::new(),
             drawn: 0,
             prefix: 0,
             read: 0,
             text: String::new(),
             sent: 0,
-            done: false,
+            outcome: None,
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.outcome.is_some()
+    }
+
+    /// Counts the ended request (and logs it when asked).
+    fn report(&self, metrics: &Metrics) {
+        let how = self.outcome.unwrap_or(Outcome::Failed);
+        let seconds = self.job.queued.elapsed().as_secs_f64();
+        metrics.ended(how, self.job.prompt.len(), self.drawn, seconds);
+        if self.log {
+            eprintln!(
+                "request {}: {:?}, {} prompt + {} completion tokens, {seconds:.3} s",
+                self.job.id,
+                how,
+                self.job.prompt.len(),
+                self.drawn
+            );
+        }
+    }
+
+    /// Decoding failed: the client hears why; nothing more follows.
+    fn fail(&mut self, msg: &str) {
+        if !self.done() {
+            let _ = self.job.updates.send(Update::Failed(msg.to_owned()));
+            self.outcome = Some(Outcome::Failed);
         }
     }
 
     /// Takes the drawn token `t`.
     fn accept(&mut self, t: u32, tok: &ChatTokenizer, stop_ids: &[u32]) {
         self.drawn += 1;
+        self.last = t;
         if stop_ids.contains(&t) {
             self.finish(FinishReason::Stop, tok);
             return;
@@ -336,13 +570,18 @@ impl Row {
             prompt_tokens: self.job.prompt.len(),
             completion_tokens: self.drawn,
         });
-        self.done = true;
+        if !self.done() {
+            self.outcome = Some(match reason {
+                FinishReason::Stop => Outcome::Stop,
+                FinishReason::Length => Outcome::Length,
+            });
+        }
     }
 
     fn send(&mut self, u: Update) {
         if self.job.updates.send(u).is_err() {
             // The client went away: stop spending the batch's time on it.
-            self.done = true;
+            self.outcome = Some(Outcome::Cancelled);
         }
     }
 }
@@ -408,20 +647,25 @@ mod tests {
     fn feed(text: &str, stop: &[&str], max_tokens: usize) -> Vec<Update> {
         let tok = tokenizer();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut row = Row::new(Job {
-            prompt: vec![1, 2],
-            params: Params {
-                max_tokens,
-                temperature: 0.0,
-                top_p: 1.0,
-                seed: 0,
-                stop: stop.iter().map(|s| s.to_string()).collect(),
+        let mut row = Row::new(
+            Job {
+                id: "t".into(),
+                queued: Instant::now(),
+                prompt: vec![1, 2],
+                params: Params {
+                    max_tokens,
+                    temperature: 0.0,
+                    top_p: 1.0,
+                    seed: 0,
+                    stop: stop.iter().map(|s| s.to_string()).collect(),
+                },
+                updates: tx,
             },
-            updates: tx,
-        });
+            false,
+        );
         let stop_ids = tok.stop_ids();
         for id in tok.encode(text).unwrap().into_iter().chain([stop_ids[0]]) {
-            if row.done {
+            if row.done() {
                 break;
             }
             row.accept(id, tok, &stop_ids);

@@ -3,13 +3,14 @@
 //! Owns the HTTP side: the routes (`GET /health`, `GET /v1/models`,
 //! `POST /v1/chat/completions`), the optional bearer key, turning messages
 //! into prompt tokens with the model's own chat template, and answers as
-//! JSON or as server-sent events. The model runs on one thread of its own
-//! ([`engine`]), which decodes the requests waiting for it together; the
-//! wire format and its checks are in [`api`]. axum on tokio serves the
-//! connections.
+//! JSON or as server-sent events, and `GET /metrics` ([`metrics`]). The
+//! model runs on one thread of its own ([`engine`]), which decodes the
+//! requests with continuous batching; the wire format and its checks are
+//! in [`api`]. axum on tokio serves the connections.
 
 pub mod api;
 pub mod engine;
+pub mod metrics;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,7 +33,12 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::data::ChatTokenizer;
 use api::{ApiError, ChatRequest};
-use engine::{Engine, Job, Params, Update};
+use engine::{Engine, EngineOptions, Job, Params, Update};
+use metrics::Metrics;
+
+/// Tokens a row holds when `--max_model_len` is not given (or the model's
+/// `max_position_embeddings`, when smaller).
+pub const DEFAULT_MAX_MODEL_LEN: usize = 4096;
 
 /// What to serve and how.
 #[derive(Debug, Clone)]
@@ -50,6 +56,12 @@ pub struct ServeOptions {
     /// The most new tokens a request may ask for, and what it gets when it
     /// does not say (less where the context would overflow).
     pub max_tokens: usize,
+    /// Tokens a request's prompt and answer may take together (every row
+    /// of the batch holds this many); `None`: [`DEFAULT_MAX_MODEL_LEN`] or
+    /// the model's context, whichever is smaller.
+    pub max_model_len: Option<usize>,
+    /// A line on stderr for every request that ends.
+    pub log_requests: bool,
     pub device: Device,
 }
 
@@ -59,8 +71,9 @@ pub struct AppState {
     api_key: Option<String>,
     tok: Arc<ChatTokenizer>,
     engine: Engine,
-    /// `max_position_embeddings`, when the config says.
-    context: Option<usize>,
+    metrics: Arc<Metrics>,
+    /// Tokens a prompt and its answer may take together.
+    context: usize,
     max_tokens: usize,
     created: u64,
     ids: AtomicU64,
@@ -82,9 +95,18 @@ impl AppState {
                 .with_context(|| format!("cannot read `{}`", config_path.display()))?,
         )
         .with_context(|| format!("`{}` is not valid JSON", config_path.display()))?;
-        let context = config["max_position_embeddings"]
+        let trained = config["max_position_embeddings"]
             .as_u64()
             .map(|n| n as usize);
+        let max_model_len = match (opts.max_model_len, trained) {
+            (Some(n), Some(t)) if n > t => anyhow::bail!(
+                "--max_model_len {n} is more than the model's context ({t} tokens, `max_position_embeddings` in `{}`)",
+                config_path.display()
+            ),
+            (Some(n), _) => n,
+            (None, t) => t.map_or(DEFAULT_MAX_MODEL_LEN, |t| t.min(DEFAULT_MAX_MODEL_LEN)),
+        };
+        anyhow::ensure!(max_model_len >= 2, "--max_model_len must be at least 2");
         let name = opts.name.clone().unwrap_or_else(|| {
             let dir = opts.adapter.as_ref().unwrap_or(&opts.model_dir);
             let canonical = dir.canonicalize().unwrap_or_else(|_| dir.clone());
@@ -92,13 +114,25 @@ impl AppState {
                 .file_name()
                 .map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned())
         });
-        let engine = Engine::start(model, Arc::clone(&tok), opts.device.clone(), opts.max_batch)
-            .context("cannot start the model thread")?;
+        let metrics = Arc::new(Metrics::default());
+        let engine = Engine::start(
+            model,
+            Arc::clone(&tok),
+            opts.device.clone(),
+            EngineOptions {
+                max_batch: opts.max_batch,
+                max_model_len,
+                log_requests: opts.log_requests,
+            },
+            Arc::clone(&metrics),
+        )?;
+        let context = engine.capacity().context;
         Ok(Arc::new(AppState {
             name,
             api_key: opts.api_key.clone().filter(|k| !k.is_empty()),
             tok,
             engine,
+            metrics,
             context,
             max_tokens: opts.max_tokens,
             created: unix_now(),
@@ -109,6 +143,38 @@ impl AppState {
     /// The id the model is served under.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The server's counters of ended requests by outcome (JSON), and
+    /// whether every request received has ended.
+    pub fn metrics_snapshot(&self) -> (Value, bool) {
+        use metrics::Outcome;
+        let by: Vec<(&str, u64)> = [
+            ("stop", Outcome::Stop),
+            ("length", Outcome::Length),
+            ("cancelled", Outcome::Cancelled),
+            ("failed", Outcome::Failed),
+        ]
+        .into_iter()
+        .map(|(n, o)| (n, self.metrics.ended_count(o)))
+        .collect();
+        let ended: u64 = by.iter().map(|x| x.1).sum();
+        let received = self.metrics.received();
+        let mut v = json!({"received": received});
+        for (n, c) in by {
+            v[n] = json!(c);
+        }
+        (v, ended == received)
+    }
+
+    /// `(decode steps, seconds in steps, seconds in prefills)` so far.
+    pub fn model_time(&self) -> (u64, f64, f64) {
+        self.metrics.model_time()
+    }
+
+    /// The rows decoding at once and the tokens each holds.
+    pub fn capacity(&self) -> engine::Capacity {
+        self.engine.capacity()
     }
 
     fn next_id(&self) -> String {
@@ -129,10 +195,11 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/health",
             get(|| async { axum::Json(json!({"status": "ok"})) }),
         )
+        .route("/metrics", get(metrics_text))
         .merge(v1)
         .fallback(|| async {
             ApiError::not_found(
-                "no such route (this server has /health, /v1/models and /v1/chat/completions)",
+                "no such route (this server has /health, /metrics, /v1/models and /v1/chat/completions)",
                 None,
             )
         })
@@ -172,6 +239,17 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 
 fn model_json(state: &AppState) -> Value {
     json!({"id": state.name, "object": "model", "created": state.created, "owned_by": "trace-train"})
+}
+
+async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Response {
@@ -217,12 +295,12 @@ fn start(
             None,
         )
     })?;
-    let room = state.context.map(|c| c.saturating_sub(prompt.len()));
-    if room == Some(0) {
+    let room = state.context.saturating_sub(prompt.len());
+    if room == 0 {
         return Err(ApiError::invalid(
             format!(
-                "This model's maximum context length is {} tokens; the messages take {}",
-                state.context.unwrap_or(0),
+                "This model's maximum context length is {} tokens; the messages take {} (the server's --max_model_len sets it)",
+                state.context,
                 prompt.len()
             ),
             Some("messages"),
@@ -240,11 +318,11 @@ fn start(
                 Some("invalid_value"),
             ));
         }
-        Some(n) if room.is_some_and(|r| n > r) => {
+        Some(n) if n > room => {
             return Err(ApiError::invalid(
                 format!(
-                    "This model's maximum context length is {} tokens; the messages take {} and `max_tokens` asks {n} more",
-                    state.context.unwrap_or(0),
+                    "This model's maximum context length is {} tokens; the messages take {} and `max_tokens` asks {n} more (the server's --max_model_len sets it)",
+                    state.context,
                     prompt.len()
                 ),
                 Some("max_tokens"),
@@ -252,7 +330,7 @@ fn start(
             ));
         }
         Some(n) => n,
-        None => room.map_or(state.max_tokens, |r| r.min(state.max_tokens)),
+        None => room.min(state.max_tokens),
     };
     let seed = req.seed.unwrap_or_else(|| {
         // Unseeded requests differ from each other.
@@ -265,7 +343,10 @@ fn start(
             .wrapping_mul(0x9e37_79b9_7f4a_7c15)
     });
     let (tx, rx) = unbounded_channel();
+    let id = state.next_id();
     let job = Job {
+        id: id.clone(),
+        queued: std::time::Instant::now(),
         prompt,
         params: Params {
             max_tokens,
@@ -281,7 +362,7 @@ fn start(
             "the model thread has stopped; restart the server",
         ));
     }
-    Ok((req, state.next_id(), rx))
+    Ok((req, id, rx))
 }
 
 /// A non-streamed answer: collects the text, then one JSON object.
