@@ -1461,7 +1461,7 @@ impl Validate for RlConfig {
         if self.max_turns == 0 {
             p.push("max_turns: must be at least 1".into());
         }
-        if !matches!(self.feedback.as_str(), "verdict" | "first_diff" | "line") {
+        if !crate::reward::FEEDBACK_KINDS.contains(&self.feedback.as_str()) {
             p.push(format!(
                 "feedback: `{}` is not verdict, first_diff or line",
                 self.feedback

@@ -75,6 +75,17 @@ pub fn lines_matched(answer: &str, ground_truth: &str) -> (usize, usize) {
     (matched, expected.len())
 }
 
+/// Whether two completions give the same answer as the environment reads
+/// and compares answers ([`extract_answer`], then [`normalize`]): a retry
+/// that changed nothing (multi-turn episodes' `unchanged_retries`).
+pub fn same_answer(a: &str, b: &str) -> bool {
+    normalize(&extract_answer(a)) == normalize(&extract_answer(b))
+}
+
+/// The kinds of [`feedback`], as Stage 3's `feedback` and `eval
+/// --feedback` name them.
+pub const FEEDBACK_KINDS: [&str; 3] = ["verdict", "first_diff", "line"];
+
 /// What the environment tells a model whose answer was wrong, before it
 /// tries again (a multi-turn episode's feedback turn), by `kind`:
 /// - `verdict`: only that it was wrong;

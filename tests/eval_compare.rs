@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use common::{repo, stderr, trace_train};
 use trace_train::eval::{
-    DEFAULT_LEVEL, Difficulty, EvalItem, Prediction, Report, jeffreys_interval,
+    Attempt, DEFAULT_LEVEL, Difficulty, EvalItem, Prediction, Report, jeffreys_interval,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -102,6 +102,133 @@ fn compare_names_a_bad_file() {
     assert!(e.contains("x.json") && e.contains("hint:"), "{e}");
     let o = trace_train(dir.path(), &["eval", "--compare", "missing.json", "x.json"]);
     assert!(!o.status.success() && stderr(&o).contains("missing.json"));
+}
+
+/// A multi-turn report: each `(expected, answers)` an episode whose
+/// answers are tried in order, ending at the first right one.
+fn multi_turn_report(episodes: &[(&str, &[&str])], max_turns: usize) -> Report {
+    let preds = episodes
+        .iter()
+        .enumerate()
+        .map(|(i, (expected, answers))| {
+            let item = EvalItem {
+                id: format!("{i}"),
+                prompt: String::new(),
+                expected: (*expected).into(),
+                difficulty: Difficulty::default(),
+            };
+            let (last, before) = answers.split_last().unwrap();
+            let mut p = Prediction::new(&item, (*last).into(), true);
+            p.earlier = before
+                .iter()
+                .map(|c| Attempt {
+                    completion: (*c).into(),
+                    answer: (*c).into(),
+                    stopped: true,
+                    feedback: trace_train::reward::feedback(c, expected, "verdict"),
+                })
+                .collect();
+            p
+        })
+        .collect();
+    Report::multi_turn(preds, DEFAULT_LEVEL, max_turns, "verdict")
+}
+
+/// Reports of multi-turn evals compare with each other (the accuracy after
+/// each turn side by side, the retries) and with single-turn ones (whose
+/// one answer is their turn 1).
+#[test]
+fn compare_shows_the_accuracy_after_each_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let two = multi_turn_report(
+        &[
+            ("1", &["1"]),
+            ("2", &["3", "2"]),
+            ("3", &["4", "4"]),
+            ("4", &["5", "6"]),
+        ],
+        2,
+    );
+    let three = multi_turn_report(
+        &[
+            ("1", &["0", "1"]),
+            ("2", &["2"]),
+            ("3", &["4", "5", "3"]),
+            ("4", &["5", "5", "5"]),
+        ],
+        3,
+    );
+    two.write(&dir.path().join("two.json")).unwrap();
+    three.write(&dir.path().join("three.json")).unwrap();
+    let run = |a: &str, b: &str| {
+        let o = trace_train(dir.path(), &["eval", "--compare", a, b]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let cell = |c: usize| {
+        let (lo, hi) = jeffreys_interval(c as u64, 4, DEFAULT_LEVEL);
+        format!(
+            "{:>6} {:>6.1}% [{:>5.1}, {:>5.1}]",
+            4,
+            100.0 * c as f64 / 4.0,
+            100.0 * lo,
+            100.0 * hi
+        )
+    };
+    let out = run("two.json", "three.json");
+    let section = out.split("\nafter turn\n").nth(1).expect(&out);
+    let rows: Vec<&str> = section.lines().take(3).collect();
+    // Two: 1, 2, -; three: 1, 2, 3 right by turns 1, 2, 3.
+    for (row, (turn, a, b)) in rows
+        .iter()
+        .zip([(1, Some(1), 1), (2, Some(2), 2), (3, None, 3)])
+    {
+        assert!(row.starts_with(&format!("  {turn} ")), "{row}");
+        match a {
+            Some(a) => assert!(row.contains(&cell(a)), "{row}"),
+            None => assert!(row.contains(" - "), "{row}"),
+        }
+        assert!(row.contains(&cell(b)), "{row}");
+    }
+    fn line(out: &str, name: &str) -> Vec<String> {
+        out.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name}:\n{out}"))
+            .split_whitespace()
+            .rev()
+            .take(2)
+            .map(str::to_owned)
+            .collect()
+    }
+    // Retries 3 and 5 (right from the end: B, then A); unchanged: two's
+    // "4, 4", three's "5, 5, 5".
+    assert_eq!(line(&out, "retries"), ["5", "3"]);
+    assert_eq!(line(&out, "  same answer as the turn before"), ["2", "1"]);
+    // Against a single-turn report: its accuracy is its turn 1, nothing after.
+    let out = run(repo().join(A).to_str().unwrap(), "two.json");
+    let a = Report::read(&fixture("eval_report_a.json")).unwrap();
+    let section = out.split("\nafter turn\n").nth(1).expect(&out);
+    let rows: Vec<&str> = section.lines().take(2).collect();
+    let (lo, hi) = jeffreys_interval(a.correct as u64, a.n as u64, DEFAULT_LEVEL);
+    let one = format!(
+        "{:>6} {:>6.1}% [{:>5.1}, {:>5.1}]",
+        a.n,
+        100.0 * a.accuracy,
+        100.0 * lo,
+        100.0 * hi
+    );
+    assert!(
+        rows[0].contains(&one) && rows[0].contains(&cell(1)),
+        "{}",
+        rows[0]
+    );
+    assert!(
+        rows[1].contains(" - ") && rows[1].contains(&cell(2)),
+        "{}",
+        rows[1]
+    );
+    assert_eq!(line(&out, "retries"), ["3", "-"]);
+    assert!(out.contains("multi-turn:"), "{out}");
 }
 
 /// `(expected, completion, stopped, loop_depth, injections)`.

@@ -309,3 +309,67 @@ fn the_gate_refuses_before_training_what_it_cannot_read() {
         stderr(&o)
     );
 }
+
+/// A Stage 3 of multi-turn episodes (`stage3.ppo.max_turns` 2) makes the
+/// pipeline's final evals score episodes of as many answers, with Stage
+/// 3's feedback; the gate's evals stay single-turn.
+#[test]
+fn final_evals_take_stage3_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("checkpoints/quick");
+    // Stage 3's model and the Stage 2 test set, as earlier stages left them.
+    let merged = root.join("stage3_ppo/merged");
+    let o = trace_train(dir.path(), &["model", "tiny", merged.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::create_dir_all(root.join("data")).unwrap();
+    let mut text = String::new();
+    for i in 0..3 {
+        let rec = serde_json::json!({
+            "messages": [{"role": "user", "content": format!("print({i})")},
+                         {"role": "assistant", "content": i.to_string()}],
+            "program": format!("print({i})"), "input": "", "expected_output": i.to_string(),
+            "metadata": {"row_index": i, "seed": null, "output_lines": 1,
+                         "features": {"lines": 1, "loop_depth": 0}},
+        });
+        text.push_str(&format!("{rec}\n"));
+    }
+    std::fs::write(root.join("data/stage2_transformed_test.jsonl"), text).unwrap();
+    std::fs::write(
+        dir.path().join("p.json"),
+        r#"{"gate": {"mode": "off"},
+            "stage3": {"ppo": {"max_turns": 2, "feedback": "verdict"}}}"#,
+    )
+    .unwrap();
+    let o = trace_train(
+        dir.path(),
+        &[
+            "pipeline",
+            "--quick_test",
+            "--resume",
+            "--config",
+            "p.json",
+            "--start_stage",
+            "4",
+            "--device",
+            "cpu",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("== eval: up to 2 answers an item, feedback verdict"),
+        "{}",
+        stderr(&o)
+    );
+    for report in ["eval/report.json", "eval/heldout_short.json"] {
+        let r: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(root.join(report)).unwrap()).unwrap();
+        let t = &r["turns"];
+        assert_eq!(
+            (t["max_turns"].as_u64(), t["feedback"].as_str()),
+            (Some(2), Some("verdict")),
+            "{report}: {r}"
+        );
+        assert_eq!(t["by_turn"].as_array().unwrap().len(), 2, "{report}");
+        assert_eq!(t["by_turn"][1]["correct"], r["correct"], "{report}");
+    }
+}

@@ -2,7 +2,10 @@
 //! short set), the environment's extraction and scoring, accuracy with its
 //! Jeffreys interval, a breakdown by output lines and difficulty with the
 //! diagnostics of the misses, and a JSON report with every prediction.
-//! `eval --compare A.json B.json` prints two reports side by side.
+//! With `--max_turns K` an item answered wrongly gets the environment's
+//! feedback turn and answers again, up to K answers
+//! ([`trace_train::eval::turns`]). `eval --compare A.json B.json` prints
+//! two reports side by side.
 
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -14,8 +17,10 @@ use clap::Args;
 use trace_train::data::{ChatTokenizer, Message, Role};
 use trace_train::eval::envs::{EnvPrediction, EnvsReport};
 use trace_train::eval::heldout::{self, PromptKind};
-use trace_train::eval::{DEFAULT_LEVEL, EvalItem, Prediction, Report};
+use trace_train::eval::{DEFAULT_LEVEL, EvalItem, Report, turns};
 use trace_train::model;
+use trace_train::model::generate::Generation;
+use trace_train::reward;
 use trace_train::rl::env::Score;
 use trace_train::sandbox::{Executor, ExecutorConfig};
 
@@ -31,7 +36,7 @@ pub struct EvalArgs {
     pub revision: Option<String>,
     /// Print two eval reports side by side (overall and every bucket, with
     /// intervals and the change), and nothing else.
-    #[arg(long, num_args = 2, value_names = ["A.json", "B.json"], conflicts_with_all = ["model", "adapter", "data", "heldout"])]
+    #[arg(long, num_args = 2, value_names = ["A.json", "B.json"], conflicts_with_all = ["model", "adapter", "data", "heldout", "max_turns", "feedback"])]
     pub compare: Option<Vec<PathBuf>>,
     /// Evaluate on a built-in held-out set instead of --data: `short` (small
     /// stdin programs printing one to three lines, never in a training set).
@@ -64,6 +69,18 @@ pub struct EvalArgs {
     /// Prompts decoded together.
     #[arg(long, default_value_t = 16)]
     pub batch_size: usize,
+    /// Answers an item may get: after a wrong one the environment's
+    /// feedback (--feedback) comes as a user turn and the model answers
+    /// again, as in Stage 3's episodes (`max_turns`). The report adds the
+    /// accuracy after each turn and the retries that changed nothing; its
+    /// other numbers are each item's last answer's. 1: one answer.
+    #[arg(long, default_value_t = 1, value_name = "K", value_parser = parse_max_turns)]
+    pub max_turns: usize,
+    /// With --max_turns 2 or more, what a feedback turn says: `verdict`
+    /// (wrong, try again), `first_diff` (also the first output line that
+    /// differs; the default) or `line` (also what that line should be).
+    #[arg(long, value_name = "KIND", value_parser = parse_feedback)]
+    pub feedback: Option<String>,
     /// `cpu`, `cuda`, `cuda:N` or `auto`.
     #[arg(long)]
     pub device: Option<String>,
@@ -146,8 +163,48 @@ fn heldout_items(args: &EvalArgs, name: &str) -> anyhow::Result<Vec<EvalItem>> {
 }
 
 pub fn run_eval(args: &EvalArgs) -> anyhow::Result<Report> {
+    // Before the held-out set's sandbox starts.
+    feedback_kind(args)?;
     let items = eval_items(args)?;
     run_eval_on(args, &items)
+}
+
+/// `--max_turns`: a count of answers, at least 1.
+fn parse_max_turns(s: &str) -> Result<usize, String> {
+    const HINT: &str = "hint: 1 (the default) scores one answer an item; 2 or more give a wrong answer a feedback turn and another try";
+    match s.parse::<usize>() {
+        Ok(0) => Err(format!("an item needs at least one answer\n{HINT}")),
+        Ok(k) => Ok(k),
+        Err(_) => Err(format!("`{s}` is not a number of answers\n{HINT}")),
+    }
+}
+
+/// `--feedback`: one of [`reward::FEEDBACK_KINDS`].
+fn parse_feedback(s: &str) -> Result<String, String> {
+    if reward::FEEDBACK_KINDS.contains(&s) {
+        return Ok(s.to_owned());
+    }
+    Err(format!(
+        "`{s}` is not one of {}\nhint: `verdict` says only that the answer is wrong, `first_diff` also names the first output line that differs, `line` also what that line should be",
+        reward::FEEDBACK_KINDS.join(", ")
+    ))
+}
+
+/// The feedback kind of `--max_turns` and `--feedback` (Stage 3's default
+/// when not given), or what is wrong with them (also for settings made
+/// without the command line: the pipeline's).
+pub fn feedback_kind(args: &EvalArgs) -> anyhow::Result<&str> {
+    parse_max_turns(&args.max_turns.to_string())
+        .map_err(|e| anyhow::anyhow!("--max_turns {}: {e}", args.max_turns))?;
+    let Some(kind) = args.feedback.as_deref() else {
+        return Ok("first_diff");
+    };
+    parse_feedback(kind).map_err(|e| anyhow::anyhow!("--feedback {kind}: {e}"))?;
+    anyhow::ensure!(
+        args.max_turns > 1,
+        "--feedback {kind} needs --max_turns 2 or more\nhint: with one answer an item there is no feedback turn; pass --max_turns 2 (or 3) with it"
+    );
+    Ok(kind)
 }
 
 /// The items `args` asks for: the held-out set of `--heldout`, else the
@@ -183,14 +240,13 @@ pub fn run_eval_on(args: &EvalArgs, items: &[EvalItem]) -> anyhow::Result<Report
         eprintln!("model `{}` at commit {commit}", resolved.spec);
     }
     let model_dir = resolved.dir;
-    let messages: Vec<String> = items.iter().map(|it| it.prompt.clone()).collect();
-    let completions = complete(args, &model_dir, &messages)?;
-    let predictions = items
-        .iter()
-        .zip(completions)
-        .map(|(it, (text, stopped))| Prediction::new(it, text, stopped))
-        .collect();
-    let report = Report::new(predictions, DEFAULT_LEVEL);
+    let feedback = feedback_kind(args)?;
+    let sampler = Sampler::load(args, &model_dir)?;
+    // Each turn's prompts of every item still going, decoded together.
+    let predictions = turns::run_episodes(items, &sampler.tok, args.max_turns, feedback, |p| {
+        sampler.greedy(p)
+    })?;
+    let report = Report::multi_turn(predictions, DEFAULT_LEVEL, args.max_turns, feedback);
     let file = match &args.heldout {
         Some(name) => format!("eval_report_heldout_{name}.json"),
         None => "eval_report.json".to_owned(),
@@ -204,8 +260,82 @@ pub fn run_eval_on(args: &EvalArgs, items: &[EvalItem]) -> anyhow::Result<Report
     });
     report.write(&out)?;
     eprintln!("{}", report.summary());
+    if let Some(t) = &report.turns {
+        eprint!("{}", t.table(report.n));
+    }
     eprintln!("report: {}", out.display());
     Ok(report)
+}
+
+/// The model and tokenizer eval decodes with, and its batch settings.
+struct Sampler {
+    tok: ChatTokenizer,
+    loaded: model::LoadedModel,
+    device: candle_core::Device,
+    batch_size: usize,
+    max_new_tokens: usize,
+}
+
+impl Sampler {
+    fn load(args: &EvalArgs, model_dir: &std::path::Path) -> anyhow::Result<Self> {
+        let device = super::train::pick_device(args.device.as_deref().unwrap_or("auto"))?;
+        let dtype = if device.is_cpu() {
+            DType::F32
+        } else {
+            DType::BF16
+        };
+        let tok = ChatTokenizer::from_dir(model_dir)?;
+        let loaded = match &args.adapter {
+            Some(a) => model::adapter::load(model_dir, a, dtype, &device)?,
+            None => model::load(model_dir, None, dtype, &device)?,
+        };
+        tok.check_against_vocab(loaded.model.vocab_size())?;
+        Ok(Self {
+            tok,
+            loaded,
+            device,
+            batch_size: args.batch_size.max(1),
+            max_new_tokens: args.max_new_tokens,
+        })
+    }
+
+    /// Greedy generations of `prompts`, in order: `--batch_size` at a
+    /// time, prompts of similar length together.
+    fn greedy(&self, prompts: &[Vec<u32>]) -> anyhow::Result<Vec<Generation>> {
+        // Similar lengths decode together: less padding.
+        let mut order: Vec<usize> = (0..prompts.len()).collect();
+        order.sort_by_key(|&i| prompts[i].len());
+        let stop = self.tok.stop_ids();
+        let mut out: Vec<Option<Generation>> = vec![None; prompts.len()];
+        for chunk in order.chunks(self.batch_size) {
+            // A signal caught for an earlier stage of this process (a
+            // pipeline's) ends the eval between batches; nothing is written.
+            anyhow::ensure!(
+                !trace_train::stop::requested(),
+                "eval stopped by a signal before its report was written"
+            );
+            let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| prompts[i].clone()).collect();
+            let gens = model::generate::greedy(
+                &self.loaded.model,
+                &batch,
+                self.max_new_tokens,
+                &stop,
+                self.tok.pad().id,
+                0,
+                &self.device,
+            )
+            .map_err(|e| {
+                super::out_of_memory_hint(e.into(), "lower --batch_size or --max_new_tokens")
+            })?;
+            for (&i, g) in chunk.iter().zip(gens) {
+                out[i] = Some(g);
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|g| g.expect("every prompt decoded"))
+            .collect())
+    }
 }
 
 /// Greedy completions of `messages` (each one user message through the
@@ -216,61 +346,30 @@ fn complete(
     model_dir: &std::path::Path,
     messages: &[String],
 ) -> anyhow::Result<Vec<(String, bool)>> {
-    let device = super::train::pick_device(args.device.as_deref().unwrap_or("auto"))?;
-    let dtype = if device.is_cpu() {
-        DType::F32
-    } else {
-        DType::BF16
-    };
-    let tok = ChatTokenizer::from_dir(model_dir)?;
-    let loaded = match &args.adapter {
-        Some(a) => model::adapter::load(model_dir, a, dtype, &device)?,
-        None => model::load(model_dir, None, dtype, &device)?,
-    };
-    tok.check_against_vocab(loaded.model.vocab_size())?;
+    let sampler = Sampler::load(args, model_dir)?;
     let prompts = messages
         .iter()
-        .map(|m| tok.encode_prompt(&[Message::new(Role::User, m.clone())]))
+        .map(|m| {
+            sampler
+                .tok
+                .encode_prompt(&[Message::new(Role::User, m.clone())])
+        })
         .collect::<Result<Vec<_>, _>>()?;
-    // Similar lengths decode together: less padding.
-    let mut order: Vec<usize> = (0..messages.len()).collect();
-    order.sort_by_key(|&i| prompts[i].len());
-    let stop = tok.stop_ids();
-    let mut completions: Vec<Option<(String, bool)>> = vec![None; messages.len()];
-    for chunk in order.chunks(args.batch_size.max(1)) {
-        // A signal caught for an earlier stage of this process (a
-        // pipeline's) ends the eval between batches; nothing is written.
-        anyhow::ensure!(
-            !trace_train::stop::requested(),
-            "eval stopped by a signal before its report was written"
-        );
-        let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| prompts[i].clone()).collect();
-        let gens = model::generate::greedy(
-            &loaded.model,
-            &batch,
-            args.max_new_tokens,
-            &stop,
-            tok.pad().id,
-            0,
-            &device,
-        )
-        .map_err(|e| {
-            super::out_of_memory_hint(e.into(), "lower --batch_size or --max_new_tokens")
-        })?;
-        for (&i, g) in chunk.iter().zip(gens) {
-            completions[i] = Some((tok.decode(&g.tokens, true)?, g.stopped));
-        }
-    }
-    Ok(completions
+    sampler
+        .greedy(&prompts)?
         .into_iter()
-        .map(|c| c.expect("every prompt decoded"))
-        .collect())
+        .map(|g| Ok((sampler.tok.decode(&g.tokens, true)?, g.stopped)))
+        .collect()
 }
 
 /// `eval --environment SPEC`: each environment's tasks, the model's
 /// greedy completions, each scored by its environment; the report of
 /// [`EnvsReport`] (default `eval_report_envs.json` beside the model).
 pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> {
+    anyhow::ensure!(
+        args.max_turns == 1 && args.feedback.is_none(),
+        "--max_turns and --feedback score Trace items (--data, --heldout), not --environment yet\nhint: leave them out with --environment"
+    );
     let named = super::envs::parse(spec)?;
     let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
     let weights: Option<Vec<f64>> = named

@@ -163,6 +163,10 @@ impl Gate {
             limit: self.cfg.limit,
             max_new_tokens: self.cfg.max_new_tokens,
             batch_size: self.cfg.batch_size,
+            // The gate compares stages on one answer an item: the earlier
+            // stages never trained on feedback turns.
+            max_turns: 1,
+            feedback: None,
             device: Some(self.device.clone()),
             revision: model.revision.clone(),
             unsafe_no_sandbox: self.unsafe_no_sandbox,

@@ -575,7 +575,21 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     let (final_model, final_revision) = (last.model, last.revision);
     if todo(4, &state) {
         stop_before("eval")?;
-        eprintln!("== eval");
+        // Stage 3's episodes, when it trains them (PPO/GRPO with
+        // `max_turns` above 1), are how both evals score the final model:
+        // the report adds the accuracy after each turn.
+        let rl = &cfg.stage3.ppo;
+        let (max_turns, feedback) = if !cfg.stage3.is_dpo() && rl.max_turns > 1 {
+            (rl.max_turns, Some(rl.feedback.clone()))
+        } else {
+            (1, None)
+        };
+        match &feedback {
+            Some(kind) => eprintln!(
+                "== eval: up to {max_turns} answers an item, feedback {kind} (stage3.ppo.max_turns)"
+            ),
+            None => eprintln!("== eval"),
+        }
         run_eval(&EvalArgs {
             model: Some(final_model.clone()),
             adapter: None,
@@ -588,6 +602,8 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             limit: eval_limit,
             max_new_tokens,
             batch_size: 8,
+            max_turns,
+            feedback: feedback.clone(),
             device: Some(cfg.hardware.device.clone()),
             revision: final_revision.clone(),
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
@@ -609,6 +625,8 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             limit: eval_limit,
             max_new_tokens,
             batch_size: 8,
+            max_turns,
+            feedback: feedback.clone(),
             device: Some(cfg.hardware.device.clone()),
             revision: final_revision.clone(),
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,

@@ -1,19 +1,21 @@
 //! Two eval reports side by side (`trace-train eval --compare A.json
 //! B.json`): overall and every bucket, each side's accuracy with its
 //! interval and the change, then the miss diagnostics, so what a stage did
-//! shows at a glance.
+//! shows at a glance. When either report is a multi-turn eval's, the
+//! accuracy after each turn and the retries too (a report without turns
+//! answered once: its accuracy is its accuracy after turn 1).
 
 use std::fmt::Write;
 
 use super::buckets::FEATURES;
-use super::{Bucket, Interval, Report};
+use super::{Bucket, Interval, Report, Turns};
 
 /// One side of a row: n, correct, interval, and the misses with more
-/// lines than expected.
-type Side = Option<(usize, usize, Interval, usize)>;
+/// lines than expected (none in a row of turns).
+type Side = Option<(usize, usize, Interval, Option<usize>)>;
 
 fn side(b: Option<&Bucket>) -> Side {
-    b.map(|b| (b.n, b.correct, b.interval, b.misses.longer))
+    b.map(|b| (b.n, b.correct, b.interval, Some(b.misses.longer)))
 }
 
 fn cell(s: &Side) -> String {
@@ -25,8 +27,21 @@ fn cell(s: &Side) -> String {
             100.0 * ratio(*c, *n),
             100.0 * i.lo,
             100.0 * i.hi,
-            longer
+            longer.map_or_else(String::new, |l| l.to_string())
         ),
+    }
+}
+
+/// A report's accuracy after `turn`: from its turns, or, for a report
+/// without them, its accuracy at turn 1 (its only answer) and nothing after.
+fn after_turn(r: &Report, turn: usize) -> Side {
+    match &r.turns {
+        Some(t) => t
+            .by_turn
+            .iter()
+            .find(|x| x.turn == turn)
+            .map(|x| (r.n, x.correct, x.interval, None)),
+        None => (turn == 1).then_some((r.n, r.correct, r.interval, None)),
     }
 }
 
@@ -68,11 +83,31 @@ pub fn compare(a: &Report, b: &Report, a_name: &str, b_name: &str) -> String {
         "acc: exact match, with its {levels} Jeffreys interval; longer: wrong answers with more lines\nthan expected; change: B - A in points, * where the intervals do not overlap\n"
     )
     .unwrap();
+    if a.turns.is_some() || b.turns.is_some() {
+        writeln!(
+            w,
+            "multi-turn: overall and the buckets are each item's last answer; after turn k: items right\nwithin their first k answers (a report without turns answered once)\n"
+        )
+        .unwrap();
+    }
     let head = format!("{:>6} {:>7} {:>14} {:>6}", "n", "acc", "interval", "longer");
     writeln!(w, "{:<16}{:-^36}  {:-^36}", "", " A ", " B ").unwrap();
     writeln!(w, "{:<16}{head}  {head}  {:>7}", "", "change").unwrap();
-    let total = |r: &Report| Some((r.n, r.correct, r.interval, r.misses.longer));
+    let total = |r: &Report| Some((r.n, r.correct, r.interval, Some(r.misses.longer)));
     row(w, "overall", &total(a), &total(b));
+    let turns = |r: &Report| r.turns.as_ref().map_or(1, |t| t.max_turns);
+    let most = turns(a).max(turns(b));
+    if most > 1 {
+        writeln!(w, "after turn").unwrap();
+        for turn in 1..=most {
+            row(
+                w,
+                &format!("  {turn}"),
+                &after_turn(a, turn),
+                &after_turn(b, turn),
+            );
+        }
+    }
     // The features this code reports first, in its order, then any other
     // the files hold.
     let mut names: Vec<&str> = FEATURES.iter().map(|f| f.name).collect();
@@ -125,5 +160,30 @@ pub fn compare(a: &Report, b: &Report, a_name: &str, b_name: &str) -> String {
         "  first wrong line (mean)", ma.first_wrong_line_mean, mb.first_wrong_line_mean
     )
     .unwrap();
+    if most > 1 {
+        writeln!(w, "\n{:<34}{:>12}{:>12}", "turns", "A", "B").unwrap();
+        let values = |r: &Report| {
+            r.turns.as_ref().map(|t: &Turns| {
+                [
+                    t.retries.to_string(),
+                    t.unchanged_retries.to_string(),
+                    format!("{:.1}%", 100.0 * t.unchanged_share),
+                    t.feedback.clone(),
+                ]
+            })
+        };
+        let (va, vb) = (values(a), values(b));
+        let labels = [
+            "retries",
+            "  same answer as the turn before",
+            "  share",
+            "feedback",
+        ];
+        for (k, label) in labels.iter().enumerate() {
+            let cell =
+                |v: &Option<[String; 4]>| v.as_ref().map_or("-", |v| v[k].as_str()).to_owned();
+            writeln!(w, "{label:<34}{:>12}{:>12}", cell(&va), cell(&vb)).unwrap();
+        }
+    }
     out
 }

@@ -10,11 +10,14 @@
 //! and the Jeffreys interval ([`interval`]). Over several environments
 //! (SAT, ABD, DED, Trace): each environment's metrics and the aggregates
 //! ([`envs`]), and the comparison of several models with the network's
-//! dominance rules ([`dominance`], [`standings`], [`plot`]). It knows nothing of
-//! tokenizers: the stage that runs eval applies the chat template to
-//! [`EvalItem::prompt`], tokenizes, decodes the batch with
-//! [`crate::model::generate::greedy`], detokenizes each continuation and
-//! passes it to [`Prediction::new`] with its `stopped` flag.
+//! dominance rules ([`dominance`], [`standings`], [`plot`]). Multi-turn
+//! eval ([`turns`]): an item answered wrongly gets the environment's
+//! feedback turn and answers again, and the report adds the accuracy after
+//! each turn and the retries that changed nothing. Apart from the
+//! episodes' driver ([`turns::run_episodes`], which builds each turn's
+//! prompt with the chat tokenizer), it knows nothing of tokenizers or
+//! models: the stage that runs eval hands the driver a function that
+//! decodes a batch of prompts with [`crate::model::generate::greedy`].
 
 pub mod buckets;
 mod compare;
@@ -26,10 +29,12 @@ pub mod interval;
 pub mod plot;
 mod report;
 pub mod standings;
+pub mod turns;
 
 pub use compare::compare;
 pub use interval::{DEFAULT_LEVEL, jeffreys_interval};
 pub use report::{Bucket, Interval, Misses, REPORT_VERSION, Report, line_diff};
+pub use turns::{Attempt, TurnAccuracy, Turns};
 
 use serde::{Deserialize, Serialize};
 
@@ -140,6 +145,12 @@ pub struct Prediction {
     /// budget cut it.
     pub stopped: bool,
     pub difficulty: Difficulty,
+    /// A multi-turn eval's earlier answers to the item (`--max_turns`), in
+    /// order, each wrong and followed by the environment's feedback turn;
+    /// this prediction is the episode's last answer. Empty (and not
+    /// written) in a single-turn eval.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier: Vec<Attempt>,
 }
 
 impl Prediction {
@@ -157,11 +168,17 @@ impl Prediction {
             expected: item.expected.clone(),
             stopped,
             difficulty: item.difficulty,
+            earlier: Vec::new(),
         }
     }
 
     pub fn correct(&self) -> bool {
         self.score == 1.0
+    }
+
+    /// The answers of its episode: 1 in a single-turn eval.
+    pub fn answers(&self) -> usize {
+        self.earlier.len() + 1
     }
 }
 

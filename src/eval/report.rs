@@ -12,7 +12,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::buckets::{self, BucketCount, FEATURES};
-use super::{Difficulty, Prediction, jeffreys_interval};
+use super::{Difficulty, Prediction, Turns, jeffreys_interval};
 use crate::atomic;
 use crate::reward::{normalize, python_strip};
 
@@ -156,6 +156,11 @@ pub struct Report {
     /// first go wrong, how they ended.
     #[serde(default)]
     pub misses: Misses,
+    /// A multi-turn eval's accuracy after each turn and its retries
+    /// (`--max_turns` above 1; absent, and not written, otherwise). The
+    /// other numbers are those of each item's last answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<Turns>,
     /// Per feature, its buckets in increasing order: `output_lines` (of the
     /// expected output: 1, 2-3, 4-10, 11+) and the difficulty features
     /// `loop_depth`, `lines` (of the program) and `injections`. An item
@@ -248,8 +253,27 @@ impl Report {
                 n,
             ),
             misses: misses.finish(),
+            turns: None,
             by,
             predictions,
+        }
+    }
+
+    /// The report of a multi-turn eval: `predictions` are each item's last
+    /// answer with its earlier ones, in episodes of at most `max_turns`
+    /// answers with `feedback`; [`Report::new`]'s numbers of the last
+    /// answers, plus [`Turns`] when `max_turns` is above 1 (with 1, the
+    /// single-turn report).
+    pub fn multi_turn(
+        predictions: Vec<Prediction>,
+        level: f64,
+        max_turns: usize,
+        feedback: &str,
+    ) -> Self {
+        let turns = (max_turns > 1).then(|| Turns::count(&predictions, max_turns, feedback, level));
+        Self {
+            turns,
+            ..Self::new(predictions, level)
         }
     }
 
@@ -271,7 +295,10 @@ impl Report {
             r.version
         );
         Ok(if r.version < REPORT_VERSION {
-            Report::new(r.predictions, r.interval.level)
+            Report {
+                turns: r.turns,
+                ..Report::new(r.predictions, r.interval.level)
+            }
         } else {
             r
         })
@@ -279,11 +306,16 @@ impl Report {
 
     /// One line for a log: `accuracy 37.0% (80% interval 31.0-43.3%), n 100,
     /// truncated 3; partial credit: lines 61.2%, first lines 80.0%; misses:
-    /// 5 longer, 10 shorter, 48 same lines`.
+    /// 5 longer, 10 shorter, 48 same lines`, then with turns `; after turn
+    /// 1 30.0%, 2 37.0%; retries 70, unchanged 12.9%`.
     pub fn summary(&self) -> String {
         let i = &self.interval;
+        let turns = self
+            .turns
+            .as_ref()
+            .map_or_else(String::new, |t| format!("; {}", t.summary()));
         format!(
-            "accuracy {:.1}% ({:.0}% interval {:.1}-{:.1}%), n {}, truncated {}; partial credit: lines {:.1}%, first lines {:.1}%; misses: {} longer, {} shorter, {} same lines",
+            "accuracy {:.1}% ({:.0}% interval {:.1}-{:.1}%), n {}, truncated {}; partial credit: lines {:.1}%, first lines {:.1}%; misses: {} longer, {} shorter, {} same lines{turns}",
             100.0 * self.accuracy,
             100.0 * i.level,
             100.0 * i.lo,

@@ -1284,10 +1284,7 @@ fn collect(
                 let reward = r * cfg.turn_discount.powi(answers as i32 - 1);
                 let unchanged = ep
                     .windows(2)
-                    .filter(|w| {
-                        let a = |t: &Turn| reward::normalize(&reward::extract_answer(&t.text));
-                        a(&w[0]) == a(&w[1])
-                    })
+                    .filter(|w| reward::same_answer(&w[0].text, &w[1].text))
                     .count();
                 let part = job.env.part_of(task.task_id);
                 scored_here.extend([
