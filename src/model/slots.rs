@@ -94,29 +94,144 @@ fn check_joins(
     Ok(())
 }
 
-/// Rows on the model's own forward, one KV cache a row.
+/// Rows on the model's own forward, all in one left-padded KV cache: a
+/// step is one forward of every row (free rows are fed padding). Prompts
+/// join as the batched sampler's continuous batching admits them
+/// (`generate.rs`: prefilled in a cache of their own that starts where
+/// their tokens do, their last token on the batch's last column, then
+/// copied into their rows); leading columns no live row uses are dropped
+/// when they are a quarter of the cache. When every row is free the next
+/// prompts start a fresh cache. Each row's keys are its own and its
+/// padding is hidden, so a prompt decodes as it would alone.
 pub struct HostSlots<'m> {
     model: &'m Model,
     device: Device,
     cap: usize,
-    /// A live row's cache and length (tokens in it).
-    rows: Vec<Option<(super::Cache, usize)>>,
+    pad_id: u32,
+    /// Every row's keys and values, once a prompt has joined.
+    cache: Option<super::Cache>,
+    /// Tokens in each live row (prompt and fed tokens); `None` while free.
+    len: Vec<Option<usize>>,
 }
 
 impl<'m> HostSlots<'m> {
-    pub fn new(model: &'m Model, device: &Device, rows: usize, capacity: usize) -> Self {
+    pub fn new(
+        model: &'m Model,
+        device: &Device,
+        rows: usize,
+        capacity: usize,
+        pad_id: u32,
+    ) -> Self {
         Self {
             model,
             device: device.clone(),
             cap: capacity,
-            rows: (0..rows).map(|_| None).collect(),
+            pad_id,
+            cache: None,
+            len: vec![None; rows],
         }
+    }
+
+    /// `(k, width)` ids: each prompt left-padded to `width`.
+    fn padded(&self, prompts: &[&[u32]], width: usize) -> Result<Tensor> {
+        let ids: Vec<u32> = prompts
+            .iter()
+            .flat_map(|p| {
+                std::iter::repeat_n(self.pad_id, width - p.len()).chain(p.iter().copied())
+            })
+            .collect();
+        Tensor::from_vec(ids, (prompts.len(), width), &self.device)
+    }
+
+    /// Prefills `joins` into a fresh cache of every row (the free rows get
+    /// one padding token each); the joiners' last logits.
+    fn start_fresh(&mut self, joins: &[Join]) -> Result<Tensor> {
+        let rows = self.len.len();
+        let width = joins.iter().map(|j| j.prompt.len()).max().unwrap_or(1);
+        let budget = joins.iter().map(|j| j.budget).max().unwrap_or(1);
+        let mut prompts: Vec<&[u32]> = vec![&[]; rows];
+        for j in joins {
+            prompts[j.row] = j.prompt;
+        }
+        let pad = [self.pad_id];
+        let prompts: Vec<&[u32]> = prompts
+            .into_iter()
+            .map(|p| if p.is_empty() { &pad[..] } else { p })
+            .collect();
+        let pads: Vec<usize> = prompts.iter().map(|p| width - p.len()).collect();
+        let ids = self.padded(&prompts, width)?;
+        let mut cache = self
+            .model
+            .new_cache()
+            .with_capacity(width + budget)
+            .with_left_padding(pads);
+        let logits = super::generate::prefill(
+            self.model,
+            &ids,
+            0,
+            &mut cache,
+            super::generate::PREFILL_CHUNK,
+        )?;
+        self.cache = Some(cache);
+        let at = Tensor::from_vec(
+            joins.iter().map(|j| j.row as u32).collect::<Vec<_>>(),
+            joins.len(),
+            &self.device,
+        )?;
+        logits.index_select(&at, 0)
+    }
+
+    /// Prefills `joins` into their rows of the running cache; their last
+    /// logits.
+    fn join_running(&mut self, joins: &[Join]) -> Result<Tensor> {
+        let live: Vec<usize> = (0..self.len.len())
+            .filter(|&r| self.len[r].is_some())
+            .collect();
+        let longest = joins.iter().map(|j| j.prompt.len()).max().unwrap_or(1);
+        let budget = joins.iter().map(|j| j.budget).max().unwrap_or(1);
+        let cache = self.cache.as_mut().expect("a running cache");
+        let len = cache.len();
+        let pad = |r: usize| cache.pads().get(r).copied().unwrap_or(0);
+        let unused = live.iter().map(|&r| pad(r)).min().unwrap_or(len);
+        let drop = unused.min(len.saturating_sub(longest));
+        if drop > 0 && 4 * drop >= len {
+            cache.trim_front(drop, &live)?;
+        }
+        let len = cache.len();
+        if longest > len {
+            cache.grow_front(longest - len)?;
+        }
+        let len = cache.len();
+        cache.reserve(len + budget)?;
+        let pads: Vec<usize> = joins.iter().map(|j| len - j.prompt.len()).collect();
+        let start = len - longest;
+        let mut fresh = self
+            .model
+            .new_cache()
+            .with_capacity(cache.capacity())
+            .with_left_padding(pads)
+            .starting_at(start);
+        let prompts: Vec<&[u32]> = joins.iter().map(|j| j.prompt).collect();
+        let ids = self.padded(&prompts, longest)?;
+        let logits = super::generate::prefill(
+            self.model,
+            &ids,
+            start,
+            &mut fresh,
+            super::generate::PREFILL_CHUNK,
+        )?;
+        let at: Vec<usize> = joins.iter().map(|j| j.row).collect();
+        self.cache
+            .as_mut()
+            .expect("a running cache")
+            .set_rows(&at, &fresh)?;
+        Ok(logits)
     }
 }
 
 impl Slots for HostSlots<'_> {
     fn rows(&self) -> usize {
-        self.rows.len()
+        self.len.len()
     }
 
     fn capacity(&self) -> usize {
@@ -124,46 +239,76 @@ impl Slots for HostSlots<'_> {
     }
 
     fn admit(&mut self, joins: &[Join]) -> Result<Vec<(u32, f32)>> {
-        check_joins(joins, |r| self.rows[r].is_some(), self.rows.len(), self.cap)?;
-        let mut out = Vec::with_capacity(joins.len());
-        for j in joins {
-            let n = j.prompt.len();
-            let mut cache = self.model.new_cache().with_capacity(n + j.budget - 1);
-            let ids = Tensor::from_slice(j.prompt, (1, n), &self.device)?;
-            let logits = super::generate::prefill(
-                self.model,
-                &ids,
-                0,
-                &mut cache,
-                super::generate::PREFILL_CHUNK,
-            )?;
-            out.push(pick_rows(&logits, &[j.seed], &[j.draw])?[0]);
-            self.rows[j.row] = Some((cache, n));
+        check_joins(joins, |r| self.len[r].is_some(), self.len.len(), self.cap)?;
+        if joins.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(out)
+        let logits = if self.len.iter().all(Option::is_none) {
+            self.start_fresh(joins)?
+        } else {
+            self.join_running(joins)?
+        };
+        let seeds: Vec<u64> = joins.iter().map(|j| j.seed).collect();
+        let draws: Vec<Draw> = joins.iter().map(|j| j.draw).collect();
+        let picks = pick_rows(&logits, &seeds, &draws)?;
+        for j in joins {
+            self.len[j.row] = Some(j.prompt.len());
+        }
+        Ok(picks)
     }
 
     fn step(&mut self, feeds: &[Feed]) -> Result<Vec<(u32, f32)>> {
-        let mut out = Vec::with_capacity(feeds.len());
+        let rows = self.len.len();
+        let mut ids = vec![self.pad_id; rows];
+        let mut fed = vec![false; rows];
         for f in feeds {
-            let cap = self.cap;
-            let Some((cache, len)) = self.rows.get_mut(f.row).and_then(Option::as_mut) else {
-                bail!("step: row {} is not live", f.row);
-            };
-            if *len >= cap {
-                bail!("step: row {} is full ({cap} tokens)", f.row);
+            match self.len.get(f.row).copied().flatten() {
+                None => bail!("step: row {} is not live", f.row),
+                Some(n) if n >= self.cap => {
+                    bail!("step: row {} is full ({} tokens)", f.row, self.cap)
+                }
+                Some(_) => {}
             }
-            let ids = Tensor::from_slice(&[f.token], (1, 1), &self.device)?;
-            let logits = self.model.forward_with_cache(&ids, *len, cache)?;
-            *len += 1;
-            out.push(pick_rows(&logits, &[f.seed], &[f.draw])?[0]);
+            ids[f.row] = f.token;
+            fed[f.row] = true;
         }
-        Ok(out)
+        if let Some(r) = (0..rows).find(|&r| self.len[r].is_some() && !fed[r]) {
+            // The shared cache takes a column for every row a step.
+            bail!("step: live row {r} was not fed (rows on one cache step together)");
+        }
+        if feeds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cache = self.cache.as_mut().expect("live rows have a cache");
+        let len = cache.len();
+        if cache.capacity() < len + 1 {
+            // Room for many steps at once: growing copies the cache.
+            cache.reserve(len + 64.max(len / 2))?;
+        }
+        let ids = Tensor::from_vec(ids, (rows, 1), &self.device)?;
+        let logits = self.model.forward_with_cache(&ids, len, cache)?;
+        let at = Tensor::from_vec(
+            feeds.iter().map(|f| f.row as u32).collect::<Vec<_>>(),
+            feeds.len(),
+            &self.device,
+        )?;
+        let seeds: Vec<u64> = feeds.iter().map(|f| f.seed).collect();
+        let draws: Vec<Draw> = feeds.iter().map(|f| f.draw).collect();
+        let picks = pick_rows(&logits.index_select(&at, 0)?, &seeds, &draws)?;
+        for f in feeds {
+            if let Some(n) = &mut self.len[f.row] {
+                *n += 1;
+            }
+        }
+        Ok(picks)
     }
 
     fn free(&mut self, row: usize) {
-        if let Some(r) = self.rows.get_mut(row) {
-            *r = None;
+        if let Some(l) = self.len.get_mut(row) {
+            *l = None;
+        }
+        if self.len.iter().all(Option::is_none) {
+            self.cache = None;
         }
     }
 }
@@ -454,10 +599,14 @@ mod tests {
                 }
             };
         join(slots, 0..half, &mut out);
-        for step in 1..n {
+        let mut step = 0;
+        loop {
+            step += 1;
             if step == 2 {
                 join(slots, half..prompts.len(), &mut out);
             }
+            // Every live row, fed together; a row that has its n tokens is
+            // freed.
             let feeds: Vec<Feed> = (0..prompts.len())
                 .filter(|&p| !out[p].is_empty() && out[p].len() < n)
                 .map(|p| Feed {
@@ -467,19 +616,15 @@ mod tests {
                     seed: 1000 + (p as u64) * 7919 + out[p].len() as u64,
                 })
                 .collect();
+            if feeds.is_empty() && step > 2 {
+                break;
+            }
             for (f, (t, _)) in feeds.iter().zip(slots.step(&feeds).unwrap()) {
                 out[f.row].push(t);
+                if out[f.row].len() == n {
+                    slots.free(f.row);
+                }
             }
-        }
-        // The second wave's last steps.
-        while let Some(p) = (0..prompts.len()).find(|&p| out[p].len() < n) {
-            let feeds = [Feed {
-                row: p,
-                token: *out[p].last().unwrap(),
-                draw: draws[p],
-                seed: 1000 + (p as u64) * 7919 + out[p].len() as u64,
-            }];
-            out[p].push(slots.step(&feeds).unwrap()[0].0);
         }
         out
     }
@@ -510,10 +655,10 @@ mod tests {
     fn host_rows_decode_each_prompt_as_it_decodes_alone() {
         let (dir, prompts, draws) = setup();
         let m = load(dir.path(), None, DType::F32, &Device::Cpu).unwrap();
-        let mut all = HostSlots::new(&m.model, &Device::Cpu, prompts.len(), 64);
+        let mut all = HostSlots::new(&m.model, &Device::Cpu, prompts.len(), 64, 0);
         let together = drive(&mut all, &prompts, &draws, 8);
         for p in 0..prompts.len() {
-            let mut one = HostSlots::new(&m.model, &Device::Cpu, prompts.len(), 64);
+            let mut one = HostSlots::new(&m.model, &Device::Cpu, prompts.len(), 64, 0);
             // Alone: only prompt p, in its own row, with the same seeds.
             let mut alone = vec![Vec::new(); prompts.len()];
             let first = one
@@ -538,7 +683,7 @@ mod tests {
             assert_eq!(together[p], alone[p], "prompt {p}");
         }
         // Checks: a row too small, a busy row, a row fed while free.
-        let mut s = HostSlots::new(&m.model, &Device::Cpu, 2, 10);
+        let mut s = HostSlots::new(&m.model, &Device::Cpu, 2, 10, 0);
         let j = |row, budget| Join {
             row,
             prompt: &prompts[0],
@@ -579,7 +724,7 @@ mod tests {
         };
         let (dir, prompts, draws) = setup();
         let m = load(dir.path(), None, DType::F32, &dev).unwrap();
-        let mut host = HostSlots::new(&m.model, &dev, prompts.len(), 64);
+        let mut host = HostSlots::new(&m.model, &dev, prompts.len(), 64, 0);
         let want = drive(&mut host, &prompts, &draws, 10);
         let w = m.model.decoder().decode_weights(false).unwrap().unwrap();
         for mode in [fast_decode_mode(false), fast_decode_mode(true)] {

@@ -253,7 +253,7 @@ fn serve_rows(
             }
         }
     }
-    let mut slots = HostSlots::new(&model.model, device, rows, cap);
+    let mut slots = HostSlots::new(&model.model, device, rows, cap, tok.pad().id);
     let _ = ready.send(Ok(Capacity {
         rows,
         context: cap,
