@@ -213,6 +213,51 @@ impl Cache {
         Ok(())
     }
 
+    /// Adds `src`'s rows after this cache's (keys, values and padding):
+    /// prompts joining a batch that has no free row. `src` must hold as
+    /// many columns as this cache, in buffers of the same capacity. Copies
+    /// the cache once.
+    pub fn append_rows(&mut self, src: &Cache) -> Result<()> {
+        if src.len != self.len || src.layers.len() != self.layers.len() {
+            candle_core::bail!(
+                "append_rows: a cache of {} columns and {} layers onto one of {} and {}",
+                src.len,
+                src.layers.len(),
+                self.len,
+                self.layers.len()
+            );
+        }
+        let mut b = 0;
+        let mut added = 0;
+        for (dst, from) in self.layers.iter_mut().zip(&src.layers) {
+            let (Some((dk, dv)), Some((sk, sv))) = (dst.as_mut(), from) else {
+                candle_core::bail!("append_rows: a layer was never written");
+            };
+            if sk.dim(2)? != dk.dim(2)? {
+                candle_core::bail!(
+                    "append_rows: buffers of {} and {} columns",
+                    sk.dim(2)?,
+                    dk.dim(2)?
+                );
+            }
+            b = dk.dim(0)?;
+            added = sk.dim(0)?;
+            *dk = Tensor::cat(&[&*dk, sk], 0)?;
+            *dv = Tensor::cat(&[&*dv, sv], 0)?;
+        }
+        if self.pads.is_empty() {
+            self.pads = vec![0; b];
+        }
+        let src_pads = if src.pads.is_empty() {
+            vec![0; added]
+        } else {
+            src.pads.clone()
+        };
+        self.pads.extend(src_pads);
+        self.pad_mask = None;
+        Ok(())
+    }
+
     /// Grows the buffers, if need be, to hold `columns` columns (one copy).
     pub fn reserve(&mut self, columns: usize) -> Result<()> {
         self.capacity = self.capacity.max(columns);

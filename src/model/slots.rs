@@ -94,24 +94,30 @@ fn check_joins(
     Ok(())
 }
 
-/// Rows on the model's own forward, all in one left-padded KV cache: a
-/// step is one forward of every row (free rows are fed padding). Prompts
-/// join as the batched sampler's continuous batching admits them
-/// (`generate.rs`: prefilled in a cache of their own that starts where
-/// their tokens do, their last token on the batch's last column, then
-/// copied into their rows); leading columns no live row uses are dropped
-/// when they are a quarter of the cache. When every row is free the next
-/// prompts start a fresh cache. Each row's keys are its own and its
-/// padding is hidden, so a prompt decodes as it would alone.
+/// Rows on the model's own forward, the live ones in one left-padded KV
+/// cache: a step is one forward of the cache's rows. Prompts join as the
+/// batched sampler's continuous batching admits them (`generate.rs`:
+/// prefilled in a cache of their own that starts where their tokens do,
+/// their last token on the batch's last column), into cache rows that
+/// finished rows left or appended to the cache; leading columns no live
+/// row uses are dropped when they are a quarter of the cache, and finished
+/// rows leave the cache once they are half of it (so a lone request does
+/// not pay for `rows` rows). When every row is free the next prompts start
+/// a fresh cache. Each row's keys are its own and its padding is hidden, so
+/// a prompt decodes as it would alone.
 pub struct HostSlots<'m> {
     model: &'m Model,
     device: Device,
     cap: usize,
     pad_id: u32,
-    /// Every row's keys and values, once a prompt has joined.
+    /// The live rows' keys and values (and finished rows' until they leave).
     cache: Option<super::Cache>,
     /// Tokens in each live row (prompt and fed tokens); `None` while free.
     len: Vec<Option<usize>>,
+    /// Each live row's row of the cache.
+    at: Vec<Option<usize>>,
+    /// Each cache row's row, `None` once it finished.
+    of: Vec<Option<usize>>,
 }
 
 impl<'m> HostSlots<'m> {
@@ -129,6 +135,8 @@ impl<'m> HostSlots<'m> {
             pad_id,
             cache: None,
             len: vec![None; rows],
+            at: vec![None; rows],
+            of: Vec::new(),
         }
     }
 
@@ -143,21 +151,11 @@ impl<'m> HostSlots<'m> {
         Tensor::from_vec(ids, (prompts.len(), width), &self.device)
     }
 
-    /// Prefills `joins` into a fresh cache of every row (the free rows get
-    /// one padding token each); the joiners' last logits.
+    /// Prefills `joins` into a fresh cache of their rows; their last logits.
     fn start_fresh(&mut self, joins: &[Join]) -> Result<Tensor> {
-        let rows = self.len.len();
         let width = joins.iter().map(|j| j.prompt.len()).max().unwrap_or(1);
         let budget = joins.iter().map(|j| j.budget).max().unwrap_or(1);
-        let mut prompts: Vec<&[u32]> = vec![&[]; rows];
-        for j in joins {
-            prompts[j.row] = j.prompt;
-        }
-        let pad = [self.pad_id];
-        let prompts: Vec<&[u32]> = prompts
-            .into_iter()
-            .map(|p| if p.is_empty() { &pad[..] } else { p })
-            .collect();
+        let prompts: Vec<&[u32]> = joins.iter().map(|j| j.prompt).collect();
         let pads: Vec<usize> = prompts.iter().map(|p| width - p.len()).collect();
         let ids = self.padded(&prompts, width)?;
         let mut cache = self
@@ -173,26 +171,25 @@ impl<'m> HostSlots<'m> {
             super::generate::PREFILL_CHUNK,
         )?;
         self.cache = Some(cache);
-        let at = Tensor::from_vec(
-            joins.iter().map(|j| j.row as u32).collect::<Vec<_>>(),
-            joins.len(),
-            &self.device,
-        )?;
-        logits.index_select(&at, 0)
+        self.of = joins.iter().map(|j| Some(j.row)).collect();
+        for (i, j) in joins.iter().enumerate() {
+            self.at[j.row] = Some(i);
+        }
+        Ok(logits)
     }
 
-    /// Prefills `joins` into their rows of the running cache; their last
-    /// logits.
+    /// Prefills `joins` into the running cache: into the rows finished rows
+    /// left, then after the others; their last logits.
     fn join_running(&mut self, joins: &[Join]) -> Result<Tensor> {
-        let live: Vec<usize> = (0..self.len.len())
-            .filter(|&r| self.len[r].is_some())
+        let live: Vec<usize> = (0..self.of.len())
+            .filter(|&c| self.of[c].is_some())
             .collect();
         let longest = joins.iter().map(|j| j.prompt.len()).max().unwrap_or(1);
         let budget = joins.iter().map(|j| j.budget).max().unwrap_or(1);
         let cache = self.cache.as_mut().expect("a running cache");
         let len = cache.len();
-        let pad = |r: usize| cache.pads().get(r).copied().unwrap_or(0);
-        let unused = live.iter().map(|&r| pad(r)).min().unwrap_or(len);
+        let pad = |c: usize| cache.pads().get(c).copied().unwrap_or(0);
+        let unused = live.iter().map(|&c| pad(c)).min().unwrap_or(len);
         let drop = unused.min(len.saturating_sub(longest));
         if drop > 0 && 4 * drop >= len {
             cache.trim_front(drop, &live)?;
@@ -203,12 +200,13 @@ impl<'m> HostSlots<'m> {
         }
         let len = cache.len();
         cache.reserve(len + budget)?;
+        let capacity = cache.capacity();
         let pads: Vec<usize> = joins.iter().map(|j| len - j.prompt.len()).collect();
         let start = len - longest;
         let mut fresh = self
             .model
             .new_cache()
-            .with_capacity(cache.capacity())
+            .with_capacity(capacity)
             .with_left_padding(pads)
             .starting_at(start);
         let prompts: Vec<&[u32]> = joins.iter().map(|j| j.prompt).collect();
@@ -220,11 +218,32 @@ impl<'m> HostSlots<'m> {
             &mut fresh,
             super::generate::PREFILL_CHUNK,
         )?;
-        let at: Vec<usize> = joins.iter().map(|j| j.row).collect();
-        self.cache
-            .as_mut()
-            .expect("a running cache")
-            .set_rows(&at, &fresh)?;
+        let free: Vec<usize> = (0..self.of.len())
+            .filter(|&c| self.of[c].is_none())
+            .collect();
+        let reuse = free.len().min(joins.len());
+        let cache = self.cache.as_mut().expect("a running cache");
+        if reuse == joins.len() {
+            cache.set_rows(&free[..reuse], &fresh)?;
+        } else {
+            if reuse > 0 {
+                let mut first = fresh.clone();
+                first.retain_rows(&(0..reuse).collect::<Vec<_>>())?;
+                cache.set_rows(&free[..reuse], &first)?;
+            }
+            fresh.retain_rows(&(reuse..joins.len()).collect::<Vec<_>>())?;
+            cache.append_rows(&fresh)?;
+        }
+        for (i, j) in joins.iter().enumerate() {
+            let c = if i < reuse {
+                free[i]
+            } else {
+                self.of.push(None);
+                self.of.len() - 1
+            };
+            self.of[c] = Some(j.row);
+            self.at[j.row] = Some(c);
+        }
         Ok(logits)
     }
 }
@@ -243,7 +262,7 @@ impl Slots for HostSlots<'_> {
         if joins.is_empty() {
             return Ok(Vec::new());
         }
-        let logits = if self.len.iter().all(Option::is_none) {
+        let logits = if self.cache.is_none() {
             self.start_fresh(joins)?
         } else {
             self.join_running(joins)?
@@ -258,23 +277,29 @@ impl Slots for HostSlots<'_> {
     }
 
     fn step(&mut self, feeds: &[Feed]) -> Result<Vec<(u32, f32)>> {
-        let rows = self.len.len();
-        let mut ids = vec![self.pad_id; rows];
-        let mut fed = vec![false; rows];
+        let mut ids = vec![self.pad_id; self.of.len()];
+        let mut fed = vec![false; self.of.len()];
         for f in feeds {
-            match self.len.get(f.row).copied().flatten() {
-                None => bail!("step: row {} is not live", f.row),
-                Some(n) if n >= self.cap => {
+            match (
+                self.len.get(f.row).copied().flatten(),
+                self.at.get(f.row).copied().flatten(),
+            ) {
+                (Some(n), _) if n >= self.cap => {
                     bail!("step: row {} is full ({} tokens)", f.row, self.cap)
                 }
-                Some(_) => {}
+                (Some(_), Some(c)) => {
+                    ids[c] = f.token;
+                    fed[c] = true;
+                }
+                _ => bail!("step: row {} is not live", f.row),
             }
-            ids[f.row] = f.token;
-            fed[f.row] = true;
         }
-        if let Some(r) = (0..rows).find(|&r| self.len[r].is_some() && !fed[r]) {
+        if let Some(c) = (0..self.of.len()).find(|&c| self.of[c].is_some() && !fed[c]) {
             // The shared cache takes a column for every row a step.
-            bail!("step: live row {r} was not fed (rows on one cache step together)");
+            bail!(
+                "step: live row {} was not fed (rows on one cache step together)",
+                self.of[c].unwrap_or(0)
+            );
         }
         if feeds.is_empty() {
             return Ok(Vec::new());
@@ -285,10 +310,14 @@ impl Slots for HostSlots<'_> {
             // Room for many steps at once: growing copies the cache.
             cache.reserve(len + 64.max(len / 2))?;
         }
+        let rows = ids.len();
         let ids = Tensor::from_vec(ids, (rows, 1), &self.device)?;
         let logits = self.model.forward_with_cache(&ids, len, cache)?;
         let at = Tensor::from_vec(
-            feeds.iter().map(|f| f.row as u32).collect::<Vec<_>>(),
+            feeds
+                .iter()
+                .map(|f| self.at[f.row].expect("checked above") as u32)
+                .collect::<Vec<_>>(),
             feeds.len(),
             &self.device,
         )?;
@@ -304,11 +333,34 @@ impl Slots for HostSlots<'_> {
     }
 
     fn free(&mut self, row: usize) {
-        if let Some(l) = self.len.get_mut(row) {
-            *l = None;
-        }
-        if self.len.iter().all(Option::is_none) {
+        let Some(c) = self.at.get_mut(row).and_then(Option::take) else {
+            return;
+        };
+        self.len[row] = None;
+        self.of[c] = None;
+        let live: Vec<usize> = (0..self.of.len())
+            .filter(|&c| self.of[c].is_some())
+            .collect();
+        if live.is_empty() {
             self.cache = None;
+            self.of.clear();
+        } else if 2 * live.len() <= self.of.len()
+            && let Some(cache) = self.cache.as_mut()
+        {
+            // Finished rows leave the cache (one copy, at most log2(rows)
+            // times as a batch drains).
+            match cache.retain_rows(&live) {
+                Ok(()) => {
+                    self.of = live.iter().map(|&c| self.of[c]).collect();
+                    for (c, r) in self.of.iter().enumerate() {
+                        if let Some(r) = r {
+                            self.at[*r] = Some(c);
+                        }
+                    }
+                }
+                // The finished rows stay (still correct, only slower).
+                Err(e) => tracing::warn!("cannot drop finished rows from the cache: {e}"),
+            }
         }
     }
 }
