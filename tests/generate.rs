@@ -666,3 +666,52 @@ fn synthetic_programs_run_and_give_short_answers() {
         stderr(&bad)
     );
 }
+
+/// The corpus built from public sources (`datasets/corpus/`, built by
+/// `scripts/build_corpus.py`, not committed) as a `--dataset` source: a few
+/// rows of each part and of the whole, run in the sandbox, reproduce their
+/// recorded outputs. Said SKIPPED when the corpus is not built.
+#[test]
+fn corpus_rows_go_through_generate() {
+    let corpus = trace_train::dataset::corpus::dir();
+    let built = trace_train::dataset::corpus::PARTS
+        .iter()
+        .all(|p| corpus.join(format!("{p}.jsonl.gz")).is_file());
+    if !built {
+        eprintln!(
+            "SKIPPED: the corpus is not built in {} (python3 scripts/build_corpus.py)",
+            corpus.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (out, dataset) in [
+        ("mbpp", "corpus:mbpp"),
+        ("algorithms", "corpus:algorithms"),
+        ("exercism", "corpus:exercism"),
+        ("both", "corpus+builtin"),
+    ] {
+        let o = generate(
+            dir.path(),
+            out,
+            &[
+                "--dataset",
+                dataset,
+                "--max_samples",
+                "4",
+                "--variants",
+                "1",
+            ],
+        );
+        assert!(o.status.success(), "{dataset}: {}", stderr(&o));
+        let s = read_stats(dir.path(), out, 1);
+        assert_eq!(s["dataset"], dataset, "{s}");
+        assert_eq!(s["rows_read"], 4, "{s}");
+        assert_eq!(
+            s["counts"]["records_train"].as_u64().unwrap()
+                + s["counts"]["records_test"].as_u64().unwrap(),
+            4,
+            "{dataset}: every row reproduces its output: {s}"
+        );
+    }
+}

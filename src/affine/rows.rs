@@ -72,9 +72,25 @@ fn load_one(spec: &str, hub_file: &str) -> anyhow::Result<Vec<TaskRow>> {
                 return humaneval(Path::new(path));
             }
             let path = match Source::resolve(spec, hub_file)? {
-                Source::Jsonl(p) => p,
+                Source::Jsonl(p) if p.extension().is_none_or(|e| e != "gz") => p,
+                source @ (Source::Corpus(_) | Source::Jsonl(_)) => {
+                    return source
+                        .rows()?
+                        .map(|r| {
+                            let r = r?;
+                            Ok(TaskRow {
+                                index: r.index,
+                                name: r.name,
+                                program: Some(r.program),
+                                inputs: Some(r.inputs),
+                                output: r.output,
+                                ..TaskRow::default()
+                            })
+                        })
+                        .collect();
+                }
                 other => bail!(
-                    "dataset `{}` is not a file of rows\nhint: the sibling tasks read `builtin`, `ded-builtin`, `humaneval:PATH`, a JSONL path or a hub id",
+                    "dataset `{}` is not a file of rows\nhint: the sibling tasks read `builtin`, `ded-builtin`, `corpus`, `humaneval:PATH`, a JSONL path or a hub id",
                     other.describe()
                 ),
             };

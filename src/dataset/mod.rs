@@ -1,13 +1,15 @@
 //! Where programs come from: source rows (`program`, `inputs`, `output`)
 //! read one at a time, so memory stays flat however large the file.
 //!
-//! Sources: the built-in corpus shipped in the binary, a local JSONL file
-//! (the `satpalsr/rl-python` layout), a hub dataset through the HF cache or
-//! hub, HumanEval (its asserts' calls turned into programs), programs made
-//! from a seed (`synthetic:N[:SEED]`), and several of these one after
-//! another (`builtin+humaneval:PATH`).
+//! Sources: the built-in corpus shipped in the binary, the corpus built
+//! from public sources (`corpus`, `corpus:PART`), a local JSONL file (the
+//! `satpalsr/rl-python` layout, plain or `.gz`), a hub dataset through the
+//! HF cache or hub, HumanEval (its asserts' calls turned into programs),
+//! programs made from a seed (`synthetic:N[:SEED]`), and several of these
+//! one after another (`builtin+humaneval:PATH`).
 
 pub mod builtin;
+pub mod corpus;
 pub mod humaneval;
 pub mod jsonl;
 pub mod synthetic;
@@ -45,6 +47,8 @@ pub type Rows = Box<dyn Iterator<Item = Result<SourceRow, RowError>> + Send>;
 #[derive(Debug)]
 pub enum Source {
     Builtin,
+    /// The corpus built from public sources, or some of its parts.
+    Corpus(corpus::Corpus),
     Jsonl(PathBuf),
     HumanEval(PathBuf),
     Synthetic(synthetic::Spec),
@@ -53,8 +57,8 @@ pub enum Source {
 }
 
 impl Source {
-    /// Resolves a `dataset` setting: `builtin`, `humaneval:PATH`, a local
-    /// path, or a hub dataset id (from the HF cache, or the hub when online);
+    /// Resolves a `dataset` setting: `builtin`, `corpus` or `corpus:PART`,
+    /// `humaneval:PATH`, a local path, or a hub dataset id (from the HF cache, or the hub when online);
     /// several joined by `+` are read one after another.
     pub fn resolve(dataset: &str, hub_file: &str) -> anyhow::Result<Source> {
         if dataset.contains('+') && !Path::new(dataset).exists() {
@@ -73,6 +77,9 @@ impl Source {
         }
         if dataset == "builtin" {
             return Ok(Source::Builtin);
+        }
+        if corpus::is_corpus(dataset) {
+            return corpus::Corpus::resolve(dataset).map(Source::Corpus);
         }
         if let Some(spec) = dataset.strip_prefix(synthetic::PREFIX) {
             return synthetic::Spec::parse(spec).map(Source::Synthetic);
@@ -95,13 +102,14 @@ impl Source {
             return hub_file_path(dataset, hub_file).map(Source::Jsonl);
         }
         anyhow::bail!(
-            "dataset `{dataset}` is neither a file nor a hub id\nhint: pass `builtin`, a JSONL path, `humaneval:PATH`, `synthetic:N`, or an id like `satpalsr/rl-python`"
+            "dataset `{dataset}` is neither a file nor a hub id\nhint: pass `builtin`, `corpus`, a JSONL path, `humaneval:PATH`, `synthetic:N`, or an id like `satpalsr/rl-python`"
         )
     }
 
     pub fn describe(&self) -> String {
         match self {
             Source::Builtin => "builtin".into(),
+            Source::Corpus(c) => c.name.clone(),
             Source::Jsonl(p) => p.display().to_string(),
             Source::HumanEval(p) => format!("humaneval:{}", p.display()),
             Source::Synthetic(spec) => spec.describe(),
@@ -117,6 +125,7 @@ impl Source {
     pub fn count(&self) -> anyhow::Result<u64> {
         match self {
             Source::Builtin => Ok(builtin::programs().len() as u64),
+            Source::Corpus(c) => c.count(),
             Source::Jsonl(p) => jsonl::count_rows(p),
             Source::HumanEval(p) => humaneval::count(p),
             Source::Synthetic(spec) => Ok(spec.count),
@@ -127,6 +136,7 @@ impl Source {
     pub fn rows(&self) -> anyhow::Result<Rows> {
         match self {
             Source::Builtin => Ok(Box::new(builtin::programs().into_iter().map(Ok))),
+            Source::Corpus(c) => c.rows(),
             Source::Jsonl(p) => Ok(Box::new(jsonl::JsonlRows::open(p)?)),
             Source::HumanEval(p) => humaneval::rows(p),
             Source::Synthetic(spec) => Ok(spec.rows()),
