@@ -966,6 +966,106 @@ pub struct SftConfig {
     /// micro-batches of 4 rows but carried 17-49% padding against 5-22%,
     /// for the same tokens a second (docs/BENCHMARKS.md).
     pub micro_batch_tokens: Option<usize>,
+    /// Choosing the checkpoint that becomes `final/` ([`SelectConfig`]).
+    /// Default null: no selection, the last weights are `final/`.
+    pub select: Option<SelectConfig>,
+}
+
+/// Checkpoint selection in Stages 1-2 (`stage1.select`, `stage2.select`,
+/// the `select` section of `config/warmup.json` and `config/sft.json`):
+/// every `every_steps` optimizer steps and at the end the current adapter
+/// is scored on a held-out set by greedy decoding, exactly as `eval` and
+/// the pipeline's gate score a model; the best-scoring adapter is kept in
+/// `best/` (ties: the earlier step) and, unless `metric` is `last`,
+/// becomes `final/` and `merged/`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SelectConfig {
+    /// What chooses `final/`: `heldout_exact_match` (the highest exact
+    /// match on `set`), `eval_loss` (the lowest eval loss on the stage's
+    /// `eval_file`), or `last` (the last weights, as without selection;
+    /// exact match is still scored, logged and its best kept in `best/`).
+    /// Default `heldout_exact_match`.
+    pub metric: String,
+    /// Score every N optimizer steps (and after the last). Default 50.
+    pub every_steps: usize,
+    /// The items exact match is scored on: one of the gate's sets
+    /// (`heldout_short`, `original_test`, `transformed_test`; the test
+    /// files under the stage's dataset folder), or a path ending in
+    /// `.jsonl` of `generate`'s records. Default `heldout_short`.
+    pub set: String,
+    /// Items scored (the first N; null: all). Default 200.
+    pub limit: Option<usize>,
+    /// Longest answer in tokens; longer ones are cut and scored as they
+    /// are. Default 512.
+    pub max_new_tokens: usize,
+    /// Prompts decoded together. Default 16.
+    pub batch_size: usize,
+}
+
+/// [`SelectConfig::metric`]'s values.
+pub const SELECT_METRICS: [&str; 3] = ["heldout_exact_match", "eval_loss", "last"];
+
+impl Default for SelectConfig {
+    fn default() -> Self {
+        SelectConfig {
+            metric: "heldout_exact_match".into(),
+            every_steps: 50,
+            set: "heldout_short".into(),
+            limit: Some(200),
+            max_new_tokens: 512,
+            batch_size: 16,
+        }
+    }
+}
+
+impl SelectConfig {
+    /// `set` as a file of records (not one of the gate's set names).
+    pub fn file(&self) -> Option<&Path> {
+        (!GATE_SETS.contains(&self.set.as_str())).then(|| Path::new(&self.set))
+    }
+}
+
+impl Validate for SelectConfig {
+    fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if !SELECT_METRICS.contains(&self.metric.as_str()) {
+            p.push(format!(
+                "select.metric: `{}` is not one of {} (hint: `heldout_exact_match` keeps the adapter with the best exact match on select.set, `eval_loss` the one with the lowest eval loss, `last` the last weights)",
+                self.metric,
+                SELECT_METRICS.join(", ")
+            ));
+        }
+        if self.every_steps == 0 {
+            p.push(
+                "select.every_steps: must be at least 1 (hint: the adapter is scored every N optimizer steps; leave out `select` for no selection)".into(),
+            );
+        }
+        match self.file() {
+            Some(_) if !self.set.ends_with(".jsonl") => p.push(format!(
+                "select.set: `{}` is not one of {} nor a `.jsonl` file (hint: name a built-in set, or a JSONL file of `generate`'s records)",
+                self.set,
+                GATE_SETS.join(", ")
+            )),
+            Some(f) if !f.is_file() => p.push(format!(
+                "select.set: the file `{}` does not exist (hint: check the path, relative to the folder the command runs in, or run `trace-train generate` first)",
+                f.display()
+            )),
+            _ => {}
+        }
+        if self.limit == Some(0) {
+            p.push("select.limit: must be at least 1 (null: every item)".into());
+        }
+        for (name, v) in [
+            ("max_new_tokens", self.max_new_tokens),
+            ("batch_size", self.batch_size),
+        ] {
+            if v == 0 {
+                p.push(format!("select.{name}: must be at least 1"));
+            }
+        }
+        p
+    }
 }
 
 impl Default for SftConfig {
@@ -1001,6 +1101,7 @@ impl Default for SftConfig {
             save_total_limit: 2,
             seed: 42,
             micro_batch_tokens: None,
+            select: None,
         }
     }
 }
@@ -1038,6 +1139,9 @@ impl Validate for SftConfig {
         }
         if self.target_modules.is_empty() {
             p.push("target_modules: name at least one projection".into());
+        }
+        if let Some(s) = &self.select {
+            p.extend(s.problems());
         }
         p
     }

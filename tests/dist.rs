@@ -66,6 +66,7 @@ fn job(root: &Path, out: &str, batch: usize, accum: usize, dropout: f64, steps: 
         force: false,
         max_steps: Some(steps),
         gradient_checkpointing: false,
+        select_items: Vec::new(),
     }
 }
 

@@ -302,39 +302,18 @@ impl Sampler {
     /// Greedy generations of `prompts`, in order: `--batch_size` at a
     /// time, prompts of similar length together.
     fn greedy(&self, prompts: &[Vec<u32>]) -> anyhow::Result<Vec<Generation>> {
-        // Similar lengths decode together: less padding.
-        let mut order: Vec<usize> = (0..prompts.len()).collect();
-        order.sort_by_key(|&i| prompts[i].len());
-        let stop = self.tok.stop_ids();
-        let mut out: Vec<Option<Generation>> = vec![None; prompts.len()];
-        for chunk in order.chunks(self.batch_size) {
-            // A signal caught for an earlier stage of this process (a
-            // pipeline's) ends the eval between batches; nothing is written.
-            anyhow::ensure!(
-                !trace_train::stop::requested(),
-                "eval stopped by a signal before its report was written"
-            );
-            let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| prompts[i].clone()).collect();
-            let gens = model::generate::greedy(
-                &self.loaded.model,
-                &batch,
-                self.max_new_tokens,
-                &stop,
-                self.tok.pad().id,
-                0,
-                &self.device,
-            )
-            .map_err(|e| {
-                super::out_of_memory_hint(e.into(), "lower --batch_size or --max_new_tokens")
-            })?;
-            for (&i, g) in chunk.iter().zip(gens) {
-                out[i] = Some(g);
-            }
-        }
-        Ok(out
-            .into_iter()
-            .map(|g| g.expect("every prompt decoded"))
-            .collect())
+        // A signal caught for an earlier stage of this process (a
+        // pipeline's) ends the eval between batches; nothing is written.
+        trace_train::eval::exact::greedy_batches(
+            &self.loaded.model,
+            &self.tok,
+            prompts,
+            self.batch_size,
+            self.max_new_tokens,
+            &self.device,
+            true,
+        )
+        .map_err(|e| super::out_of_memory_hint(e, "lower --batch_size or --max_new_tokens"))
     }
 }
 

@@ -446,6 +446,13 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             gradient_checkpointing: (!cfg.hardware.gradient_checkpointing).then_some(false),
             no_4bit: !cfg.model.load_in_4bit,
             num_gpus: None,
+            select_metric: sft.select.as_ref().map(|x| x.metric.clone()),
+            select_every_steps: sft.select.as_ref().map(|x| x.every_steps),
+            select_set: sft.select.as_ref().map(|x| x.set.clone()),
+            select_limit: sft.select.as_ref().and_then(|x| x.limit),
+            select_max_new_tokens: sft.select.as_ref().map(|x| x.max_new_tokens),
+            select_batch_size: sft.select.as_ref().map(|x| x.batch_size),
+            unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
         }
     };
     for (stage, name) in [(1u8, "warmup"), (2u8, "sft")] {

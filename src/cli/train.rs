@@ -101,6 +101,32 @@ pub struct TrainArgs {
     /// number: the ranks share each step's micro-batches.
     #[arg(long)]
     pub num_gpus: Option<usize>,
+    /// Choose `final/` by `heldout_exact_match`, `eval_loss` or `last`
+    /// (the config's `select.metric`; any --select_* flag turns selection
+    /// on with the other keys' defaults).
+    #[arg(long)]
+    pub select_metric: Option<String>,
+    /// Score the adapter every N optimizer steps (`select.every_steps`).
+    #[arg(long)]
+    pub select_every_steps: Option<usize>,
+    /// The items exact match is scored on: `heldout_short`,
+    /// `original_test`, `transformed_test` or a `.jsonl` file
+    /// (`select.set`).
+    #[arg(long)]
+    pub select_set: Option<String>,
+    /// Items scored (`select.limit`).
+    #[arg(long)]
+    pub select_limit: Option<usize>,
+    /// Longest scored answer in tokens (`select.max_new_tokens`).
+    #[arg(long)]
+    pub select_max_new_tokens: Option<usize>,
+    /// Prompts decoded together when scoring (`select.batch_size`).
+    #[arg(long)]
+    pub select_batch_size: Option<usize>,
+    /// With select.set `heldout_short`: run its programs WITHOUT isolation
+    /// (only on machines you trust).
+    #[arg(long = "unsafe-no-sandbox")]
+    pub unsafe_no_sandbox: bool,
 }
 
 impl TrainArgs {
@@ -131,6 +157,13 @@ impl TrainArgs {
             gradient_checkpointing,
             no_4bit,
             num_gpus,
+            select_metric,
+            select_every_steps,
+            select_set,
+            select_limit,
+            select_max_new_tokens,
+            select_batch_size,
+            unsafe_no_sandbox,
         } = self;
         let mut out: Vec<std::ffi::OsString> = Vec::new();
         let mut opt = |name: &str, v: Option<std::ffi::OsString>| {
@@ -174,10 +207,26 @@ impl TrainArgs {
             text(gradient_checkpointing.map(|v| v.to_string())),
         );
         opt("num_gpus", text(num_gpus.map(|v| v.to_string())));
+        opt("select_metric", text(select_metric.clone()));
+        opt(
+            "select_every_steps",
+            text(select_every_steps.map(|v| v.to_string())),
+        );
+        opt("select_set", text(select_set.clone()));
+        opt("select_limit", text(select_limit.map(|v| v.to_string())));
+        opt(
+            "select_max_new_tokens",
+            text(select_max_new_tokens.map(|v| v.to_string())),
+        );
+        opt(
+            "select_batch_size",
+            text(select_batch_size.map(|v| v.to_string())),
+        );
         for (flag, on) in [
             ("--resume", resume),
             ("--force", force),
             ("--no_4bit", no_4bit),
+            ("--unsafe-no-sandbox", unsafe_no_sandbox),
         ] {
             if *on {
                 out.push(flag.into());
@@ -301,6 +350,13 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
         gradient_checkpointing,
         no_4bit,
         num_gpus: _,
+        select_metric,
+        select_every_steps,
+        select_set,
+        select_limit,
+        select_max_new_tokens,
+        select_batch_size,
+        unsafe_no_sandbox: _,
     } = args.clone();
     if no_4bit {
         model.load_in_4bit = false;
@@ -336,6 +392,23 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
         hardware.gradient_checkpointing,
         "hardware.gradient_checkpointing"
     );
+    macro_rules! select {
+        ($flag:ident, $field:ident, $value:expr) => {
+            if let Some(v) = $flag {
+                cfg.select.get_or_insert_with(Default::default).$field = $value(v);
+                sources.flag(
+                    concat!("select.", stringify!($field)),
+                    concat!("--", stringify!($flag)),
+                );
+            }
+        };
+    }
+    select!(select_metric, metric, |v| v);
+    select!(select_every_steps, every_steps, |v| v);
+    select!(select_set, set, |v| v);
+    select!(select_limit, limit, Some);
+    select!(select_max_new_tokens, max_new_tokens, |v| v);
+    select!(select_batch_size, batch_size, |v| v);
     let train_file = train_file.map(Some);
     let eval_file = eval_file.map(Some);
     let output_dir = output_dir.map(Some);
@@ -409,6 +482,7 @@ pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
     let gradient_checkpointing = args
         .gradient_checkpointing
         .unwrap_or(s.hardware.gradient_checkpointing && !device.is_cpu());
+    let select_items = select_items(&s.config, &s.hardware.device, args.unsafe_no_sandbox)?;
     Ok(SftJob {
         stage: stage.into(),
         train_file: s.config.train_file.clone().expect("settings fill it"),
@@ -423,7 +497,59 @@ pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
         force: args.force,
         max_steps: args.max_steps,
         gradient_checkpointing,
+        select_items,
     })
+}
+
+/// The items `select` scores exact match on, made as `eval` and the
+/// pipeline's gate make them ([`super::eval::eval_items`]): the held-out
+/// short set, a test file beside the training file, or the named file.
+/// None without selection or with `eval_loss`.
+fn select_items(
+    cfg: &SftConfig,
+    device: &str,
+    unsafe_no_sandbox: bool,
+) -> anyhow::Result<Vec<trace_train::eval::EvalItem>> {
+    let Some(sc) = &cfg.select else {
+        return Ok(Vec::new());
+    };
+    if sc.metric == "eval_loss" {
+        return Ok(Vec::new());
+    }
+    let beside_train = |name: &str| {
+        cfg.train_file
+            .as_deref()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("."))
+            .join(name)
+    };
+    let (heldout, data) = match sc.set.as_str() {
+        "heldout_short" => (Some("short".to_owned()), None),
+        "original_test" => (None, Some(beside_train("stage1_original_test.jsonl"))),
+        "transformed_test" => (None, Some(beside_train("stage2_transformed_test.jsonl"))),
+        file => (None, Some(PathBuf::from(file))),
+    };
+    let args = super::eval::EvalArgs {
+        model: None,
+        adapter: None,
+        compare: None,
+        heldout,
+        prompt: "original".into(),
+        variants: 1,
+        data,
+        output: None,
+        limit: sc.limit,
+        max_new_tokens: sc.max_new_tokens,
+        batch_size: sc.batch_size,
+        max_turns: 1,
+        feedback: None,
+        device: Some(device.to_owned()),
+        revision: None,
+        unsafe_no_sandbox,
+        envs: Default::default(),
+    };
+    super::eval::eval_items(&args)
+        .with_context(|| format!("select.set: cannot read the set `{}`", sc.set))
 }
 
 pub fn pick_device(name: &str) -> anyhow::Result<candle_core::Device> {

@@ -23,6 +23,7 @@ pub mod buckets;
 mod compare;
 pub mod dominance;
 pub mod envs;
+pub mod exact;
 pub mod gate;
 pub mod heldout;
 pub mod interval;

@@ -7,4 +7,5 @@ pub mod completion;
 pub mod loss;
 pub mod optim;
 pub mod schedule;
+pub mod select;
 pub mod sft;

@@ -15,10 +15,16 @@
 //! 4. metrics through `runlog` (JSONL and TensorBoard events), eval loss
 //!    every `eval_steps`, a checkpoint every `save_steps` and on
 //!    SIGTERM/SIGINT (then a clean exit);
+//!    With `select` ([`crate::config::SelectConfig`]), every
+//!    `select.every_steps` steps and after the last the adapter is scored
+//!    (exact match on the select set by greedy decoding,
+//!    [`crate::eval::exact`], or eval loss); the best so far is kept in
+//!    `best/` and saved with each checkpoint's state ([`select`]);
 //! 5. at the end, the adapter in PEFT's layout in `final/` and the merged
 //!    model (with the tokenizer files) in `merged/`, each with a model card
 //!    and `generation_config.json` (`kit::outputs`), and the curves in
-//!    `curves/`.
+//!    `curves/`. With `select` (metric not `last`) they hold the best
+//!    step's weights, read back from `best/`.
 //!
 //! Everything that decides the numbers (data order, dropout masks, init) is
 //! seeded, so a resumed run repeats the uninterrupted one exactly on CPU.
@@ -35,7 +41,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 
@@ -44,6 +50,7 @@ use crate::data::batch::{Batch, Batcher};
 use crate::data::example::{BuildStats, Example, build_examples};
 use crate::data::records::read_records;
 use crate::dist::{Communicator, Single, shard};
+use crate::eval::EvalItem;
 use crate::kit::{
     Guard, Run, card, clip_scale, fingerprint, load, next_micro_batches, outputs, planned_steps,
     summed_over_ranks,
@@ -54,6 +61,7 @@ use crate::rng::keyed;
 use crate::train::loss::lm_head_cross_entropy;
 use crate::train::optim::AdamW;
 use crate::train::schedule::Cosine;
+use crate::train::select::{self, Metric, Pick, Selection};
 
 pub use crate::progress::{NoProgress, Progress};
 
@@ -81,6 +89,23 @@ pub struct SftJob {
     /// its activations (same gradients, far less memory, about a third
     /// more compute).
     pub gradient_checkpointing: bool,
+    /// With `config.select` scoring exact match: the items of
+    /// `select.set` (made by the caller, as `eval` makes them), the first
+    /// `select.limit`. Empty otherwise.
+    pub select_items: Vec<EvalItem>,
+}
+
+/// The step `select` chose for `final/`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Selected {
+    /// `heldout_exact_match`, `eval_loss` or `last`.
+    pub metric: String,
+    /// The step whose weights are `final/`.
+    pub step: u64,
+    /// Its score when it was scored (exact match or eval loss).
+    pub score: Option<f64>,
+    /// The best scored step and its score (what `best/` holds).
+    pub best: Option<Pick>,
 }
 
 /// What a finished run did.
@@ -101,6 +126,8 @@ pub struct SftSummary {
     /// A stop signal came, whether or not it cut the run (one during the
     /// last step does not: the run finishes and says so).
     pub stop_requested: bool,
+    /// With `select`: the chosen step and its score.
+    pub selected: Option<Selected>,
 }
 
 /// One run on one device.
@@ -152,6 +179,29 @@ pub fn run_with(
         Some(p) if p.exists() => build_examples(&tok, &read_records(p)?, job.model.max_length)?.0,
         _ => Vec::new(),
     };
+    let select_metric = match &cfg.select {
+        Some(s) => Some(Metric::parse(&s.metric).with_context(|| {
+            format!(
+                "select.metric: `{}` is not one of {}",
+                s.metric,
+                crate::config::SELECT_METRICS.join(", ")
+            )
+        })?),
+        None => None,
+    };
+    match select_metric {
+        Some(Metric::EvalLoss) if eval_examples.is_empty() => bail!(
+            "select.metric `eval_loss` needs eval examples, and `{}` gives none\nhint: pass --eval_file, or choose select.metric `heldout_exact_match`",
+            job.eval_file
+                .as_ref()
+                .map_or("(no eval file)".into(), |p| p.display().to_string())
+        ),
+        Some(m) if !m.scores_loss() && job.select_items.is_empty() && lead => bail!(
+            "select.set `{}` gives no items to score\nhint: name a set with records, or leave out `select`",
+            cfg.select.as_ref().map_or("", |s| s.set.as_str())
+        ),
+        _ => {}
+    }
     let pad = tok.pad().id;
     // On a GPU, a few row lengths (shape-stable steps: cuDNN graphs and
     // kernels reused); on the CPU, the longest example's (nothing to
@@ -191,6 +241,22 @@ pub fn run_with(
     let (mut state, resumed_from, mut log) =
         run.start_optimizer(job.resume, job.force, &fingerprint, &job.device, &mut opt)?;
     let keep = cfg.save_total_limit;
+    let mut selection = Selection::from_extra(&state.extra)?;
+    let best_dir = job.output_dir.join(BEST_DIR);
+    if lead && select_metric.is_some() {
+        select::remove_interrupted(&job.output_dir)?;
+        if resumed_from.is_none() && best_dir.exists() {
+            // A fresh run: an earlier run's best weights are not this one's.
+            std::fs::remove_dir_all(&best_dir)
+                .with_context(|| format!("cannot remove `{}`", best_dir.display()))?;
+        }
+    }
+    // A hub model is named by its id, as PEFT records it; a folder by its path.
+    let base_name = job
+        .base
+        .repo
+        .clone()
+        .unwrap_or_else(|| job.base_dir.display().to_string());
 
     // 3-4. The loop.
     if lead {
@@ -295,6 +361,56 @@ pub fn run_with(
             scalars.push(("eval_loss", e));
             eval_loss = Some(e);
         }
+        if let (Some(metric), Some(sc)) = (select_metric, &cfg.select)
+            && select::due(state.step, total_steps, sc.every_steps)
+        {
+            // Scored before this step's checkpoint, which saves the choice.
+            let score = if metric.scores_loss() {
+                let e = evaluate_loss(
+                    &loaded,
+                    &eval_examples,
+                    cfg.batch_size,
+                    pad,
+                    &job.device,
+                    comm,
+                )?;
+                scalars.push(("select/eval_loss", e));
+                Some(e)
+            } else if lead {
+                let r = crate::eval::exact::exact_match(
+                    &loaded.model,
+                    &tok,
+                    &job.select_items,
+                    sc.batch_size,
+                    sc.max_new_tokens,
+                    &job.device,
+                )?;
+                scalars.push(("select/exact_match", r.accuracy));
+                scalars.push(("select/exact_match_lo", r.interval.lo));
+                scalars.push(("select/exact_match_hi", r.interval.hi));
+                Some(r.accuracy)
+            } else {
+                // Rank 0 alone scores exact match and keeps `best/`.
+                None
+            };
+            if let Some(score) = score
+                && selection.offer(metric, state.step, score)
+                && lead
+            {
+                select::write_best(
+                    &job.output_dir,
+                    &loaded,
+                    opt.vars(),
+                    &base_name,
+                    &sc.metric,
+                    Pick {
+                        step: state.step,
+                        score,
+                    },
+                )?;
+            }
+            selection.into_extra(&mut state.extra)?;
+        }
         run.log_step(&mut log, state.step, scalars, &job.device)?;
         if lead {
             progress.set(state.step);
@@ -315,13 +431,31 @@ pub fn run_with(
 
     // 5. Outputs of the stage.
     let (final_dir, merged_dir) = outputs::dirs(&job.output_dir);
+    let mut selected = None;
     if run.finish_optimizer(&state, keep, interrupted, &opt)? {
-        // A hub model is named by its id, as PEFT records it; a folder by its path.
-        let base_name = job
-            .base
-            .repo
-            .clone()
-            .unwrap_or_else(|| job.base_dir.display().to_string());
+        if let (Some(metric), Some(sc)) = (select_metric, &cfg.select) {
+            let step = selection.chosen(metric, state.step);
+            if step != state.step {
+                // The last weights are in the last checkpoint; the chosen
+                // ones become the outputs.
+                select::restore_best(&job.output_dir, step, opt.vars())?;
+            }
+            let score = selection.best.filter(|b| b.step == step).map(|b| b.score);
+            selected = Some(Selected {
+                metric: sc.metric.clone(),
+                step,
+                score,
+                best: selection.best,
+            });
+            if lead {
+                eprintln!(
+                    "{}: select: final/ holds step {step}{} (metric {})",
+                    job.stage,
+                    score.map_or_else(String::new, |v| format!(", {} {v:.4}", metric.scored())),
+                    sc.metric
+                );
+            }
+        }
         let info = card::CardInfo {
             base_model: base_name,
             base_commit: job.base.commit.clone(),
@@ -331,7 +465,7 @@ pub fn run_with(
                 other => other.into(),
             },
             train_file: job.train_file.display().to_string(),
-            steps: state.step,
+            steps: selected.as_ref().map_or(state.step, |s| s.step),
             lora_r: cfg.lora_r,
             lora_alpha: cfg.lora_alpha,
             target_modules: cfg.target_modules.clone(),
@@ -350,6 +484,7 @@ pub fn run_with(
                 "stage": job.stage, "config": cfg, "model": job.model,
                 "base_dir": job.base_dir, "base_model": job.base,
                 "train_file": job.train_file,
+                "selected": selected,
             }),
         )?;
     }
@@ -370,8 +505,12 @@ pub fn run_with(
         merged_dir,
         interrupted,
         stop_requested: run.stop_requested(),
+        selected,
     })
 }
+
+/// The folder of the best-scoring adapter under a run's output folder.
+pub const BEST_DIR: &str = "best";
 
 /// Input ids, attention mask and labels of a batch, as (B, L) tensors.
 fn tensors(b: &Batch, dev: &Device) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
