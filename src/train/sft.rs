@@ -346,34 +346,36 @@ pub fn run_with(
             scalars.push(("graph_builds", (graphs.0 - graphs_before.0) as f64));
             scalars.push(("time_graph_build_s", graphs.1 - graphs_before.1));
         }
-        if cfg.eval_steps > 0
+        let select_due = match (select_metric, &cfg.select) {
+            (Some(metric), Some(sc)) if select::due(state.step, total_steps, sc.every_steps) => {
+                Some((metric, sc))
+            }
+            _ => None,
+        };
+        // The eval loss once a step, whether the schedule or the selection
+        // (or both) asks for it.
+        let eval_due = cfg.eval_steps > 0
             && state.step.is_multiple_of(cfg.eval_steps as u64)
-            && !eval_examples.is_empty()
-        {
-            let e = evaluate_loss(
+            && !eval_examples.is_empty();
+        let step_eval_loss = if eval_due || select_due.is_some_and(|(m, _)| m.scores_loss()) {
+            Some(evaluate_loss(
                 &loaded,
                 &eval_examples,
                 cfg.batch_size,
                 pad,
                 &job.device,
                 comm,
-            )?;
+            )?)
+        } else {
+            None
+        };
+        if eval_due && let Some(e) = step_eval_loss {
             scalars.push(("eval_loss", e));
             eval_loss = Some(e);
         }
-        if let (Some(metric), Some(sc)) = (select_metric, &cfg.select)
-            && select::due(state.step, total_steps, sc.every_steps)
-        {
+        if let Some((metric, sc)) = select_due {
             // Scored before this step's checkpoint, which saves the choice.
-            let score = if metric.scores_loss() {
-                let e = evaluate_loss(
-                    &loaded,
-                    &eval_examples,
-                    cfg.batch_size,
-                    pad,
-                    &job.device,
-                    comm,
-                )?;
+            let score = if let Some(e) = step_eval_loss.filter(|_| metric.scores_loss()) {
                 scalars.push(("select/eval_loss", e));
                 Some(e)
             } else if lead {
