@@ -614,23 +614,19 @@ fn decode(
     Ok(d.out)
 }
 
-/// `(k, width)` ids of `prompts[which]`, each left-padded to `width` with
+/// `(k, width)` ids of `prompts`, each left-padded to `width` with
 /// `pad_id`.
-fn left_padded(
-    prompts: &[Vec<u32>],
-    which: &[usize],
+pub(crate) fn left_padded(
+    prompts: &[&[u32]],
     width: usize,
     pad_id: u32,
     device: &Device,
 ) -> Result<Tensor> {
-    let ids: Vec<u32> = which
+    let ids: Vec<u32> = prompts
         .iter()
-        .flat_map(|&p| {
-            let p = &prompts[p];
-            std::iter::repeat_n(pad_id, width - p.len()).chain(p.iter().copied())
-        })
+        .flat_map(|p| std::iter::repeat_n(pad_id, width - p.len()).chain(p.iter().copied()))
         .collect();
-    Tensor::from_vec(ids, (which.len(), width), device)
+    Tensor::from_vec(ids, (prompts.len(), width), device)
 }
 
 /// Runs `ids: (k, W)` into columns `start..start + W` of `cache`, `chunk`
@@ -682,7 +678,8 @@ impl Decoding<'_> {
 
     /// `(k, width)` ids of the prompts `which`, each left-padded to `width`.
     fn left_padded(&self, which: &[usize], width: usize) -> Result<Tensor> {
-        left_padded(self.prompts, which, width, self.pad_id, self.device)
+        let prompts: Vec<&[u32]> = which.iter().map(|&p| self.prompts[p].as_slice()).collect();
+        left_padded(&prompts, width, self.pad_id, self.device)
     }
 
     /// Runs `ids: (k, W)` into columns `start..start + W` of `fresh` (the

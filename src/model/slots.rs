@@ -142,13 +142,7 @@ impl<'m> HostSlots<'m> {
 
     /// `(k, width)` ids: each prompt left-padded to `width`.
     fn padded(&self, prompts: &[&[u32]], width: usize) -> Result<Tensor> {
-        let ids: Vec<u32> = prompts
-            .iter()
-            .flat_map(|p| {
-                std::iter::repeat_n(self.pad_id, width - p.len()).chain(p.iter().copied())
-            })
-            .collect();
-        Tensor::from_vec(ids, (prompts.len(), width), &self.device)
+        super::generate::left_padded(prompts, width, self.pad_id, &self.device)
     }
 
     /// Prefills `joins` into a fresh cache of their rows; their last logits.
@@ -514,13 +508,8 @@ mod fused {
         fn prefill(&self, prompts: &[&[u32]]) -> Result<(Tensor, Cache, Vec<usize>)> {
             let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
             let pads: Vec<usize> = prompts.iter().map(|p| width - p.len()).collect();
-            let ids: Vec<u32> = prompts
-                .iter()
-                .flat_map(|p| {
-                    std::iter::repeat_n(self.pad_id, width - p.len()).chain(p.iter().copied())
-                })
-                .collect();
-            let ids = Tensor::from_vec(ids, (prompts.len(), width), &self.device)?;
+            let ids =
+                super::super::generate::left_padded(prompts, width, self.pad_id, &self.device)?;
             let mut cache = self
                 .model
                 .new_cache()
