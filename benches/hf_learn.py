@@ -23,6 +23,17 @@ What it mirrors of trace-train's `warmup`/`sft` (src/train/sft.rs, src/data/exam
 What differs: batches are drawn by a seeded shuffle (trace-train buckets by
 length), so the two runs see the same examples per epoch in another order.
 
+Speed on the same rows (`--max_steps N --no_save`): the strongest setup that
+travels, `--liger` (Liger-Kernel's RoPE, RMSNorm, SwiGLU and fused linear
+cross-entropy, which never materialises the logits; the liger-kernel wheel on
+PYTHONPATH) and `--packing` (each micro-batch's examples end to end in one row,
+positions restarting at each example, so transformers keeps attention inside
+each: a block-diagonal mask for sdpa, variable-length kernels for
+flash_attention_2 when the flash-attn package is there), with `--4bit`
+(bitsandbytes NF4, QLoRA) and `--gc` (gradient checkpointing). The summary line
+then has real (non-padding) tokens a second over the steps after the first,
+and the peak of torch's allocator.
+
 Writes OUT/adapter (PEFT), OUT/merged (the adapter merged into the base in the
 base's own dtype, with the base's tokenizer files) and OUT/metrics.jsonl;
 prints one JSON line a logged step and a summary line at the end.
@@ -86,9 +97,29 @@ def batch_tensors(examples, pad_id, device):
     return ids.to(device), labels.to(device), mask.to(device)
 
 
-def loss_sum(model, ids, labels, mask):
-    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+def packed_tensors(examples, device):
+    """One row: the examples end to end, positions restarting at each; the
+    first label of each example is ignored (the token before it belongs to
+    the previous example)."""
+    ids, labels, pos = [], [], []
+    for seq, plen in examples:
+        ids += seq
+        labels += [-100] * max(plen, 1) + seq[max(plen, 1):]
+        pos += list(range(len(seq)))
+    t = lambda v: torch.tensor([v], dtype=torch.long, device=device)
+    return t(ids), t(labels), t(pos)
+
+
+def loss_sum(model, ids, labels, mask, positions=None, liger=False):
     target = labels[:, 1:]
+    count = int((target != -100).sum())
+    kw = {"attention_mask": mask} if positions is None else {"position_ids": positions}
+    if liger:
+        # Liger's fused linear cross-entropy: the mean over the shifted
+        # labels, without the logits.
+        loss = model(input_ids=ids, labels=labels, **kw).loss
+        return loss.float() * count, count
+    logits = model(input_ids=ids, **kw).logits[:, :-1].float()
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                            ignore_index=-100, reduction="sum")
     return loss, int((target != -100).sum())
@@ -127,7 +158,19 @@ def main():
     p.add_argument("--eval_batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--end_of_turn", default="<|im_end|>")
+    p.add_argument("--liger", action="store_true", help="Liger-Kernel's kernels (see above)")
+    p.add_argument("--packing", action="store_true", help="a micro-batch's examples in one row")
+    p.add_argument("--4bit", dest="four_bit", action="store_true", help="NF4 base (QLoRA)")
+    p.add_argument("--gc", action="store_true", help="gradient checkpointing")
+    p.add_argument("--max_steps", type=int, default=0, help="stop after N optimizer steps")
+    p.add_argument("--no_save", action="store_true", help="write no adapter or merged model")
     a = p.parse_args()
+    if a.liger:
+        from liger_kernel.transformers import (apply_liger_kernel_to_llama,
+                                               apply_liger_kernel_to_qwen3)
+        for apply in (apply_liger_kernel_to_qwen3, apply_liger_kernel_to_llama):
+            apply(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                  fused_linear_cross_entropy=True)
 
     from peft import LoraConfig, PeftModel, get_peft_model
     torch.manual_seed(a.seed); random.seed(a.seed)
@@ -138,8 +181,27 @@ def main():
     train, dropped = load(a.train, tok, template, a.end_of_turn, a.max_length)
     evals = load(a.eval, tok, template, a.end_of_turn, a.max_length)[0] if a.eval else []
 
+    attn = "sdpa"
+    if a.packing:
+        try:
+            import flash_attn  # noqa: F401
+            attn = "flash_attention_2"
+        except ImportError:
+            pass
+    load_kw = {}
+    if a.four_bit:
+        from transformers import BitsAndBytesConfig
+        load_kw["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16)
+        load_kw["device_map"] = {"": 0}
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16,
-                                                 attn_implementation="sdpa").to(device)
+                                                 attn_implementation=attn, **load_kw)
+    if not a.four_bit:
+        model = model.to(device)
+    if a.gc:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
     model = get_peft_model(model, LoraConfig(r=a.lora_r, lora_alpha=a.lora_alpha,
                                              lora_dropout=a.lora_dropout, target_modules=TARGETS))
     for n, prm in model.named_parameters():
@@ -169,6 +231,9 @@ def main():
     model.train()
     rng = random.Random(a.seed)
     step, tokens, t0 = 0, 0, time.perf_counter()
+    # Real tokens and seconds of the steps after the first (CUDA set-up,
+    # Triton compiles and the allocator's growth fall in the first).
+    timed_tokens, timed_s = 0, 0.0
     for epoch in range(a.epochs):
         order = list(range(len(train)))
         rng.shuffle(order)
@@ -179,25 +244,52 @@ def main():
             micro = [chunk[i:i + a.batch] for i in range(0, len(chunk), a.batch)]
             n_tok = sum(len(seq) - plen for seq, plen in chunk)
             total_loss = 0.0
+            ts = time.perf_counter()
+            step_tokens = 0
             for mb in micro:
-                ls, _ = loss_sum(model, *batch_tensors(mb, pad_id, device))
+                if a.packing:
+                    ids, labels, pos = packed_tensors(mb, device)
+                    ls, _ = loss_sum(model, ids, labels, None, pos, a.liger)
+                else:
+                    ls, _ = loss_sum(model, *batch_tensors(mb, pad_id, device), liger=a.liger)
                 (ls / n_tok).backward()
                 total_loss += float(ls)
-                tokens += sum(len(seq) for seq, _ in mb)
+                step_tokens += sum(len(seq) for seq, _ in mb)
+            tokens += step_tokens
             norm = float(torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm))
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
             opt.step(); opt.zero_grad(set_to_none=True)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            secs_step = time.perf_counter() - ts
             step += 1
+            if step > 1:
+                timed_tokens += step_tokens; timed_s += secs_step
             rec = {"step": step, "epoch": epoch, "loss": total_loss / n_tok, "lr": lr_at(step - 1),
-                   "grad_norm": norm}
+                   "grad_norm": norm, "tokens": step_tokens, "time_step_s": round(secs_step, 3),
+                   "tokens_per_s": round(step_tokens / secs_step, 1)}
             if evals and (step % a.eval_steps == 0 or step == total):
                 rec["eval_loss"] = eval_loss(model, evals, pad_id, device, a.eval_batch)
             emit(rec)
+            if a.max_steps and step >= a.max_steps:
+                break
+        if a.max_steps and step >= a.max_steps:
+            break
     if device == "cuda":
         torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     final_eval = eval_loss(model, evals, pad_id, device, a.eval_batch) if evals else None
+    speed = {"steady_tokens_per_s": round(timed_tokens / timed_s, 1) if timed_s else None,
+             "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
+             if device == "cuda" else None,
+             "liger": a.liger, "packing": a.packing, "attention": attn, "four_bit": a.four_bit,
+             "gc": a.gc}
+    if a.no_save:
+        emit({"summary": True, "peer": "transformers+peft" + ("+liger" if a.liger else ""),
+              "train_examples": len(train), "steps": step, "seconds": round(secs, 1),
+              "tokens_per_s": round(tokens / secs, 1), "final_eval_loss": final_eval, **speed})
+        return
 
     adapter = os.path.join(a.out, "adapter")
     model.save_pretrained(adapter)

@@ -48,10 +48,26 @@ struct TtSdpaDims {
     int32_t dtype;
     // Forward only: 1 = also write the softmax stats (needed by backward).
     int32_t with_stats;
+    // 1 = packed (THD) sequences: B sequences of at most L tokens each, laid
+    // out end to end as (T, H, D) rows; the caller passes each sequence's
+    // start (as element offsets of Q/O, K/V and the stats) and length. Q,
+    // K, V, O, dO and the gradients are then (T, heads, D) contiguous and
+    // the stats (T, H) f32; rows outside every sequence are not touched.
+    int32_t ragged;
     float scale;
     int64_t q_stride[4];
     int64_t k_stride[4];
     int64_t v_stride[4];
+};
+
+// The packed layout's device vectors (int32), for dims->ragged: each
+// sequence's start as element offsets into Q/O/dO/dQ (B + 1), K/V/dK/dV
+// (B + 1) and the stats (B + 1), and its length (B).
+struct TtSdpaRagged {
+    const void *offsets_q;
+    const void *offsets_kv;
+    const void *offsets_stats;
+    const void *seq_len;
 };
 
 }  // extern "C"
@@ -69,11 +85,15 @@ enum : int64_t {
     UID_DQ,
     UID_DK,
     UID_DV,
+    UID_OFF_Q,
+    UID_OFF_KV,
+    UID_OFF_STATS,
+    UID_SEQ_LEN,
 };
 
 enum class Direction : int64_t { Forward = 0, Backward = 1 };
 
-using Key = std::array<int64_t, 22>;
+using Key = std::array<int64_t, 23>;
 
 struct State {
     std::mutex mutex;
@@ -163,6 +183,7 @@ Key key_of(const TtSdpaDims &d, Direction direction, int device) {
                d.d,
                d.dtype,
                d.with_stats,
+               d.ragged,
                scale_bits,
                d.q_stride[0],
                d.q_stride[1],
@@ -219,16 +240,47 @@ std::shared_ptr<fe::graph::Graph> new_graph(const TtSdpaDims &d) {
     return g;
 }
 
+// An int32 (B + 1) or (B) vector of the packed layout.
+std::shared_ptr<fe::graph::Tensor_attributes> index_vector(fe::graph::Graph &g, const char *name, int64_t uid,
+                                                           int64_t n) {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(uid)
+                        .set_dim({n, 1, 1, 1})
+                        .set_stride({1, 1, 1, 1})
+                        .set_data_type(fe::DataType_t::INT32));
+}
+
+// Strides of a packed (T, heads, D) tensor seen as (B, heads, L, D).
+std::vector<int64_t> thd(int64_t heads, int64_t l, int64_t d) {
+    return {l * heads * d, d, heads * d, 1};
+}
+
 // The (unbuilt) attention graph for `d` in one direction.
 std::shared_ptr<fe::graph::Graph> describe(const TtSdpaDims &d, Direction direction) {
     auto g = new_graph(d);
+    const bool ragged = d.ragged != 0;
     std::vector<int64_t> q_dim{d.b, d.h, d.l, d.d};
     std::vector<int64_t> kv_dim{d.b, d.h_kv, d.l, d.d};
     std::vector<int64_t> stats_dim{d.b, d.h, d.l, 1};
-    std::vector<int64_t> stats_stride{d.h * d.l, d.l, 1, 1};
+    std::vector<int64_t> stats_stride =
+        ragged ? std::vector<int64_t>{d.l * d.h, 1, d.h, 1} : std::vector<int64_t>{d.h * d.l, d.l, 1, 1};
+    // Where O, dO and the gradients live: contiguous (B, H, L, D), or packed.
+    auto out_q = ragged ? thd(d.h, d.l, d.d) : packed(d.h, d.l, d.d);
+    auto out_kv = ragged ? thd(d.h_kv, d.l, d.d) : packed(d.h_kv, d.l, d.d);
     auto q = input(*g, "Q", UID_Q, q_dim, strides(d.q_stride));
     auto k = input(*g, "K", UID_K, kv_dim, strides(d.k_stride));
     auto v = input(*g, "V", UID_V, kv_dim, strides(d.v_stride));
+    std::shared_ptr<fe::graph::Tensor_attributes> off_q, off_kv, off_stats, seq_len;
+    if (ragged) {
+        off_q = index_vector(*g, "offsets_q", UID_OFF_Q, d.b + 1);
+        off_kv = index_vector(*g, "offsets_kv", UID_OFF_KV, d.b + 1);
+        off_stats = index_vector(*g, "offsets_stats", UID_OFF_STATS, d.b + 1);
+        seq_len = index_vector(*g, "seq_len", UID_SEQ_LEN, d.b);
+        q->set_ragged_offset(off_q);
+        k->set_ragged_offset(off_kv);
+        v->set_ragged_offset(off_kv);
+    }
 
     if (direction == Direction::Forward) {
         auto options = fe::graph::SDPA_attributes()
@@ -237,8 +289,14 @@ std::shared_ptr<fe::graph::Graph> describe(const TtSdpaDims &d, Direction direct
                            .set_attn_scale(d.scale)
                            .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                            .set_diagonal_band_right_bound(0);
+        if (ragged) {
+            options.set_padding_mask(true).set_seq_len_q(seq_len).set_seq_len_kv(seq_len);
+        }
         auto [o, stats] = g->sdpa(q, k, v, options);
-        o->set_output(true).set_uid(UID_O).set_dim(q_dim).set_stride(packed(d.h, d.l, d.d));
+        o->set_output(true).set_uid(UID_O).set_dim(q_dim).set_stride(out_q);
+        if (ragged) {
+            o->set_ragged_offset(off_q);
+        }
         if (d.with_stats != 0) {
             if (!stats) {
                 throw std::runtime_error("fused attention: the forward graph has no stats output");
@@ -248,16 +306,24 @@ std::shared_ptr<fe::graph::Graph> describe(const TtSdpaDims &d, Direction direct
                 .set_data_type(fe::DataType_t::FLOAT)
                 .set_dim(stats_dim)
                 .set_stride(stats_stride);
+            if (ragged) {
+                stats->set_ragged_offset(off_stats);
+            }
         }
     } else {
-        auto o = input(*g, "O", UID_O, q_dim, packed(d.h, d.l, d.d));
-        auto d_o = input(*g, "dO", UID_DO, q_dim, packed(d.h, d.l, d.d));
+        auto o = input(*g, "O", UID_O, q_dim, out_q);
+        auto d_o = input(*g, "dO", UID_DO, q_dim, out_q);
         auto stats = g->tensor(fe::graph::Tensor_attributes()
                                    .set_name("Stats")
                                    .set_uid(UID_STATS)
                                    .set_dim(stats_dim)
                                    .set_stride(stats_stride)
                                    .set_data_type(fe::DataType_t::FLOAT));
+        if (ragged) {
+            o->set_ragged_offset(off_q);
+            d_o->set_ragged_offset(off_q);
+            stats->set_ragged_offset(off_stats);
+        }
         auto options = fe::graph::SDPA_backward_attributes()
                            .set_name("causal_sdpa_bwd")
                            // Without it dQ is summed with atomics in an order
@@ -267,10 +333,18 @@ std::shared_ptr<fe::graph::Graph> describe(const TtSdpaDims &d, Direction direct
                            .set_attn_scale(d.scale)
                            .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                            .set_diagonal_band_right_bound(0);
+        if (ragged) {
+            options.set_padding_mask(true).set_seq_len_q(seq_len).set_seq_len_kv(seq_len);
+        }
         auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
-        dq->set_output(true).set_uid(UID_DQ).set_dim(q_dim).set_stride(packed(d.h, d.l, d.d));
-        dk->set_output(true).set_uid(UID_DK).set_dim(kv_dim).set_stride(packed(d.h_kv, d.l, d.d));
-        dv->set_output(true).set_uid(UID_DV).set_dim(kv_dim).set_stride(packed(d.h_kv, d.l, d.d));
+        dq->set_output(true).set_uid(UID_DQ).set_dim(q_dim).set_stride(out_q);
+        dk->set_output(true).set_uid(UID_DK).set_dim(kv_dim).set_stride(out_kv);
+        dv->set_output(true).set_uid(UID_DV).set_dim(kv_dim).set_stride(out_kv);
+        if (ragged) {
+            dq->set_ragged_offset(off_q);
+            dk->set_ragged_offset(off_kv);
+            dv->set_ragged_offset(off_kv);
+        }
     }
 
     return g;
@@ -308,6 +382,20 @@ std::shared_ptr<fe::graph::Graph> graph_for(State &s, const TtSdpaDims &d, Direc
     s.builds += 1;
     s.build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return g;
+}
+
+// The packed layout's vectors in a variant pack.
+void add_ragged(const TtSdpaDims &d, const TtSdpaRagged *r, std::unordered_map<int64_t, void *> &pack) {
+    if (d.ragged == 0) {
+        return;
+    }
+    if (r == nullptr || !r->offsets_q || !r->offsets_kv || !r->offsets_stats || !r->seq_len) {
+        throw std::runtime_error("fused attention: packed sequences without their offsets and lengths");
+    }
+    pack[UID_OFF_Q] = const_cast<void *>(r->offsets_q);
+    pack[UID_OFF_KV] = const_cast<void *>(r->offsets_kv);
+    pack[UID_OFF_STATS] = const_cast<void *>(r->offsets_stats);
+    pack[UID_SEQ_LEN] = const_cast<void *>(r->seq_len);
 }
 
 template <typename F>
@@ -389,7 +477,7 @@ int tt_sdpa_fwd_workspace(const TtSdpaDims *dims, int device, int64_t *size, cha
 // Enqueues the forward on `stream`: o (B, H, L, D) contiguous; stats
 // (B, H, L, 1) f32 contiguous, written only when dims->with_stats is set.
 int tt_sdpa_fwd(const TtSdpaDims *dims, int device, void *stream, const void *q, const void *k, const void *v,
-                void *o, void *stats, void *workspace, char *err, size_t err_len) {
+                void *o, void *stats, const TtSdpaRagged *ragged, void *workspace, char *err, size_t err_len) {
     return guarded(err, err_len, [&] {
         std::unordered_map<int64_t, void *> pack{
             {UID_Q, const_cast<void *>(q)}, {UID_K, const_cast<void *>(k)}, {UID_V, const_cast<void *>(v)},
@@ -397,6 +485,7 @@ int tt_sdpa_fwd(const TtSdpaDims *dims, int device, void *stream, const void *q,
         if (dims->with_stats != 0) {
             pack[UID_STATS] = stats;
         }
+        add_ragged(*dims, ragged, pack);
         execute(dims, Direction::Forward, device, stream, pack, workspace);
     });
 }
@@ -409,8 +498,8 @@ int tt_sdpa_bwd_workspace(const TtSdpaDims *dims, int device, int64_t *size, cha
 // Enqueues the backward on `stream`. o, d_o, dq (B, H, L, D) and dk, dv
 // (B, H_kv, L, D) are contiguous; stats is the forward's.
 int tt_sdpa_bwd(const TtSdpaDims *dims, int device, void *stream, const void *q, const void *k, const void *v,
-                const void *o, const void *d_o, const void *stats, void *dq, void *dk, void *dv, void *workspace,
-                char *err, size_t err_len) {
+                const void *o, const void *d_o, const void *stats, void *dq, void *dk, void *dv,
+                const TtSdpaRagged *ragged, void *workspace, char *err, size_t err_len) {
     return guarded(err, err_len, [&] {
         std::unordered_map<int64_t, void *> pack{
             {UID_Q, const_cast<void *>(q)},         {UID_K, const_cast<void *>(k)},
@@ -418,6 +507,7 @@ int tt_sdpa_bwd(const TtSdpaDims *dims, int device, void *stream, const void *q,
             {UID_DO, const_cast<void *>(d_o)},      {UID_STATS, const_cast<void *>(stats)},
             {UID_DQ, dq},                           {UID_DK, dk},
             {UID_DV, dv}};
+        add_ragged(*dims, ragged, pack);
         execute(dims, Direction::Backward, device, stream, pack, workspace);
     });
 }

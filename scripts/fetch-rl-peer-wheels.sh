@@ -18,6 +18,8 @@
 #
 #   bash scripts/fetch-rl-peer-wheels.sh            # trl, datasets, dill, multiprocess
 #   bash scripts/fetch-rl-peer-wheels.sh --4bit     # and bitsandbytes 0.50.2 (43 MB) for --4bit
+#   bash scripts/fetch-rl-peer-wheels.sh --liger    # and liger-kernel 0.8.5 (0.9 MB) for
+#                                                   # benches/hf_learn.py --liger
 #
 # On the GPU machine (the folder travels with the run):
 #   pip install --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -26,12 +28,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 with_bnb=0
+with_liger=0
 for a in "$@"; do
     case "$a" in
         --4bit) with_bnb=1 ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        --liger) with_liger=1 ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "error: unknown argument \`$a\`" >&2
-           echo "hint: the only flag is --4bit (adds bitsandbytes)" >&2; exit 2 ;;
+           echo "hint: the flags are --4bit (adds bitsandbytes) and --liger (adds liger-kernel)" >&2; exit 2 ;;
     esac
 done
 
@@ -43,6 +47,9 @@ pkgs=(
 )
 if [ "$with_bnb" = 1 ]; then
     pkgs+=("bitsandbytes==0.50.2")
+fi
+if [ "$with_liger" = 1 ]; then
+    pkgs+=("liger-kernel==0.8.5")
 fi
 
 mkdir -p .whl

@@ -966,6 +966,15 @@ pub struct SftConfig {
     /// micro-batches of 4 rows but carried 17-49% padding against 5-22%,
     /// for the same tokens a second (docs/BENCHMARKS.md).
     pub micro_batch_tokens: Option<usize>,
+    /// Packing: each pass's examples end to end in one row, attention kept
+    /// inside each example and positions restarting at each, so no
+    /// position goes to padding between examples and a step is one or a
+    /// few full passes. Passes hold at most `micro_batch_tokens` real
+    /// tokens, or `batch_size x max_length` (the most a micro-batch of
+    /// `batch_size` rows could hold). The same examples a step and the same
+    /// token-weighted loss as unpacked. Default null: on a GPU, off on the
+    /// CPU.
+    pub packing: Option<bool>,
     /// Choosing the checkpoint that becomes `final/` ([`SelectConfig`]).
     /// Default null: no selection, the last weights are `final/`.
     pub select: Option<SelectConfig>,
@@ -1101,6 +1110,7 @@ impl Default for SftConfig {
             save_total_limit: 2,
             seed: 42,
             micro_batch_tokens: None,
+            packing: None,
             select: None,
         }
     }

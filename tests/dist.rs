@@ -243,6 +243,56 @@ fn passes_regrouped_by_tokens_train_as_fixed_micro_batches() {
 }
 
 #[test]
+fn packed_passes_train_as_fixed_micro_batches() {
+    let s = setup();
+    let root = &s.root;
+    // Dropout off: a pass draws the masks of its own index and shape.
+    train(&job(root, "fixed", 2, 3, 0.0, 4), 1);
+    for (out, budget, world, ckpt) in [
+        // batch_size x max_length = 512 tokens a pass.
+        ("packed", None, 1, false),
+        ("packed_ckpt", None, 1, true),
+        ("packed_one_pass", Some(4096), 1, false),
+        ("packed_tight", Some(1), 1, false),
+        ("packed_two_ranks", None, 2, false),
+    ] {
+        let mut j = job(root, out, 2, 3, 0.0, 4);
+        j.config.packing = Some(true);
+        j.config.micro_batch_tokens = budget;
+        j.gradient_checkpointing = ckpt;
+        train(&j, world);
+        let tol = if world == 1 { 1e-4 } else { 3e-4 };
+        assert_same_training_within(root, "fixed", out, out, tol);
+        let p = passes(&root.join(out));
+        match budget {
+            Some(4096) => assert_eq!(p, [1; 4], "{out}"),
+            Some(1) => assert_eq!(p, [6; 4], "{out}"),
+            _ => assert!(p.iter().all(|&n| (1..=6).contains(&n)), "{out}: {p:?}"),
+        }
+    }
+    // Resuming packs the remaining steps as the uninterrupted run did.
+    let constant = |out: &str, steps: u64| {
+        let mut j = job(root, out, 2, 3, 0.1, steps);
+        (j.config.warmup_ratio, j.config.min_lr_ratio) = (0.0, 1.0);
+        j.config.packing = Some(true);
+        j
+    };
+    train(&constant("straight", 4), 1);
+    train(&constant("resumed", 2), 1);
+    let mut rest = constant("resumed", 4);
+    rest.resume = true;
+    assert_eq!(train(&rest, 1).resumed_from, Some(2));
+    assert_eq!(
+        passes(&root.join("straight")),
+        passes(&root.join("resumed"))
+    );
+    assert_eq!(
+        losses(&root.join("straight")),
+        losses(&root.join("resumed"))
+    );
+}
+
+#[test]
 fn a_checkpoint_of_two_ranks_resumes_on_one() {
     let s = setup();
     let root = &s.root;

@@ -430,6 +430,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             batch_size: Some(sft.batch_size),
             gradient_accumulation_steps: Some(sft.gradient_accumulation_steps),
             micro_batch_tokens: sft.micro_batch_tokens,
+            packing: sft.packing,
             learning_rate: Some(sft.learning_rate),
             lora_r: Some(sft.lora_r),
             max_length: Some(cfg.model.max_length),

@@ -58,6 +58,10 @@ pub struct TrainArgs {
     /// row length). 0 (the default): micro-batches of `batch_size` rows.
     #[arg(long)]
     pub micro_batch_tokens: Option<usize>,
+    /// Pack each pass's examples into one row (`packing`): true or false;
+    /// default on a GPU.
+    #[arg(long)]
+    pub packing: Option<bool>,
     /// Peak learning rate (cosine schedule with warmup).
     #[arg(long)]
     pub learning_rate: Option<f64>,
@@ -145,6 +149,7 @@ impl TrainArgs {
             batch_size,
             gradient_accumulation_steps,
             micro_batch_tokens,
+            packing,
             learning_rate,
             lora_r,
             max_length,
@@ -191,6 +196,7 @@ impl TrainArgs {
             "micro_batch_tokens",
             text(micro_batch_tokens.map(|v| v.to_string())),
         );
+        opt("packing", text(packing.map(|v| v.to_string())));
         // `{:?}` of an f64 parses back to the same value.
         opt(
             "learning_rate",
@@ -338,6 +344,7 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
         batch_size,
         gradient_accumulation_steps,
         micro_batch_tokens,
+        packing,
         learning_rate,
         lora_r,
         max_length,
@@ -380,6 +387,10 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
     if let Some(v) = micro_batch_tokens {
         cfg.micro_batch_tokens = Some(v);
         sources.flag("micro_batch_tokens", "--micro_batch_tokens");
+    }
+    if let Some(v) = packing {
+        cfg.packing = Some(v);
+        sources.flag("packing", "--packing");
     }
     set!(learning_rate, cfg.learning_rate, "learning_rate");
     set!(lora_r, cfg.lora_r, "lora_r");
@@ -663,6 +674,7 @@ mod tests {
             output_dir: Some("out dir".into()),
             batch_size: Some(4),
             micro_batch_tokens: Some(0),
+            packing: Some(false),
             learning_rate: Some(1.0e-4 / 3.0),
             max_steps: Some(7),
             device: Some("cuda".into()),

@@ -75,6 +75,51 @@ pub fn bucket_len(len: usize) -> usize {
     len.div_ceil(step) * step
 }
 
+/// A pass's examples end to end in one row (packing): the projections,
+/// norms and the loss run over its real tokens with almost no padding,
+/// while attention, which must stay inside each example, runs on the same
+/// tokens laid out as `seqs` right-padded rows of `seq_len` slots (one
+/// example a row), reached by two index lists.
+///
+/// The index lists are total, so both directions of the layout change are
+/// plain gathers, forward and backward: every attention slot names a packed
+/// position and every packed position names a slot. Real tokens and real
+/// slots correspond one to one. Padding slots (past an example's end)
+/// name the row's last position, which is always padding; padding
+/// positions name a padding slot, of which there is always one. Padding
+/// never reaches a real token: causal attention over right-padded rows
+/// hides padding slots from real queries, and padding carries a zero
+/// gradient in both layouts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Packed {
+    /// `(1, len)`: the examples' tokens end to end, then padding.
+    pub input_ids: Vec<u32>,
+    /// Answer ids, [`IGNORE_INDEX`] elsewhere and on each example's first
+    /// position (which an unpacked row never predicts either: the token
+    /// before it is the previous example's last).
+    pub labels: Vec<i64>,
+    /// Each token's position within its example (RoPE restarts at each
+    /// example); 0 on padding.
+    pub positions: Vec<u32>,
+    /// The row's length, at least one more than `tokens`.
+    pub len: usize,
+    /// Attention rows (at least the examples) and their length.
+    pub seqs: usize,
+    pub seq_len: usize,
+    /// `seqs * seq_len`: the packed position each attention slot reads.
+    pub gather: Vec<u32>,
+    /// `len`: the attention slot each packed position reads.
+    pub scatter: Vec<u32>,
+    /// `seqs`: each attention row's example length (0 for a row of
+    /// padding); the examples sit end to end from position 0 in this order.
+    pub lens: Vec<usize>,
+    /// Non-pad tokens.
+    pub tokens: usize,
+    /// Positions with a label (as [`Batch::answer_tokens`]).
+    pub answer_tokens: usize,
+    pub examples: Vec<usize>,
+}
+
 /// Plans and builds batches over a fixed set of examples.
 #[derive(Debug, Clone)]
 pub struct Batcher<'a> {
@@ -210,6 +255,127 @@ impl<'a> Batcher<'a> {
             }
         }
         passes
+    }
+
+    /// A step's examples cut into packed passes of at most `budget` real
+    /// tokens each (an example longer than the budget alone), shortest
+    /// first so that a pass's examples are of similar length and its
+    /// attention rows waste little; as few passes as the budget allows,
+    /// their tokens as even as greedy cutting makes them. A pure function
+    /// of the step's examples, like [`Self::regroup`].
+    pub fn pack_passes(&self, step: &[Vec<usize>], budget: usize) -> Vec<Vec<usize>> {
+        let mut rows: Vec<usize> = step.iter().flatten().copied().collect();
+        rows.sort_by_key(|&i| (self.examples[i].len(), i));
+        let len = |i: usize| self.examples[i].len();
+        let total: usize = rows.iter().map(|&i| len(i)).sum();
+        let budget = budget.max(1);
+        let greedy = |cap: usize| {
+            let mut passes: Vec<Vec<usize>> = Vec::new();
+            let mut used = 0;
+            for &i in &rows {
+                match passes.last_mut() {
+                    Some(p) if used + len(i) <= cap => {
+                        p.push(i);
+                        used += len(i);
+                    }
+                    _ => {
+                        passes.push(vec![i]);
+                        used = len(i);
+                    }
+                }
+            }
+            passes
+        };
+        let fewest = greedy(budget);
+        // Even out the passes: the smallest cap that still needs no more
+        // passes than the budget does.
+        let want = fewest.len();
+        let mut cap = total.div_ceil(want.max(1));
+        while cap < budget {
+            let p = greedy(cap);
+            if p.len() <= want {
+                return p;
+            }
+            cap += cap.div_ceil(16).max(1);
+        }
+        fewest
+    }
+
+    /// The length of `indices`' packed row ([`Self::pack`]): their tokens
+    /// and at least one padding position.
+    pub fn packed_len(&self, indices: &[usize]) -> usize {
+        let tokens: usize = indices.iter().map(|&i| self.examples[i].len()).sum();
+        if self.buckets {
+            (tokens + 1).div_ceil(128) * 128
+        } else {
+            tokens + 1
+        }
+    }
+
+    /// `indices`' examples packed into one row ([`Packed`]). With length
+    /// buckets the row's length is a multiple of 128, the attention rows a
+    /// multiple of 8 and their length a [`bucket_len`], so few shapes
+    /// recur.
+    pub fn pack(&self, indices: &[usize]) -> Packed {
+        let lens: Vec<usize> = indices.iter().map(|&i| self.examples[i].len()).collect();
+        let tokens: usize = lens.iter().sum();
+        let longest = lens.iter().copied().max().unwrap_or(1).max(1);
+        let len = self.packed_len(indices);
+        let (mut seqs, seq_len) = if self.buckets {
+            (indices.len().max(1).div_ceil(8) * 8, bucket_len(longest))
+        } else {
+            (indices.len().max(1), longest)
+        };
+        if seqs * seq_len <= tokens {
+            // Room for one padding slot.
+            seqs += if self.buckets { 8 } else { 1 };
+        }
+        let mut input_ids = vec![self.pad_id; len];
+        let mut labels = vec![IGNORE_INDEX; len];
+        let mut positions = vec![0u32; len];
+        let pad_token = (len - 1) as u32;
+        let mut gather = vec![pad_token; seqs * seq_len];
+        let mut scatter = vec![0u32; len];
+        let (mut at, mut answer_tokens) = (0, 0);
+        for (row, &i) in indices.iter().enumerate() {
+            let e = &self.examples[i];
+            let n = e.len();
+            input_ids[at..at + n].copy_from_slice(&e.input_ids);
+            labels[at..at + n].copy_from_slice(&e.labels());
+            labels[at] = IGNORE_INDEX;
+            for j in 0..n {
+                positions[at + j] = j as u32;
+                let slot = row * seq_len + j;
+                gather[slot] = (at + j) as u32;
+                scatter[at + j] = slot as u32;
+            }
+            at += n;
+            answer_tokens += e.answer_len();
+        }
+        // Padding positions read the first padding slot.
+        // (There is one: `seqs * seq_len > tokens`.)
+        let pad_slot = lens
+            .iter()
+            .enumerate()
+            .find(|&(_, &n)| n < seq_len)
+            .map_or(indices.len() * seq_len, |(row, &n)| row * seq_len + n);
+        scatter[tokens..].fill(pad_slot as u32);
+        let mut row_lens = lens.clone();
+        row_lens.resize(seqs, 0);
+        Packed {
+            input_ids,
+            labels,
+            positions,
+            len,
+            seqs,
+            seq_len,
+            gather,
+            scatter,
+            lens: row_lens,
+            tokens,
+            answer_tokens,
+            examples: indices.to_vec(),
+        }
     }
 
     /// The position after `pos` (the next epoch's first batch after an
@@ -486,5 +652,98 @@ mod tests {
             b.regroup(&step, 1536),
             vec![vec![5], vec![1, 6], vec![7, 3, 2, 0, 4]]
         );
+    }
+
+    #[test]
+    fn packed_passes_keep_the_step_fit_the_budget_and_even_out() {
+        let ex = examples(&lengths(40));
+        let b = Batcher::new(&ex, 4, 3, 0).unwrap();
+        let step: Vec<Vec<usize>> = b.plan(0).into_iter().take(5).collect();
+        let mut all: Vec<usize> = step.iter().flatten().copied().collect();
+        let total: usize = all.iter().map(|&i| ex[i].len()).sum();
+        for budget in [1, 60, 150, total, 10 * total] {
+            let passes = b.pack_passes(&step, budget);
+            let mut got: Vec<usize> = passes.iter().flatten().copied().collect();
+            got.sort();
+            all.sort();
+            assert_eq!(got, all, "budget {budget}: every example once");
+            let tokens: Vec<usize> = passes
+                .iter()
+                .map(|p| p.iter().map(|&i| ex[i].len()).sum())
+                .collect();
+            for (p, &t) in passes.iter().zip(&tokens) {
+                assert!(t <= budget || p.len() == 1, "budget {budget}: {t} tokens");
+            }
+            // No more passes than filling each to the budget in turn.
+            let mut fill = 0;
+            let mut greedy = 0;
+            let mut sorted: Vec<usize> = all.iter().map(|&i| ex[i].len()).collect();
+            sorted.sort();
+            for n in sorted {
+                if greedy == 0 || fill + n > budget {
+                    greedy += 1;
+                    fill = n;
+                } else {
+                    fill += n;
+                }
+            }
+            assert_eq!(passes.len(), greedy, "budget {budget}");
+            if budget == 150 {
+                // Evened out: the smallest pass is not a leftover crumb.
+                let (lo, hi) = (tokens.iter().min().unwrap(), tokens.iter().max().unwrap());
+                assert!(hi - lo <= 60, "{tokens:?}");
+            }
+        }
+        assert_eq!(b.pack_passes(&step, 150), b.pack_passes(&step, 150));
+    }
+
+    #[test]
+    fn a_packed_row_maps_each_token_to_its_own_slot() {
+        let ex = examples(&[5, 9, 3, 9]);
+        for buckets in [false, true] {
+            let b = Batcher::new(&ex, 4, 0, 7)
+                .unwrap()
+                .with_length_buckets(buckets);
+            let p = b.pack(&[1, 0, 3, 2]);
+            assert_eq!(p.tokens, 26);
+            assert_eq!(p.len, b.packed_len(&[1, 0, 3, 2]));
+            assert!(p.len > p.tokens);
+            if buckets {
+                assert_eq!((p.len, p.seqs, p.seq_len), (128, 8, 64));
+            } else {
+                // Four rows of 9 hold 26 tokens with room to spare.
+                assert_eq!((p.len, p.seqs, p.seq_len), (27, 4, 9));
+            }
+            let mut at = 0;
+            for (row, &i) in [1usize, 0, 3, 2].iter().enumerate() {
+                let e = &ex[i];
+                assert_eq!(&p.input_ids[at..at + e.len()], &e.input_ids[..]);
+                let mut labels = e.labels();
+                labels[0] = IGNORE_INDEX;
+                assert_eq!(&p.labels[at..at + e.len()], &labels[..]);
+                for j in 0..e.len() {
+                    assert_eq!(p.positions[at + j], j as u32);
+                    let slot = row * p.seq_len + j;
+                    assert_eq!(p.gather[slot] as usize, at + j);
+                    assert_eq!(p.scatter[at + j] as usize, slot);
+                }
+                // The row's padding slots read the row's last position.
+                for slot in row * p.seq_len + e.len()..(row + 1) * p.seq_len {
+                    assert_eq!(p.gather[slot] as usize, p.len - 1);
+                }
+                at += e.len();
+            }
+            assert!(p.input_ids[at..].iter().all(|&t| t == 7));
+            assert!(p.labels[at..].iter().all(|&l| l == IGNORE_INDEX));
+            // Padding positions read a padding slot.
+            for &slot in &p.scatter[at..] {
+                assert_eq!(p.gather[slot as usize] as usize, p.len - 1);
+            }
+        }
+        // Every example as long as the longest: a row of padding is added.
+        let same = examples(&[6, 6]);
+        let p = Batcher::new(&same, 2, 0, 0).unwrap().pack(&[0, 1]);
+        assert_eq!((p.seqs, p.seq_len), (3, 6));
+        assert_eq!(p.scatter[12], 12);
     }
 }

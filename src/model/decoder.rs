@@ -39,6 +39,7 @@ use super::lora::{self, BaseLinear, LoraInit, LoraLinear, TargetModule};
 use super::nf4::Nf4Weight;
 use super::norm::RmsNorm;
 use super::rope::{Positions, RotaryEmbedding, Rotation};
+use super::segments::Segments;
 
 /// The shape of a decoder, read from an architecture's config.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,12 +126,23 @@ impl Attention {
             Some(cache) => cache.append(layer, &k, &v)?, // (B, H_kv, T, D)
             None => (k, v),
         };
+        let (q, k, v) = match ctx.segments {
+            Some(s) => {
+                let to = |t: &Tensor| s.to_attention(&t.transpose(1, 2)?);
+                (to(&q)?, to(&k)?, to(&v)?) // (N, H, S, D)
+            }
+            None => (q, k, v),
+        };
         let y = if ctx.fused && ctx.cache.is_none() {
             attention::attend_causal_fused(&q, &k, &v)?
         } else {
             attention::attend(&q, &k, &v, ctx.mask)?
-        }; // (B, H, L, D)
-        let y = y.transpose(1, 2)?.reshape((b, l, self.num_heads * d))?; // (B, L, H*D)
+        }; // (B, H, L, D), or (N, H, S, D) packed
+        let y = match ctx.segments {
+            Some(s) => s.from_attention(&y)?,
+            None => y.transpose(1, 2)?,
+        }
+        .reshape((b, l, self.num_heads * d))?; // (B, L, H*D)
         ctx.project(&self.o_proj, &y)
     }
 }
@@ -223,16 +235,16 @@ impl Layer {
         };
         let q = ctx.rotation.apply_thd(&qn)?; // (B, L, H, D)
         let k = ctx.rotation.apply_thd(&kn)?;
-        let (qt, kt, vt) = (q.transpose(1, 2)?, k.transpose(1, 2)?, v.transpose(1, 2)?);
+        let (qt, kt, vt) = ctx.attention_layout(&q, &k, &v)?;
         let (o, attn) = if ctx.fused {
-            fused_attention_saving(&qt, &kt, &vt)?
+            fused_attention_saving(&qt, &kt, &vt, ctx.segments.as_ref())?
         } else {
             (
                 attention::attend(&qt, &kt, &vt, ctx.mask.as_ref())?,
                 AttnSaved::Plain,
             )
-        }; // (B, H, L, D)
-        let o_flat = o.transpose(1, 2)?.reshape((b, l, hq * d))?;
+        }; // (B, H, L, D), or (N, H, S, D) packed
+        let o_flat = ctx.packed_layout(&o)?.reshape((b, l, hq * d))?;
         let x2 = (x.detach() + at.o_proj.forward_detached(&o_flat, t, ctx.dropout_seed)?)?;
         let n2 = self.post_attention_layernorm.forward_detached(&x2)?;
         let gate = self
@@ -301,18 +313,20 @@ impl Layer {
                 .post_attention_layernorm
                 .backward(&acts.x2, &(dn2 + dn2_up)?)?)?;
         // Attention: x2 = x + o_proj(attend(rope(q), rope(k), v)).
-        let o_flat = acts.o.transpose(1, 2)?.reshape((b, l, hq * d))?;
+        let o_flat = ctx.packed_layout(&acts.o)?.reshape((b, l, hq * d))?;
         let (do_flat, g) = at.o_proj.backward(&o_flat, &dx2, t, ctx.dropout_seed)?;
         keep(&at.o_proj, g);
-        let d_o = do_flat.reshape((b, l, hq, d))?.transpose(1, 2)?; // (B, H, L, D)
-        let (qt, kt, vt) = (
-            acts.q.transpose(1, 2)?,
-            acts.k.transpose(1, 2)?,
-            acts.v.transpose(1, 2)?,
-        );
+        let d_o = do_flat.reshape((b, l, hq, d))?;
+        let d_o = match &ctx.segments {
+            _ if ctx.ragged() => d_o, // (1, T, H, D)
+            // cuDNN's backward takes dO contiguous in the (N, H, S, D) order.
+            Some(s) => s.to_attention(&d_o)?.contiguous()?,
+            None => d_o.transpose(1, 2)?, // (B, H, L, D)
+        };
+        let (qt, kt, vt) = ctx.attention_layout(&acts.q, &acts.k, &acts.v)?;
         let (dq, dk, dv) = attention_backward(&acts.attn, &qt, &kt, &vt, &acts.o, &d_o, ctx)?;
-        let dq = ctx.rotation.invert_thd(&dq.transpose(1, 2)?)?; // (B, L, H, D)
-        let dk = ctx.rotation.invert_thd(&dk.transpose(1, 2)?)?;
+        let dq = ctx.rotation.invert_thd(&ctx.packed_layout(&dq)?)?; // (B, L, H, D)
+        let dk = ctx.rotation.invert_thd(&ctx.packed_layout(&dk)?)?;
         let (dq, dk) = match &at.qk_norm {
             Some((qn, kn)) => (
                 qn.backward(&acts.q_pre, &dq)?,
@@ -320,7 +334,7 @@ impl Layer {
             ),
             None => (dq, dk),
         };
-        let dv = dv.transpose(1, 2)?.contiguous()?; // (B, L, H_kv, D)
+        let dv = ctx.packed_layout(&dv)?.contiguous()?; // (B, L, H_kv, D)
         let n1 = self.input_layernorm.forward_detached(&acts.x)?;
         let (dn1, g) =
             at.q_proj
@@ -365,6 +379,8 @@ struct Step<'a> {
     fused: bool,
     /// Decoding's folded weights, when the pass decodes with them.
     view: Option<&'a DecodeView>,
+    /// A packed pass: attention runs on each example's own row.
+    segments: Option<&'a Segments>,
 }
 
 impl Step<'_> {
@@ -756,6 +772,34 @@ impl Decoder {
             train,
             fused: self.fused_attention,
             view: None,
+            segments: None,
+        };
+        self.hidden(ids, &mut step)
+    }
+
+    /// [`Self::forward_hidden`] over a packed row `ids: (1, T)` of several
+    /// examples end to end: `positions: (1, T)` restart at each example,
+    /// and attention stays inside each (`segments`).
+    pub fn forward_hidden_packed(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        segments: &Segments,
+        train: bool,
+    ) -> Result<Tensor> {
+        let (_, l) = ids.dims2()?;
+        // Causal over each example's right-padded row: padding slots come
+        // after every real one, so no real query sees them.
+        let mask = attention::mask(segments.seq_len(), 0, None, self.device())?;
+        let rotation = self.rope.at(&Positions::PerRow(positions.clone()), l)?;
+        let mut step = Step {
+            rotation: &rotation,
+            mask: mask.as_ref(),
+            cache: None,
+            train,
+            fused: self.fused_attention,
+            view: None,
+            segments: Some(segments),
         };
         self.hidden(ids, &mut step)
     }
@@ -954,6 +998,7 @@ impl Decoder {
             train: false,
             fused: false,
             view,
+            segments: None,
         };
         let x = self.hidden(ids, &mut step)?; // (B, L, hidden)
         cache.advance(l);
@@ -1046,15 +1091,35 @@ enum AttnSaved {
     Plain,
 }
 
+/// cuDNN's attention keeping what its backward needs: over `(B, H, L, D)`
+/// rows, or, for a packed pass, over each example of the packed `(1, T, H,
+/// D)` row where it lies (cuDNN's packed sequences).
 #[cfg(feature = "cudnn")]
-fn fused_attention_saving(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, AttnSaved)> {
+fn fused_attention_saving(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    segments: Option<&Segments>,
+) -> Result<(Tensor, AttnSaved)> {
     let scale = (1.0 / (q.dim(3)? as f64).sqrt()) as f32;
-    let (o, saved) = super::sdpa_cudnn::causal_sdpa_saving(q, k, v, scale)?;
+    let (o, saved) = match segments {
+        Some(s) => {
+            let (_, _, h, d) = q.dims4()?;
+            let layout = s.ragged((h, k.dim(2)?, d), q.device())?;
+            super::sdpa_cudnn::ragged_causal_sdpa_saving(q, k, v, layout, scale)?
+        }
+        None => super::sdpa_cudnn::causal_sdpa_saving(q, k, v, scale)?,
+    };
     Ok((o, AttnSaved::Fused(saved)))
 }
 
 #[cfg(not(feature = "cudnn"))]
-fn fused_attention_saving(_: &Tensor, _: &Tensor, _: &Tensor) -> Result<(Tensor, AttnSaved)> {
+fn fused_attention_saving(
+    _: &Tensor,
+    _: &Tensor,
+    _: &Tensor,
+    _: Option<&Segments>,
+) -> Result<(Tensor, AttnSaved)> {
     candle_core::bail!("fused attention needs the `cudnn` build")
 }
 
@@ -1084,10 +1149,46 @@ fn attention_backward(
 #[derive(Clone)]
 struct Ctx {
     rotation: Rotation,
+    segments: Option<Segments>,
     mask: Option<Tensor>,
     fused: bool,
     train: bool,
     dropout_seed: u64,
+}
+
+impl Ctx {
+    /// A packed pass whose attention cuDNN computes where the examples lie
+    /// (its packed sequences): no change of layout either way.
+    fn ragged(&self) -> bool {
+        self.fused && self.segments.is_some()
+    }
+
+    /// Rotated queries and keys and the values, `(B, L, H, D)`, as
+    /// attention takes them: `(B, H, L, D)` views, or each example's own
+    /// row `(N, H, S, D)` in a packed pass (the packed row itself with
+    /// cuDNN).
+    fn attention_layout(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        match &self.segments {
+            _ if self.ragged() => Ok((q.clone(), k.clone(), v.clone())),
+            Some(s) => Ok((s.to_attention(q)?, s.to_attention(k)?, s.to_attention(v)?)),
+            None => Ok((q.transpose(1, 2)?, k.transpose(1, 2)?, v.transpose(1, 2)?)),
+        }
+    }
+
+    /// The inverse of [`Self::attention_layout`] for one tensor: `(B, H, L,
+    /// D)` or `(N, H, S, D)` -> `(B, L, H, D)`.
+    fn packed_layout(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.segments {
+            _ if self.ragged() => Ok(x.clone()),
+            Some(s) => s.from_attention(x),
+            None => x.transpose(1, 2),
+        }
+    }
 }
 
 /// Layer `index` applied to `x` as one node of the graph whose backward is
@@ -1103,6 +1204,7 @@ fn manual_layer(
 ) -> Result<Tensor> {
     let ctx = Ctx {
         rotation: step.rotation.clone(),
+        segments: step.segments.cloned(),
         mask: step.mask.cloned(),
         fused: step.fused,
         train: step.train,

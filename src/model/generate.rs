@@ -403,9 +403,22 @@ mod fast {
         if plan.rows < want {
             tracing::info!("decoding {} rows at once (memory), not {want}", plan.rows);
         }
+        // Seconds in each phase (logged at debug level): the decode
+        // weights, the rows' setup, the prefills, the steps.
+        let timed = tracing::enabled!(tracing::Level::DEBUG);
+        let mut clock = std::time::Instant::now();
+        let lap = |clock: &mut std::time::Instant| -> Result<f64> {
+            if timed {
+                a.device.synchronize()?;
+            }
+            let s = clock.elapsed().as_secs_f64();
+            *clock = std::time::Instant::now();
+            Ok(s)
+        };
         let Some(w) = a.model.decoder().decode_weights(plan.in_place)? else {
             return fall_back("the fused step does not cover this architecture");
         };
+        let weights_s = lap(&mut clock)?;
         let mut rows = FusedSlots::new(
             a.model,
             &w,
@@ -417,6 +430,8 @@ mod fast {
             PREFILL_CHUNK,
             mode,
         )?;
+        let setup_s = lap(&mut clock)?;
+        let (mut prefill_s, mut step_s, mut steps, mut first_step_s) = (0.0, 0.0, 0usize, 0.0);
         let empty = Generation {
             tokens: Vec::new(),
             logprobs: Vec::new(),
@@ -446,7 +461,14 @@ mod fast {
                         seed: seed(p),
                     })
                     .collect();
-                (rows.step(&feeds)?, by)
+                let picked = rows.step(&feeds)?;
+                let s = lap(&mut clock)?;
+                if steps == 0 {
+                    first_step_s = s;
+                }
+                steps += 1;
+                step_s += s;
+                (picked, by)
             } else {
                 let joins: Vec<Join> = joining
                     .iter()
@@ -458,7 +480,9 @@ mod fast {
                         seed: seed(p),
                     })
                     .collect();
-                (rows.admit(&joins)?, joining)
+                let picked = rows.admit(&joins)?;
+                prefill_s += lap(&mut clock)?;
+                (picked, joining)
             };
             for (&(token, logprob), &(r, p)) in picked.iter().zip(&by) {
                 if record(&mut out[p], token, logprob, a.stop_ids, a.max_new_tokens) {
@@ -469,6 +493,10 @@ mod fast {
                 }
             }
         }
+        tracing::debug!(
+            "decode: weights {weights_s:.3} s, setup {setup_s:.3} s, prefills {prefill_s:.3} s, \
+             {steps} steps {step_s:.3} s (the first {first_step_s:.3} s)"
+        );
         set_last_path(if rows.captured() {
             DecodePath::Graph
         } else {

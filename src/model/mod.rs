@@ -39,6 +39,7 @@ pub mod resolve;
 pub mod rope;
 #[cfg(feature = "cudnn")]
 pub mod sdpa_cudnn;
+pub mod segments;
 pub mod slots;
 
 /// Fused-attention graphs built so far in this process and the seconds
@@ -263,6 +264,19 @@ impl Model {
         train: bool,
     ) -> candle_core::Result<Tensor> {
         self.decoder().forward_hidden(ids, attention_mask, train)
+    }
+
+    /// [`Self::forward_hidden`] over a packed row of several examples
+    /// ([`decoder::Decoder::forward_hidden_packed`]).
+    pub fn forward_hidden_packed(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        segments: &segments::Segments,
+        train: bool,
+    ) -> candle_core::Result<Tensor> {
+        self.decoder()
+            .forward_hidden_packed(ids, positions, segments, train)
     }
 
     /// The output projection `hidden -> vocab`.

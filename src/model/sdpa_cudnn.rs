@@ -46,7 +46,7 @@ use std::sync::Mutex;
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
+    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits,
 };
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
 use candle_core::op::BackpropOp;
@@ -68,10 +68,21 @@ struct SdpaDims {
     dtype: i32,
     /// Forward only: also write the softmax stats.
     with_stats: i32,
+    /// 1: packed sequences ([`RaggedLayout`]).
+    ragged: i32,
     scale: f32,
     q_stride: [i64; 4],
     k_stride: [i64; 4],
     v_stride: [i64; 4],
+}
+
+/// The packed layout's device vectors; mirrors `TtSdpaRagged`.
+#[repr(C)]
+struct SdpaRagged {
+    offsets_q: *const c_void,
+    offsets_kv: *const c_void,
+    offsets_stats: *const c_void,
+    seq_len: *const c_void,
 }
 
 unsafe extern "C" {
@@ -93,6 +104,7 @@ unsafe extern "C" {
         v: *const c_void,
         o: *mut c_void,
         stats: *mut c_void,
+        ragged: *const SdpaRagged,
         workspace: *mut c_void,
         err: *mut c_char,
         err_len: usize,
@@ -117,6 +129,7 @@ unsafe extern "C" {
         dq: *mut c_void,
         dk: *mut c_void,
         dv: *mut c_void,
+        ragged: *const SdpaRagged,
         workspace: *mut c_void,
         err: *mut c_char,
         err_len: usize,
@@ -192,6 +205,7 @@ pub fn causal_sdpa(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Ten
         scale,
         with_stats: q.track_op() || k.track_op() || v.track_op(),
         stats: Mutex::new(None),
+        ragged: None,
     };
     q.apply_op3(&k, &v, op)
 }
@@ -221,6 +235,121 @@ pub fn causal_sdpa_saving(
         scale,
         with_stats: true,
         stats: Mutex::new(None),
+        ragged: None,
+    };
+    let out = q.apply_op3_no_bwd(&k, &v, &op)?;
+    Ok((out, SdpaSaved { op, q, k, v }))
+}
+
+/// Several sequences end to end in one packed row of `T` tokens, as cuDNN's
+/// packed (THD) attention reads them: each sequence's start and length, as
+/// int32 device vectors (u32 tensors: the offsets are far below 2^31).
+#[derive(Debug, Clone)]
+pub struct RaggedLayout {
+    /// Sequences (some may be empty) and the longest one's bound.
+    seqs: usize,
+    max_len: usize,
+    /// Tokens of the packed row (positions outside every sequence
+    /// included: attention leaves them zero).
+    tokens: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    offsets_q: Tensor,
+    offsets_kv: Tensor,
+    offsets_stats: Tensor,
+    seq_len: Tensor,
+}
+
+impl RaggedLayout {
+    /// Sequences of `lens` tokens each, one after the other from position
+    /// 0 of a row of `tokens`, none longer than `max_len`, for attention
+    /// with these head counts and size.
+    pub fn new(
+        lens: &[usize],
+        max_len: usize,
+        tokens: usize,
+        (heads, kv_heads, head_dim): (usize, usize, usize),
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        let total: usize = lens.iter().sum();
+        if lens.is_empty() || total > tokens || lens.iter().any(|&n| n > max_len) || max_len == 0 {
+            bail!(
+                "cuDNN attention: {} packed sequences of {total} tokens (longest bound {max_len}) in a row of {tokens}",
+                lens.len()
+            );
+        }
+        if tokens * heads.max(kv_heads) * head_dim >= i32::MAX as usize {
+            bail!("cuDNN attention: a packed row of {tokens} tokens is too long for int32 offsets");
+        }
+        let mut starts = Vec::with_capacity(lens.len() + 1);
+        let mut at = 0usize;
+        starts.push(0usize);
+        for &n in lens {
+            at += n;
+            starts.push(at);
+        }
+        let scaled = |m: usize| -> Result<Tensor> {
+            let v: Vec<u32> = starts.iter().map(|&s| (s * m) as u32).collect();
+            Tensor::new(v.as_slice(), device)
+        };
+        let len: Vec<u32> = lens.iter().map(|&n| n as u32).collect();
+        Ok(Self {
+            seqs: lens.len(),
+            max_len,
+            tokens,
+            heads,
+            kv_heads,
+            head_dim,
+            offsets_q: scaled(heads * head_dim)?,
+            offsets_kv: scaled(kv_heads * head_dim)?,
+            offsets_stats: scaled(heads)?,
+            seq_len: Tensor::new(len.as_slice(), device)?,
+        })
+    }
+
+    /// The dims and strides cuDNN is given for `q: (1, T, H, D)` and `k, v:
+    /// (1, T, H_kv, D)`, contiguous.
+    fn dims(&self, q: &Layout, k: &Layout, v: &Layout) -> Result<([usize; 4], usize)> {
+        let want_q = [1, self.tokens, self.heads, self.head_dim];
+        let want_kv = [1, self.tokens, self.kv_heads, self.head_dim];
+        for (name, l, want) in [("q", q, want_q), ("k", k, want_kv), ("v", v, want_kv)] {
+            if l.dims() != want || !l.is_contiguous() {
+                bail!(
+                    "cuDNN attention: packed {name} must be contiguous {want:?}, got {:?}",
+                    l.dims()
+                );
+            }
+        }
+        Ok((
+            [self.seqs, self.heads, self.max_len, self.head_dim],
+            self.kv_heads,
+        ))
+    }
+}
+
+/// [`causal_sdpa_saving`] over the sequences of a packed row: `q: (1, T, H,
+/// D)`, `k, v: (1, T, H_kv, D)` contiguous, each sequence of `layout`
+/// attending causally to itself only; returns `(1, T, H, D)` (zero outside
+/// every sequence).
+pub fn ragged_causal_sdpa_saving(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    layout: &RaggedLayout,
+    scale: f32,
+) -> Result<(Tensor, SdpaSaved)> {
+    let (q, k, v) = (
+        q.detach().contiguous()?,
+        k.detach().contiguous()?,
+        v.detach().contiguous()?,
+    );
+    layout.dims(q.layout(), k.layout(), v.layout())?;
+    let op = CausalSdpa {
+        scale,
+        with_stats: true,
+        stats: Mutex::new(None),
+        ragged: Some(layout.clone()),
     };
     let out = q.apply_op3_no_bwd(&k, &v, &op)?;
     Ok((out, SdpaSaved { op, q, k, v }))
@@ -301,7 +430,32 @@ fn dims_of(
     dtype: DType,
     scale: f32,
     with_stats: bool,
+    ragged: Option<&RaggedLayout>,
 ) -> Result<SdpaDims> {
+    let dtype_code = match dtype {
+        DType::BF16 => 0,
+        DType::F16 => 1,
+        other => bail!("cuDNN attention: dtype {other:?} is not supported; use bf16 or f16"),
+    };
+    if let Some(r) = ragged {
+        let ([b, h, l, d], h_kv) = r.dims(q, k, v)?;
+        check_shapes(&[b, h, l, d], &[b, h_kv, l, d], &[b, h_kv, l, d])?;
+        let thd = |heads: usize| [(l * heads * d) as i64, d as i64, (heads * d) as i64, 1];
+        return Ok(SdpaDims {
+            b: b as i64,
+            h: h as i64,
+            h_kv: h_kv as i64,
+            l: l as i64,
+            d: d as i64,
+            dtype: dtype_code,
+            with_stats: with_stats as i32,
+            ragged: 1,
+            scale,
+            q_stride: thd(h),
+            k_stride: thd(h_kv),
+            v_stride: thd(h_kv),
+        });
+    }
     check_shapes(q.dims(), k.dims(), v.dims())?;
     let stride = |name: &str, l: &Layout| {
         strides_for(l, dtype).ok_or_else(|| {
@@ -317,12 +471,9 @@ fn dims_of(
         h_kv: k.dims()[1] as i64,
         l,
         d,
-        dtype: match dtype {
-            DType::BF16 => 0,
-            DType::F16 => 1,
-            other => bail!("cuDNN attention: dtype {other:?} is not supported; use bf16 or f16"),
-        },
+        dtype: dtype_code,
         with_stats: with_stats as i32,
+        ragged: 0,
         scale,
         q_stride: stride("q", q)?,
         k_stride: stride("k", k)?,
@@ -336,6 +487,32 @@ struct CausalSdpa {
     scale: f32,
     with_stats: bool,
     stats: Mutex<Option<CudaSlice<f32>>>,
+    /// Packed sequences, when the op attends over them.
+    ragged: Option<RaggedLayout>,
+}
+
+/// A u32 tensor's device address.
+fn index_ptr(t: &Tensor, stream: &CudaStream) -> Result<*const c_void> {
+    let (s, l) = t.storage_and_layout();
+    let s = cuda_storage(&s, "a packed-layout vector")?;
+    let (p, _sync) = s.as_cuda_slice::<u32>()?.device_ptr(stream);
+    Ok(at(p, l, 4))
+}
+
+impl CausalSdpa {
+    /// The packed layout's pointers for the shim (null when not packed).
+    /// The tensors live in `self`, past every enqueue on the stream.
+    fn ragged_ptrs(&self, stream: &CudaStream) -> Result<Option<SdpaRagged>> {
+        let Some(r) = &self.ragged else {
+            return Ok(None);
+        };
+        Ok(Some(SdpaRagged {
+            offsets_q: index_ptr(&r.offsets_q, stream)?,
+            offsets_kv: index_ptr(&r.offsets_kv, stream)?,
+            offsets_stats: index_ptr(&r.offsets_stats, stream)?,
+            seq_len: index_ptr(&r.seq_len, stream)?,
+        }))
+    }
 }
 
 /// candle's stream for `dev`, with its context current on this thread (the
@@ -365,7 +542,7 @@ fn at(base: u64, layout: &Layout, elem: usize) -> *const c_void {
 }
 
 impl CausalSdpa {
-    fn fwd<T: CudaDType + DeviceRepr>(
+    fn fwd<T: CudaDType + DeviceRepr + ValidAsZeroBits>(
         &self,
         dims: &SdpaDims,
         (q, ql): (&CudaStorage, &Layout),
@@ -389,12 +566,25 @@ impl CausalSdpa {
             tt_sdpa_fwd_workspace(dims, ordinal, &mut ws_bytes, err, len)
         })?;
         let mut ws = workspace(&dev, ws_bytes)?;
-        // SAFETY: cuDNN writes every element of the output and the stats.
-        let mut out = unsafe { dev.alloc::<T>(b * h * l * d) }?;
-        let mut stats = if self.with_stats {
-            Some(unsafe { dev.alloc::<f32>(b * h * l) }?)
-        } else {
-            None
+        let ragged = self.ragged_ptrs(&stream)?;
+        let (mut out, mut stats, shape) = match &self.ragged {
+            // Positions outside every sequence stay zero (cuDNN writes only
+            // the sequences' rows).
+            Some(r) => (
+                dev.alloc_zeros::<T>(r.tokens * h * d)?,
+                self.with_stats
+                    .then(|| dev.alloc_zeros::<f32>(r.tokens * h))
+                    .transpose()?,
+                Shape::from((1, r.tokens, h, d)),
+            ),
+            // SAFETY: cuDNN writes every element of the output and the stats.
+            None => (
+                unsafe { dev.alloc::<T>(b * h * l * d) }?,
+                self.with_stats
+                    .then(|| unsafe { dev.alloc::<f32>(b * h * l) })
+                    .transpose()?,
+                Shape::from((b, h, l, d)),
+            ),
         };
         {
             let (q_ptr, _q_sync) = q.as_cuda_slice::<T>()?.device_ptr(&stream);
@@ -429,6 +619,9 @@ impl CausalSdpa {
                     at(v_ptr, vl, elem),
                     o_ptr as *mut c_void,
                     stats_ptr as *mut c_void,
+                    ragged
+                        .as_ref()
+                        .map_or(std::ptr::null(), |r| r as *const SdpaRagged),
                     ws_ptr as *mut c_void,
                     err,
                     len,
@@ -437,14 +630,11 @@ impl CausalSdpa {
         }
         drop(ws);
         *self.stats.lock().expect("stats lock poisoned") = stats;
-        Ok((
-            CudaStorage::wrap_cuda_slice(out, dev),
-            Shape::from((b, h, l, d)),
-        ))
+        Ok((CudaStorage::wrap_cuda_slice(out, dev), shape))
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn bwd_typed<T: CudaDType + DeviceRepr>(
+    fn bwd_typed<T: CudaDType + DeviceRepr + ValidAsZeroBits>(
         &self,
         dims: &SdpaDims,
         dev: &CudaDevice,
@@ -471,10 +661,29 @@ impl CausalSdpa {
             tt_sdpa_bwd_workspace(dims, ordinal, &mut ws_bytes, err, len)
         })?;
         let mut ws = workspace(dev, ws_bytes)?;
-        // SAFETY: cuDNN writes every element of the three gradients.
-        let mut dq = unsafe { dev.alloc::<T>(b * h * l * d) }?;
-        let mut dk = unsafe { dev.alloc::<T>(b * h_kv * l * d) }?;
-        let mut dv = unsafe { dev.alloc::<T>(b * h_kv * l * d) }?;
+        let ragged = self.ragged_ptrs(&stream)?;
+        let (q_shape, kv_shape) = match &self.ragged {
+            Some(r) => ((1, r.tokens, h, d), (1, r.tokens, h_kv, d)),
+            None => ((b, h, l, d), (b, h_kv, l, d)),
+        };
+        let count = |s: (usize, usize, usize, usize)| s.0 * s.1 * s.2 * s.3;
+        let (mut dq, mut dk, mut dv) = if self.ragged.is_some() {
+            // Positions outside every sequence get a zero gradient.
+            (
+                dev.alloc_zeros::<T>(count(q_shape))?,
+                dev.alloc_zeros::<T>(count(kv_shape))?,
+                dev.alloc_zeros::<T>(count(kv_shape))?,
+            )
+        } else {
+            // SAFETY: cuDNN writes every element of the three gradients.
+            unsafe {
+                (
+                    dev.alloc::<T>(count(q_shape))?,
+                    dev.alloc::<T>(count(kv_shape))?,
+                    dev.alloc::<T>(count(kv_shape))?,
+                )
+            }
+        };
         {
             let (q_ptr, _q) = q.as_cuda_slice::<T>()?.device_ptr(&stream);
             let (k_ptr, _k) = k.as_cuda_slice::<T>()?.device_ptr(&stream);
@@ -508,6 +717,9 @@ impl CausalSdpa {
                     dq_ptr as *mut c_void,
                     dk_ptr as *mut c_void,
                     dv_ptr as *mut c_void,
+                    ragged
+                        .as_ref()
+                        .map_or(std::ptr::null(), |r| r as *const SdpaRagged),
                     ws_ptr as *mut c_void,
                     err,
                     len,
@@ -523,11 +735,7 @@ impl CausalSdpa {
                 false,
             )
         };
-        Ok((
-            wrap(dq, (b, h, l, d)),
-            wrap(dk, (b, h_kv, l, d)),
-            wrap(dv, (b, h_kv, l, d)),
-        ))
+        Ok((wrap(dq, q_shape), wrap(dk, kv_shape), wrap(dv, kv_shape)))
     }
 }
 
@@ -570,7 +778,15 @@ impl CustomOp3 for CausalSdpa {
         if k.dtype() != dtype || v.dtype() != dtype {
             bail!("cuDNN attention: q, k and v must share one dtype");
         }
-        let dims = dims_of(ql, kl, vl, dtype, self.scale, self.with_stats)?;
+        let dims = dims_of(
+            ql,
+            kl,
+            vl,
+            dtype,
+            self.scale,
+            self.with_stats,
+            self.ragged.as_ref(),
+        )?;
         match dtype {
             DType::BF16 => self.fwd::<bf16>(&dims, (q, ql), (k, kl), (v, vl)),
             DType::F16 => self.fwd::<f16>(&dims, (q, ql), (k, kl), (v, vl)),
@@ -613,7 +829,7 @@ impl CustomOp3 for CausalSdpa {
         let os = cuda_storage(&os, "the output")?;
         let gs = cuda_storage(&gs, "the output gradient")?;
         let dtype = q.dtype();
-        let dims = dims_of(ql, kl, vl, dtype, self.scale, false)?;
+        let dims = dims_of(ql, kl, vl, dtype, self.scale, false, self.ragged.as_ref())?;
         let (dq, dk, dv) = match dtype {
             DType::BF16 => self.bwd_typed::<bf16>(
                 &dims,

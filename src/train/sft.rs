@@ -46,7 +46,7 @@ use candle_core::{Device, Tensor};
 use serde::Serialize;
 
 use crate::config::{ModelConfig, SftConfig};
-use crate::data::batch::{Batch, Batcher};
+use crate::data::batch::{Batch, Batcher, Packed};
 use crate::data::example::{BuildStats, Example, build_examples};
 use crate::data::records::read_records;
 use crate::dist::{Communicator, Single, shard};
@@ -57,6 +57,7 @@ use crate::kit::{
 };
 use crate::model::LoadedModel;
 use crate::model::lora::{LoraConfig, set_dropout_seed};
+use crate::model::segments::Segments;
 use crate::rng::keyed;
 use crate::train::loss::lm_head_cross_entropy;
 use crate::train::optim::AdamW;
@@ -213,6 +214,8 @@ pub fn run_with(
     let per_epoch = batcher.batches_per_epoch();
     let accum = cfg.gradient_accumulation_steps;
     let pass_budget = cfg.micro_batch_tokens.filter(|&n| n > 0);
+    let packing = cfg.packing.unwrap_or(!job.device.is_cpu());
+    let pack_budget = pass_budget.unwrap_or(cfg.batch_size * job.model.max_length);
     let total_steps = planned_steps(per_epoch, accum, cfg.epochs, job.max_steps);
     let schedule = Cosine::new(
         cfg.learning_rate,
@@ -277,6 +280,7 @@ pub fn run_with(
         // position; every rank plans all of them and computes its share.
         let micro = next_micro_batches(&mut state, accum, &mut plan, |e| batcher.plan(e));
         let micro = match pass_budget {
+            _ if packing => batcher.pack_passes(&micro, pack_budget),
             Some(budget) => batcher.regroup(&micro, budget),
             None => micro,
         };
@@ -287,7 +291,13 @@ pub fn run_with(
             .sum();
         let step_tokens: usize = micro.iter().flatten().map(|&i| examples[i].len()).sum();
         // Positions the step computes, padding included.
-        let positions: usize = micro.iter().map(|m| m.len() * batcher.row_len(m)).sum();
+        let positions: usize = micro
+            .iter()
+            .map(|m| match packing {
+                true => batcher.packed_len(m),
+                false => m.len() * batcher.row_len(m),
+            })
+            .sum();
         let mut grads: Option<Vec<Tensor>> = None;
         let mut loss_sum = 0f64;
         for part in shard::split_step(&micro, world, rank) {
@@ -298,9 +308,21 @@ pub fn run_with(
                 Some(s) => ((part.micro * world + s) as u64) | (1 << 32),
             };
             set_dropout_seed(keyed(cfg.seed, state.step, key));
-            let b = batcher.batch(&part.rows);
-            let (ids, mask, labels) = tensors(&b, &job.device)?;
-            let hidden = loaded.model.forward_hidden(&ids, Some(&mask), true)?;
+            let (hidden, labels) = if packing {
+                let p = batcher.pack(&part.rows);
+                let (ids, positions, segments, labels) = packed_tensors(&p, &job.device)?;
+                let hidden = loaded
+                    .model
+                    .forward_hidden_packed(&ids, &positions, &segments, true)?;
+                (hidden, labels)
+            } else {
+                let b = batcher.batch(&part.rows);
+                let (ids, mask, labels) = tensors(&b, &job.device)?;
+                (
+                    loaded.model.forward_hidden(&ids, Some(&mask), true)?,
+                    labels,
+                )
+            };
             let head = &loaded.model.lm_head().weight()?;
             let (sum, _) = lm_head_cross_entropy(&hidden, head, &labels)?;
             let loss = (sum / answer_tokens.max(1) as f64)?;
@@ -521,6 +543,21 @@ fn tensors(b: &Batch, dev: &Device) -> candle_core::Result<(Tensor, Tensor, Tens
         Tensor::from_slice(&b.input_ids, shape, dev)?,
         Tensor::from_slice(&b.attention_mask, shape, dev)?,
         Tensor::from_slice(&b.labels, shape, dev)?,
+    ))
+}
+
+/// A packed row's ids, positions and labels, `(1, T)` tensors, and its
+/// attention layout.
+fn packed_tensors(
+    p: &Packed,
+    dev: &Device,
+) -> candle_core::Result<(Tensor, Tensor, Segments, Tensor)> {
+    let shape = (1, p.len);
+    Ok((
+        Tensor::from_slice(&p.input_ids, shape, dev)?,
+        Tensor::from_slice(&p.positions, shape, dev)?,
+        Segments::new(&p.gather, &p.scatter, p.seqs, p.seq_len, &p.lens, dev)?,
+        Tensor::from_slice(&p.labels, shape, dev)?,
     ))
 }
 

@@ -1,0 +1,269 @@
+//! Attention over packed rows: several examples end to end in one row
+//! ([`crate::data::batch::Packed`]) must each attend only to themselves.
+//!
+//! Everything in a layer but attention works token by token, so it runs on
+//! the packed row as it is. Attention runs on the same tokens laid out as
+//! right-padded rows, one example each, and comes back: two gathers
+//! (`index_select`), so the fused causal kernel (cuDNN) and the plain path
+//! serve packed rows unchanged, and no block-diagonal mask is built. The
+//! index lists are total (every slot names a position and every position a
+//! slot; see `Packed`), so the manual backward moves gradients with the
+//! same two gathers: padding carries a zero gradient in both layouts.
+//!
+//! With cuDNN (the `cudnn` build on a GPU) the hand-written layer backward
+//! skips the gathers: cuDNN's packed (THD) attention reads the examples
+//! where they are, each its own sequence ([`Segments::ragged`]), and
+//! computes nothing on padding.
+
+use candle_core::{Device, Result, Tensor};
+
+/// A packed pass's attention layout, on the device.
+#[derive(Debug, Clone)]
+pub struct Segments {
+    /// `seqs * seq_len`: the packed position each slot reads.
+    gather: Tensor,
+    /// `len`: the slot each packed position reads.
+    scatter: Tensor,
+    seqs: usize,
+    seq_len: usize,
+    /// Each attention row's example length, the examples end to end.
+    #[cfg_attr(not(feature = "cudnn"), allow(dead_code))]
+    lens: Vec<usize>,
+    #[cfg(feature = "cudnn")]
+    ragged: std::sync::OnceLock<super::sdpa_cudnn::RaggedLayout>,
+}
+
+impl Segments {
+    pub fn new(
+        gather: &[u32],
+        scatter: &[u32],
+        seqs: usize,
+        seq_len: usize,
+        lens: &[usize],
+        device: &Device,
+    ) -> Result<Self> {
+        if lens.len() != seqs || lens.iter().any(|&n| n > seq_len) {
+            candle_core::bail!(
+                "packed attention: {} example lengths for {seqs} rows of {seq_len}",
+                lens.len()
+            );
+        }
+        if gather.len() != seqs * seq_len {
+            candle_core::bail!(
+                "packed attention: {} slots for {seqs} rows of {seq_len}",
+                gather.len()
+            );
+        }
+        let len = scatter.len() as u32;
+        if let Some(t) = gather.iter().find(|&&t| t >= len) {
+            candle_core::bail!("packed attention: slot reads position {t} of a row of {len}");
+        }
+        if let Some(s) = scatter.iter().find(|&&s| s as usize >= gather.len()) {
+            candle_core::bail!(
+                "packed attention: position reads slot {s} of {}",
+                gather.len()
+            );
+        }
+        Ok(Self {
+            gather: Tensor::new(gather, device)?,
+            scatter: Tensor::new(scatter, device)?,
+            seqs,
+            seq_len,
+            lens: lens.to_vec(),
+            #[cfg(feature = "cudnn")]
+            ragged: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// The packed row's examples as cuDNN's packed sequences, for attention
+    /// with these head counts and size (made once a pass).
+    #[cfg(feature = "cudnn")]
+    pub fn ragged(
+        &self,
+        heads: (usize, usize, usize),
+        device: &Device,
+    ) -> Result<&super::sdpa_cudnn::RaggedLayout> {
+        if let Some(r) = self.ragged.get() {
+            return Ok(r);
+        }
+        let tokens = self.scatter.dim(0)?;
+        let r =
+            super::sdpa_cudnn::RaggedLayout::new(&self.lens, self.seq_len, tokens, heads, device)?;
+        Ok(self.ragged.get_or_init(|| r))
+    }
+
+    /// Slots a row of the attention layout.
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+
+    /// `x: (1, T, H, D)` packed -> `(N, H, S, D)` (a transposed view of
+    /// contiguous `(N, S, H, D)`, the layout projections give attention).
+    pub fn to_attention(&self, x: &Tensor) -> Result<Tensor> {
+        let (_, t, h, d) = x.dims4()?;
+        x.reshape((t, h * d))?
+            .index_select(&self.gather, 0)?
+            .reshape((self.seqs, self.seq_len, h, d))?
+            .transpose(1, 2)
+    }
+
+    /// `y: (N, H, S, D)` -> `(1, T, H, D)` packed, contiguous.
+    pub fn from_attention(&self, y: &Tensor) -> Result<Tensor> {
+        let (n, h, s, d) = y.dims4()?;
+        if (n, s) != (self.seqs, self.seq_len) {
+            candle_core::bail!(
+                "packed attention: output of {n} rows of {s}, expected {} of {}",
+                self.seqs,
+                self.seq_len
+            );
+        }
+        let t = self.scatter.dim(0)?;
+        y.transpose(1, 2)?
+            .reshape((n * s, h * d))?
+            .index_select(&self.scatter, 0)?
+            .reshape((1, t, h, d))
+    }
+}
+
+#[cfg(all(test, feature = "cudnn"))]
+mod cuda_tests {
+    use candle_core::{DType, Device, Tensor};
+
+    use super::Segments;
+    use crate::data::batch::Batcher;
+    use crate::data::example::Example;
+    use crate::model::{self, LoraConfig, tiny};
+
+    /// On the GPU in bf16, with cuDNN's fused attention: a packed row's
+    /// loss and LoRA gradients against the same examples right-padded,
+    /// within bf16 rounding: through the hand-written layer backward (cuDNN's
+    /// packed sequences), plain and checkpointed, and through autograd (the
+    /// gathered layout).
+    #[test]
+    fn packed_rows_match_padded_rows_with_fused_attention() {
+        let dev = match Device::new_cuda(0) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("SKIPPED: no CUDA device ({e})");
+                return;
+            }
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        tiny::write_tiny_qwen3(tmp.path(), 5).unwrap();
+        let lora = LoraConfig {
+            r: 8,
+            alpha: 16.0,
+            dropout: 0.0,
+            target_modules: crate::model::TargetModule::ALL.to_vec(),
+            seed: 3,
+        };
+        let mut m = model::load(tmp.path(), Some(&lora), DType::BF16, &dev).unwrap();
+        assert!(
+            m.model.decoder().fused_attention(),
+            "the cudnn build on a GPU"
+        );
+        for (name, var) in m.named_trainable_vars() {
+            if name.contains("lora_B") {
+                let t = (var.as_tensor().ones_like().unwrap() * 0.02).unwrap();
+                var.set(&t).unwrap();
+            }
+        }
+        let lens = [(70usize, 20usize), (130, 60), (33, 10), (130, 100), (9, 4)];
+        let examples: Vec<Example> = lens
+            .iter()
+            .enumerate()
+            .map(|(k, &(n, prompt))| Example {
+                input_ids: (0..n as u32)
+                    .map(|t| (t * 53 + 97 * k as u32 + 5) % 511 + 1)
+                    .collect(),
+                prompt_len: prompt,
+                line: k as u64 + 1,
+            })
+            .collect();
+        let batcher = Batcher::new(&examples, 5, 0, 0)
+            .unwrap()
+            .with_length_buckets(true);
+        let rows = [2usize, 0, 4, 3, 1];
+        let (padded, packed) = (batcher.batch(&rows), batcher.pack(&rows));
+        let run = |m: &model::LoadedModel, pack: bool| {
+            let (hidden, labels) = if pack {
+                let shape = (1, packed.len);
+                let ids = Tensor::from_slice(&packed.input_ids, shape, &dev).unwrap();
+                let pos = Tensor::from_slice(&packed.positions, shape, &dev).unwrap();
+                let segs = Segments::new(
+                    &packed.gather,
+                    &packed.scatter,
+                    packed.seqs,
+                    packed.seq_len,
+                    &packed.lens,
+                    &dev,
+                )
+                .unwrap();
+                let labels = Tensor::from_slice(&packed.labels, shape, &dev).unwrap();
+                let h = m.model.forward_hidden_packed(&ids, &pos, &segs, true);
+                (h.unwrap(), labels)
+            } else {
+                let shape = (padded.batch, padded.seq_len);
+                let ids = Tensor::from_slice(&padded.input_ids, shape, &dev).unwrap();
+                let mask = Tensor::from_slice(&padded.attention_mask, shape, &dev).unwrap();
+                let labels = Tensor::from_slice(&padded.labels, shape, &dev).unwrap();
+                let h = m.model.forward_hidden(&ids, Some(&mask), true);
+                (h.unwrap(), labels)
+            };
+            let head = m.model.lm_head().weight().unwrap();
+            let (sum, _) =
+                crate::train::loss::lm_head_cross_entropy(&hidden, &head, &labels).unwrap();
+            let loss = (sum / packed.answer_tokens as f64).unwrap();
+            let grads = m.model.backward(&loss).unwrap();
+            let g: Vec<Tensor> = m
+                .named_trainable_vars()
+                .iter()
+                .map(|(_, v)| {
+                    grads
+                        .get(v.as_tensor())
+                        .unwrap()
+                        .to_dtype(DType::F32)
+                        .unwrap()
+                })
+                .collect();
+            (
+                loss.to_dtype(DType::F32)
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap(),
+                g,
+            )
+        };
+        let (want_loss, want) = run(&m, false);
+        for (ckpt, manual) in [(false, true), (true, true), (false, false)] {
+            m.model.set_gradient_checkpointing(ckpt);
+            m.model.decoder_mut().set_manual_backward(manual);
+            let (loss, got) = run(&m, true);
+            m.model.set_gradient_checkpointing(false);
+            m.model.decoder_mut().set_manual_backward(true);
+            assert!(
+                (loss - want_loss).abs() <= 1e-2 * want_loss.abs(),
+                "checkpointing {ckpt}, manual {manual}: loss {loss} packed vs {want_loss}"
+            );
+            let norm = |t: &Tensor| {
+                t.sqr()
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap()
+                    .sqrt()
+            };
+            for ((name, _), (g, r)) in m.named_trainable_vars().iter().zip(got.iter().zip(&want)) {
+                let err = norm(&(g - r).unwrap()) / norm(r).max(1e-12);
+                assert!(
+                    err < 3e-2,
+                    "checkpointing {ckpt}, manual {manual}: {name}: relative error {err}"
+                );
+            }
+            eprintln!(
+                "checkpointing {ckpt}, manual {manual}: loss {loss} packed, {want_loss} padded"
+            );
+        }
+    }
+}
