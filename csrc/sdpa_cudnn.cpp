@@ -58,6 +58,9 @@ struct TtSdpaDims {
     int64_t q_stride[4];
     int64_t k_stride[4];
     int64_t v_stride[4];
+    // Packed only: a bound on T, which sizes the backward's f32 workspace
+    // by tokens instead of by B x L (0: unset).
+    int64_t max_tokens;
 };
 
 // The packed layout's device vectors (int32), for dims->ragged: each
@@ -93,7 +96,7 @@ enum : int64_t {
 
 enum class Direction : int64_t { Forward = 0, Backward = 1 };
 
-using Key = std::array<int64_t, 23>;
+using Key = std::array<int64_t, 24>;
 
 struct State {
     std::mutex mutex;
@@ -196,7 +199,8 @@ Key key_of(const TtSdpaDims &d, Direction direction, int device) {
                d.v_stride[0],
                d.v_stride[1],
                d.v_stride[2],
-               d.v_stride[3]};
+               d.v_stride[3],
+               d.max_tokens};
 }
 
 std::vector<int64_t> strides(const int64_t (&s)[4]) {
@@ -335,6 +339,9 @@ std::shared_ptr<fe::graph::Graph> describe(const TtSdpaDims &d, Direction direct
                            .set_diagonal_band_right_bound(0);
         if (ragged) {
             options.set_padding_mask(true).set_seq_len_q(seq_len).set_seq_len_kv(seq_len);
+            if (d.max_tokens > 0) {
+                options.set_max_total_seq_len_q(d.max_tokens).set_max_total_seq_len_kv(d.max_tokens);
+            }
         }
         auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
         dq->set_output(true).set_uid(UID_DQ).set_dim(q_dim).set_stride(out_q);

@@ -912,6 +912,13 @@ impl Validate for GenerateConfig {
     }
 }
 
+/// The most real tokens a packed pass holds unless `micro_batch_tokens`
+/// says otherwise: at the Qwen3-4B shape on an H100, `bench train`'s
+/// tokens a second level off by 4,096-8,192 tokens a pass (QLoRA with
+/// checkpointing and bf16 without), while memory keeps growing with the
+/// pass (bf16 without checkpointing: 55 GiB at 16,384, 26-29 at about 8,000).
+pub const PACK_TOKENS: usize = 8192;
+
 /// Stages 1 and 2: LoRA SFT.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -955,25 +962,27 @@ pub struct SftConfig {
     pub save_total_limit: usize,
     /// Default 42.
     pub seed: u64,
-    /// Positions one forward/backward pass holds (rows x the row length,
-    /// padding included). Set, each step's `batch_size x
+    /// With `packing`: the most real tokens a packed pass holds (default
+    /// null: `batch_size x max_length`, at most [`PACK_TOKENS`]).
+    /// Without: positions one forward/backward pass holds (rows x the row
+    /// length, padding included); set, each step's `batch_size x
     /// gradient_accumulation_steps` records are regrouped, longest first,
-    /// into passes of at most this many: the same records and the same
-    /// token-weighted loss, in fewer and fuller passes. Null or 0:
-    /// micro-batches of `batch_size` rows. Default null: at the Qwen3-4B
-    /// shape with QLoRA and checkpointing on an H100, `batch_size x
-    /// max_length` passes computed 16% more positions a second than
-    /// micro-batches of 4 rows but carried 17-49% padding against 5-22%,
-    /// for the same tokens a second (docs/BENCHMARKS.md).
+    /// into passes of at most this many (the same records and the same
+    /// token-weighted loss, in fewer and fuller passes); null or 0:
+    /// micro-batches of `batch_size` rows. Unpacked at the Qwen3-4B shape
+    /// with QLoRA and checkpointing on an H100, `batch_size x max_length`
+    /// passes computed 16% more positions a second than micro-batches of 4
+    /// rows but carried 17-49% padding against 5-22%, for the same tokens a
+    /// second (docs/BENCHMARKS.md); packing removes the padding.
     pub micro_batch_tokens: Option<usize>,
     /// Packing: each pass's examples end to end in one row, attention kept
     /// inside each example and positions restarting at each, so no
     /// position goes to padding between examples and a step is one or a
     /// few full passes. Passes hold at most `micro_batch_tokens` real
     /// tokens, or `batch_size x max_length` (the most a micro-batch of
-    /// `batch_size` rows could hold). The same examples a step and the same
-    /// token-weighted loss as unpacked. Default null: on a GPU, off on the
-    /// CPU.
+    /// `batch_size` rows could hold) up to [`PACK_TOKENS`]. The same
+    /// examples a step and the same token-weighted loss as unpacked.
+    /// Default null: on a GPU, off on the CPU.
     pub packing: Option<bool>,
     /// Choosing the checkpoint that becomes `final/` ([`SelectConfig`]).
     /// Default null: no selection, the last weights are `final/`.

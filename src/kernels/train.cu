@@ -94,10 +94,27 @@ __device__ void dropout_mask(T *out, size_t numel, uint64_t seed, float p, float
     }
 }
 
+// x times the mask dropout_mask draws for the same (seed, p): out[i] = x[i]
+// * mask[i], the mask value rounded to T first as a stored mask would be, so
+// both give the same bits; no mask is written or read.
+template <typename T>
+__device__ void dropout_apply(const T *x, T *out, size_t numel, uint64_t seed, float p, float keep) {
+    const float kept = to_f(from_f<T>(keep));
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < numel;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float u = (float)(mix64(seed ^ (i * 0xd1b54a32d192ed03ull)) >> 40) * 0x1p-24f;
+        out[i] = from_f<T>(to_f(x[i]) * (u < p ? 0.f : kept));
+    }
+}
+
 #define INSTANTIATE(NAME, T)                                                                      \
     extern "C" __global__ void dropout_mask_##NAME(T *out, size_t numel, uint64_t seed, float p,  \
                                                    float keep) {                                  \
         dropout_mask<T>(out, numel, seed, p, keep);                                               \
+    }                                                                                             \
+    extern "C" __global__ void dropout_apply_##NAME(const T *x, T *out, size_t numel,             \
+                                                    uint64_t seed, float p, float keep) {         \
+        dropout_apply<T>(x, out, numel, seed, p, keep);                                           \
     }                                                                                             \
     extern "C" __global__ void rmsnorm_bwd_##NAME(const T *x, const T *w, const T *dy, T *dx,     \
                                                   int n, float eps) {                             \

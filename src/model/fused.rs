@@ -118,6 +118,18 @@ pub fn dropout_mask(
     Ok(None)
 }
 
+/// `x` times the mask [`dropout_mask`] draws for the same `seed` and `p`
+/// (same bits as multiplying by that mask), in one kernel that writes no
+/// mask, on CUDA; `None` on other devices.
+pub fn dropout_apply(x: &Tensor, seed: u64, p: f32) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        return cuda::dropout_apply(x, seed, p).map(Some);
+    }
+    let _ = (x, seed, p);
+    Ok(None)
+}
+
 /// One AdamW step on f32 `param`, `grad`, `m`, `v` of one shape: the new
 /// `(param, m, v)`, in one kernel on CUDA; `None` on other devices (the
 /// caller runs the same formula as tensor ops).
@@ -303,6 +315,36 @@ mod cuda {
         // SAFETY: the arguments match `dropout_mask_*` in train.cu.
         unsafe { b.launch(grid(numel)) }.w()?;
         Ok(tensor(out, dev, shape.clone()))
+    }
+
+    pub fn dropout_apply(x: &Tensor, seed: u64, p: f32) -> Result<Tensor> {
+        let x = x.contiguous()?;
+        dispatch!(x.dtype(), dropout_apply_t, &x, seed, p)
+    }
+
+    fn dropout_apply_t<T: CudaDType + DeviceRepr>(x: &Tensor, seed: u64, p: f32) -> Result<Tensor> {
+        let numel = x.elem_count();
+        let (xs, xl) = x.storage_and_layout();
+        let dev = cuda(&xs)?.device.clone();
+        let xv = view::<T>(&xs, xl, numel)?;
+        // SAFETY: every element is written by the kernel.
+        let mut out = unsafe { dev.alloc::<T>(numel) }?;
+        let func = kernels::kernel(
+            &dev,
+            &kernels::TRAIN,
+            &format!("dropout_apply_{}", suffix(x.dtype())?),
+        )?;
+        let keep = 1.0 / (1.0 - p);
+        let mut b = func.builder();
+        b.arg(&xv);
+        b.arg(&mut out);
+        b.arg(&numel);
+        b.arg(&seed);
+        b.arg(&p);
+        b.arg(&keep);
+        // SAFETY: the arguments match `dropout_apply_*` in train.cu.
+        unsafe { b.launch(grid(numel)) }.w()?;
+        Ok(tensor(out, &dev, x.shape().clone()))
     }
 
     pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
@@ -555,5 +597,39 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+    }
+
+    /// Dropout drawn where it is applied gives the bits of multiplying by
+    /// the stored mask, f32 and bf16, on a tensor of an odd size.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_drawn_dropout_equals_the_stored_mask() {
+        use candle_core::{DType, Device, Tensor};
+        let Ok(gpu) = Device::new_cuda(0) else {
+            eprintln!("SKIPPED: no CUDA device");
+            return;
+        };
+        for (dtype, p) in [(DType::F32, 0.05f32), (DType::BF16, 0.1)] {
+            let x = Tensor::randn(0f32, 1.0, (257, 1003), &gpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let mask = super::dropout_mask(x.shape(), dtype, &gpu, 11, p)
+                .unwrap()
+                .unwrap();
+            let want = (&x * &mask).unwrap();
+            let got = super::dropout_apply(&x, 11, p).unwrap().unwrap();
+            let bits = |t: &Tensor| -> Vec<f32> {
+                t.to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap()
+            };
+            assert_eq!(bits(&got), bits(&want), "{dtype:?}");
+            let other = super::dropout_apply(&x, 12, p).unwrap().unwrap();
+            assert_ne!(bits(&other), bits(&want), "{dtype:?}: another stream");
+        }
     }
 }

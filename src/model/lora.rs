@@ -326,6 +326,18 @@ pub fn without_adapters<R>(f: impl FnOnce() -> R) -> R {
 /// cost more than the layer itself, and re-seeding candle's generator
 /// makes a new cuRAND generator each time. Another accelerator re-seeds
 /// its own generator.
+///
+/// On CUDA the mask is never stored: [`ops::Dropout::Drawn`] draws it where
+/// it is applied (the same values [`crate::model::fused::dropout_mask`]
+/// would hold), which saves writing it and reading it back at every use.
+fn dropout(x: &Tensor, p: f32, name: &str, seed: u64) -> Result<ops::Dropout> {
+    let stream = Rng::for_tensor(seed, name).next_u64();
+    if x.device().is_cuda() && cfg!(feature = "cuda") {
+        return Ok(ops::Dropout::Drawn { stream, p });
+    }
+    dropout_mask(x, p, name, seed).map(ops::Dropout::Mask)
+}
+
 fn dropout_mask(x: &Tensor, p: f32, name: &str, seed: u64) -> Result<Tensor> {
     let keep = 1.0 / (1.0 - p);
     let device = x.device();
@@ -509,10 +521,10 @@ impl LoraLinear {
 
     /// The dropout mask of the LoRA path for the flattened input `x2`, when
     /// training with dropout, drawn from the step's `seed` and the name.
-    fn mask(&self, x2: &Tensor, train: bool, seed: u64) -> Result<Option<Tensor>> {
+    fn mask(&self, x2: &Tensor, train: bool, seed: u64) -> Result<Option<ops::Dropout>> {
         match &self.adapter {
             Some(ad) if train && ad.dropout > 0.0 => {
-                Ok(Some(dropout_mask(x2, ad.dropout, &self.name, seed)?))
+                Ok(Some(dropout(x2, ad.dropout, &self.name, seed)?))
             }
             _ => Ok(None),
         }

@@ -103,25 +103,60 @@ impl CustomOp1 for Frozen {
     }
 }
 
-/// `x (N, in) -> (N, out)`: `x W^T + scale (mask ⊙ x) A^T B^T` with `a:
+/// LoRA dropout on the `(N, in)` input of the LoRA path: one inverted-
+/// dropout mask `m` applied to the input and, in the backward, to the
+/// input's gradient.
+#[derive(Debug, Clone)]
+pub enum Dropout {
+    /// The mask itself, shaped like the input.
+    Mask(Tensor),
+    /// The mask drawn where it is applied (CUDA, [`super::fused::dropout_apply`]):
+    /// element `i` of any tensor shaped like the input is multiplied by the
+    /// value `(stream, i)` draws, so no mask is written or read.
+    Drawn { stream: u64, p: f32 },
+}
+
+impl Dropout {
+    /// `m ⊙ x` for `x` shaped like the input.
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Dropout::Mask(m) => x * m,
+            Dropout::Drawn { stream, p } => match super::fused::dropout_apply(x, *stream, *p)? {
+                Some(y) => Ok(y),
+                None => candle_core::bail!("a drawn dropout mask needs a CUDA device"),
+            },
+        }
+    }
+}
+
+/// `x (N, in) -> (N, out)`: `x W^T + scale (m ⊙ x) A^T B^T` with `a:
 /// (r, in)` and `b: (out, r)` in `x`'s dtype (casts of the trainable f32
-/// factors, so gradients reach them through the cast) and `mask`, when
-/// given, LoRA dropout's `(N, in)` inverted-dropout mask.
+/// factors, so gradients reach them through the cast) and `dropout`, when
+/// given, LoRA dropout's mask `m`.
 pub fn lora_matmul(
     x: &Tensor,
     a: &Tensor,
     b: &Tensor,
     base: std::sync::Arc<dyn FrozenWeight>,
     scale: f64,
-    mask: Option<Tensor>,
+    dropout: Option<Dropout>,
 ) -> Result<Tensor> {
+    let dropout = match dropout {
+        Some(Dropout::Mask(m)) => Some(Dropout::Mask(m.contiguous()?)),
+        other => other,
+    };
+    let dropped = match &dropout {
+        Some(d) => Some(d.apply(&x.detach())?.contiguous()?),
+        None => None,
+    };
     x.apply_op3(
         a,
         b,
         Lora {
             base,
             scale,
-            mask: mask.map(|m| m.contiguous()).transpose()?,
+            dropout,
+            dropped,
         },
     )
 }
@@ -129,7 +164,9 @@ pub fn lora_matmul(
 struct Lora {
     base: std::sync::Arc<dyn FrozenWeight>,
     scale: f64,
-    mask: Option<Tensor>,
+    dropout: Option<Dropout>,
+    /// `m ⊙ x`, what the LoRA path reads in the forward.
+    dropped: Option<Tensor>,
 }
 
 impl Lora {
@@ -145,15 +182,11 @@ impl Lora {
         bl: &Layout,
         w: &S,
         wl: &Layout,
-        mask: Option<(&S, &Layout)>,
+        dropped: Option<(&S, &Layout)>,
     ) -> Result<(S, Shape)> {
         let (y, shape) = matmul_t(x, xl, w, wl)?; // (N, out)
-        let dropped;
-        let (xd, xdl) = match mask {
-            Some((m, ml)) => {
-                dropped = x.binary_impl::<candle_core::op::Mul>(m, xl, ml)?;
-                (&dropped, Layout::contiguous(xl.shape()))
-            }
+        let (xd, xdl) = match dropped {
+            Some((d, dl)) => (d, dl.clone()),
             None => (x, xl.clone()),
         };
         let (h, hs) = matmul_t(xd, &xdl, a, al)?; // (N, r)
@@ -180,7 +213,7 @@ impl CustomOp3 for Lora {
         bl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let w = self.base.dense()?;
-        with_cpu(&w, |w, wl| match &self.mask {
+        with_cpu(&w, |w, wl| match &self.dropped {
             Some(m) => with_cpu(m, |m, ml| {
                 self.fwd(x, xl, a, al, b, bl, w, wl, Some((m, ml)))
             }),
@@ -198,7 +231,7 @@ impl CustomOp3 for Lora {
         bl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let w = self.base.dense()?;
-        with_cuda(&w, |w, wl| match &self.mask {
+        with_cuda(&w, |w, wl| match &self.dropped {
             Some(m) => with_cuda(m, |m, ml| {
                 self.fwd(x, xl, a, al, b, bl, w, wl, Some((m, ml)))
             }),
@@ -220,7 +253,7 @@ impl CustomOp3 for Lora {
             b,
             self.base.as_ref(),
             self.scale,
-            self.mask.as_ref(),
+            self.dropout.as_ref(),
             g,
             x.track_op(),
         )?;
@@ -238,13 +271,13 @@ pub fn lora_backward(
     b: &Tensor,
     base: &dyn FrozenWeight,
     scale: f64,
-    mask: Option<&Tensor>,
+    dropout: Option<&Dropout>,
     g: &Tensor,
     need_dx: bool,
 ) -> Result<(Option<Tensor>, Tensor, Tensor)> {
     let g = g.contiguous()?; // (N, out)
-    let xd = match mask {
-        Some(m) => (x * m)?,
+    let xd = match dropout {
+        Some(d) => d.apply(&x.contiguous()?)?,
         None => x.clone(),
     };
     let hs = (xd.matmul(&a.t()?)? * scale)?; // (N, r)
@@ -253,8 +286,8 @@ pub fn lora_backward(
     let db = g.t()?.matmul(&hs)?; // (out, r)
     let dx = if need_dx {
         let lora = gbs.matmul(a)?; // (N, in)
-        let lora = match mask {
-            Some(m) => (lora * m)?,
+        let lora = match dropout {
+            Some(d) => d.apply(&lora)?,
             None => lora,
         };
         Some((g.matmul(&base.dense()?)? + lora)?)
@@ -310,7 +343,7 @@ mod tests {
                 b.as_tensor(),
                 Arc::new(w.clone()),
                 scale,
-                mask.clone(),
+                mask.clone().map(Dropout::Mask),
             )
             .unwrap();
             let xd = match &mask {

@@ -74,6 +74,9 @@ struct SdpaDims {
     q_stride: [i64; 4],
     k_stride: [i64; 4],
     v_stride: [i64; 4],
+    /// Packed only: a bound on the row's tokens, which sizes the
+    /// backward's workspace by tokens rather than by sequences x length.
+    max_tokens: i64,
 }
 
 /// The packed layout's device vectors; mirrors `TtSdpaRagged`.
@@ -454,6 +457,7 @@ fn dims_of(
             q_stride: thd(h),
             k_stride: thd(h_kv),
             v_stride: thd(h_kv),
+            max_tokens: r.tokens.next_power_of_two() as i64,
         });
     }
     check_shapes(q.dims(), k.dims(), v.dims())?;
@@ -478,6 +482,7 @@ fn dims_of(
         q_stride: stride("q", q)?,
         k_stride: stride("k", k)?,
         v_stride: stride("v", v)?,
+        max_tokens: 0,
     })
 }
 

@@ -7,8 +7,11 @@
 //! 2. resume from the newest valid checkpoint when asked (refused, with the
 //!    differences, if config, data or tokenizer changed, unless forced);
 //! 3. for each optimizer step: `accum` micro-batches of `batch_size` rows
-//!    (or, with `micro_batch_tokens`, the same records regrouped by length
-//!    into passes of at most that many positions), token-weighted mean
+//!    (with `packing`, on by default on a GPU, the same records packed end
+//!    to end into rows of at most `micro_batch_tokens` real tokens,
+//!    attention inside each record, [`crate::data::batch::Packed`]; or,
+//!    unpacked with `micro_batch_tokens`, regrouped by length into padded
+//!    passes of at most that many positions), token-weighted mean
 //!    cross-entropy, backward, gradients summed; a non-finite loss or gradient
 //!    skips the step (counted; too many in a row stops the run); clip; AdamW
 //!    at the cosine schedule's rate;
@@ -215,7 +218,8 @@ pub fn run_with(
     let accum = cfg.gradient_accumulation_steps;
     let pass_budget = cfg.micro_batch_tokens.filter(|&n| n > 0);
     let packing = cfg.packing.unwrap_or(!job.device.is_cpu());
-    let pack_budget = pass_budget.unwrap_or(cfg.batch_size * job.model.max_length);
+    let pack_budget = pass_budget
+        .unwrap_or((cfg.batch_size * job.model.max_length).min(crate::config::PACK_TOKENS));
     let total_steps = planned_steps(per_epoch, accum, cfg.epochs, job.max_steps);
     let schedule = Cosine::new(
         cfg.learning_rate,
@@ -299,7 +303,10 @@ pub fn run_with(
             })
             .sum();
         let mut grads: Option<Vec<Tensor>> = None;
-        let mut loss_sum = 0f64;
+        // The passes' losses, read back once the step's work is queued (a
+        // read in between would leave the GPU idle while the next pass's
+        // kernels are launched).
+        let mut pass_losses: Vec<Tensor> = Vec::new();
         for part in shard::split_step(&micro, world, rank) {
             // A whole micro-batch draws the masks a one-rank run draws; a
             // row slice its own.
@@ -326,7 +333,7 @@ pub fn run_with(
             let head = &loaded.model.lm_head().weight()?;
             let (sum, _) = lm_head_cross_entropy(&hidden, head, &labels)?;
             let loss = (sum / answer_tokens.max(1) as f64)?;
-            loss_sum += loss.to_scalar::<f32>()? as f64;
+            pass_losses.push(loss.detach());
             let g = loaded.model.backward(&loss)?;
             let step_grads = opt.gradients(&g)?;
             crate::train::optim::accumulate(&mut grads, step_grads)?;
@@ -335,6 +342,10 @@ pub fn run_with(
         let grads = summed_over_ranks(comm, grads, &opt)?;
         // The loss and the stop request, agreed by all ranks (a signal seen
         // by one rank stops all of them at the same step).
+        let mut loss_sum = 0f64;
+        for l in &pass_losses {
+            loss_sum += l.to_scalar::<f32>()? as f64;
+        }
         let agreed = comm.sum_f64(&[loss_sum, run.stop_vote()])?;
         let loss_sum = agreed[0];
         let stopping = agreed[1] > 0.0;
