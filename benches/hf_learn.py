@@ -283,6 +283,8 @@ def main():
     speed = {"steady_tokens_per_s": round(timed_tokens / timed_s, 1) if timed_s else None,
              "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
              if device == "cuda" else None,
+             "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2)
+             if device == "cuda" else None,
              "liger": a.liger, "packing": a.packing, "attention": attn, "four_bit": a.four_bit,
              "gc": a.gc}
     if a.no_save:
