@@ -235,15 +235,37 @@ impl Layer {
         };
         let q = ctx.rotation.apply_thd(&qn)?; // (B, L, H, D)
         let k = ctx.rotation.apply_thd(&kn)?;
-        let (qt, kt, vt) = ctx.attention_layout(&q, &k, &v)?;
-        let (o, attn) = if ctx.fused {
-            fused_attention_saving(&qt, &kt, &vt, ctx.segments.as_ref())?
-        } else {
-            (
-                attention::attend(&qt, &kt, &vt, ctx.mask.as_ref())?,
-                AttnSaved::Plain,
-            )
-        }; // (B, H, L, D), or (N, H, S, D) packed
+        // A packed pass on cuDNN's packed sequences; where cuDNN refuses
+        // them (before Hopper, an old cuDNN), the gathered layout instead,
+        // for the rest of the process.
+        let packed = match ctx.ragged() {
+            true => match fused_attention_saving(&q, &k, &v, ctx.segments.as_ref()) {
+                Ok(out) => {
+                    super::segments::packed_attention_worked();
+                    Some(out)
+                }
+                Err(e) if !super::segments::packed_attention_proven() => {
+                    super::segments::refuse_packed_attention(&e);
+                    None
+                }
+                Err(e) => return Err(e),
+            },
+            false => None,
+        };
+        let (o, attn) = match packed {
+            Some(out) => out, // (1, T, H, D)
+            None => {
+                let (qt, kt, vt) = ctx.attention_layout(&q, &k, &v)?;
+                if ctx.fused {
+                    fused_attention_saving(&qt, &kt, &vt, None)?
+                } else {
+                    (
+                        attention::attend(&qt, &kt, &vt, ctx.mask.as_ref())?,
+                        AttnSaved::Plain,
+                    )
+                } // (B, H, L, D), or (N, H, S, D) gathered
+            }
+        };
         let o_flat = ctx.packed_layout(&o)?.reshape((b, l, hq * d))?;
         let x2 = (x.detach() + at.o_proj.forward_detached(&o_flat, t, ctx.dropout_seed)?)?;
         let n2 = self.post_attention_layernorm.forward_detached(&x2)?;
@@ -1160,7 +1182,7 @@ impl Ctx {
     /// A packed pass whose attention cuDNN computes where the examples lie
     /// (its packed sequences): no change of layout either way.
     fn ragged(&self) -> bool {
-        self.fused && self.segments.is_some()
+        self.fused && self.segments.is_some() && super::segments::packed_attention_usable()
     }
 
     /// Rotated queries and keys and the values, `(B, L, H, D)`, as

@@ -15,7 +15,53 @@
 //! where they are, each its own sequence ([`Segments::ragged`]), and
 //! computes nothing on padding.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use candle_core::{Device, Result, Tensor};
+
+/// Whether cuDNN's packed sequences serve packed passes in this process:
+/// not tried yet, worked, or refused (then the gathered layout serves them).
+static PACKED_ATTENTION: AtomicU8 = AtomicU8::new(UNTRIED);
+const UNTRIED: u8 = 0;
+const WORKED: u8 = 1;
+const REFUSED: u8 = 2;
+
+/// Packed passes may use cuDNN's packed sequences (not refused so far, and
+/// not turned off with `TRACE_TRAIN_PACKED_ATTENTION=gather`).
+pub fn packed_attention_usable() -> bool {
+    static GATHER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let gather = *GATHER
+        .get_or_init(|| std::env::var("TRACE_TRAIN_PACKED_ATTENTION").as_deref() == Ok("gather"));
+    !gather && PACKED_ATTENTION.load(Ordering::Relaxed) != REFUSED
+}
+
+/// cuDNN's packed sequences ran once: a later failure is an error, not a
+/// reason to switch layouts.
+pub fn packed_attention_worked() {
+    let _ =
+        PACKED_ATTENTION.compare_exchange(UNTRIED, WORKED, Ordering::Relaxed, Ordering::Relaxed);
+}
+
+/// Whether cuDNN's packed sequences have run in this process.
+pub fn packed_attention_proven() -> bool {
+    PACKED_ATTENTION.load(Ordering::Relaxed) == WORKED
+}
+
+/// The first packed attention failed: packed passes take the gathered
+/// layout from now on (said once).
+pub fn refuse_packed_attention(why: &dyn std::fmt::Display) {
+    if PACKED_ATTENTION.swap(REFUSED, Ordering::Relaxed) != REFUSED {
+        tracing::warn!(
+            "packing: cuDNN's packed attention is not available here ({why}); packed passes gather each example into a padded row for attention instead"
+        );
+    }
+}
+
+/// Sets whether packed passes may use cuDNN's packed sequences (tests).
+#[cfg(test)]
+pub(crate) fn set_packed_attention(on: bool) {
+    PACKED_ATTENTION.store(if on { UNTRIED } else { REFUSED }, Ordering::Relaxed);
+}
 
 /// A packed pass's attention layout, on the device.
 #[derive(Debug, Clone)]
@@ -239,15 +285,24 @@ mod cuda_tests {
             )
         };
         let (want_loss, want) = run(&m, false);
-        for (ckpt, manual) in [(false, true), (true, true), (false, false)] {
+        // Manual backward on cuDNN's packed sequences (plain, checkpointed)
+        // and on the gathered layout; autograd.
+        for (ckpt, manual, packed) in [
+            (false, true, true),
+            (true, true, true),
+            (false, true, false),
+            (false, false, true),
+        ] {
             m.model.set_gradient_checkpointing(ckpt);
             m.model.decoder_mut().set_manual_backward(manual);
+            super::set_packed_attention(packed);
             let (loss, got) = run(&m, true);
+            super::set_packed_attention(true);
             m.model.set_gradient_checkpointing(false);
             m.model.decoder_mut().set_manual_backward(true);
             assert!(
                 (loss - want_loss).abs() <= 1e-2 * want_loss.abs(),
-                "checkpointing {ckpt}, manual {manual}: loss {loss} packed vs {want_loss}"
+                "checkpointing {ckpt}, manual {manual}, packed {packed}: loss {loss} vs {want_loss}"
             );
             let norm = |t: &Tensor| {
                 t.sqr()
@@ -262,11 +317,11 @@ mod cuda_tests {
                 let err = norm(&(g - r).unwrap()) / norm(r).max(1e-12);
                 assert!(
                     err < 3e-2,
-                    "checkpointing {ckpt}, manual {manual}: {name}: relative error {err}"
+                    "checkpointing {ckpt}, manual {manual}, packed {packed}: {name}: relative error {err}"
                 );
             }
             eprintln!(
-                "checkpointing {ckpt}, manual {manual}: loss {loss} packed, {want_loss} padded"
+                "checkpointing {ckpt}, manual {manual}, packed {packed}: loss {loss}, padded {want_loss}"
             );
         }
     }
