@@ -57,8 +57,9 @@ pub fn refuse_packed_attention(why: &dyn std::fmt::Display) {
     }
 }
 
-/// Sets whether packed passes may use cuDNN's packed sequences (tests).
-#[cfg(test)]
+/// Sets whether packed passes may use cuDNN's packed sequences (the GPU
+/// tests).
+#[cfg(all(test, feature = "cudnn"))]
 pub(crate) fn set_packed_attention(on: bool) {
     PACKED_ATTENTION.store(if on { UNTRIED } else { REFUSED }, Ordering::Relaxed);
 }
