@@ -103,21 +103,28 @@ pub struct Packed {
     pub positions: Vec<u32>,
     /// The row's length, at least one more than `tokens`.
     pub len: usize,
-    /// Attention rows (at least the examples) and their length.
-    pub seqs: usize,
+    /// The attention rows' length.
     pub seq_len: usize,
-    /// `seqs * seq_len`: the packed position each attention slot reads.
+    /// `seqs() * seq_len`: the packed position each attention slot reads.
     pub gather: Vec<u32>,
     /// `len`: the attention slot each packed position reads.
     pub scatter: Vec<u32>,
-    /// `seqs`: each attention row's example length (0 for a row of
-    /// padding); the examples sit end to end from position 0 in this order.
+    /// Each attention row's example length (0 for a row of padding; at
+    /// least a row an example); the examples sit end to end from position 0
+    /// in this order.
     pub lens: Vec<usize>,
     /// Non-pad tokens.
     pub tokens: usize,
     /// Positions with a label (as [`Batch::answer_tokens`]).
     pub answer_tokens: usize,
     pub examples: Vec<usize>,
+}
+
+impl Packed {
+    /// Attention rows: at least the examples.
+    pub fn seqs(&self) -> usize {
+        self.lens.len()
+    }
 }
 
 /// Plans and builds batches over a fixed set of examples.
@@ -304,7 +311,11 @@ impl<'a> Batcher<'a> {
     /// The length of `indices`' packed row ([`Self::pack`]): their tokens
     /// and at least one padding position.
     pub fn packed_len(&self, indices: &[usize]) -> usize {
-        let tokens: usize = indices.iter().map(|&i| self.examples[i].len()).sum();
+        self.packed_len_of(indices.iter().map(|&i| self.examples[i].len()).sum())
+    }
+
+    /// [`Self::packed_len`] of a pass of `tokens` tokens.
+    fn packed_len_of(&self, tokens: usize) -> usize {
         if self.buckets {
             (tokens + 1).div_ceil(128) * 128
         } else {
@@ -320,7 +331,7 @@ impl<'a> Batcher<'a> {
         let lens: Vec<usize> = indices.iter().map(|&i| self.examples[i].len()).collect();
         let tokens: usize = lens.iter().sum();
         let longest = lens.iter().copied().max().unwrap_or(1).max(1);
-        let len = self.packed_len(indices);
+        let len = self.packed_len_of(tokens);
         let (mut seqs, seq_len) = if self.buckets {
             (indices.len().max(1).div_ceil(8) * 8, bucket_len(longest))
         } else {
@@ -367,7 +378,6 @@ impl<'a> Batcher<'a> {
             labels,
             positions,
             len,
-            seqs,
             seq_len,
             gather,
             scatter,
@@ -709,10 +719,10 @@ mod tests {
             assert_eq!(p.len, b.packed_len(&[1, 0, 3, 2]));
             assert!(p.len > p.tokens);
             if buckets {
-                assert_eq!((p.len, p.seqs, p.seq_len), (128, 8, 64));
+                assert_eq!((p.len, p.seqs(), p.seq_len), (128, 8, 64));
             } else {
                 // Four rows of 9 hold 26 tokens with room to spare.
-                assert_eq!((p.len, p.seqs, p.seq_len), (27, 4, 9));
+                assert_eq!((p.len, p.seqs(), p.seq_len), (27, 4, 9));
             }
             let mut at = 0;
             for (row, &i) in [1usize, 0, 3, 2].iter().enumerate() {
@@ -743,7 +753,7 @@ mod tests {
         // Every example as long as the longest: a row of padding is added.
         let same = examples(&[6, 6]);
         let p = Batcher::new(&same, 2, 0, 0).unwrap().pack(&[0, 1]);
-        assert_eq!((p.seqs, p.seq_len), (3, 6));
+        assert_eq!((p.seqs(), p.seq_len), (3, 6));
         assert_eq!(p.scatter[12], 12);
     }
 }

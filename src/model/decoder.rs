@@ -787,14 +787,27 @@ impl Decoder {
         let (_, l) = ids.dims2()?;
         let mask = attention::mask(l, 0, attention_mask, self.device())?;
         let rotation = self.rope.at(&Positions::Offset(0), l)?;
+        self.whole_pass(ids, &rotation, mask.as_ref(), None, train)
+    }
+
+    /// A pass over whole sequences (no cache): what training and scoring
+    /// forwards share.
+    fn whole_pass(
+        &self,
+        ids: &Tensor,
+        rotation: &Rotation,
+        mask: Option<&Tensor>,
+        segments: Option<&Segments>,
+        train: bool,
+    ) -> Result<Tensor> {
         let mut step = Step {
-            rotation: &rotation,
-            mask: mask.as_ref(),
+            rotation,
+            mask,
             cache: None,
             train,
             fused: self.fused_attention,
             view: None,
-            segments: None,
+            segments,
         };
         self.hidden(ids, &mut step)
     }
@@ -814,16 +827,7 @@ impl Decoder {
         // after every real one, so no real query sees them.
         let mask = attention::mask(segments.seq_len(), 0, None, self.device())?;
         let rotation = self.rope.at(&Positions::PerRow(positions.clone()), l)?;
-        let mut step = Step {
-            rotation: &rotation,
-            mask: mask.as_ref(),
-            cache: None,
-            train,
-            fused: self.fused_attention,
-            view: None,
-            segments: Some(segments),
-        };
-        self.hidden(ids, &mut step)
+        self.whole_pass(ids, &rotation, mask.as_ref(), Some(segments), train)
     }
 
     /// [`Self::forward_hidden`] followed by `lm_head`: logits `(B, L,

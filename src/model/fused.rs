@@ -100,9 +100,10 @@ pub struct AdamWStep {
 
 /// Inverted dropout's mask of `shape` in `dtype` on a CUDA `device`: each
 /// value 0 with probability `p`, else `1 / (1 - p)`, drawn from `seed` and
-/// the value's index in one kernel; `None` on other devices. Replaces
-/// candle's `Tensor::rand` chain, which needs a fresh cuRAND generator for
-/// each seed (one a LoRA projection a pass).
+/// the value's index in one kernel; `None` on other devices. Training
+/// never stores it: [`dropout_apply`] multiplies by the same values where
+/// they are used. This stored form defines them (the tests hold
+/// `dropout_apply` to it).
 pub fn dropout_mask(
     shape: &candle_core::Shape,
     dtype: candle_core::DType,

@@ -315,48 +315,40 @@ pub fn without_adapters<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Inverted dropout mask shaped like `x`: 0 with probability `p`, else
-/// `1 / (1 - p)`, drawn from the step's seed and `name`.
+/// LoRA dropout for the input `x`: an inverted-dropout mask, 0 with
+/// probability `p`, else `1 / (1 - p)`, drawn from the step's seed and
+/// `name`.
 ///
 /// On the CPU the draws come from the host generator, so a run and its
-/// resumption see the same masks bit for bit. On CUDA one kernel draws
-/// them in place from the same two values, a counter-based stream (the
-/// same masks run to run, different numbers from the CPU's): drawing
-/// millions of values a layer on the host and copying them over would
-/// cost more than the layer itself, and re-seeding candle's generator
-/// makes a new cuRAND generator each time. Another accelerator re-seeds
-/// its own generator.
-///
-/// On CUDA the mask is never stored: [`ops::Dropout::Drawn`] draws it where
-/// it is applied (the same values [`crate::model::fused::dropout_mask`]
-/// would hold), which saves writing it and reading it back at every use.
+/// resumption see the same masks bit for bit. On CUDA the mask is never
+/// stored: [`ops::Dropout::Drawn`] draws it where it is applied from a
+/// counter-based stream of the same two values (the same masks run to run,
+/// different numbers from the CPU's; the values
+/// [`crate::model::fused::dropout_mask`] would hold), which saves writing it
+/// and reading it back at every use; drawing millions of values a layer on
+/// the host and copying them over would cost more than the layer itself,
+/// and re-seeding candle's generator makes a new cuRAND generator each
+/// time. Another accelerator re-seeds its own generator.
 fn dropout(x: &Tensor, p: f32, name: &str, seed: u64) -> Result<ops::Dropout> {
-    let stream = Rng::for_tensor(seed, name).next_u64();
-    if x.device().is_cuda() && cfg!(feature = "cuda") {
+    let device = x.device();
+    let keep = 1.0 / (1.0 - p);
+    if device.is_cuda() {
+        let stream = Rng::for_tensor(seed, name).next_u64();
         return Ok(ops::Dropout::Drawn { stream, p });
     }
-    dropout_mask(x, p, name, seed).map(ops::Dropout::Mask)
-}
-
-fn dropout_mask(x: &Tensor, p: f32, name: &str, seed: u64) -> Result<Tensor> {
-    let keep = 1.0 / (1.0 - p);
-    let device = x.device();
-    let stream = Rng::for_tensor(seed, name).next_u64();
-    if let Some(mask) = crate::model::fused::dropout_mask(x.shape(), x.dtype(), device, stream, p)?
-    {
-        return Ok(mask);
-    }
     if !device.is_cpu() {
-        device.set_seed(stream)?;
+        device.set_seed(Rng::for_tensor(seed, name).next_u64())?;
         let u = Tensor::rand(0f32, 1f32, x.shape(), device)?;
-        return (u.ge(p as f64)?.to_dtype(DType::F32)? * keep as f64)?.to_dtype(x.dtype());
+        let mask = (u.ge(p as f64)?.to_dtype(DType::F32)? * keep as f64)?.to_dtype(x.dtype())?;
+        return Ok(ops::Dropout::Mask(mask));
     }
     let u = Rng::for_tensor(seed, name).uniform(x.elem_count(), 0.0, 1.0);
     let mask: Vec<f32> = u
         .into_iter()
         .map(|u| if u < p { 0.0 } else { keep })
         .collect();
-    Tensor::from_vec(mask, x.shape(), device)?.to_dtype(x.dtype())
+    let mask = Tensor::from_vec(mask, x.shape(), device)?.to_dtype(x.dtype())?;
+    Ok(ops::Dropout::Mask(mask))
 }
 
 /// The trainable factors of one projection.

@@ -67,14 +67,12 @@ pub(crate) fn set_packed_attention(on: bool) {
 /// A packed pass's attention layout, on the device.
 #[derive(Debug, Clone)]
 pub struct Segments {
-    /// `seqs * seq_len`: the packed position each slot reads.
+    /// `lens.len() * seq_len`: the packed position each slot reads.
     gather: Tensor,
     /// `len`: the slot each packed position reads.
     scatter: Tensor,
-    seqs: usize,
     seq_len: usize,
     /// Each attention row's example length, the examples end to end.
-    #[cfg_attr(not(feature = "cudnn"), allow(dead_code))]
     lens: Vec<usize>,
     #[cfg(feature = "cudnn")]
     ragged: std::sync::OnceLock<super::sdpa_cudnn::RaggedLayout>,
@@ -84,16 +82,13 @@ impl Segments {
     pub fn new(
         gather: &[u32],
         scatter: &[u32],
-        seqs: usize,
         seq_len: usize,
         lens: &[usize],
         device: &Device,
     ) -> Result<Self> {
-        if lens.len() != seqs || lens.iter().any(|&n| n > seq_len) {
-            candle_core::bail!(
-                "packed attention: {} example lengths for {seqs} rows of {seq_len}",
-                lens.len()
-            );
+        let seqs = lens.len();
+        if let Some(n) = lens.iter().find(|&&n| n > seq_len) {
+            candle_core::bail!("packed attention: an example of {n} tokens in rows of {seq_len}");
         }
         if gather.len() != seqs * seq_len {
             candle_core::bail!(
@@ -114,7 +109,6 @@ impl Segments {
         Ok(Self {
             gather: Tensor::new(gather, device)?,
             scatter: Tensor::new(scatter, device)?,
-            seqs,
             seq_len,
             lens: lens.to_vec(),
             #[cfg(feature = "cudnn")]
@@ -154,17 +148,17 @@ impl Segments {
         let (_, t, h, d) = x.dims4()?;
         x.reshape((t, h * d))?
             .index_select(&self.gather, 0)?
-            .reshape((self.seqs, self.seq_len, h, d))?
+            .reshape((self.lens.len(), self.seq_len, h, d))?
             .transpose(1, 2)
     }
 
     /// `y: (N, H, S, D)` -> `(1, T, H, D)` packed, contiguous.
     pub fn from_attention(&self, y: &Tensor) -> Result<Tensor> {
         let (n, h, s, d) = y.dims4()?;
-        if (n, s) != (self.seqs, self.seq_len) {
+        if (n, s) != (self.lens.len(), self.seq_len) {
             candle_core::bail!(
                 "packed attention: output of {n} rows of {s}, expected {} of {}",
-                self.seqs,
+                self.lens.len(),
                 self.seq_len
             );
         }
@@ -244,7 +238,6 @@ mod cuda_tests {
                 let segs = Segments::new(
                     &packed.gather,
                     &packed.scatter,
-                    packed.seqs,
                     packed.seq_len,
                     &packed.lens,
                     &dev,

@@ -567,7 +567,7 @@ fn packed_tensors(
     Ok((
         Tensor::from_slice(&p.input_ids, shape, dev)?,
         Tensor::from_slice(&p.positions, shape, dev)?,
-        Segments::new(&p.gather, &p.scatter, p.seqs, p.seq_len, &p.lens, dev)?,
+        Segments::new(&p.gather, &p.scatter, p.seq_len, &p.lens, dev)?,
         Tensor::from_slice(&p.labels, shape, dev)?,
     ))
 }
