@@ -221,10 +221,17 @@ fn passes_regrouped_by_tokens_train_as_fixed_micro_batches() {
         assert_eq!(passes(&root.join(out)), [want; 4], "{out}");
     }
     // Resuming regroups the remaining steps as the uninterrupted run did.
+    assert_resume_repeats_the_passes(root, |j| j.config.micro_batch_tokens = Some(700));
+}
+
+/// A run of 4 steps (dropout on, a constant rate) against one stopped after
+/// 2 and resumed, both set up by `configure`: the same passes a step and
+/// the same losses.
+fn assert_resume_repeats_the_passes(root: &Path, configure: impl Fn(&mut SftJob)) {
     let constant = |out: &str, steps: u64| {
         let mut j = job(root, out, 2, 3, 0.1, steps);
         (j.config.warmup_ratio, j.config.min_lr_ratio) = (0.0, 1.0);
-        j.config.micro_batch_tokens = Some(700);
+        configure(&mut j);
         j
     };
     train(&constant("straight", 4), 1);
@@ -271,25 +278,7 @@ fn packed_passes_train_as_fixed_micro_batches() {
         }
     }
     // Resuming packs the remaining steps as the uninterrupted run did.
-    let constant = |out: &str, steps: u64| {
-        let mut j = job(root, out, 2, 3, 0.1, steps);
-        (j.config.warmup_ratio, j.config.min_lr_ratio) = (0.0, 1.0);
-        j.config.packing = Some(true);
-        j
-    };
-    train(&constant("straight", 4), 1);
-    train(&constant("resumed", 2), 1);
-    let mut rest = constant("resumed", 4);
-    rest.resume = true;
-    assert_eq!(train(&rest, 1).resumed_from, Some(2));
-    assert_eq!(
-        passes(&root.join("straight")),
-        passes(&root.join("resumed"))
-    );
-    assert_eq!(
-        losses(&root.join("straight")),
-        losses(&root.join("resumed"))
-    );
+    assert_resume_repeats_the_passes(root, |j| j.config.packing = Some(true));
 }
 
 #[test]

@@ -525,6 +525,38 @@ fn matches_the_transformers_and_peft_reference() {
     }
 }
 
+/// Every trainable tensor's gradient in `grads`, in `named_trainable_vars`
+/// order (each must have one).
+fn trainable_grads(
+    m: &LoadedModel,
+    grads: &candle_core::backprop::GradStore,
+    arch: &str,
+) -> Vec<Tensor> {
+    m.named_trainable_vars()
+        .iter()
+        .map(|(name, v)| {
+            grads
+                .get(v.as_tensor())
+                .unwrap_or_else(|| panic!("{arch}: no gradient for {name}"))
+                .clone()
+        })
+        .collect()
+}
+
+/// `|got - want| / |want|` in the L2 norm.
+fn relative_error(got: &Tensor, want: &Tensor) -> f32 {
+    let norm = |t: &Tensor| {
+        t.sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+            .sqrt()
+    };
+    norm(&(got - want).unwrap()) / norm(want)
+}
+
 /// The hand-written layer backward gives candle autograd's gradients, and
 /// per-layer gradient checkpointing (which recomputes each layer in the
 /// backward pass) gives exactly the non-checkpointed ones (same ops on the
@@ -548,16 +580,7 @@ fn gradient_checkpointing_gives_the_same_gradients() {
             .unwrap();
             let loss = (sum / n as f64).unwrap();
             let grads = m.model.backward(&loss).unwrap();
-            let per_var: Vec<Tensor> = m
-                .named_trainable_vars()
-                .iter()
-                .map(|(name, v)| {
-                    grads
-                        .get(v.as_tensor())
-                        .unwrap_or_else(|| panic!("{arch}: no gradient for {name}"))
-                        .clone()
-                })
-                .collect();
+            let per_var = trainable_grads(m, &grads, arch);
             (loss.to_scalar::<f32>().unwrap(), per_var)
         };
         let (plain_loss, plain) = run(&m);
@@ -576,22 +599,7 @@ fn gradient_checkpointing_gives_the_same_gradients() {
             "{arch}: loss {plain_loss} vs autograd {auto_loss}"
         );
         for ((name, _), (g, r)) in m.named_trainable_vars().iter().zip(plain.iter().zip(&auto)) {
-            let err = (g - r)
-                .unwrap()
-                .sqr()
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap()
-                .sqrt()
-                / r.sqr()
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap()
-                    .sqrt();
+            let err = relative_error(g, r);
             assert!(
                 err < 1e-4,
                 "{arch}: {name}: relative error {err} against autograd"
@@ -648,7 +656,7 @@ fn packed_rows_give_the_unpacked_loss_and_gradients() {
     let packed = batcher.pack(&rows);
     assert_eq!(padded.answer_tokens, packed.answer_tokens);
     assert_eq!(packed.tokens, 35);
-    assert!(packed.len > packed.tokens && packed.seqs * packed.seq_len > packed.tokens);
+    assert!(packed.len > packed.tokens && packed.seqs() * packed.seq_len > packed.tokens);
     let dev = Device::Cpu;
     for (arch, write) in ARCHS {
         let (_tmp, dir) = tiny_model(write);
@@ -661,7 +669,6 @@ fn packed_rows_give_the_unpacked_loss_and_gradients() {
                 let segs = Segments::new(
                     &packed.gather,
                     &packed.scatter,
-                    packed.seqs,
                     packed.seq_len,
                     &packed.lens,
                     &dev,
@@ -692,16 +699,7 @@ fn packed_rows_give_the_unpacked_loss_and_gradients() {
             .unwrap();
             let loss = (sum / 30.0).unwrap();
             let grads = m.model.backward(&loss).unwrap();
-            let per_var: Vec<Tensor> = m
-                .named_trainable_vars()
-                .iter()
-                .map(|(name, v)| {
-                    grads
-                        .get(v.as_tensor())
-                        .unwrap_or_else(|| panic!("{arch}: no gradient for {name}"))
-                        .clone()
-                })
-                .collect();
+            let per_var = trainable_grads(m, &grads, arch);
             (loss.to_scalar::<f32>().unwrap(), n, per_var)
         };
         let (want_loss, want_n, want) = run(&m, false);
@@ -721,16 +719,7 @@ fn packed_rows_give_the_unpacked_loss_and_gradients() {
                 "{arch} {what}: loss {loss} packed vs {want_loss}"
             );
             for ((name, _), (g, r)) in m.named_trainable_vars().iter().zip(got.iter().zip(&want)) {
-                let norm = |t: &Tensor| {
-                    t.sqr()
-                        .unwrap()
-                        .sum_all()
-                        .unwrap()
-                        .to_scalar::<f32>()
-                        .unwrap()
-                        .sqrt()
-                };
-                let err = norm(&(g - r).unwrap()) / norm(r).max(1e-12);
+                let err = relative_error(g, r);
                 assert!(err < 1e-5, "{arch} {what}: {name}: relative error {err}");
             }
         }
