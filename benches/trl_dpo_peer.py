@@ -27,10 +27,15 @@ What it runs, set to match ours (src/pref/dpo.rs, config DpoConfig):
 
 Output: one JSON line a logged step with `step`, `loss`, `rewards/chosen`,
 `rewards/rejected`, `rewards/margins`, `rewards/accuracies`, `logps/chosen`,
-`logps/rejected` (TRL's names, which ours share), then a summary line with the versions.
+`logps/rejected` (TRL's names, which ours share), then a summary line with the versions,
+`tokens_per_s` and `peak_mem_gib`. Tokens are counted as ours counts them (src/pref/dpo.rs):
+a pair is its prompt twice plus both answers, in the chat template's tokens; the rate is
+taken over the steps after the first (its time holds the start-up), from the mean tokens
+of a pair, and the peak is `torch.cuda.max_memory_allocated` (and the reserved peak).
 Compare the first step's loss (log 2 for a fresh adapter under both) and the curves.
 """
 import argparse
+import math
 import json
 import sys
 
@@ -104,10 +109,14 @@ def main():
     if a.nll_coef > 0:
         losses.append("sft")
         weights.append(a.nll_coef)
+    pairs = read_pairs(a.pairs)
+    # 10% warm-up in steps (transformers 5 takes no `warmup_ratio`).
+    steps = math.ceil(math.ceil(len(pairs) / (a.batch_size * a.accum)) * a.epochs)
+    warmup = math.ceil(0.1 * steps)
     cfg = DPOConfig(
         output_dir=a.output_dir, beta=a.beta, loss_type=losses, loss_weights=weights,
         label_smoothing=a.epsilon if a.loss == "robust" else 0.0,
-        learning_rate=a.lr, lr_scheduler_type="cosine", warmup_ratio=0.1, max_grad_norm=1.0,
+        learning_rate=a.lr, lr_scheduler_type="cosine", warmup_steps=warmup, max_grad_norm=1.0,
         per_device_train_batch_size=a.batch_size, gradient_accumulation_steps=a.accum,
         num_train_epochs=a.epochs, max_length=a.max_length, seed=a.seed, logging_steps=1,
         save_strategy="no", report_to=[], bf16=cuda, use_cpu=not cuda, gradient_checkpointing=False,
@@ -115,19 +124,50 @@ def main():
     lora = LoraConfig(r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=0.0, target_modules=TARGETS,
                       task_type="CAUSAL_LM")
 
+    import time
+
+    # Tokens a pair, as ours counts them: each whole conversation (prompt and answer)
+    # rendered by the chat template, so a pair is the prompt twice plus both answers.
+    def n_tokens(msgs):
+        ids = tok.apply_chat_template(msgs, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return len(ids)
+    per_pair = []
+    for r in pairs:
+        whole = lambda k: min(n_tokens(r["prompt"] + r[k]), a.max_length)
+        per_pair.append(whole("chosen") + whole("rejected"))
+    mean_pair_tokens = sum(per_pair) / len(per_pair)
+    step_ends = []
+
     class Lines(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            step_ends.append(time.perf_counter())
+
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "loss" in logs:
                 row = {"step": state.global_step}
                 row.update({k: logs[k] for k in KEYS if k in logs})
                 print(json.dumps(row), flush=True)
 
-    trainer = DPOTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(read_pairs(a.pairs)),
+    trainer = DPOTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(pairs),
                          processing_class=tok, peft_config=lora, callbacks=[Lines()])
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     trainer.train()
+    pairs_a_step = a.batch_size * a.accum
+    timed = len(step_ends) - 1
+    rate = (timed * pairs_a_step * mean_pair_tokens / (step_ends[-1] - step_ends[0])) if timed > 0 else None
+    gib = 1024 ** 3
     print(json.dumps({"summary": True, "trl": trl.__version__, "transformers": transformers.__version__,
                       "peft": peft.__version__, "torch": torch.__version__, "device": "cuda" if cuda else "cpu",
-                      "steps": trainer.state.global_step}))
+                      "steps": trainer.state.global_step, "pairs": len(pairs),
+                      "mean_pair_tokens": round(mean_pair_tokens, 1),
+                      "tokens_per_s": round(rate, 1) if rate else None,
+                      "peak_mem_gib": round(torch.cuda.max_memory_allocated() / gib, 3) if cuda else None,
+                      "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / gib, 3) if cuda else None}))
 
 
 if __name__ == "__main__":

@@ -483,6 +483,22 @@ fn generate_writes_sibling_sft_data_and_ppo_draws_from_a_mixture() {
         !out.status.success() && err.contains("no-such-rows.jsonl"),
         "{err}"
     );
+    // An environment none of whose prompts fits the prompt budget stops the
+    // run, named, instead of leaving the mixture without it.
+    let s3 = std::fs::read_to_string(dir.path().join("s3.json")).unwrap();
+    let tight = s3.replacen("\"ppo\": {", "\"ppo\": {\"max_prompt_tokens\": 64, ", 1);
+    assert_ne!(tight, s3);
+    std::fs::write(dir.path().join("s3tight.json"), tight).unwrap();
+    let mut args = common::ppo_args("rl3", &["--environment", "sat+ded"]);
+    args[4] = "s3tight.json";
+    let out = common::trace_train(dir.path(), &args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("longer than ppo.max_prompt_tokens (64 tokens")
+            && (err.contains("environment `sat`") || err.contains("environment `ded`")),
+        "{err}"
+    );
 }
 
 #[test]

@@ -668,6 +668,56 @@ impl Barren {
 }
 
 /// `a 3, b 1`.
+/// Prompts an environment must have made before a run judges that none
+/// of them fits `max_prompt_tokens`.
+pub const PROMPT_FIT_PROBE: u64 = 32;
+
+/// How the prompts of one environment (one part of a mixture) fit the
+/// prompt budget so far; kept with the run's state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PromptFit {
+    pub fitted: u64,
+    pub too_long: u64,
+    /// The shortest prompt that did not fit, in tokens.
+    pub shortest_too_long: Option<usize>,
+}
+
+/// The environment a task id's prompt comes from: a mixture's part, else
+/// the environment itself.
+pub fn part_name(env: &dyn Environment, task_id: u64) -> &'static str {
+    env.part_of(task_id)
+        .and_then(|i| env.parts().get(i).copied())
+        .unwrap_or_else(|| env.name())
+}
+
+/// Counts a prompt of `len` tokens from environment `name` against the
+/// budget `limit`, and says whether it fits. Stops the run when the first
+/// [`PROMPT_FIT_PROBE`] prompts of an environment were all too long: the
+/// run would otherwise go on without it, and a mixture would quietly train
+/// on the other environments alone.
+pub fn prompt_fits(
+    fits: &mut BTreeMap<String, PromptFit>,
+    name: &str,
+    len: usize,
+    limit: usize,
+) -> anyhow::Result<bool> {
+    let f = fits.entry(name.to_owned()).or_default();
+    if len <= limit {
+        f.fitted += 1;
+        return Ok(true);
+    }
+    f.too_long += 1;
+    f.shortest_too_long = Some(f.shortest_too_long.map_or(len, |s| s.min(len)));
+    if f.fitted == 0 && f.too_long >= PROMPT_FIT_PROBE {
+        let shortest = f.shortest_too_long.unwrap_or(len);
+        anyhow::bail!(
+            "environment `{name}`: all {} of its prompts drawn so far are longer than ppo.max_prompt_tokens ({limit} tokens; the shortest was {shortest}), so the run would train without it\nhint: set ppo.max_prompt_tokens to at least {shortest} in the Stage 3 config (model.max_length must hold the prompt and the answer), or leave `{name}` out of ppo.environment",
+            f.too_long
+        );
+    }
+    Ok(false)
+}
+
 fn tally<K: std::fmt::Display>(counts: &BTreeMap<K, u64>) -> String {
     counts
         .iter()
@@ -679,6 +729,40 @@ fn tally<K: std::fmt::Display>(counts: &BTreeMap<K, u64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_environment_whose_prompts_never_fit_stops_the_run() {
+        let mut fits = BTreeMap::new();
+        assert!(prompt_fits(&mut fits, "trace", 100, 512).unwrap());
+        // One of `abd`'s prompts fits: many too long after it never stop.
+        assert!(!prompt_fits(&mut fits, "abd", 900, 512).unwrap());
+        assert!(prompt_fits(&mut fits, "abd", 400, 512).unwrap());
+        for _ in 0..PROMPT_FIT_PROBE * 2 {
+            assert!(!prompt_fits(&mut fits, "abd", 900, 512).unwrap());
+        }
+        // None of `sat`'s ever fits: the probe's last draw stops the run.
+        for i in 0..PROMPT_FIT_PROBE - 1 {
+            assert!(!prompt_fits(&mut fits, "sat", 3000 + i as usize, 512).unwrap());
+        }
+        let err = prompt_fits(&mut fits, "sat", 2990, 512)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("environment `sat`"), "{err}");
+        assert!(
+            err.contains("ppo.max_prompt_tokens (512 tokens; the shortest was 2990)"),
+            "{err}"
+        );
+        assert!(err.contains("at least 2990"), "{err}");
+        assert_eq!(fits["sat"].too_long, PROMPT_FIT_PROBE);
+        assert_eq!(
+            fits["trace"],
+            PromptFit {
+                fitted: 1,
+                too_long: 0,
+                shortest_too_long: None
+            }
+        );
+    }
 
     #[test]
     fn task_ids_are_a_pure_function_in_range() {

@@ -124,6 +124,10 @@ pub struct RlState {
     /// from checkpoints written before it was kept.
     #[serde(default)]
     pub bad_rows: BTreeMap<u64, String>,
+    /// How each environment's prompts fit `max_prompt_tokens`. Absent from
+    /// checkpoints written before it was kept.
+    #[serde(default)]
+    pub prompt_fit: BTreeMap<String, crate::rl::env::PromptFit>,
     /// GRPO groups dropped for equal rewards.
     pub dropped_groups: u64,
     /// Updates each optimizer made (one a minibatch): AdamW's bias
@@ -819,7 +823,11 @@ fn draw(
             continue;
         }
         let ids = policy.encode(&task.prompt)?;
-        if ids.len() > policy.cfg.max_prompt_tokens || ids.is_empty() {
+        let part = crate::rl::env::part_name(stream.env(), id);
+        let limit = policy.cfg.max_prompt_tokens;
+        if ids.is_empty()
+            || !crate::rl::env::prompt_fits(&mut rl.prompt_fit, part, ids.len(), limit)?
+        {
             let (env, why) = (stream.env(), "prompt_too_long".to_owned());
             barren.skip(env, id, why, &mut rl.bad_rows, &mut rl.skipped_tasks)?;
             continue;
