@@ -33,6 +33,25 @@ fn every_shipped_config_parses() {
     assert!(seen >= 5, "expected the five shipped configs, saw {seen}");
 }
 
+/// The recipes under `config/recipes/` (a pipeline config each, measured
+/// on the model it is named for) load as `pipeline --config` loads them.
+#[test]
+fn every_recipe_parses() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/recipes");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path().join("pipeline_config.json");
+        let p: PipelineConfig = config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            p.stage1.learning_rate > 0.0 && p.stage2.learning_rate > 0.0,
+            "{}",
+            path.display()
+        );
+        seen += 1;
+    }
+    assert!(seen >= 1, "no recipe found under {}", dir.display());
+}
+
 #[test]
 fn pipeline_config_matches_the_stage_files() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
