@@ -227,19 +227,25 @@ pub fn eval_items(args: &EvalArgs) -> anyhow::Result<Vec<EvalItem>> {
     })
 }
 
-/// Evaluates `args`'s model on `items` (made by [`eval_items`], once for
-/// several models: the pipeline's gate) and writes the report.
-pub fn run_eval_on(args: &EvalArgs, items: &[EvalItem]) -> anyhow::Result<Report> {
-    let model_spec = args
+/// `--model` (with `--revision`) resolved to a folder; a hub model's
+/// commit is printed.
+fn resolve_model(args: &EvalArgs) -> anyhow::Result<model::resolve::Resolved> {
+    let spec = args
         .model
         .clone()
         .context("--model is required\nhint: pass the model folder to evaluate")?;
     let resolved =
-        model::resolve::resolve_revision(&model_spec.to_string_lossy(), args.revision.as_deref())?;
+        model::resolve::resolve_revision(&spec.to_string_lossy(), args.revision.as_deref())?;
     if let Some(commit) = &resolved.commit {
         eprintln!("model `{}` at commit {commit}", resolved.spec);
     }
-    let model_dir = resolved.dir;
+    Ok(resolved)
+}
+
+/// Evaluates `args`'s model on `items` (made by [`eval_items`], once for
+/// several models: the pipeline's gate) and writes the report.
+pub fn run_eval_on(args: &EvalArgs, items: &[EvalItem]) -> anyhow::Result<Report> {
+    let model_dir = resolve_model(args)?.dir;
     let feedback = feedback_kind(args)?;
     let sampler = Sampler::load(args, &model_dir)?;
     // Each turn's prompts of every item still going, decoded together.
@@ -355,12 +361,7 @@ pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> 
         .iter()
         .any(|(_, w)| *w != 1.0)
         .then(|| named.iter().map(|(_, w)| *w).collect());
-    let model_spec = args
-        .model
-        .clone()
-        .context("--model is required\nhint: pass the model folder to evaluate")?;
-    let resolved =
-        model::resolve::resolve_revision(&model_spec.to_string_lossy(), args.revision.as_deref())?;
+    let resolved = resolve_model(args)?;
     let envs = super::envs::build(&names, &args.envs.data, args.unsafe_no_sandbox)?;
     let mut tasks = Vec::new();
     for env in &envs {
