@@ -222,6 +222,67 @@ fn ded_tests_are_read_as_cpython_reads_them() {
     assert_eq!(key, json!({"fail": "no_test_cases"}));
 }
 
+const ABD_AGAIN: &str = "Try again: give the program's input between <INPUT> and </INPUT> tags.";
+
+/// The verdict alone: Trace's sentence, for every environment.
+fn verdict() -> String {
+    trace_train::reward::feedback("", "", "verdict")
+}
+
+#[test]
+fn abd_feedback_runs_the_reply_input_in_the_sandbox() {
+    let rows = vec![abd_row(
+        "a = int(input())\nprint(a * 2)\nprint(a)\n",
+        "3",
+        None,
+    )];
+    let env = AbdEnv::new(Arc::new(rows), exec()).unwrap();
+    let t = env.task(0).unwrap();
+    assert_eq!(t.expected, "6\n3\n");
+    let fb = |reply: &str, kind: &str| env.feedback(&t, reply, kind).unwrap();
+    let wrong = "I think it is\n<INPUT>\n2\n</INPUT>";
+    assert_eq!(reward(env.score(&t, wrong)), 0.0);
+    assert_eq!(
+        fb(wrong, "first_diff"),
+        format!(
+            "Your answer is incorrect: on your input the program printed 2 lines (the expected output has 2 lines); line 1 is the first that differs, where it printed:\n4\n{ABD_AGAIN}"
+        )
+    );
+    assert_eq!(
+        fb(wrong, "line"),
+        format!(
+            "Your answer is incorrect: on your input the program printed 2 lines (the expected output has 2 lines); line 1 is the first that differs. The program printed:\n```\n4\n2\n```\n{ABD_AGAIN}"
+        )
+    );
+    // The same reply, the same text.
+    assert_eq!(fb(wrong, "line"), fb(wrong, "line"));
+    // The program raises on the input: stderr.
+    let raises = "<INPUT>x</INPUT>";
+    assert_eq!(reward(env.score(&t, raises)), 0.0);
+    assert_eq!(
+        fb(raises, "first_diff"),
+        format!(
+            "Your answer is incorrect: on your input the program wrote to stderr, which fails the task; its last line:\nValueError: invalid literal for int() with base 10: 'x'\n{ABD_AGAIN}"
+        )
+    );
+    let full = fb(raises, "line");
+    assert!(
+        full.starts_with("Your answer is incorrect: on your input the program wrote to stderr, which fails the task:\n```\nTraceback (most recent call last):\n")
+            && full.ends_with(&format!("ValueError: invalid literal for int() with base 10: 'x'\n```\n{ABD_AGAIN}")),
+        "{full}"
+    );
+    // No INPUT block: nothing ran.
+    assert_eq!(
+        fb("The input is 3.", "line"),
+        format!(
+            "Your answer is incorrect: no <INPUT> block was found in your reply, so the program was not run. {ABD_AGAIN}"
+        )
+    );
+    for reply in [wrong, raises, "The input is 3."] {
+        assert_eq!(fb(reply, "verdict"), verdict());
+    }
+}
+
 #[test]
 fn sat_needs_no_data() {
     let t = SatEnv.task(42).unwrap();
