@@ -222,6 +222,126 @@ fn ded_tests_are_read_as_cpython_reads_them() {
     assert_eq!(key, json!({"fail": "no_test_cases"}));
 }
 
+const ABD_AGAIN: &str = "Try again: give the program's input between <INPUT> and </INPUT> tags.";
+const DED_AGAIN: &str = "Try again: give the whole program in a single ```python block.";
+
+/// The verdict alone: Trace's sentence, for every environment.
+fn verdict() -> String {
+    trace_train::reward::feedback("", "", "verdict")
+}
+
+#[test]
+fn abd_feedback_runs_the_reply_input_in_the_sandbox() {
+    let rows = vec![abd_row(
+        "a = int(input())\nprint(a * 2)\nprint(a)\n",
+        "3",
+        None,
+    )];
+    let env = AbdEnv::new(Arc::new(rows), exec()).unwrap();
+    let t = env.task(0).unwrap();
+    assert_eq!(t.expected, "6\n3\n");
+    let fb = |reply: &str, kind: &str| env.feedback(&t, reply, kind).unwrap();
+    let wrong = "I think it is\n<INPUT>\n2\n</INPUT>";
+    assert_eq!(reward(env.score(&t, wrong)), 0.0);
+    assert_eq!(
+        fb(wrong, "first_diff"),
+        format!(
+            "Your answer is incorrect: on your input the program printed 2 lines (the expected output has 2 lines); line 1 is the first that differs, where it printed:\n4\n{ABD_AGAIN}"
+        )
+    );
+    assert_eq!(
+        fb(wrong, "line"),
+        format!(
+            "Your answer is incorrect: on your input the program printed 2 lines (the expected output has 2 lines); line 1 is the first that differs. The program printed:\n```\n4\n2\n```\n{ABD_AGAIN}"
+        )
+    );
+    // The same reply, the same text.
+    assert_eq!(fb(wrong, "line"), fb(wrong, "line"));
+    // The program raises on the input: stderr.
+    let raises = "<INPUT>x</INPUT>";
+    assert_eq!(reward(env.score(&t, raises)), 0.0);
+    assert_eq!(
+        fb(raises, "first_diff"),
+        format!(
+            "Your answer is incorrect: on your input the program wrote to stderr, which fails the task; its last line:\nValueError: invalid literal for int() with base 10: 'x'\n{ABD_AGAIN}"
+        )
+    );
+    let full = fb(raises, "line");
+    assert!(
+        full.starts_with("Your answer is incorrect: on your input the program wrote to stderr, which fails the task:\n```\nTraceback (most recent call last):\n")
+            && full.ends_with(&format!("ValueError: invalid literal for int() with base 10: 'x'\n```\n{ABD_AGAIN}")),
+        "{full}"
+    );
+    // No INPUT block: nothing ran.
+    assert_eq!(
+        fb("The input is 3.", "line"),
+        format!(
+            "Your answer is incorrect: no <INPUT> block was found in your reply, so the program was not run. {ABD_AGAIN}"
+        )
+    );
+    for reply in [wrong, raises, "The input is 3."] {
+        assert_eq!(fb(reply, "verdict"), verdict());
+    }
+}
+
+#[test]
+fn ded_feedback_runs_the_reply_on_the_cases_in_the_sandbox() {
+    let cases = json!({"test_cases": [
+        {"type": "stdin_stdout", "input": "1 2", "output": "3"},
+        {"type": "stdin_stdout", "input": "5 5", "output": "10"},
+        {"type": "stdin_stdout", "input": "2 2", "output": "4"},
+    ]});
+    let env = DedEnv::new(Arc::new(vec![ded_row("test_cases", cases)]), exec()).unwrap();
+    let t = env.task(0).unwrap();
+    let fb = |reply: &str, kind: &str| env.feedback(&t, reply, kind).unwrap();
+    let wrong = "```python\na, b = map(int, input().split())\nprint(0 if a == 5 else a + b)\n```";
+    assert_eq!(reward(env.score(&t, wrong)), 0.0);
+    assert_eq!(
+        fb(wrong, "first_diff"),
+        format!(
+            "Your answer is incorrect: your program fails test case 2 of 3: line 1 of its output is the first that differs (it printed 1 line, the expected output has 1 line). Line 1 should be:\n10\nYour program printed:\n0\n{DED_AGAIN}"
+        )
+    );
+    assert_eq!(
+        fb(wrong, "line"),
+        format!(
+            "Your answer is incorrect: your program fails test case 2 of 3: line 1 of its output is the first that differs (it printed 1 line, the expected output has 1 line).\nInput:\n```\n5 5\n```\nExpected output:\n```\n10\n```\nYour program printed:\n```\n0\n```\n{DED_AGAIN}"
+        )
+    );
+    assert_eq!(fb(wrong, "line"), fb(wrong, "line"));
+    // A program that raises.
+    let raises = "```python\nprint(1 // 0)\n```";
+    assert_eq!(reward(env.score(&t, raises)), 0.0);
+    assert_eq!(
+        fb(raises, "first_diff"),
+        format!(
+            "Your answer is incorrect: your program fails test case 1 of 3: it wrote to stderr; its last line:\nZeroDivisionError: integer division or modulo by zero\n{DED_AGAIN}"
+        )
+    );
+    let full = fb(raises, "line");
+    assert!(
+        full.starts_with("Your answer is incorrect: your program fails test case 1 of 3: it wrote to stderr.\nInput:\n```\n1 2\n```\nExpected output:\n```\n3\n```\nYour program printed nothing.\nYour program wrote to stderr:\n```\nTraceback (most recent call last):\n")
+            && full.ends_with(&format!("ZeroDivisionError: integer division or modulo by zero\n```\n{DED_AGAIN}")),
+        "{full}"
+    );
+    // No code block: the whole reply ran, and the feedback says so.
+    let prose = "Read the two numbers and print their sum.";
+    assert_eq!(reward(env.score(&t, prose)), 0.0);
+    let said = fb(prose, "first_diff");
+    assert!(
+        said.starts_with("Your answer is incorrect: your program fails test case 1 of 3: it wrote to stderr; its last line:\nSyntaxError: ")
+            && said.ends_with(&format!("No code block was found in your reply, so all of it ran as the program. {DED_AGAIN}")),
+        "{said}"
+    );
+    for reply in [wrong, raises, prose] {
+        assert_eq!(fb(reply, "verdict"), verdict());
+    }
+    // The right program passes, so feedback has nothing to point at.
+    let right = "```python\na, b = map(int, input().split())\nprint(a + b)\n```";
+    assert_eq!(reward(env.score(&t, right)), 1.0);
+    assert_eq!(fb(right, "line"), verdict());
+}
+
 #[test]
 fn sat_needs_no_data() {
     let t = SatEnv.task(42).unwrap();

@@ -18,11 +18,18 @@
 //! Scoring ([`judge`]): any stderr → 0; else 1.0 iff the outputs are
 //! equal, or equal stripped with `\r\n` as `\n`, or equal as lists of
 //! right-stripped lines.
+//!
+//! Feedback ([`feedback`]): the program runs again on the reply's input;
+//! `first_diff` names the first line of its output that differs from the
+//! expected output and what it printed there, `line` quotes its whole
+//! output; either says instead that it wrote to stderr, or that no input
+//! was run (no `<INPUT>` block, too few lines, an empty reply).
 
 use std::sync::{Arc, LazyLock};
 
 use regex::Regex;
 
+use super::feedback::{Keep, cut, first_diff, last_line, lines, quote, verdict};
 use super::rows::TaskRow;
 use super::{py, run};
 use crate::eval::Difficulty;
@@ -154,24 +161,136 @@ pub fn judge(expected: &str, stdout: &str, stderr: &str) -> f64 {
     if same { 1.0 } else { 0.0 }
 }
 
-/// A whole reply's score: stripped (empty scores 0), extracted, gated,
-/// run on `program` by `run` (given the stdin), judged. `Err` only when
-/// `run` fails (the sandbox, not the program).
+/// What became of a reply before judging.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// Blank after stripping.
+    Empty,
+    /// Not run, and why.
+    Rejected(Reject),
+    /// Run on this stdin.
+    Ran { stdin: String, run: run::PyRun },
+}
+
+/// A reply stripped (empty is [`Attempt::Empty`]), extracted, gated and
+/// run on `program` by `run` (given the stdin). `Err` only when `run`
+/// fails (the sandbox, not the program).
+pub fn attempt(
+    reply: &str,
+    program: &str,
+    run: impl FnOnce(&str) -> Result<run::PyRun, String>,
+) -> Result<Attempt, String> {
+    let reply = py::strip(reply);
+    if reply.is_empty() {
+        return Ok(Attempt::Empty);
+    }
+    let stdin = match extract(reply, program) {
+        Ok(stdin) => stdin,
+        Err(why) => return Ok(Attempt::Rejected(why)),
+    };
+    let run = run(&stdin)?;
+    Ok(Attempt::Ran { stdin, run })
+}
+
+/// A whole reply's score: [`attempt`] judged (0 when not run). `Err` only
+/// when `run` fails (the sandbox, not the program).
 pub fn score_reply(
     reply: &str,
     program: &str,
     expected: &str,
     run: impl FnOnce(&str) -> Result<run::PyRun, String>,
 ) -> Result<f64, String> {
-    let reply = py::strip(reply);
-    if reply.is_empty() {
-        return Ok(0.0);
+    Ok(match attempt(reply, program, run)? {
+        Attempt::Ran { run: r, .. } => judge(expected, &r.stdout, &r.stderr),
+        Attempt::Empty | Attempt::Rejected(_) => 0.0,
+    })
+}
+
+/// The lines [`judge`] compares last: `splitlines`, each right-stripped.
+fn judged_lines(s: &str) -> Vec<&str> {
+    py::splitlines(s).into_iter().map(py::rstrip).collect()
+}
+
+/// What ABD says to a wrong reply, by `kind`, from the reply's
+/// [`attempt`] (the program run again on the reply's input, as scoring
+/// runs it):
+/// - `verdict`: the verdict alone;
+/// - `first_diff`: what the program did on the reply's input: which line
+///   of its output first differs from the expected output (compared as
+///   [`judge`]'s last rule compares them: right-stripped lines) and what it
+///   printed there, or that it wrote to stderr (with the last line of
+///   stderr), or that no input could be read from the reply;
+/// - `line`: the same, with the program's whole output (or stderr) quoted
+///   instead of one line, cut as [`super::feedback::cut`] cuts.
+///
+/// Output that matches line by line leaves nothing to point at: the
+/// verdict.
+pub fn feedback(attempt: &Attempt, expected: &str, kind: &str) -> String {
+    const AGAIN: &str = "Try again: give the program's input between <INPUT> and </INPUT> tags.";
+    if kind == "verdict" {
+        return verdict();
     }
-    let Ok(stdin) = extract(reply, program) else {
-        return Ok(0.0);
+    let full = kind == "line";
+    let (stdin, run) = match attempt {
+        Attempt::Empty => return format!("Your answer is incorrect: your reply is empty. {AGAIN}"),
+        Attempt::Rejected(Reject::NoInput) => {
+            return format!(
+                "Your answer is incorrect: no <INPUT> block was found in your reply, so the program was not run. {AGAIN}"
+            );
+        }
+        Attempt::Rejected(Reject::TooFewLines) => {
+            return format!(
+                "Your answer is incorrect: your input has fewer lines than the program reads, so the program was not run. {AGAIN}"
+            );
+        }
+        Attempt::Ran { stdin, run } => (stdin, run),
     };
-    let r = run(&stdin)?;
-    Ok(judge(expected, &r.stdout, &r.stderr))
+    let on = if stdin.is_empty() {
+        "on an empty input"
+    } else {
+        "on your input"
+    };
+    if !run.stderr.is_empty() {
+        let said = if full {
+            format!(":\n{}", quote(&run.stderr, Keep::Tail))
+        } else {
+            format!(
+                "; its last line:\n{}\n",
+                cut(last_line(&run.stderr), Keep::Head)
+            )
+        };
+        return format!(
+            "Your answer is incorrect: {on} the program wrote to stderr, which fails the task{said}{AGAIN}"
+        );
+    }
+    let want = judged_lines(expected);
+    let got = judged_lines(&run.stdout);
+    let Some(i) = first_diff(&want, &got) else {
+        return verdict();
+    };
+    if got.is_empty() {
+        return format!(
+            "Your answer is incorrect: {on} the program printed nothing (the expected output has {}). {AGAIN}",
+            lines(want.len())
+        );
+    }
+    let mut text = format!(
+        "Your answer is incorrect: {on} the program printed {} (the expected output has {}); line {} is the first that differs",
+        lines(got.len()),
+        lines(want.len()),
+        i + 1
+    );
+    if full {
+        text.push_str(&format!(
+            ". The program printed:\n{}",
+            quote(&run.stdout, Keep::Head)
+        ));
+    } else if let Some(line) = got.get(i) {
+        text.push_str(&format!(", where it printed:\n{}\n", cut(line, Keep::Head)));
+    } else {
+        text.push_str(&format!(": the program's output ends after line {i}. "));
+    }
+    format!("{text}{AGAIN}")
 }
 
 /// The expected output of a row: its program's stdout on its input, or
@@ -245,6 +364,19 @@ impl Environment for AbdEnv {
             Ok(s) => Score::Reward(s),
             Err(why) => Score::Masked(why),
         }
+    }
+
+    /// The reply run again as [`Self::score`] runs it ([`feedback`]).
+    fn feedback(&self, task: &Task, completion: &str, kind: &str) -> Result<String, String> {
+        if kind == "verdict" {
+            return Ok(verdict());
+        }
+        let row = self.row(task.task_id)?;
+        let program = row.program.as_deref().unwrap_or_default();
+        let tried = attempt(completion, program, |stdin| {
+            run::run(&self.exec, program, stdin)
+        })?;
+        Ok(feedback(&tried, &task.expected, kind))
     }
 
     /// The row's own input in the answer format.
@@ -375,6 +507,126 @@ mod tests {
         assert_eq!(judge("a", "A", ""), 0.0);
         // The truncation marker never matches.
         assert_eq!(judge("y", "y\n\u{2026}<truncated>", ""), 0.0);
+    }
+
+    const AGAIN: &str = "Try again: give the program's input between <INPUT> and </INPUT> tags.";
+    const DOUBLES: &str = "a = int(input())\nprint(a * 2)\nprint(a)";
+
+    /// The attempt of `reply` on [`DOUBLES`], its run faked: these streams
+    /// whatever the stdin, which must be `stdin`.
+    fn tried(reply: &str, stdin: &str, stdout: &str, stderr: &str) -> Attempt {
+        attempt(reply, DOUBLES, |got| {
+            assert_eq!(got, stdin);
+            Ok(run::PyRun {
+                stdout: stdout.into(),
+                stderr: stderr.into(),
+            })
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn feedback_shows_what_the_program_printed_on_the_input() {
+        let a = tried("It is <INPUT>2</INPUT>", "2\n", "4\n2\n", "");
+        assert_eq!(
+            feedback(&a, "6\n3\n", "first_diff"),
+            format!(
+                "Your answer is incorrect: on your input the program printed 2 lines (the expected output has 2 lines); line 1 is the first that differs, where it printed:\n4\n{AGAIN}"
+            )
+        );
+        assert_eq!(
+            feedback(&a, "6\n3\n", "line"),
+            format!(
+                "Your answer is incorrect: on your input the program printed 2 lines (the expected output has 2 lines); line 1 is the first that differs. The program printed:\n```\n4\n2\n```\n{AGAIN}"
+            )
+        );
+        // Lines compare right-stripped, as judging does; a shorter output
+        // ends before the expected one.
+        let a = tried("<INPUT>3</INPUT>", "3\n", "6  \n", "");
+        assert_eq!(
+            feedback(&a, "6\n3\n", "first_diff"),
+            format!(
+                "Your answer is incorrect: on your input the program printed 1 line (the expected output has 2 lines); line 2 is the first that differs: the program's output ends after line 1. {AGAIN}"
+            )
+        );
+        let a = tried("<INPUT>3</INPUT>", "3\n", "", "");
+        assert_eq!(
+            feedback(&a, "6\n3\n", "line"),
+            format!(
+                "Your answer is incorrect: on your input the program printed nothing (the expected output has 2 lines). {AGAIN}"
+            )
+        );
+        // An output that matches line by line leaves only the verdict.
+        let a = tried("<INPUT>3</INPUT>", "3\n", "6\n3\n", "");
+        assert_eq!(feedback(&a, "6\n3\n", "line"), verdict());
+    }
+
+    #[test]
+    fn feedback_says_when_nothing_ran_or_stderr_was_written() {
+        let not_run = |reply: &str| attempt(reply, DOUBLES, |_| unreachable!()).unwrap();
+        for kind in ["first_diff", "line"] {
+            assert_eq!(
+                feedback(&not_run("the input is 3"), "6\n3\n", kind),
+                format!(
+                    "Your answer is incorrect: no <INPUT> block was found in your reply, so the program was not run. {AGAIN}"
+                )
+            );
+            assert_eq!(
+                feedback(&not_run("<INPUT></INPUT>"), "6\n3\n", kind),
+                format!(
+                    "Your answer is incorrect: your input has fewer lines than the program reads, so the program was not run. {AGAIN}"
+                )
+            );
+            assert_eq!(
+                feedback(&not_run(" \n"), "6\n3\n", kind),
+                format!("Your answer is incorrect: your reply is empty. {AGAIN}")
+            );
+        }
+        let trace = "Traceback (most recent call last):\n  File \"main.py\", line 1, in <module>\nValueError: invalid literal for int() with base 10: 'x'\n";
+        let a = tried("<INPUT>x</INPUT>", "x\n", "", trace);
+        assert_eq!(
+            feedback(&a, "6\n3\n", "first_diff"),
+            format!(
+                "Your answer is incorrect: on your input the program wrote to stderr, which fails the task; its last line:\nValueError: invalid literal for int() with base 10: 'x'\n{AGAIN}"
+            )
+        );
+        assert_eq!(
+            feedback(&a, "6\n3\n", "line"),
+            format!(
+                "Your answer is incorrect: on your input the program wrote to stderr, which fails the task:\n```\n{}```\n{AGAIN}",
+                trace
+            )
+        );
+        // Stderr fails even beside the right output.
+        let a = tried("<INPUT>3</INPUT>", "3\n", "6\n3\n", "warning\n");
+        assert!(feedback(&a, "6\n3\n", "first_diff").contains("wrote to stderr"));
+    }
+
+    #[test]
+    fn feedback_cuts_long_output_and_verdict_stays_the_verdict() {
+        let long: String = (1..=30).map(|i| format!("{i}\n")).collect();
+        let a = tried("<INPUT>1</INPUT>", "1\n", &long, "");
+        let shown: String = (1..=20).map(|i| format!("{i}\n")).collect();
+        assert_eq!(
+            feedback(&a, "2\n1\n", "line"),
+            format!(
+                "Your answer is incorrect: on your input the program printed 30 lines (the expected output has 2 lines); line 1 is the first that differs. The program printed:\n```\n{shown}[cut: the first 20 of 30 lines]\n```\n{AGAIN}"
+            )
+        );
+        let wide = "7".repeat(3_000);
+        let a = tried("<INPUT>1</INPUT>", "1\n", &wide, "");
+        let said = feedback(&a, "2\n1\n", "first_diff");
+        assert!(
+            said.ends_with(&format!(
+                "where it printed:\n{}\n[cut: the first 2000 of 3000 characters]\n{AGAIN}",
+                "7".repeat(2_000)
+            )),
+            "{said}"
+        );
+        let trace_verdict = crate::reward::feedback("x", "y", "verdict");
+        assert_eq!(feedback(&a, "2\n1\n", "verdict"), trace_verdict);
+        let none = attempt("no tags", DOUBLES, |_| unreachable!()).unwrap();
+        assert_eq!(feedback(&none, "2\n1\n", "verdict"), trace_verdict);
     }
 
     #[test]

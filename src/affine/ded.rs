@@ -25,12 +25,19 @@
 //! every counted case passed. Quirks kept: all cases of unknown types →
 //! nothing counted → any non-empty reply scores 1.0; unparsable tests, no
 //! cases, or tests that are not a dict → 0.
+//!
+//! Feedback ([`feedback`]): the reply's code runs again on the cases up to
+//! the first failing one; `first_diff` names that case (`k of n`) and its
+//! first differing output line (what it should be, what was printed), or
+//! stderr's last line; `line` quotes the whole case: input, expected
+//! output, what was printed and any stderr.
 
 use std::sync::{Arc, LazyLock};
 
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
+use super::feedback::{Keep, cut, first_diff, last_line, lines, quote, verdict};
 use super::rows::TaskRow;
 use super::{py, run};
 use crate::eval::Difficulty;
@@ -61,6 +68,12 @@ static LOOSE_BLOCK: LazyLock<Regex> = LazyLock::new(|| {
 
 /// The code the original reads out of a reply (`_strip_fences`).
 pub fn strip_fences(reply: &str) -> String {
+    fenced_code(reply).unwrap_or_else(|| py::strip(reply).to_owned())
+}
+
+/// The code of the first of [`strip_fences`]'s fence rules that finds a
+/// block; `None` when none does (the whole reply is then the code).
+pub fn fenced_code(reply: &str) -> Option<String> {
     let last = |re: &Regex| {
         re.captures_iter(reply)
             .last()
@@ -73,7 +86,6 @@ pub fn strip_fences(reply: &str) -> String {
                 .captures(reply)
                 .map(|c| py::strip(c.get(1).map_or("", |m| m.as_str())).to_owned())
         })
-        .unwrap_or_else(|| py::strip(reply).to_owned())
 }
 
 /// `"\n".join(line.rstrip() for line in t.rstrip().splitlines())`.
@@ -201,29 +213,208 @@ pub fn parse_tests(exec: &Executor, row: &TaskRow) -> Result<Tests, String> {
     serde_json::from_str(&streams.stdout).map_err(|e| format!("tests_parser_output: {e}"))
 }
 
-/// Scores a reply on parsed tests: stripped (empty scores 0), its code
+/// How a reply fared on parsed tests.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Trial {
+    /// The tests could not be read (the [`Tests::Fail`] reason): nothing ran.
+    NoTests(String),
+    /// Blank after stripping: nothing ran.
+    Empty,
+    /// Every counted case passed.
+    Passed,
+    /// The first failing case: `index` of `counted` (from 0), with its run.
+    Failed {
+        index: usize,
+        counted: usize,
+        case: Case,
+        run: run::PyRun,
+    },
+}
+
+/// Runs a reply on parsed tests: stripped (empty runs nothing), its code
 /// run by `run_case` (code, stdin) on each counted case until one fails.
 /// `Err` only when `run_case` fails (the sandbox, not the program).
-pub fn score_cases(
+pub fn try_cases(
     tests: &Tests,
     reply: &str,
     mut run_case: impl FnMut(&str, &str) -> Result<run::PyRun, String>,
-) -> Result<f64, String> {
+) -> Result<Trial, String> {
     let reply = py::strip(reply);
-    let Tests::Cases(cases) = tests else {
-        return Ok(0.0);
+    let cases = match tests {
+        Tests::Cases(cases) => cases,
+        Tests::Fail(why) => return Ok(Trial::NoTests(why.clone())),
     };
     if reply.is_empty() {
-        return Ok(0.0);
+        return Ok(Trial::Empty);
     }
     let code = strip_fences(reply);
-    for case in cases.iter().flatten() {
+    let counted = cases.iter().flatten().count();
+    for (index, case) in cases.iter().flatten().enumerate() {
         let r = run_case(&format!("{code}{}", case.suffix), &case.stdin)?;
         if !case_passes(&case.expected, &r.stdout, &r.stderr) {
-            return Ok(0.0);
+            return Ok(Trial::Failed {
+                index,
+                counted,
+                case: case.clone(),
+                run: r,
+            });
         }
     }
-    Ok(1.0)
+    Ok(Trial::Passed)
+}
+
+/// Scores a reply on parsed tests: 1.0 iff [`try_cases`] passes every
+/// counted case. `Err` only when `run_case` fails (the sandbox, not the
+/// program).
+pub fn score_cases(
+    tests: &Tests,
+    reply: &str,
+    run_case: impl FnMut(&str, &str) -> Result<run::PyRun, String>,
+) -> Result<f64, String> {
+    Ok(match try_cases(tests, reply, run_case)? {
+        Trial::Passed => 1.0,
+        Trial::NoTests(_) | Trial::Empty | Trial::Failed { .. } => 0.0,
+    })
+}
+
+/// The lines [`norm`] leaves (none for an empty text).
+fn norm_lines(t: &str) -> Vec<String> {
+    let n = norm(t);
+    if n.is_empty() {
+        Vec::new()
+    } else {
+        n.split('\n').map(str::to_owned).collect()
+    }
+}
+
+/// What DED says to a wrong reply, by `kind`, from its [`try_cases`]
+/// trial (the reply's code run again on the cases, as scoring runs it):
+/// - `verdict`: the verdict alone;
+/// - `first_diff`: which counted case failed first (`k of n`), and either
+///   the first line of its output that differs from the expected output
+///   (compared as [`case_passes`] compares, after [`norm`]) with what that
+///   line should be and what the program printed there, or that it wrote
+///   to stderr, with stderr's last line;
+/// - `line`: the whole failing case: its input (for a `function_call`
+///   case, the call appended to the program), the expected output, and
+///   what the program printed and wrote to stderr, each quoted and cut as
+///   [`super::feedback::cut`] cuts.
+///
+/// Either says when no code block was found (the whole reply ran), an
+/// empty reply, or tests that could not be read; a trial that passed gets
+/// the verdict.
+pub fn feedback(reply: &str, trial: &Trial, kind: &str) -> String {
+    const AGAIN: &str = "Try again: give the whole program in a single ```python block.";
+    if kind == "verdict" {
+        return verdict();
+    }
+    let full = kind == "line";
+    let (index, counted, case, run) = match trial {
+        Trial::NoTests(why) => {
+            return format!(
+                "Your answer is incorrect: this task's tests cannot be read ({why}), so no program passes them. {AGAIN}"
+            );
+        }
+        Trial::Empty => return format!("Your answer is incorrect: your reply is empty. {AGAIN}"),
+        Trial::Passed => return verdict(),
+        Trial::Failed {
+            index,
+            counted,
+            case,
+            run,
+        } => (index, counted, case, run),
+    };
+    let unfenced = if fenced_code(py::strip(reply)).is_none() {
+        "No code block was found in your reply, so all of it ran as the program. "
+    } else {
+        ""
+    };
+    let mut text = format!(
+        "Your answer is incorrect: your program fails test case {} of {counted}",
+        index + 1
+    );
+    let wrote = !py::strip(&run.stderr).is_empty();
+    let want = norm_lines(&case.expected);
+    let got = norm_lines(&run.stdout);
+    if wrote {
+        text.push_str(": it wrote to stderr");
+        if !full {
+            text.push_str(&format!(
+                "; its last line:\n{}\n",
+                cut(last_line(&run.stderr), Keep::Head)
+            ));
+        } else {
+            text.push_str(".\n");
+        }
+    } else {
+        let Some(i) = first_diff(&want, &got) else {
+            return verdict();
+        };
+        if got.is_empty() {
+            text.push_str(&format!(
+                ": it printed nothing (the expected output has {}).",
+                lines(want.len())
+            ));
+        } else {
+            text.push_str(&format!(
+                ": line {} of its output is the first that differs (it printed {}, the expected output has {}).",
+                i + 1,
+                lines(got.len()),
+                lines(want.len())
+            ));
+        }
+        if full {
+            text.push('\n');
+        } else {
+            match (want.get(i), got.get(i)) {
+                (Some(e), Some(g)) => text.push_str(&format!(
+                    " Line {} should be:\n{}\nYour program printed:\n{}\n",
+                    i + 1,
+                    cut(e, Keep::Head),
+                    cut(g, Keep::Head)
+                )),
+                (Some(e), None) => text.push_str(&format!(
+                    " Line {} should be:\n{}\n",
+                    i + 1,
+                    cut(e, Keep::Head)
+                )),
+                (None, Some(g)) => text.push_str(&format!(
+                    " The expected output ends after line {i}; your program printed:\n{}\n",
+                    cut(g, Keep::Head)
+                )),
+                (None, None) => unreachable!("first_diff points inside one of the two"),
+            }
+        }
+    }
+    if full {
+        if case.suffix.is_empty() {
+            text.push_str(&format!("Input:\n{}", quote(&case.stdin, Keep::Head)));
+        } else {
+            text.push_str(&format!(
+                "The test appends to your program:\n{}",
+                quote(py::strip(&case.suffix), Keep::Head)
+            ));
+        }
+        text.push_str(&format!(
+            "Expected output:\n{}",
+            quote(&case.expected, Keep::Head)
+        ));
+        if py::strip(&run.stdout).is_empty() {
+            text.push_str("Your program printed nothing.\n");
+        } else {
+            text.push_str(&format!(
+                "Your program printed:\n{}",
+                quote(&run.stdout, Keep::Head)
+            ));
+        }
+        if wrote {
+            text.push_str(&format!(
+                "Your program wrote to stderr:\n{}",
+                quote(&run.stderr, Keep::Tail)
+            ));
+        }
+    }
+    format!("{text}{unfenced}{AGAIN}")
 }
 
 /// The DED environment on a set of rows: task `id` is row `id` (no
@@ -280,6 +471,20 @@ impl Environment for DedEnv {
             Ok(s) => Score::Reward(s),
             Err(why) => Score::Masked(why),
         }
+    }
+
+    /// The reply's code run again on the cases as [`Self::score`] runs it
+    /// ([`feedback`]).
+    fn feedback(&self, task: &Task, completion: &str, kind: &str) -> Result<String, String> {
+        if kind == "verdict" {
+            return Ok(verdict());
+        }
+        let tests: Tests =
+            serde_json::from_str(&task.expected).map_err(|e| format!("unreadable_task: {e}"))?;
+        let trial = try_cases(&tests, completion, |code, stdin| {
+            run::run(&self.exec, code, stdin)
+        })?;
+        Ok(feedback(completion, &trial, kind))
     }
 
     /// The row's reference program (`program`), fenced as the hint asks.
@@ -356,6 +561,162 @@ mod tests {
             stdin: "\n".into(),
             expected: expected.into(),
         })
+    }
+
+    const AGAIN: &str = "Try again: give the whole program in a single ```python block.";
+
+    fn stdin_case(stdin: &str, expected: &str) -> Option<Case> {
+        Some(Case {
+            suffix: String::new(),
+            stdin: stdin.into(),
+            expected: expected.into(),
+        })
+    }
+
+    /// The trial of `reply` on `tests`, every run faked: the streams of
+    /// `runs` in turn.
+    fn trial(tests: &Tests, reply: &str, runs: &[(&str, &str)]) -> Trial {
+        let mut runs = runs.iter();
+        try_cases(tests, reply, |_, _| {
+            let (stdout, stderr) = runs.next().expect("no more runs than cases");
+            Ok(run::PyRun {
+                stdout: (*stdout).into(),
+                stderr: (*stderr).into(),
+            })
+        })
+        .unwrap()
+    }
+
+    const FENCED: &str =
+        "```python\na, b = map(int, input().split())\nprint(a + b)\nprint(a - b)\n```";
+
+    #[test]
+    fn feedback_names_the_first_failing_case() {
+        let tests = Tests::Cases(vec![
+            stdin_case("1 1\n", "2\n0"),
+            None,
+            stdin_case("3 1\n", "4\n2"),
+            stdin_case("5 5\n", "10\n0"),
+        ]);
+        let t = trial(&tests, FENCED, &[("2\n0\n", ""), ("4\n3 \n", "")]);
+        assert!(
+            matches!(
+                t,
+                Trial::Failed {
+                    index: 1,
+                    counted: 3,
+                    ..
+                }
+            ),
+            "{t:?}"
+        );
+        assert_eq!(
+            feedback(FENCED, &t, "first_diff"),
+            format!(
+                "Your answer is incorrect: your program fails test case 2 of 3: line 2 of its output is the first that differs (it printed 2 lines, the expected output has 2 lines). Line 2 should be:\n2\nYour program printed:\n3\n{AGAIN}"
+            )
+        );
+        assert_eq!(
+            feedback(FENCED, &t, "line"),
+            format!(
+                "Your answer is incorrect: your program fails test case 2 of 3: line 2 of its output is the first that differs (it printed 2 lines, the expected output has 2 lines).\nInput:\n```\n3 1\n```\nExpected output:\n```\n4\n2\n```\nYour program printed:\n```\n4\n3 \n```\n{AGAIN}"
+            )
+        );
+        // Output that ends early, output that runs on, no output.
+        let t = trial(&tests, FENCED, &[("2\n", "")]);
+        assert!(feedback(FENCED, &t, "first_diff").contains(
+            "line 2 of its output is the first that differs (it printed 1 line, the expected output has 2 lines). Line 2 should be:\n0\nTry"
+        ));
+        let t = trial(&tests, FENCED, &[("2\n0\n7\n", "")]);
+        assert!(feedback(FENCED, &t, "first_diff").contains(
+            "(it printed 3 lines, the expected output has 2 lines). The expected output ends after line 2; your program printed:\n7\nTry"
+        ));
+        let t = trial(&tests, FENCED, &[(" \n", "")]);
+        assert_eq!(
+            feedback(FENCED, &t, "line"),
+            format!(
+                "Your answer is incorrect: your program fails test case 1 of 3: it printed nothing (the expected output has 2 lines).\nInput:\n```\n1 1\n```\nExpected output:\n```\n2\n0\n```\nYour program printed nothing.\n{AGAIN}"
+            )
+        );
+    }
+
+    #[test]
+    fn feedback_on_stderr_a_missing_block_and_nothing_run() {
+        let tests = Tests::Cases(vec![stdin_case("1 1\n", "2\n0")]);
+        let trace = "Traceback (most recent call last):\n  File \"main.py\", line 1, in <module>\nZeroDivisionError: division by zero\n";
+        let t = trial(&tests, FENCED, &[("", trace)]);
+        assert_eq!(
+            feedback(FENCED, &t, "first_diff"),
+            format!(
+                "Your answer is incorrect: your program fails test case 1 of 1: it wrote to stderr; its last line:\nZeroDivisionError: division by zero\n{AGAIN}"
+            )
+        );
+        assert_eq!(
+            feedback(FENCED, &t, "line"),
+            format!(
+                "Your answer is incorrect: your program fails test case 1 of 1: it wrote to stderr.\nInput:\n```\n1 1\n```\nExpected output:\n```\n2\n0\n```\nYour program printed nothing.\nYour program wrote to stderr:\n```\n{trace}```\n{AGAIN}"
+            )
+        );
+        // Unfenced: the whole reply ran, and the feedback says so.
+        let prose = "I would add the two numbers.";
+        let t = trial(
+            &tests,
+            prose,
+            &[(
+                "",
+                "  File \"main.py\", line 1\nSyntaxError: invalid syntax\n",
+            )],
+        );
+        assert_eq!(
+            feedback(prose, &t, "first_diff"),
+            format!(
+                "Your answer is incorrect: your program fails test case 1 of 1: it wrote to stderr; its last line:\nSyntaxError: invalid syntax\nNo code block was found in your reply, so all of it ran as the program. {AGAIN}"
+            )
+        );
+        for kind in ["first_diff", "line"] {
+            let t = trial(&tests, " \n", &[]);
+            assert_eq!(
+                feedback(" \n", &t, kind),
+                format!("Your answer is incorrect: your reply is empty. {AGAIN}")
+            );
+            let t = trial(&Tests::Fail("no_test_cases".into()), FENCED, &[]);
+            assert_eq!(
+                feedback(FENCED, &t, kind),
+                format!(
+                    "Your answer is incorrect: this task's tests cannot be read (no_test_cases), so no program passes them. {AGAIN}"
+                )
+            );
+        }
+        // A function_call case shows the call instead of an input.
+        let call = Tests::Cases(vec![Some(Case {
+            suffix: "\nif __name__ == '__main__':\n    result = f(*[2])\n    print(result)".into(),
+            stdin: String::new(),
+            expected: "4".into(),
+        })]);
+        let t = trial(&call, "def f(x): return x", &[("2\n", "")]);
+        assert!(feedback("def f(x): return x", &t, "line").contains(
+            "\nThe test appends to your program:\n```\nif __name__ == '__main__':\n    result = f(*[2])\n    print(result)\n```\nExpected output:\n```\n4\n```\n"
+        ));
+    }
+
+    #[test]
+    fn feedback_cuts_quotes_and_verdict_stays_the_verdict() {
+        let big: String = (1..=40).map(|i| format!("{i} {i}\n")).collect();
+        let tests = Tests::Cases(vec![stdin_case(&big, "ok")]);
+        let t = trial(&tests, FENCED, &[("no\n", "")]);
+        let said = feedback(FENCED, &t, "line");
+        let shown: String = (1..=20).map(|i| format!("{i} {i}\n")).collect();
+        assert!(
+            said.contains(&format!(
+                "Input:\n```\n{shown}[cut: the first 20 of 40 lines]\n```\n"
+            )),
+            "{said}"
+        );
+        let trace_verdict = crate::reward::feedback("x", "y", "verdict");
+        assert_eq!(feedback(FENCED, &t, "verdict"), trace_verdict);
+        assert_eq!(feedback(" ", &Trial::Empty, "verdict"), trace_verdict);
+        // Every case passed: nothing to point at.
+        assert_eq!(feedback(FENCED, &Trial::Passed, "line"), trace_verdict);
     }
 
     #[test]

@@ -30,6 +30,7 @@
 
 pub mod abd;
 pub mod ded;
+pub mod feedback;
 pub mod py;
 mod py_unicode;
 pub mod pyrandom;

@@ -15,6 +15,9 @@
 //! decimal digit, the last occurrence of a variable wins); 1.0 iff every
 //! clause has a literal the assignment makes true (an unassigned variable
 //! makes none true), else 0.0.
+//!
+//! Feedback ([`feedback`]): `first_diff` says how many clauses the reply's
+//! assignment leaves unsatisfied, `line` also which is the first of them.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -22,6 +25,7 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
+use super::feedback::verdict;
 use super::py;
 use super::pyrandom::PyRandom;
 use crate::eval::Difficulty;
@@ -77,19 +81,7 @@ impl Formula {
             if i > 0 {
                 out.push_str(" \u{2227} ");
             }
-            out.push('(');
-            for (j, &l) in clause.iter().enumerate() {
-                if j > 0 {
-                    out.push_str(" \u{2228} ");
-                }
-                let _ = write!(
-                    out,
-                    "{}x{}",
-                    if l < 0 { "\u{ac}" } else { "" },
-                    l.unsigned_abs()
-                );
-            }
-            out.push(')');
+            out.push_str(&clause_text(clause));
         }
         out
     }
@@ -113,6 +105,24 @@ impl Formula {
     }
 }
 
+/// One clause as the prompt writes it: `(x1 ∨ ¬x2 ∨ ...)`.
+pub fn clause_text(clause: &[i32]) -> String {
+    let mut out = String::from("(");
+    for (j, &l) in clause.iter().enumerate() {
+        if j > 0 {
+            out.push_str(" \u{2228} ");
+        }
+        let _ = write!(
+            out,
+            "{}x{}",
+            if l < 0 { "\u{ac}" } else { "" },
+            l.unsigned_abs()
+        );
+    }
+    out.push(')');
+    out
+}
+
 static ASSIGNMENT: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(&format!(r"x({}+)=(True|False|1|0)", py::re_digit())).expect("a valid pattern")
 });
@@ -129,6 +139,15 @@ pub fn assignment(reply: &str) -> HashMap<u128, bool> {
     got
 }
 
+/// Whether `got` makes a literal of `clause` true (an unassigned variable
+/// makes none true).
+fn satisfied(clause: &[i32], got: &HashMap<u128, bool>) -> bool {
+    clause.iter().any(|&l| {
+        got.get(&u128::from(l.unsigned_abs()))
+            .is_some_and(|&v| v == (l > 0))
+    })
+}
+
 /// 1.0 iff the reply's assignment satisfies every clause, else 0.0 (an
 /// empty reply scores 0 before anything is read).
 pub fn score(reply: &str, clauses: &[Clause]) -> f64 {
@@ -136,13 +155,45 @@ pub fn score(reply: &str, clauses: &[Clause]) -> f64 {
         return 0.0;
     }
     let got = assignment(reply);
-    let sat = clauses.iter().all(|clause| {
-        clause.iter().any(|&l| {
-            got.get(&u128::from(l.unsigned_abs()))
-                .is_some_and(|&v| v == (l > 0))
-        })
-    });
+    let sat = clauses.iter().all(|clause| satisfied(clause, &got));
     if sat { 1.0 } else { 0.0 }
+}
+
+/// What SAT says to a wrong reply, by `kind`: `verdict` the verdict alone;
+/// `first_diff` how many clauses the reply's assignment (read as
+/// [`score`] reads it) leaves unsatisfied; `line` also the first of them,
+/// numbered from 1 in the prompt's order. An assignment that satisfies
+/// every clause (a reply scored 0 only for being blank) gets the verdict.
+pub fn feedback(reply: &str, clauses: &[Clause], kind: &str) -> String {
+    const AGAIN: &str = "Try again: give an assignment like `x1=True, x2=False, ...`.";
+    if kind == "verdict" {
+        return verdict();
+    }
+    let got = if py::strip(reply).is_empty() {
+        HashMap::new()
+    } else {
+        assignment(reply)
+    };
+    let unsat: Vec<usize> = (0..clauses.len())
+        .filter(|&i| !satisfied(&clauses[i], &got))
+        .collect();
+    let Some(&first) = unsat.first() else {
+        return verdict();
+    };
+    let mut text = format!(
+        "Your answer is incorrect: your assignment leaves {} of the {} clauses unsatisfied.",
+        unsat.len(),
+        clauses.len()
+    );
+    if kind == "line" {
+        let _ = write!(
+            text,
+            " The first is clause {}: {}.",
+            first + 1,
+            clause_text(&clauses[first])
+        );
+    }
+    format!("{text} {AGAIN}")
 }
 
 /// The SAT environment: any u64 is a task id; no data, no sandbox.
@@ -169,6 +220,11 @@ impl Environment for SatEnv {
 
     fn demonstration(&self, task: &Task) -> Option<String> {
         Some(task.expected.clone())
+    }
+
+    fn feedback(&self, task: &Task, completion: &str, kind: &str) -> Result<String, String> {
+        let clauses = Formula::new(task.task_id).clauses;
+        Ok(feedback(completion, &clauses, kind))
     }
 
     fn key(&self, task: &Task) -> serde_json::Value {
@@ -236,6 +292,42 @@ mod tests {
             // empty or UNSAT reply never satisfies.
             assert_eq!(score("UNSAT", &f.clauses), 0.0);
         }
+    }
+
+    #[test]
+    fn feedback_counts_unsatisfied_clauses_and_names_the_first() {
+        let clauses = vec![vec![1, 2], vec![-1, 3], vec![-2, -3]];
+        let verdict = crate::reward::feedback("x1=True", "x1=True", "verdict");
+        assert_eq!(feedback("x1=True", &clauses, "verdict"), verdict);
+        // x1 true, x2 and x3 unassigned: clause 2 fails (x3 has no value),
+        // clause 3 too (no value makes a literal true).
+        assert_eq!(
+            feedback("x1=True", &clauses, "first_diff"),
+            "Your answer is incorrect: your assignment leaves 2 of the 3 clauses unsatisfied. Try again: give an assignment like `x1=True, x2=False, ...`."
+        );
+        assert_eq!(
+            feedback("x1=True", &clauses, "line"),
+            "Your answer is incorrect: your assignment leaves 2 of the 3 clauses unsatisfied. The first is clause 2: (\u{ac}x1 \u{2228} x3). Try again: give an assignment like `x1=True, x2=False, ...`."
+        );
+        // A blank reply assigns nothing.
+        assert!(feedback(" ", &clauses, "line").contains("leaves 3 of the 3"));
+        // A satisfying assignment: nothing to point at.
+        assert_eq!(
+            feedback("x1=False, x2=True, x3=False", &clauses, "line"),
+            verdict
+        );
+        // The environment reads the task's formula.
+        let t = SatEnv.task(0).unwrap();
+        let f = Formula::new(0);
+        let said = SatEnv.feedback(&t, "UNSAT", "line").unwrap();
+        assert!(
+            said.contains(&format!(
+                "leaves 63 of the 63 clauses unsatisfied. The first is clause 1: {}.",
+                clause_text(&f.clauses[0])
+            )),
+            "{said}"
+        );
+        assert_eq!(SatEnv.feedback(&t, "UNSAT", "verdict").unwrap(), verdict);
     }
 
     /// Each quirk the doc lists. `x1` alone must be true: `[[1]]`.

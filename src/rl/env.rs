@@ -120,10 +120,17 @@ pub trait Environment: Send + Sync {
 
     /// What the environment answers a wrong `completion` of `task` before
     /// the model tries again (a multi-turn episode), by `kind` (`verdict`,
-    /// `first_diff` or `line`; see [`crate::reward::feedback`]). Default:
+    /// `first_diff` or `line`; see [`crate::reward::feedback`]), or why it
+    /// cannot say (a sandbox failure while running the answer again, as
+    /// [`Score::Masked`] names one). The same task and completion give the
+    /// same text, as far as the programs run are deterministic. Default:
     /// the verdict alone, whatever the kind.
-    fn feedback(&self, task: &Task, completion: &str, _kind: &str) -> String {
-        crate::reward::feedback(completion, &task.expected, "verdict")
+    fn feedback(&self, task: &Task, completion: &str, _kind: &str) -> Result<String, String> {
+        Ok(crate::reward::feedback(
+            completion,
+            &task.expected,
+            "verdict",
+        ))
     }
 
     /// The environments a mixture draws from, by name; empty for a single
@@ -399,8 +406,8 @@ impl Environment for TraceEnv {
             .install(|| ids.par_iter().map(|&id| self.task(id)).collect())
     }
 
-    fn feedback(&self, task: &Task, completion: &str, kind: &str) -> String {
-        crate::reward::feedback(completion, &task.expected, kind)
+    fn feedback(&self, task: &Task, completion: &str, kind: &str) -> Result<String, String> {
+        Ok(crate::reward::feedback(completion, &task.expected, kind))
     }
 
     fn score(&self, task: &Task, completion: &str) -> Score {

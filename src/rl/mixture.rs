@@ -127,7 +127,7 @@ impl Environment for Mixture {
         serde_json::json!({ "environment": self.envs[i].name(), "key": self.envs[i].key(&t) })
     }
 
-    fn feedback(&self, task: &Task, completion: &str, kind: &str) -> String {
+    fn feedback(&self, task: &Task, completion: &str, kind: &str) -> Result<String, String> {
         let (i, t) = self.inner(task);
         self.envs[i].feedback(&t, completion, kind)
     }
@@ -176,6 +176,20 @@ mod tests {
                 m.env_of(*id).name()
             );
             assert_eq!(m.score(&t, "zz"), Score::Reward(0.0));
+        }
+        // Feedback comes from the environment a task routes to, on its own
+        // task: SAT names the unsatisfied clauses of the inner formula.
+        for id in 0..20 {
+            let t = m.task(id).unwrap();
+            let (i, inner) = m.route(id);
+            let said = m.feedback(&t, "x1=True", "line").unwrap();
+            let own = if i == 1 {
+                SatEnv.feedback(&SatEnv.task(inner).unwrap(), "x1=True", "line")
+            } else {
+                WordEnv::new(&["a", "b"]).feedback(&t, "x1=True", "line")
+            };
+            assert_eq!(said, own.unwrap(), "task {id}");
+            assert_eq!(said.contains("clauses unsatisfied"), i == 1, "task {id}");
         }
         assert_eq!(m.parts(), ["word", "sat"]);
         for id in 0..100 {

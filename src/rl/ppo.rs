@@ -1142,7 +1142,8 @@ struct TurnAt {
 /// scored wrong (below 1): its last prompt and answer, then the
 /// environment's feedback as a user turn ([`ChatTokenizer::next_turn`]),
 /// sampled together; `false` when no episode continues. Episodes whose
-/// conversation would pass `max_episode_tokens` end instead.
+/// conversation would pass `max_episode_tokens` end instead; an episode
+/// whose feedback cannot be made (a sandbox failure) is masked.
 fn more_turns(
     job: &RlJob,
     policy: &Policy,
@@ -1164,13 +1165,20 @@ fn more_turns(
         n => n,
     };
     let (mut who, mut prompts, mut replies) = (Vec::new(), Vec::new(), Vec::new());
+    let mut unsaid = Vec::new();
     for (j, ep) in episodes.iter().enumerate() {
         let last = ep.last().expect("an episode has its first answer");
         if !matches!(last.score, Score::Reward(r) if r < 1.0) {
             continue;
         }
         let task = &mine[j / group].0;
-        let reply = job.env.feedback(task, &last.text, &cfg.feedback);
+        let reply = match job.env.feedback(task, &last.text, &cfg.feedback) {
+            Ok(reply) => reply,
+            Err(why) => {
+                unsaid.push((j, why));
+                continue;
+            }
+        };
         let ids = policy
             .tok
             .next_turn(&last.prompt, &last.sampled.tokens, &reply)?;
@@ -1193,6 +1201,15 @@ fn more_turns(
         who.push(j);
         prompts.push(ids);
         replies.push(reply);
+    }
+    // An episode whose feedback could not be made (the sandbox failed
+    // running its answer again) cannot go on as configured: its outcome is
+    // unknown, so it is masked under `feedback_<why>`, none of it trained.
+    for (j, why) in unsaid {
+        episodes[j]
+            .last_mut()
+            .expect("an episode has its first answer")
+            .score = Score::Masked(format!("feedback_{why}"));
     }
     if who.is_empty() {
         return Ok(false);
