@@ -6,6 +6,14 @@
 //! forwards the children's messages prefixed with their rank, and when one
 //! fails it stops the others and names the rank, its exit status and its
 //! last messages.
+//!
+//! Several hosts: a launcher (torchrun, Slurm's srun, or a script) starts
+//! one process a GPU on every host with `MASTER_ADDR` and `MASTER_PORT`
+//! and either torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK` or Slurm's
+//! `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`; each is one rank on
+//! `cuda:<local rank>`, and rank 0 hands the NCCL id to the others over
+//! TCP at `MASTER_ADDR`, port `MASTER_PORT + 1` (torchrun's own store
+//! holds `MASTER_PORT`) or `TRACE_TRAIN_MASTER_PORT`.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -40,14 +48,23 @@ pub enum Role {
 pub struct ChildRank {
     pub rank: usize,
     pub world: usize,
-    /// Where rank 0 leaves the NCCL id.
-    pub dir: PathBuf,
+    /// This rank's GPU among its host's.
+    pub local_rank: usize,
+    /// Where rank 0 hands out the NCCL id.
+    pub meeting: trace_train::dist::meet::Meeting,
 }
 
 impl ChildRank {
-    /// The device a rank is pinned to.
+    /// The device a rank is pinned to: its local rank's GPU, or the only
+    /// one it sees where the launcher gave each rank its own GPU (`srun
+    /// --gpus-per-task 1` sets CUDA_VISIBLE_DEVICES a rank).
     pub fn device(&self) -> String {
-        format!("cuda:{}", self.rank)
+        let index = if trace_train::dist::visible_gpus() == 1 {
+            0
+        } else {
+            self.local_rank
+        };
+        format!("cuda:{index}")
     }
 
     /// This rank's communicator on `device` (NCCL; needs the `cuda` build).
@@ -61,7 +78,7 @@ impl ChildRank {
                 device,
                 self.rank,
                 self.world,
-                &self.dir,
+                &self.meeting,
                 Duration::from_secs(600),
             )?;
             Ok(Box::new(c))
@@ -77,14 +94,70 @@ impl ChildRank {
 /// Ranks of the run this process belongs to: the world size a parent gave
 /// it, else 1. The ranks of one run share the host's cores.
 pub fn ranks_on_this_host() -> usize {
-    std::env::var(ENV_WORLD)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
+    [ENV_WORLD, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().and_then(|v| v.parse().ok()))
+        .unwrap_or(1usize)
         .max(1)
 }
 
-/// The role of this process: a child when the parent's variables are set;
+/// The rank an external launcher gave this process, read through `get`
+/// (the environment): torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, else
+/// Slurm's `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, with
+/// `MASTER_ADDR` and `MASTER_PORT` set. `None` without them: a Slurm job
+/// step that runs one process sets Slurm's variables but no `MASTER_ADDR`,
+/// and stays one rank.
+pub fn launcher_rank(get: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Option<ChildRank>> {
+    let Some(host) = get("MASTER_ADDR") else {
+        return Ok(None);
+    };
+    let names = if get("RANK").is_some() && get("WORLD_SIZE").is_some() {
+        ["RANK", "WORLD_SIZE", "LOCAL_RANK"]
+    } else if get("SLURM_PROCID").is_some() && get("SLURM_NTASKS").is_some() {
+        ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"]
+    } else {
+        return Ok(None);
+    };
+    let num = |name: &str| -> anyhow::Result<Option<usize>> {
+        get(name)
+            .map(|v| {
+                v.trim()
+                    .parse::<usize>()
+                    .with_context(|| format!("{name}=`{v}` is not a number"))
+            })
+            .transpose()
+    };
+    let rank = num(names[0])?.expect("checked above");
+    let world = num(names[1])?.expect("checked above");
+    anyhow::ensure!(
+        rank < world,
+        "{} {rank} is not below {} {world}",
+        names[0],
+        names[1]
+    );
+    let local_rank = num(names[2])?.unwrap_or(0);
+    let port = match num("TRACE_TRAIN_MASTER_PORT")? {
+        Some(p) => p,
+        None => num("MASTER_PORT")?
+            .context("MASTER_ADDR is set but MASTER_PORT is not\nhint: export MASTER_PORT (rank 0 listens on it plus one)")?
+            + 1,
+    };
+    let port = u16::try_from(port)
+        .ok()
+        .filter(|&p| p > 0)
+        .with_context(|| {
+            format!("port {port} (MASTER_PORT + 1, or TRACE_TRAIN_MASTER_PORT) is not a TCP port")
+        })?;
+    Ok(Some(ChildRank {
+        rank,
+        world,
+        local_rank,
+        meeting: trace_train::dist::meet::Meeting::Tcp { host, port },
+    }))
+}
+
+/// The role of this process: a child when the parent's variables are set,
+/// or one rank of an external launcher's run (see [`launcher_rank`]);
 /// otherwise a parent when more than one GPU is asked for (or, with
 /// `requested` unset, when the device is CUDA and several are visible).
 pub fn role(requested: Option<usize>, device: &str) -> anyhow::Result<Role> {
@@ -111,7 +184,24 @@ pub fn role(requested: Option<usize>, device: &str) -> anyhow::Result<Role> {
             nix::unistd::getppid().as_raw() as usize == parent,
             "rank {rank}: the process that started it has already exited"
         );
-        return Ok(Role::Child(ChildRank { rank, world, dir }));
+        return Ok(Role::Child(ChildRank {
+            rank,
+            world,
+            local_rank: rank,
+            meeting: trace_train::dist::meet::Meeting::Folder(dir),
+        }));
+    }
+    if let Some(child) = launcher_rank(&|k| std::env::var(k).ok())? {
+        if child.world == 1 {
+            return Ok(Role::Alone);
+        }
+        anyhow::ensure!(
+            requested.is_none_or(|n| n == child.world),
+            "--num_gpus {} under a launcher that started {} ranks (one a GPU)\nhint: drop --num_gpus; the launcher's WORLD_SIZE or SLURM_NTASKS decides",
+            requested.unwrap_or(0),
+            child.world
+        );
+        return Ok(Role::Child(child));
     }
     let spec = trace_train::config::DeviceSpec::parse(device)
         .with_context(|| format!("device `{device}` is not cpu, cuda, cuda:N or auto"))?;
@@ -375,6 +465,86 @@ mod tests {
             let e = format!("{:#}", role(Some(64), "cuda").unwrap_err());
             assert!(e.contains("visible"), "{e}");
         }
+    }
+
+    fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn a_launchers_variables_make_a_rank_that_meets_rank_zero_over_tcp() {
+        use trace_train::dist::meet::Meeting;
+        // torchrun: rank 5 of 8, the second GPU of its host.
+        let torchrun = [
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "29500"),
+            ("RANK", "5"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "1"),
+        ];
+        let c = launcher_rank(&vars(&torchrun)).unwrap().unwrap();
+        assert_eq!((c.rank, c.world, c.local_rank), (5, 8, 1));
+        assert_eq!(c.device(), "cuda:1");
+        assert_eq!(
+            c.meeting,
+            Meeting::Tcp {
+                host: "node0".into(),
+                port: 29501
+            }
+        );
+        // Slurm, with the port given outright.
+        let slurm = [
+            ("MASTER_ADDR", "10.0.0.7"),
+            ("TRACE_TRAIN_MASTER_PORT", "40000"),
+            ("SLURM_PROCID", "3"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_LOCALID", "3"),
+        ];
+        let c = launcher_rank(&vars(&slurm)).unwrap().unwrap();
+        assert_eq!((c.rank, c.world, c.local_rank), (3, 4, 3));
+        assert_eq!(
+            c.meeting,
+            Meeting::Tcp {
+                host: "10.0.0.7".into(),
+                port: 40000
+            }
+        );
+        // Slurm's variables without MASTER_ADDR: a single process.
+        assert!(launcher_rank(&vars(&slurm[2..])).unwrap().is_none());
+        assert!(launcher_rank(&vars(&[])).unwrap().is_none());
+        // Bad values are named.
+        let bad = [
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+            ("RANK", "x"),
+            ("WORLD_SIZE", "2"),
+        ];
+        let e = format!("{:#}", launcher_rank(&vars(&bad)).unwrap_err());
+        assert!(e.contains("RANK=`x`"), "{e}");
+        let bad = [
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+            ("RANK", "2"),
+            ("WORLD_SIZE", "2"),
+        ];
+        let e = format!("{:#}", launcher_rank(&vars(&bad)).unwrap_err());
+        assert!(e.contains("not below WORLD_SIZE 2"), "{e}");
+        let bad = [("MASTER_ADDR", "h"), ("RANK", "0"), ("WORLD_SIZE", "2")];
+        let e = format!("{:#}", launcher_rank(&vars(&bad)).unwrap_err());
+        assert!(e.contains("MASTER_PORT") && e.contains("hint:"), "{e}");
+        let bad = [
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "65535"),
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+        ];
+        let e = format!("{:#}", launcher_rank(&vars(&bad)).unwrap_err());
+        assert!(e.contains("not a TCP port"), "{e}");
     }
 
     fn sh(script: &str) -> Command {

@@ -6,7 +6,8 @@
 //! ([`broadcast`]), scalars summed or gathered ([`Communicator::sum_f64`],
 //! [`Communicator::all_gather_f64`]), a check that every rank holds the same
 //! weights ([`check_in_sync`]), how a step's micro-batches are split
-//! ([`shard`]) and the whole-batch statistics RL needs ([`stats`]).
+//! ([`shard`]), the whole-batch statistics RL needs ([`stats`]) and how
+//! the ranks agree on the NCCL id, on one host or several ([`meet`]).
 //!
 //! Implementations: [`Single`] (one rank, every call a no-op), [`InProcess`]
 //! (threads of one process sharing memory: for CPU tests of the combination
@@ -14,6 +15,7 @@
 //! one process a GPU).
 
 pub mod inprocess;
+pub mod meet;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 pub mod shard;

@@ -70,37 +70,17 @@ impl Nccl {
         })
     }
 
-    /// [`Nccl::new`] with the id handed over through `dir`: rank 0 makes it
-    /// and writes `dir/nccl-id` (atomically), the others wait for the file
-    /// (up to `wait`). `dir` is fresh for each run, so no stale id is read.
+    /// [`Nccl::new`] with the id rank 0 makes, handed to the others where
+    /// `meeting` says (a folder on one host, TCP across hosts); a rank waits
+    /// up to `wait` for it.
     pub fn join(
         device: &Device,
         rank: usize,
         world: usize,
-        dir: &std::path::Path,
+        meeting: &crate::dist::meet::Meeting,
         wait: std::time::Duration,
     ) -> anyhow::Result<Self> {
-        let path = dir.join("nccl-id");
-        let id = if rank == 0 {
-            let id = unique_id_hex()?;
-            crate::atomic::write(&path, id.as_bytes())?;
-            id
-        } else {
-            let started = std::time::Instant::now();
-            loop {
-                if let Ok(id) = std::fs::read_to_string(&path) {
-                    break id;
-                }
-                if started.elapsed() > wait {
-                    bail!(
-                        "rank {rank}: no NCCL id from rank 0 at `{}` after {} s\nhint: rank 0 failed to start; see its messages",
-                        path.display(),
-                        wait.as_secs()
-                    );
-                }
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-        };
+        let id = crate::dist::meet::share_id(meeting, rank, world, unique_id_hex, wait)?;
         Self::new(device, rank, world, id.trim())
     }
 
