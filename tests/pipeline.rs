@@ -373,3 +373,29 @@ fn final_evals_take_stage3_turns() {
         assert_eq!(t["by_turn"][1]["correct"], r["correct"], "{report}");
     }
 }
+
+/// Under a launcher's variables (torchrun's, with `MASTER_ADDR`), every
+/// process would run Stage 0 and the evals: the pipeline refuses, saying
+/// what to run instead, and writes nothing.
+#[test]
+fn pipeline_under_a_launcher_refuses_with_the_steps_to_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_trace-train"))
+        .current_dir(dir.path())
+        .args(["pipeline", "--quick_test"])
+        .envs([
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("pipeline under a launcher of 2 ranks") && err.contains("hint:"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

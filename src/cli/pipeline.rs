@@ -287,6 +287,16 @@ pub fn resolve(args: &PipelineArgs) -> anyhow::Result<Plan> {
 }
 
 pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
+    // Every process a launcher starts would run Stage 0 and the evals too,
+    // each writing the same files.
+    if let Some(r) = super::launch::launcher_rank(&|k| std::env::var(k).ok())?
+        && r.world > 1
+    {
+        anyhow::bail!(
+            "pipeline under a launcher of {} ranks: it runs Stage 0, the gate and eval on one process\nhint: run `trace-train pipeline --last_stage 0` once, then `warmup`, `sft` and `ppo` under the launcher, then `eval`; or run the pipeline on one host with --num_gpus",
+            r.world
+        );
+    }
     let plan = resolve(args)?;
     let Plan {
         cfg,
