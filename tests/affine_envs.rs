@@ -225,9 +225,10 @@ fn ded_tests_are_read_as_cpython_reads_them() {
 const ABD_AGAIN: &str = "Try again: give the program's input between <INPUT> and </INPUT> tags.";
 const DED_AGAIN: &str = "Try again: give the whole program in a single ```python block.";
 
-/// The verdict alone: Trace's sentence, for every environment.
-fn verdict() -> String {
-    trace_train::reward::feedback("", "", "verdict")
+/// The verdict alone: that the answer is wrong, and what the environment
+/// wants instead.
+fn verdict(again: &str) -> String {
+    format!("Your answer is incorrect. {again}")
 }
 
 #[test]
@@ -280,7 +281,7 @@ fn abd_feedback_runs_the_reply_input_in_the_sandbox() {
         )
     );
     for reply in [wrong, raises, "The input is 3."] {
-        assert_eq!(fb(reply, "verdict"), verdict());
+        assert_eq!(fb(reply, "verdict"), verdict(ABD_AGAIN));
     }
 }
 
@@ -334,12 +335,12 @@ fn ded_feedback_runs_the_reply_on_the_cases_in_the_sandbox() {
         "{said}"
     );
     for reply in [wrong, raises, prose] {
-        assert_eq!(fb(reply, "verdict"), verdict());
+        assert_eq!(fb(reply, "verdict"), verdict(DED_AGAIN));
     }
     // The right program passes, so feedback has nothing to point at.
     let right = "```python\na, b = map(int, input().split())\nprint(a + b)\n```";
     assert_eq!(reward(env.score(&t, right)), 1.0);
-    assert_eq!(fb(right, "line"), verdict());
+    assert_eq!(fb(right, "line"), verdict(DED_AGAIN));
 }
 
 #[test]

@@ -30,6 +30,9 @@ use std::sync::{Arc, LazyLock};
 use regex::Regex;
 
 use super::feedback::{Keep, cut, first_diff, last_line, lines, quote, verdict};
+
+/// What this environment asks a retry for, closing every feedback.
+const AGAIN: &str = "Try again: give the program's input between <INPUT> and </INPUT> tags.";
 use super::rows::TaskRow;
 use super::{py, run};
 use crate::eval::Difficulty;
@@ -226,9 +229,8 @@ fn judged_lines(s: &str) -> Vec<&str> {
 /// Output that matches line by line leaves nothing to point at: the
 /// verdict.
 pub fn feedback(attempt: &Attempt, expected: &str, kind: &str) -> String {
-    const AGAIN: &str = "Try again: give the program's input between <INPUT> and </INPUT> tags.";
     if kind == "verdict" {
-        return verdict();
+        return verdict(AGAIN);
     }
     let full = kind == "line";
     let (stdin, run) = match attempt {
@@ -266,7 +268,7 @@ pub fn feedback(attempt: &Attempt, expected: &str, kind: &str) -> String {
     let want = judged_lines(expected);
     let got = judged_lines(&run.stdout);
     let Some(i) = first_diff(&want, &got) else {
-        return verdict();
+        return verdict(AGAIN);
     };
     if got.is_empty() {
         return format!(
@@ -369,7 +371,7 @@ impl Environment for AbdEnv {
     /// The reply run again as [`Self::score`] runs it ([`feedback`]).
     fn feedback(&self, task: &Task, completion: &str, kind: &str) -> Result<String, String> {
         if kind == "verdict" {
-            return Ok(verdict());
+            return Ok(verdict(AGAIN));
         }
         let row = self.row(task.task_id)?;
         let program = row.program.as_deref().unwrap_or_default();
@@ -509,7 +511,6 @@ mod tests {
         assert_eq!(judge("y", "y\n\u{2026}<truncated>", ""), 0.0);
     }
 
-    const AGAIN: &str = "Try again: give the program's input between <INPUT> and </INPUT> tags.";
     const DOUBLES: &str = "a = int(input())\nprint(a * 2)\nprint(a)";
 
     /// The attempt of `reply` on [`DOUBLES`], its run faked: these streams
@@ -558,7 +559,7 @@ mod tests {
         );
         // An output that matches line by line leaves only the verdict.
         let a = tried("<INPUT>3</INPUT>", "3\n", "6\n3\n", "");
-        assert_eq!(feedback(&a, "6\n3\n", "line"), verdict());
+        assert_eq!(feedback(&a, "6\n3\n", "line"), verdict(AGAIN));
     }
 
     #[test]
@@ -603,7 +604,7 @@ mod tests {
     }
 
     #[test]
-    fn feedback_cuts_long_output_and_verdict_stays_the_verdict() {
+    fn feedback_cuts_long_output_and_verdict_names_what_to_give() {
         let long: String = (1..=30).map(|i| format!("{i}\n")).collect();
         let a = tried("<INPUT>1</INPUT>", "1\n", &long, "");
         let shown: String = (1..=20).map(|i| format!("{i}\n")).collect();
@@ -623,10 +624,10 @@ mod tests {
             )),
             "{said}"
         );
-        let trace_verdict = crate::reward::feedback("x", "y", "verdict");
-        assert_eq!(feedback(&a, "2\n1\n", "verdict"), trace_verdict);
+        let said = "Your answer is incorrect. Try again: give the program's input between <INPUT> and </INPUT> tags.";
+        assert_eq!(feedback(&a, "2\n1\n", "verdict"), said);
         let none = attempt("no tags", DOUBLES, |_| unreachable!()).unwrap();
-        assert_eq!(feedback(&none, "2\n1\n", "verdict"), trace_verdict);
+        assert_eq!(feedback(&none, "2\n1\n", "verdict"), said);
     }
 
     #[test]

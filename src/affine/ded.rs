@@ -38,6 +38,9 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 
 use super::feedback::{Keep, cut, first_diff, last_line, lines, quote, verdict};
+
+/// What this environment asks a retry for, closing every feedback.
+const AGAIN: &str = "Try again: give the whole program in a single ```python block.";
 use super::rows::TaskRow;
 use super::{py, run};
 use crate::eval::Difficulty;
@@ -304,9 +307,8 @@ fn norm_lines(t: &str) -> Vec<String> {
 /// empty reply, or tests that could not be read; a trial that passed gets
 /// the verdict.
 pub fn feedback(reply: &str, trial: &Trial, kind: &str) -> String {
-    const AGAIN: &str = "Try again: give the whole program in a single ```python block.";
     if kind == "verdict" {
-        return verdict();
+        return verdict(AGAIN);
     }
     let full = kind == "line";
     let (index, counted, case, run) = match trial {
@@ -316,7 +318,7 @@ pub fn feedback(reply: &str, trial: &Trial, kind: &str) -> String {
             );
         }
         Trial::Empty => return format!("Your answer is incorrect: your reply is empty. {AGAIN}"),
-        Trial::Passed => return verdict(),
+        Trial::Passed => return verdict(AGAIN),
         Trial::Failed {
             index,
             counted,
@@ -348,7 +350,7 @@ pub fn feedback(reply: &str, trial: &Trial, kind: &str) -> String {
         }
     } else {
         let Some(i) = first_diff(&want, &got) else {
-            return verdict();
+            return verdict(AGAIN);
         };
         if got.is_empty() {
             text.push_str(&format!(
@@ -477,7 +479,7 @@ impl Environment for DedEnv {
     /// ([`feedback`]).
     fn feedback(&self, task: &Task, completion: &str, kind: &str) -> Result<String, String> {
         if kind == "verdict" {
-            return Ok(verdict());
+            return Ok(verdict(AGAIN));
         }
         let tests: Tests =
             serde_json::from_str(&task.expected).map_err(|e| format!("unreadable_task: {e}"))?;
@@ -562,8 +564,6 @@ mod tests {
             expected: expected.into(),
         })
     }
-
-    const AGAIN: &str = "Try again: give the whole program in a single ```python block.";
 
     fn stdin_case(stdin: &str, expected: &str) -> Option<Case> {
         Some(Case {
@@ -700,7 +700,7 @@ mod tests {
     }
 
     #[test]
-    fn feedback_cuts_quotes_and_verdict_stays_the_verdict() {
+    fn feedback_cuts_quotes_and_verdict_names_what_to_give() {
         let big: String = (1..=40).map(|i| format!("{i} {i}\n")).collect();
         let tests = Tests::Cases(vec![stdin_case(&big, "ok")]);
         let t = trial(&tests, FENCED, &[("no\n", "")]);
@@ -712,11 +712,11 @@ mod tests {
             )),
             "{said}"
         );
-        let trace_verdict = crate::reward::feedback("x", "y", "verdict");
-        assert_eq!(feedback(FENCED, &t, "verdict"), trace_verdict);
-        assert_eq!(feedback(" ", &Trial::Empty, "verdict"), trace_verdict);
+        let said = "Your answer is incorrect. Try again: give the whole program in a single ```python block.";
+        assert_eq!(feedback(FENCED, &t, "verdict"), said);
+        assert_eq!(feedback(" ", &Trial::Empty, "verdict"), said);
         // Every case passed: nothing to point at.
-        assert_eq!(feedback(FENCED, &Trial::Passed, "line"), trace_verdict);
+        assert_eq!(feedback(FENCED, &Trial::Passed, "line"), said);
     }
 
     #[test]

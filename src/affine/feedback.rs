@@ -4,10 +4,11 @@
 //! ([`super::sat::feedback`], [`super::abd::feedback`],
 //! [`super::ded::feedback`]).
 //!
-//! `verdict` is the verdict alone, the same sentence for every
-//! environment ([`verdict`]). Program text (an output, an input, a stderr)
-//! is quoted in a fenced block, cut to [`MAX_LINES`] lines and
-//! [`MAX_CHARS`] characters, with a line saying so when cut ([`quote`]).
+//! `verdict` is the verdict alone: that the answer is wrong, then the
+//! environment's own request for a retry ([`verdict`]). Program text (an
+//! output, an input, a stderr) is quoted in a fenced block, cut to
+//! [`MAX_LINES`] lines and [`MAX_CHARS`] characters, with a line saying so
+//! when cut ([`quote`]).
 
 /// Lines a quoted text keeps.
 pub const MAX_LINES: usize = 20;
@@ -15,10 +16,10 @@ pub const MAX_LINES: usize = 20;
 pub const MAX_CHARS: usize = 2_000;
 
 /// The verdict alone (the `verdict` kind, and what any kind falls back to
-/// when there is nothing more to say): Trace's sentence, which reads
-/// neither the answer nor the truth.
-pub fn verdict() -> String {
-    crate::reward::feedback("", "", "verdict")
+/// when there is nothing more to say): Trace's first sentence, then the
+/// environment's own `again` (what a right answer looks like there).
+pub fn verdict(again: &str) -> String {
+    format!("Your answer is incorrect. {again}")
 }
 
 /// Which end of a long text [`quote`] keeps.

@@ -26,6 +26,9 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 use super::feedback::verdict;
+
+/// What this environment asks a retry for, closing every feedback.
+const AGAIN: &str = "Try again: give an assignment like `x1=True, x2=False, ...`.";
 use super::py;
 use super::pyrandom::PyRandom;
 use crate::eval::Difficulty;
@@ -165,9 +168,8 @@ pub fn score(reply: &str, clauses: &[Clause]) -> f64 {
 /// numbered from 1 in the prompt's order. An assignment that satisfies
 /// every clause (a reply scored 0 only for being blank) gets the verdict.
 pub fn feedback(reply: &str, clauses: &[Clause], kind: &str) -> String {
-    const AGAIN: &str = "Try again: give an assignment like `x1=True, x2=False, ...`.";
     if kind == "verdict" {
-        return verdict();
+        return verdict(AGAIN);
     }
     let got = if py::strip(reply).is_empty() {
         HashMap::new()
@@ -178,7 +180,7 @@ pub fn feedback(reply: &str, clauses: &[Clause], kind: &str) -> String {
         .filter(|&i| !satisfied(&clauses[i], &got))
         .collect();
     let Some(&first) = unsat.first() else {
-        return verdict();
+        return verdict(AGAIN);
     };
     let mut text = format!(
         "Your answer is incorrect: your assignment leaves {} of the {} clauses unsatisfied.",
@@ -297,7 +299,7 @@ mod tests {
     #[test]
     fn feedback_counts_unsatisfied_clauses_and_names_the_first() {
         let clauses = vec![vec![1, 2], vec![-1, 3], vec![-2, -3]];
-        let verdict = crate::reward::feedback("x1=True", "x1=True", "verdict");
+        let verdict = "Your answer is incorrect. Try again: give an assignment like `x1=True, x2=False, ...`.";
         assert_eq!(feedback("x1=True", &clauses, "verdict"), verdict);
         // x1 true, x2 and x3 unassigned: clause 2 fails (x3 has no value),
         // clause 3 too (no value makes a literal true).
