@@ -86,6 +86,12 @@ pub fn same_answer(a: &str, b: &str) -> bool {
 /// --feedback` name them.
 pub const FEEDBACK_KINDS: [&str; 3] = ["verdict", "first_diff", "line"];
 
+/// The verdict alone, in every environment: the answer is wrong, then
+/// `again`, the environment's request for what a right answer looks like.
+pub fn verdict(again: &str) -> String {
+    format!("Your answer is incorrect. {again}")
+}
+
 /// What the environment tells a model whose answer was wrong, before it
 /// tries again (a multi-turn episode's feedback turn), by `kind`:
 /// - `verdict`: only that it was wrong;
@@ -95,7 +101,7 @@ pub const FEEDBACK_KINDS: [&str; 3] = ["verdict", "first_diff", "line"];
 pub fn feedback(completion: &str, ground_truth: &str, kind: &str) -> String {
     const AGAIN: &str = "Try again: reply with the program's exact output only.";
     if kind == "verdict" {
-        return format!("Your answer is incorrect. {AGAIN}");
+        return verdict(AGAIN);
     }
     let answer = extract_answer(completion);
     let expected: Vec<&str> = python_strip(ground_truth).lines().collect();
@@ -104,7 +110,7 @@ pub fn feedback(completion: &str, ground_truth: &str, kind: &str) -> String {
         .find(|&i| expected.get(i).map(|e| normalize(e)) != got.get(i).map(|a| normalize(a)));
     let Some(i) = first else {
         // Equal line by line but not as a whole: no line to point at.
-        return format!("Your answer is incorrect. {AGAIN}");
+        return verdict(AGAIN);
     };
     let mut text = format!(
         "Your answer is incorrect: line {} is the first that differs (the output has {} line{}, your answer {}).",

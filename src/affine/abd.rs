@@ -29,7 +29,8 @@ use std::sync::{Arc, LazyLock};
 
 use regex::Regex;
 
-use super::feedback::{Keep, cut, first_diff, last_line, lines, quote, verdict};
+use super::feedback::{Keep, cut, first_diff, last_line, lines, quote};
+use crate::reward::verdict;
 
 /// What this environment asks a retry for, closing every feedback.
 const AGAIN: &str = "Try again: give the program's input between <INPUT> and </INPUT> tags.";

@@ -37,7 +37,8 @@ use std::sync::{Arc, LazyLock};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use super::feedback::{Keep, cut, first_diff, last_line, lines, quote, verdict};
+use super::feedback::{Keep, cut, first_diff, last_line, lines, quote};
+use crate::reward::verdict;
 
 /// What this environment asks a retry for, closing every feedback.
 const AGAIN: &str = "Try again: give the whole program in a single ```python block.";

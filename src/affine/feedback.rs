@@ -5,7 +5,7 @@
 //! [`super::ded::feedback`]).
 //!
 //! `verdict` is the verdict alone: that the answer is wrong, then the
-//! environment's own request for a retry ([`verdict`]). Program text (an
+//! environment's own request for a retry ([`crate::reward::verdict`]). Program text (an
 //! output, an input, a stderr) is quoted in a fenced block, cut to
 //! [`MAX_LINES`] lines and [`MAX_CHARS`] characters, with a line saying so
 //! when cut ([`quote`]).
@@ -14,13 +14,6 @@
 pub const MAX_LINES: usize = 20;
 /// Characters a quoted text keeps.
 pub const MAX_CHARS: usize = 2_000;
-
-/// The verdict alone (the `verdict` kind, and what any kind falls back to
-/// when there is nothing more to say): Trace's first sentence, then the
-/// environment's own `again` (what a right answer looks like there).
-pub fn verdict(again: &str) -> String {
-    format!("Your answer is incorrect. {again}")
-}
 
 /// Which end of a long text [`quote`] keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,7 +25,7 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-use super::feedback::verdict;
+use crate::reward::verdict;
 
 /// What this environment asks a retry for, closing every feedback.
 const AGAIN: &str = "Try again: give an assignment like `x1=True, x2=False, ...`.";
