@@ -211,21 +211,22 @@ fn ask(host: &str, port: u16, rank: usize, world: usize, wait: Duration) -> anyh
 mod tests {
     use super::*;
 
-    fn free_port() -> u16 {
-        TcpListener::bind(("127.0.0.1", 0))
+    /// A meeting on the loopback address, at a port free a moment ago.
+    fn loopback() -> Meeting {
+        let port = TcpListener::bind(("127.0.0.1", 0))
             .unwrap()
             .local_addr()
             .unwrap()
-            .port()
+            .port();
+        Meeting::Tcp {
+            host: "127.0.0.1".into(),
+            port,
+        }
     }
 
     #[test]
     fn ranks_on_loopback_get_rank_zeros_id_whoever_starts_first() {
-        let port = free_port();
-        let meeting = Meeting::Tcp {
-            host: "127.0.0.1".into(),
-            port,
-        };
+        let meeting = loopback();
         let wait = Duration::from_secs(20);
         // The other ranks start before rank 0 listens: they retry.
         let others: Vec<_> = (1..3)
@@ -246,11 +247,7 @@ mod tests {
 
     #[test]
     fn a_rank_of_another_world_is_refused_and_told_why() {
-        let port = free_port();
-        let meeting = Meeting::Tcp {
-            host: "127.0.0.1".into(),
-            port,
-        };
+        let meeting = loopback();
         let short = Duration::from_secs(3);
         let zero = {
             let m = meeting.clone();
@@ -269,10 +266,7 @@ mod tests {
 
     #[test]
     fn a_rank_with_no_rank_zero_gives_up_with_a_hint() {
-        let meeting = Meeting::Tcp {
-            host: "127.0.0.1".into(),
-            port: free_port(),
-        };
+        let meeting = loopback();
         let e = format!(
             "{:#}",
             share_id(
