@@ -7,7 +7,8 @@
 //! threshold on the logits (the k-th largest logit; then the smallest logit
 //! of the fewest most likely tokens holding `top_p` of what top-k kept,
 //! ties kept together), and the token is the argmax over kept tokens of
-//! `z + G`, `G` standard Gumbel noise hashed from `(seed, token id)`; its
+//! `z + G` (compared as `x * inv_temp + G`, the same argmax), `G` standard
+//! Gumbel noise hashed from `(seed, token id)`; its
 //! log-probability is `z[t] - log(sum(exp(z)))` over the whole vocabulary.
 //! `inv_temp` 0 picks the most likely token (the lowest id among ties) with
 //! the raw logits' log-probability.
@@ -76,11 +77,20 @@ fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Standard Gumbel noise of token `i` under `seed`, as the kernel makes it.
+/// Standard Gumbel noise of token `i` under `seed`, as the kernel makes it:
+/// `-ln(E)`, `E = -ln(u)`, `u = (k + 1/2) / 2^32` from the hash's top 32
+/// bits, `ln(u)` above one half taken as `ln_1p(-(1 - u))` with `1 - u`
+/// formed from the complement of `k`.
 fn gumbel(seed: u64, i: u32) -> f32 {
     let h = mix64(seed.wrapping_add(u64::from(i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-    let u = ((h >> 11) as f64 + 0.5) * (1.0 / 9_007_199_254_740_992.0);
-    (-(-u.ln()).ln()) as f32
+    let k = (h >> 32) as u32;
+    let two_m32 = 1.0 / 4_294_967_296.0f32;
+    let e = if k < 0x8000_0000 {
+        -((k as f32 + 0.5) * two_m32).ln()
+    } else {
+        -(-(((0xffff_ffff - k) as f32 + 0.5) * two_m32)).ln_1p()
+    };
+    -e.ln()
 }
 
 /// The kernel's draw for one row of logits, on the host: the token and its
@@ -139,8 +149,9 @@ pub fn device_rule(logits: &[f32], seed: u64, d: Draw) -> (u32, f32) {
         let score = if greedy {
             x
         } else {
-            // The kernel's `(x - m) * scale + g` contracts to one fma.
-            (x - m).mul_add(scale, gumbel(seed, i as u32))
+            // The kernel's score: `x * scale + g` in one fma (the shift by
+            // `m` changes no argmax).
+            x.mul_add(scale, gumbel(seed, i as u32))
         };
         if score > best || (score == best && (i as u32) < arg) {
             best = score;
@@ -151,6 +162,21 @@ pub fn device_rule(logits: &[f32], seed: u64, d: Draw) -> (u32, f32) {
         arg = 0; // a row of NaN
     }
     (arg, (logits[arg as usize] - m) * scale - lse)
+}
+
+/// Threads of a `sample_rows` block (a row with top-k or top-p) and of a
+/// `sample_slices` block.
+#[cfg(feature = "cuda")]
+pub(crate) const ROW_THREADS: u32 = 1024;
+#[cfg(feature = "cuda")]
+pub(crate) const SLICE_THREADS: u32 = 256;
+
+/// Slices each of `b` rows of `v` logits is drawn in on a GPU of `sms`
+/// multiprocessors: about four blocks a multiprocessor in all, none
+/// shorter than 2,048 logits.
+#[cfg(feature = "cuda")]
+pub(crate) fn slices(b: usize, v: usize, sms: usize) -> usize {
+    (4 * sms).div_ceil(b.max(1)).clamp(1, (v / 2048).max(1))
 }
 
 /// Each row's token and log-probability from `logits: (B, V)` on the
@@ -210,7 +236,6 @@ fn launch<T: candle_core::cuda_backend::CudaDType + DeviceRepr>(
     use candle_core::cuda_backend::WrapErr;
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{Storage, bail};
-    const THREADS: u32 = 1024;
     let (b, v) = logits.dims2()?;
     if seeds.len() != b || draws.len() != b {
         bail!(
@@ -228,28 +253,43 @@ fn launch<T: candle_core::cuda_backend::CudaDType + DeviceRepr>(
     let x = cuda.as_cuda_slice::<T>()?.slice(start..start + b * v);
     let seeds = dev.clone_htod(seeds)?;
     let params = dev.clone_htod(&Draw::words(draws))?;
+    let slices = slices(b, v, super::kernels::multiprocessors(&dev)?);
+    // SAFETY: every slice of a row that is merged writes its four values.
+    let mut part = unsafe { dev.alloc::<f32>(4 * b * slices) }?;
     // SAFETY: the kernel writes both values of every row.
     let mut out = unsafe { dev.alloc::<u32>(2 * b) }?;
-    let func = super::kernels::kernel(
-        &dev,
-        &super::kernels::SAMPLE,
-        &format!("sample_rows_{suffix}"),
-    )?;
-    let v32 = v as i32;
+    let kernel = |name: &str| {
+        super::kernels::kernel(&dev, &super::kernels::SAMPLE, &format!("{name}_{suffix}"))
+    };
+    let (v32, s32) = (v as i32, slices as i32);
+    let config = |grid: (u32, u32, u32), threads: u32| LaunchConfig {
+        grid_dim: grid,
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let func = kernel("sample_slices")?;
     let mut builder = func.builder();
     builder.arg(&x);
     builder.arg(&v32);
     builder.arg(&seeds);
     builder.arg(&params);
+    builder.arg(&mut part);
+    // SAFETY: the arguments match `sample_slices_*` in sample.cu; `part`
+    // holds 4 values for each of the b x slices blocks.
+    unsafe { builder.launch(config((b as u32, slices as u32, 1), SLICE_THREADS)) }.w()?;
+    let func = kernel("sample_rows")?;
+    let mut builder = func.builder();
+    builder.arg(&x);
+    builder.arg(&v32);
+    builder.arg(&seeds);
+    builder.arg(&params);
+    builder.arg(&part);
+    builder.arg(&s32);
     builder.arg(&mut out);
-    let config = LaunchConfig {
-        grid_dim: (b as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
     // SAFETY: the arguments match `sample_rows_*` in sample.cu; `x` holds
-    // b rows of v values, `seeds` b, `params` 3 b and `out` 2 b.
-    unsafe { builder.launch(config) }.w()?;
+    // b rows of v values, `seeds` b, `params` 3 b, `part` the slices' and
+    // `out` 2 b.
+    unsafe { builder.launch(config((b as u32, 1, 1), ROW_THREADS)) }.w()?;
     drop(storage);
     let host = dev.clone_dtoh(&out)?;
     Ok(host

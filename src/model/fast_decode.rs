@@ -39,6 +39,7 @@ use half::{bf16, f16};
 
 use super::attention::Cache;
 use super::decoder::{DecodeBase, DecodeProj, DecodeWeights};
+use super::draw;
 pub use super::draw::Draw;
 use super::kernels::{self, DECODE, Kernel, Module, SAMPLE, SKINNY};
 
@@ -48,11 +49,12 @@ const SKINNY_TILE: usize = 128;
 const SKINNY_THREADS: u32 = 128;
 /// Rows of X one launch of the decode product takes.
 const SKINNY_ROWS: usize = 32;
-/// Keys one attention block reads at least (`decode_attention` in
-/// decode.cu).
-const CHUNK: usize = 64;
+/// Keys one attention block reads at least (`decode_attention_keys` in
+/// decode.cu: its 4 warps take 32 keys each at a time).
+const CHUNK: usize = 128;
 /// Most splits of a row's keys (blocks a row and KV head).
 const MAX_SPLITS: usize = 16;
+/// Threads of an attention block (`32 * ATTN_WARPS`).
 const ATTN_THREADS: u32 = 128;
 
 /// How the step runs.
@@ -94,6 +96,9 @@ pub struct Engine<'w> {
     io: CudaSlice<u32>,
     /// Split-KV partial results: `(rows, H_kv, splits, G, D + 2)` f32.
     part: CudaSlice<f32>,
+    /// The draw's slices a row, and their results (`draw::slices`).
+    draw_slices: usize,
+    draw_part: CudaSlice<f32>,
     products: Products,
     mode: Mode,
     graph: Option<Captured>,
@@ -201,6 +206,9 @@ impl<'w> Engine<'w> {
             .chain([&w.head])
             .collect();
         let products = Products::new(dev, dtype, &all)?;
+        let vocab = w.head.dims()?.0;
+        let draw_slices = draw::slices(rows, vocab, kernels::multiprocessors(dev)?);
+        let draw_part = dev.alloc_zeros::<f32>(4 * rows * draw_slices)?;
         Ok(Self {
             w,
             stream: dev.cuda_stream(),
@@ -214,6 +222,8 @@ impl<'w> Engine<'w> {
             v,
             io,
             part,
+            draw_slices,
+            draw_part,
             products,
             mode,
             graph: None,
@@ -349,6 +359,18 @@ impl<'w> Engine<'w> {
         if self.mode == Mode::Graph && !first && self.graph.is_none() && self.profile.is_none() {
             self.capture()?;
         }
+        // `TRACE_TRAIN_DECODE_NCU_STEP=N`: only step N runs inside the
+        // profiler's range (`ncu --profile-from-start off`), so a profile
+        // holds one step's kernels, graph nodes included, and no prefill.
+        let ncu = std::env::var("TRACE_TRAIN_DECODE_NCU_STEP")
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            == Some(self.steps);
+        let _range = if ncu {
+            Some(candle_core::cuda_backend::cudarc::driver::Profiler::new().w()?)
+        } else {
+            None
+        };
         let out = match &self.graph {
             Some(c) => {
                 c.graph.launch().w()?;
@@ -527,8 +549,11 @@ impl<'w> Engine<'w> {
                 a.arg(&stride);
                 a.arg(&ap);
                 a.arg(&n32);
+                // Eight values a thread where the kernel takes them so.
+                let per = if inter % 8 == 0 { 8 } else { 1 };
                 // SAFETY: matches `silu_mul_*`.
-                unsafe { a.launch(cfg((inter.div_ceil(256) as u32, b as u32, 1), 256)) }.w()?;
+                unsafe { a.launch(cfg((inter.div_ceil(256 * per) as u32, b as u32, 1), 256)) }
+                    .w()?;
             }
             self.mark("silu_mul")?;
             h = Some(self.products.project(&self.dev, &act, &lw.down)?);
@@ -542,18 +567,34 @@ impl<'w> Engine<'w> {
         // SAFETY: the sampling kernel writes both values of every row.
         let out = unsafe { self.dev.alloc::<u32>(2 * b) }?;
         {
-            let f = self.kernel(&SAMPLE, "sample_rows")?;
             let lp = ptr(&logits)?;
             let op = slice_ptr(&out, &self.stream);
+            let dp = slice_ptr(&self.draw_part, &self.stream);
+            let f = self.kernel(&SAMPLE, "sample_slices")?;
             let mut a = f.builder();
             a.arg(&lp);
             a.arg(&vocab);
             a.arg(&seeds);
             a.arg(&params);
+            a.arg(&dp);
+            let grid = (b as u32, self.draw_slices as u32, 1);
+            // SAFETY: matches `sample_slices_*` in sample.cu: b rows of
+            // `vocab` logits, b seeds, 3 b settings, 4 values a slice.
+            unsafe { a.launch(cfg(grid, draw::SLICE_THREADS)) }.w()?;
+            self.mark("sample_slices")?;
+            let f = self.kernel(&SAMPLE, "sample_rows")?;
+            let s32 = self.draw_slices as i32;
+            let mut a = f.builder();
+            a.arg(&lp);
+            a.arg(&vocab);
+            a.arg(&seeds);
+            a.arg(&params);
+            a.arg(&dp);
+            a.arg(&s32);
             a.arg(&op);
-            // SAFETY: matches `sample_rows_*` in sample.cu: b rows of
-            // `vocab` logits, b seeds, 3 b settings, 2 b outputs.
-            unsafe { a.launch(cfg((b as u32, 1, 1), 1024)) }.w()?;
+            // SAFETY: matches `sample_rows_*` in sample.cu: as above, and 2
+            // b outputs.
+            unsafe { a.launch(cfg((b as u32, 1, 1), draw::ROW_THREADS)) }.w()?;
         }
         self.mark("sample")?;
         Ok(out)
@@ -601,7 +642,7 @@ impl<'w> Engine<'w> {
         a.arg(&n32);
         a.arg(&eps);
         // SAFETY: matches `add_rmsnorm_*`; x, h and out hold rows x n.
-        unsafe { a.launch(cfg((rows as u32, 1, 1), 256)) }.w()?;
+        unsafe { a.launch(cfg((rows as u32, 1, 1), norm_threads(n))) }.w()?;
         Ok(())
     }
 
@@ -656,10 +697,7 @@ impl Products {
     /// Scratch for every product of `all` with a model of `dtype`.
     pub fn new(dev: &CudaDevice, dtype: DType, all: &[&DecodeProj]) -> Result<Self> {
         let stream = dev.cuda_stream();
-        let sms = stream
-            .context()
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .w()? as usize;
+        let sms = kernels::multiprocessors(dev)?;
         let (mut part_len, mut tiles_max) = (1, 1);
         for p in all {
             let out = p.dims()?.0;
@@ -869,6 +907,13 @@ fn split_plan(p: &DecodeProj, sms: usize) -> Result<Plan> {
         per_split,
         x_in_shared: per_split <= cap,
     })
+}
+
+/// Threads of an `add_rmsnorm` block for rows of `n`: one chunk of 8
+/// values a thread (up to `RMS_CHUNKS` = 4 once past 1,024 threads), so
+/// every value stays in a register between the sum and the output.
+fn norm_threads(n: usize) -> u32 {
+    (n.div_ceil(8).next_multiple_of(32)).clamp(32, 1024) as u32
 }
 
 fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {

@@ -95,6 +95,17 @@ pub fn kernel(dev: &CudaDevice, module: &Module, name: &str) -> Result<Kernel> {
     Ok(Kernel { func, stream })
 }
 
+/// Multiprocessors of `dev`'s GPU: how many blocks keep it busy.
+pub fn multiprocessors(dev: &CudaDevice) -> Result<usize> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+    let n = dev
+        .cuda_stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .w()?;
+    Ok(n.max(1) as usize)
+}
+
 /// NF4 dequantisation kernels, one an output dtype.
 pub const NF4_F32: &str = "nf4_dequantize_f32";
 pub const NF4_BF16: &str = "nf4_dequantize_bf16";

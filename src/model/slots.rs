@@ -786,7 +786,7 @@ mod tests {
         }
     }
 
-    /// Rows longer than the attention's splits x 64 keys (1,024) lengthen
+    /// Rows longer than the attention's splits x 128 keys (2,048) lengthen
     /// their chunks: greedy tokens and log-probs as the op-by-op path's.
     #[cfg(feature = "cuda")]
     #[test]

@@ -1,0 +1,283 @@
+// The decode step's attention kernel (decode_attention_keys in
+// src/kernels/decode.cu: one key a lane, W warps a block) at Qwen3-4B's
+// decode shapes, timed and checked on one GPU against the kernel it
+// replaced (decode_attention below: 16 lanes a key) and against a plain
+// coalesced read of the same bytes (`probe`), each attention followed by
+// attention_combine, over a KV
+// cache of batch 32, 8 KV heads, 512 columns, head dim 128, bf16. Eight
+// layers' caches are cycled so that L2 (50 MB on an H100) holds none.
+//
+//   nvcc -O3 -arch=sm_90 -std=c++17 benches/decode_attention.cu -o /tmp/da && /tmp/da
+#include "../src/kernels/decode.cu"
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+// The previous kernel, kept here as the reference the new one is measured
+// and checked against.
+// Flash-decoding (split-KV) attention of one token a row over its slot:
+// block (kv head h, row b, split s) reads the row's keys and values of
+// columns [s * c, min((s + 1) * c, pos[b] + 1)) once for the G
+// query heads h * G .. h * G + G - 1 that share them, and writes per query
+// head its max m, sum l and unnormalised output acc (f32) to
+// `part[(b, h, s, g)] = [m, l, acc[D]]`; attention_combine merges the
+// splits. D / 8 lanes hold one key (8 values a lane, one 16-byte load for
+// 16-bit types), 128 / (D / 8) keys are in flight a block, the next key's
+// loads issued before the current one is used; each group keeps an online
+// softmax that the block merges at the end. Grid (H_kv, B, splits), block
+// 128.
+#define ATTN_THREADS 128
+template <typename T, int D, int G>
+__device__ __forceinline__ void decode_attention(const T *__restrict__ q, const T *__restrict__ k_cache,
+                                                 const T *__restrict__ v_cache,
+                                                 const uint32_t *__restrict__ pos,
+                                                 float *__restrict__ part, int hkv, int cap, int chunk,
+                                                 float scale) {
+    constexpr int E = 8;
+    constexpr int LANES = D / E;
+    constexpr int GROUPS = ATTN_THREADS / LANES;
+    __shared__ float s_m[GROUPS][G];
+    __shared__ float s_l[GROUPS][G];
+    __shared__ float s_red[GROUPS][D];
+    __shared__ float s_max[G];
+    const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    const int tid = threadIdx.x, grp = tid / LANES, lane = tid % LANES;
+    const int len = (int)pos[b] + 1;
+    // Each row's chunk c: `chunk` (a multiple of 64), or more where the row
+    // is longer than the splits x chunk (a multiple of 64 that spreads it
+    // over every split). The grid's splits are fixed at capture whatever
+    // the slots' length, so a short row leaves most splits idle and a long
+    // one lengthens its chunks instead of needing more blocks.
+    const int per = (len + splits - 1) / splits;
+    const int c = max(chunk, (per + 63) / 64 * 64);
+    const int start = split * c, end = min(start + c, len);
+    float *out = part + (((size_t)b * hkv + h) * splits + split) * G * (D + 2);
+    if (start >= end) {
+        if (tid < G) out[tid * (D + 2) + 1] = 0.f; // l = 0: the combine skips it
+        return;
+    }
+    const int hq = hkv * G;
+    float qr[G][E];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        load8(q + ((size_t)b * hq + h * G + g) * D + lane * E, qr[g]);
+#pragma unroll
+        for (int e = 0; e < E; ++e) qr[g][e] *= scale;
+    }
+    float m[G], l[G], acc[G][E];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        m[g] = -INFINITY, l[g] = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[g][e] = 0.f;
+    }
+    const T *kb = k_cache + ((size_t)b * hkv + h) * cap * D + lane * E;
+    const T *vb = v_cache + ((size_t)b * hkv + h) * cap * D + lane * E;
+    float kr[E], vr[E];
+    int t = start + grp;
+    if (t < end) {
+        load8(kb + (size_t)t * D, kr);
+        load8(vb + (size_t)t * D, vr);
+    }
+    // The same trip count for every thread: shuffles need the whole warp.
+    for (int t0 = start; t0 < end; t0 += GROUPS) {
+        const bool valid = t < end;
+        const int tn = t + GROUPS;
+        float kn[E], vn[E];
+        if (tn < end) {
+            load8(kb + (size_t)tn * D, kn);
+            load8(vb + (size_t)tn * D, vn);
+        }
+        float s[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            float x = 0.f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) x += qr[g][e] * (valid ? kr[e] : 0.f);
+#pragma unroll
+            for (int o = LANES / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+            s[g] = x;
+        }
+        if (valid) {
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const float mn = fmaxf(m[g], s[g]);
+                const float corr = __expf(m[g] - mn), p = __expf(s[g] - mn);
+                l[g] = l[g] * corr + p;
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[g][e] = acc[g][e] * corr + p * vr[e];
+                m[g] = mn;
+            }
+        }
+        t = tn;
+#pragma unroll
+        for (int e = 0; e < E; ++e) kr[e] = kn[e], vr[e] = vn[e];
+    }
+    // Merge the groups: the block's max, then each group's share rescaled
+    // to it and summed over groups through shared memory, a head at a time.
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) s_m[grp][g] = m[g], s_l[grp][g] = l[g];
+    }
+    __syncthreads();
+    if (tid < G) {
+        float mx = -INFINITY;
+        for (int j = 0; j < GROUPS; ++j) mx = fmaxf(mx, s_m[j][tid]);
+        s_max[tid] = mx;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        // A group that saw no key has m = -inf and contributes nothing.
+        const float w = m[g] == -INFINITY ? 0.f : __expf(m[g] - s_max[g]);
+#pragma unroll
+        for (int e = 0; e < E; ++e) s_red[grp][lane * E + e] = acc[g][e] * w;
+        __syncthreads();
+        float *o = out + g * (D + 2);
+        for (int i = tid; i < D; i += ATTN_THREADS) {
+            float a = 0.f;
+            for (int j = 0; j < GROUPS; ++j) a += s_red[j][i];
+            o[2 + i] = a;
+        }
+        if (tid == 0) {
+            float sum = 0.f;
+            for (int j = 0; j < GROUPS; ++j) {
+                if (s_m[j][g] != -INFINITY) sum += s_l[j][g] * __expf(s_m[j][g] - s_max[g]);
+            }
+            o[0] = s_max[g];
+            o[1] = sum;
+        }
+        __syncthreads();
+    }
+}
+
+typedef __nv_bfloat16 bf;
+constexpr int B = 32, HKV = 8, G = 4, D = 128, CAP = 512, LAYERS = 8;
+
+__global__ void old_attn(const bf *q, const bf *k, const bf *v, const uint32_t *pos, float *part, int hkv,
+                         int cap, int chunk, float scale) {
+    decode_attention<bf, D, G>(q, k, v, pos, part, hkv, cap, chunk, scale);
+}
+template <int W>
+__global__ void __launch_bounds__(32 * W) new_attn(const bf *q, const bf *k, const bf *v, const uint32_t *pos,
+                                                   float *part, int hkv, int cap, int chunk, float scale) {
+    decode_attention_keys<bf, D, G, W>(q, k, v, pos, part, hkv, cap, chunk, scale);
+}
+// Reads the same keys and values as the attention blocks, coalesced, and
+// nothing else: what the card gives this access pattern.
+__global__ void probe(const bf *k, const bf *v, const uint32_t *pos, float *part, int cap, int chunk) {
+    const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    const int len = (int)pos[b] + 1;
+    const int per = (len + splits - 1) / splits;
+    const int c = max(chunk, (per + 63) / 64 * 64);
+    const int start = split * c, end = min(start + c, len);
+    if (start >= end) return;
+    const uint4 *kb = reinterpret_cast<const uint4 *>(k + (((size_t)b * HKV + h) * cap + start) * D);
+    const uint4 *vb = reinterpret_cast<const uint4 *>(v + (((size_t)b * HKV + h) * cap + start) * D);
+    const int n = (end - start) * D / 8;
+    uint32_t acc = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const uint4 a = kb[i], bb = vb[i];
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ bb.x ^ bb.y ^ bb.z ^ bb.w;
+    }
+    if (acc == 0x12345678u) part[0] = 1.f;
+}
+__global__ void combine(const float *part, bf *out, int hkv, int group, int splits) {
+    attention_combine<bf>(part, out, hkv, group, splits);
+}
+__global__ void fill(bf *x, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        x[i] = __float2bfloat16(((h & 0xffff) / 65536.f - 0.5f) * 4.f);
+    }
+}
+
+#define CK(x)                                                                                     \
+    do {                                                                                          \
+        cudaError_t e = (x);                                                                      \
+        if (e != cudaSuccess) {                                                                   \
+            printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                     \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+struct Run {
+    int kind; // 0 old, 1/2/4 new with W warps
+    int chunk;
+};
+
+static void launch(Run r, const bf *q, const bf *k, const bf *v, const uint32_t *pos, float *part, bf *out) {
+    const int splits = std::min(16, std::max(1, CAP / r.chunk));
+    const float scale = 1.f / sqrtf((float)D);
+    dim3 grid(HKV, B, splits);
+    switch (r.kind) {
+    case 0: old_attn<<<grid, ATTN_THREADS>>>(q, k, v, pos, part, HKV, CAP, r.chunk, scale); break;
+    case 1: new_attn<1><<<grid, 32>>>(q, k, v, pos, part, HKV, CAP, r.chunk, scale); break;
+    case 2: new_attn<2><<<grid, 64>>>(q, k, v, pos, part, HKV, CAP, r.chunk, scale); break;
+    case 4: new_attn<4><<<grid, 128>>>(q, k, v, pos, part, HKV, CAP, r.chunk, scale); break;
+    case 9: probe<<<grid, 128>>>(k, v, pos, part, CAP, r.chunk); return;
+    case 10: probe<<<grid, 256>>>(k, v, pos, part, CAP, r.chunk); return;
+    }
+    combine<<<dim3(HKV * G, B), D>>>(part, out, HKV, G, splits);
+}
+
+int main() {
+    const size_t per = (size_t)B * HKV * CAP * D;
+    bf *k, *v, *q, *out, *ref;
+    float *part;
+    uint32_t *pos;
+    CK(cudaMalloc(&k, per * LAYERS * sizeof(bf)));
+    CK(cudaMalloc(&v, per * LAYERS * sizeof(bf)));
+    CK(cudaMalloc(&q, (size_t)B * HKV * G * D * sizeof(bf)));
+    CK(cudaMalloc(&out, (size_t)B * HKV * G * D * sizeof(bf)));
+    CK(cudaMalloc(&ref, (size_t)B * HKV * G * D * sizeof(bf)));
+    CK(cudaMalloc(&part, (size_t)B * HKV * 16 * G * (D + 2) * sizeof(float)));
+    CK(cudaMalloc(&pos, B * sizeof(uint32_t)));
+    fill<<<1024, 256>>>(k, per * LAYERS, 1);
+    fill<<<1024, 256>>>(v, per * LAYERS, 2);
+    fill<<<64, 256>>>(q, (size_t)B * HKV * G * D, 3);
+    CK(cudaDeviceSynchronize());
+    std::vector<Run> runs = {{0, 64}, {1, 32}, {1, 64}, {2, 64}, {2, 128}, {4, 128}, {4, 256}, {9, 64}};
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    const int lens[] = {128, 266, 384, 511, -1};
+    for (int L : lens) {
+        std::vector<uint32_t> hp(B);
+        for (int b = 0; b < B; ++b) hp[b] = L > 0 ? L - 1 : 255 + (b * 97) % 256; // -1: mixed 256..511
+        CK(cudaMemcpy(pos, hp.data(), B * 4, cudaMemcpyHostToDevice));
+        double bytes = 0;
+        for (int b = 0; b < B; ++b) bytes += 2.0 * HKV * (hp[b] + 1) * D * sizeof(bf);
+        launch(runs[0], q, k, v, pos, part, ref);
+        CK(cudaDeviceSynchronize());
+        std::vector<bf> hr((size_t)B * HKV * G * D), ho(hr.size());
+        CK(cudaMemcpy(hr.data(), ref, hr.size() * sizeof(bf), cudaMemcpyDeviceToHost));
+        for (Run r : runs) {
+            launch(r, q, k, v, pos, part, out);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(ho.data(), out, ho.size() * sizeof(bf), cudaMemcpyDeviceToHost));
+            float err = 0, mx = 0;
+            for (size_t i = 0; i < hr.size(); ++i) {
+                err = fmaxf(err, fabsf(__bfloat162float(hr[i]) - __bfloat162float(ho[i])));
+                mx = fmaxf(mx, fabsf(__bfloat162float(hr[i])));
+            }
+            const int reps = 40;
+            cudaEventRecord(e0);
+            for (int i = 0; i < reps; ++i) {
+                const int l = i % LAYERS;
+                launch(r, q, k + per * l, v + per * l, pos, part, out);
+            }
+            cudaEventRecord(e1);
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            cudaEventElapsedTime(&ms, e0, e1);
+            const double us = 1e3 * ms / reps;
+            printf("len %4d kind %d chunk %3d: %6.2f us (attention + combine) %6.0f GB/s  max err %.2e of %.2e\n", L,
+                   r.kind, r.chunk, us, bytes / us * 1e-3, err, mx);
+        }
+    }
+    CK(cudaGetLastError());
+    return 0;
+}
