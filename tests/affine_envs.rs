@@ -441,6 +441,18 @@ fn task_and_compare_subcommands() {
     assert!(png.starts_with(b"\x89PNG") && png.len() > 5000);
     let out = common::trace_train(dir.path(), &["compare", &a]);
     assert!(!out.status.success());
+    // Reports of different tasks are not compared.
+    let with_split = |from: &str, split: &str| {
+        let mut r = trace_train::eval::envs::EnvsReport::read(std::path::Path::new(from)).unwrap();
+        r.split = Some(split.into());
+        let path = dir.path().join(format!("{split}.json"));
+        r.write(&path).unwrap();
+        path.display().to_string()
+    };
+    let (d, e) = (with_split(&a, "train"), with_split(&b, "heldout"));
+    let out = common::trace_train(dir.path(), &["compare", &d, &e]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("different tasks"));
 }
 
 #[test]
@@ -479,10 +491,12 @@ fn eval_on_several_environments_writes_per_environment_metrics() {
         serde_json::from_slice(&std::fs::read(dir.path().join("r.json")).unwrap()).unwrap();
     let envs = r["environments"].as_array().unwrap();
     assert_eq!(envs.len(), 2);
-    for (e, name) in envs.iter().zip(["sat", "ded"]) {
+    // The held-out tasks by default: DED's ten built-in rows hold out one.
+    assert_eq!(r["split"], "heldout");
+    for ((e, name), n) in envs.iter().zip(["sat", "ded"]).zip([2, 1]) {
         assert_eq!(e["environment"], name);
-        assert_eq!(e["n"], 2);
-        assert_eq!(e["predictions"].as_array().unwrap().len(), 2);
+        assert_eq!(e["n"], n);
+        assert_eq!(e["predictions"].as_array().unwrap().len(), n);
         for key in [
             "accuracy",
             "mean_score",
@@ -497,7 +511,7 @@ fn eval_on_several_environments_writes_per_environment_metrics() {
         assert_eq!(e["accuracy"], 0.0);
     }
     assert_eq!(r["aggregate"]["weights"], json!([1.0, 3.0]));
-    assert_eq!(r["aggregate"]["n"], 4);
+    assert_eq!(r["aggregate"]["n"], 3);
     // Unknown environment: a clear error before any model is loaded.
     let out = common::trace_train(
         dir.path(),

@@ -6,7 +6,7 @@
 //! executor's semantics ([`run`]). Python's string rules where the scorers
 //! use them ([`py`]); CPython's `random` for SAT's formulas ([`pyrandom`]);
 //! the rows ABD and DED read ([`rows`]); supervised data from any of them
-//! ([`sft`]).
+//! ([`sft`]); the training and held-out tasks of each ([`split`]).
 //!
 //! Common to all three: the reply is stripped first, and an empty reply
 //! scores 0 (the original raises before scoring); every reward is 0.0 or
@@ -38,6 +38,7 @@ pub mod rows;
 pub mod run;
 pub mod sat;
 pub mod sft;
+pub mod split;
 
 /// Why a task id past the end of the rows makes no task (the original
 /// raises `ValueError`; there is no wrapping).

@@ -39,6 +39,16 @@ pub fn run(args: &CompareArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| Ok((p.display().to_string(), EnvsReport::read(p)?)))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    // Models scored on different tasks are not compared.
+    let splits: std::collections::BTreeSet<&str> = reports
+        .iter()
+        .filter_map(|(_, r)| r.split.as_deref())
+        .collect();
+    anyhow::ensure!(
+        splits.len() <= 1,
+        "these reports evaluated different tasks (--split {})\nhint: rerun `eval --environment` with the same --split for every model",
+        splits.into_iter().collect::<Vec<_>>().join(" and ")
+    );
     let s = Standings::new(&reports, args.level)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&s)?);

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
+use trace_train::affine::split::{Part, Split};
 use trace_train::affine::{abd::AbdEnv, ded::DedEnv, rows, sat::SatEnv};
 use trace_train::dataset::Source;
 use trace_train::rl::env::{Environment, TraceEnv};
@@ -96,11 +97,14 @@ pub fn parse(spec: &str) -> anyhow::Result<Vec<(String, f64)>> {
 }
 
 /// Builds the environments `names` (one executor for ABD and DED; none
-/// when only SAT is named).
+/// when only SAT is named); SAT, ABD and DED seen through `part` (their
+/// training or held-out tasks, `affine::split`; Trace has its own held-out
+/// sets).
 pub fn build(
     names: &[String],
     data: &EnvData,
     unsafe_no_sandbox: bool,
+    part: Part,
 ) -> anyhow::Result<Vec<Arc<dyn Environment>>> {
     let workers = data.num_workers.unwrap_or_else(sandbox::default_workers);
     let executor = || {
@@ -143,6 +147,11 @@ pub fn build(
             }
             other => anyhow::bail!("unknown environment `{other}`"),
         };
+        let env: Arc<dyn Environment> = if name == "trace" || part == Part::All {
+            env
+        } else {
+            Arc::new(Split::new(env, part))
+        };
         envs.push(env);
     }
     Ok(envs)
@@ -170,7 +179,8 @@ pub fn run_generate(g: &SiblingData) -> anyhow::Result<()> {
         .filter(|(n, _)| n != "trace")
         .map(|(n, _)| n.clone())
         .collect();
-    let envs = build(&siblings, &g.data, g.unsafe_no_sandbox)?;
+    // Training tasks only: the held-out ones are `eval --environment`'s.
+    let envs = build(&siblings, &g.data, g.unsafe_no_sandbox, Part::Train)?;
     let mut files: Vec<(PathBuf, f64)> = Vec::new();
     let mut stats = Vec::new();
     for (name, weight) in &named {
@@ -243,7 +253,13 @@ pub fn run_task(args: &TaskArgs) -> anyhow::Result<()> {
         "`task` shows one environment's task; got `{}`",
         args.environment
     );
-    let env = build(&[names[0].0.clone()], &args.data, args.unsafe_no_sandbox)?.remove(0);
+    let env = build(
+        &[names[0].0.clone()],
+        &args.data,
+        args.unsafe_no_sandbox,
+        Part::All,
+    )?
+    .remove(0);
     let task = env.task(args.task_id).map_err(|why| {
         let range = env
             .task_count()

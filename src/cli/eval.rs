@@ -109,6 +109,13 @@ pub struct EnvEvalArgs {
     /// With --environment: the first task id.
     #[arg(long, default_value_t = 0)]
     pub task_offset: u64,
+    /// With --environment: SAT's, ABD's and DED's tasks to take, `heldout`
+    /// (every tenth of the environment's own ids, which `generate
+    /// --environment` and `ppo` never see), `train` or `all` (the
+    /// environment's own ids, as `trace-train task` numbers them).
+    /// Default: heldout.
+    #[arg(long, value_parser = ["heldout", "train", "all"])]
+    pub split: Option<String>,
     #[command(flatten)]
     pub data: super::envs::EnvData,
 }
@@ -362,7 +369,9 @@ pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> 
         .any(|(_, w)| *w != 1.0)
         .then(|| named.iter().map(|(_, w)| *w).collect());
     let resolved = resolve_model(args)?;
-    let envs = super::envs::build(&names, &args.envs.data, args.unsafe_no_sandbox)?;
+    let part =
+        trace_train::affine::split::Part::parse(args.envs.split.as_deref().unwrap_or("heldout"))?;
+    let envs = super::envs::build(&names, &args.envs.data, args.unsafe_no_sandbox, part)?;
     let mut tasks = Vec::new();
     for env in &envs {
         let end = args.envs.task_offset.saturating_add(args.envs.tasks);
@@ -410,7 +419,8 @@ pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> 
             .collect();
         sections.push((env.name().to_owned(), predictions));
     }
-    let report = EnvsReport::new(&resolved.spec, sections, weights.as_deref(), DEFAULT_LEVEL)?;
+    let mut report = EnvsReport::new(&resolved.spec, sections, weights.as_deref(), DEFAULT_LEVEL)?;
+    report.split = Some(part.name().to_owned());
     let out = args.output.clone().unwrap_or_else(|| {
         let file = "eval_report_envs.json";
         args.adapter

@@ -342,7 +342,14 @@ pub fn environment(
                 num_workers: (c.num_workers > 0).then_some(c.num_workers),
                 max_injections: c.max_injections,
             };
-            let envs = super::envs::build(&names, &data, unsafe_no_sandbox)?;
+            // Training tasks only: the held-out ones are `eval
+            // --environment`'s.
+            let envs = super::envs::build(
+                &names,
+                &data,
+                unsafe_no_sandbox,
+                trace_train::affine::split::Part::Train,
+            )?;
             let mixture = Mixture::new(
                 envs.into_iter()
                     .zip(named.iter().map(|(_, w)| *w))

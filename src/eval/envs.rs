@@ -156,6 +156,11 @@ pub struct EnvsReport {
     pub version: u32,
     /// The model evaluated, as given.
     pub model: String,
+    /// SAT's, ABD's and DED's tasks evaluated (`heldout`, `train` or
+    /// `all`; see `affine::split`); absent in reports made before the
+    /// split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<String>,
     pub environments: Vec<EnvSection>,
     pub aggregate: Aggregate,
 }
@@ -187,6 +192,7 @@ impl EnvsReport {
         Ok(Self {
             version: ENVS_REPORT_VERSION,
             model: model.to_owned(),
+            split: None,
             aggregate: Aggregate::new(&metrics, weights),
             environments,
         })
