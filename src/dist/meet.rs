@@ -95,10 +95,15 @@ fn serve(port: u16, world: usize, id: &str, wait: Duration) -> anyhow::Result<()
         match listener.accept() {
             Ok((stream, peer)) => {
                 stream.set_nonblocking(false)?;
-                if let Some(r) = answer(stream, world, id, &mut served)
-                    .with_context(|| format!("rank 0: a rank connecting from {peer}"))?
-                {
-                    tracing::debug!("rank {r} of {world} joined from {peer}");
+                // Whatever else connects (a port scan, a health check, a
+                // rank that died mid-greeting) is turned away or dropped;
+                // rank 0 keeps waiting for its ranks.
+                match answer(stream, world, id, &mut served) {
+                    Ok(Some(r)) => tracing::debug!("rank {r} of {world} joined from {peer}"),
+                    Ok(None) => tracing::warn!("rank 0: turned away a connection from {peer}"),
+                    Err(e) => tracing::warn!(
+                        "rank 0: a connection from {peer} ended before it joined ({e:#}); still waiting for the ranks"
+                    ),
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -262,6 +267,42 @@ mod tests {
         // Rank 0 waits for its rank 1, which never came, and says so.
         let e = format!("{:#}", zero.join().unwrap().unwrap_err());
         assert!(e.contains("ranks 1 of 2 did not connect"), "{e}");
+    }
+
+    /// Connections that are not ranks (one closes at once, one says
+    /// something else, one stays open and silent until rank 0's read
+    /// times out, which used to end rank 0 with an error) leave rank 0
+    /// waiting for its rank, which then gets the id.
+    #[test]
+    fn stray_connections_do_not_stop_rank_zero() {
+        let meeting = loopback();
+        let Meeting::Tcp { port, .. } = meeting.clone() else {
+            unreachable!()
+        };
+        let wait = Duration::from_secs(20);
+        let zero = {
+            let m = meeting.clone();
+            std::thread::spawn(move || share_id(&m, 0, 2, || Ok("cafe".into()), wait))
+        };
+        let connect = || loop {
+            if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        drop(connect());
+        let s = connect();
+        writeln!(&s, "GET / HTTP/1.0").unwrap();
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).unwrap();
+        assert!(line.starts_with("error: not a trace-train rank"), "{line}");
+        drop(s);
+        // Silent and open: rank 0's read of it times out (10 s).
+        let silent = connect();
+        let id = share_id(&meeting, 1, 2, || bail!("unused"), wait).unwrap();
+        assert_eq!(id, "cafe");
+        drop(silent);
+        assert_eq!(zero.join().unwrap().unwrap(), "cafe");
     }
 
     #[test]
