@@ -512,6 +512,52 @@ fn eval_on_several_environments_writes_per_environment_metrics() {
     }
     assert_eq!(r["aggregate"]["weights"], json!([1.0, 3.0]));
     assert_eq!(r["aggregate"]["n"], 3);
+    // Two answers a task: SAT's own feedback on each wrong first answer,
+    // and the accuracy after each turn.
+    let out = common::trace_train(
+        dir.path(),
+        &[
+            "eval",
+            "--model",
+            "tiny",
+            "--environment",
+            "sat",
+            "--tasks",
+            "2",
+            "--max_new_tokens",
+            "4",
+            "--device",
+            "cpu",
+            "--max_turns",
+            "2",
+            "--feedback",
+            "line",
+            "--output",
+            "t.json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("t.json")).unwrap()).unwrap();
+    assert_eq!(t["feedback"], "line");
+    let sat = &t["environments"][0];
+    assert_eq!(sat["by_turn"].as_array().unwrap().len(), 2);
+    for p in sat["predictions"].as_array().unwrap() {
+        let earlier = p["earlier"].as_array().unwrap();
+        assert_eq!(
+            earlier.len(),
+            1,
+            "a random model's first answer is wrong: {p}"
+        );
+        assert!(
+            earlier[0]["feedback"].as_str().unwrap().contains("clause"),
+            "{p}"
+        );
+    }
     // Unknown environment: a clear error before any model is loaded.
     let out = common::trace_train(
         dir.path(),

@@ -275,6 +275,143 @@ fn later_turns_hold_the_feedback_and_are_decoded_together() {
     );
 }
 
+/// An environment that wants `expected`: its feedback names the answer it
+/// got, and it cannot give feedback on task `c` (as a sandbox failure).
+struct Wants;
+
+impl trace_train::rl::env::Environment for Wants {
+    fn name(&self) -> &'static str {
+        "wants"
+    }
+    fn task(&self, _: u64) -> Result<trace_train::rl::env::Task, String> {
+        Err("scripted".into())
+    }
+    fn score(
+        &self,
+        task: &trace_train::rl::env::Task,
+        completion: &str,
+    ) -> trace_train::rl::env::Score {
+        trace_train::rl::env::Score::Reward(f64::from(u8::from(completion.trim() == task.expected)))
+    }
+    fn feedback(
+        &self,
+        task: &trace_train::rl::env::Task,
+        completion: &str,
+        kind: &str,
+    ) -> Result<String, String> {
+        if task.prompt.ends_with('c') {
+            return Err("sandbox down".into());
+        }
+        Ok(format!("{kind}: not `{completion}`"))
+    }
+}
+
+/// Environment episodes (`eval --environment --max_turns K`): each turn's
+/// prompts of the tasks still going in one sampler call, each prompt the
+/// template over the conversation with the environment's own feedback,
+/// the episode ending at a score of 1.0 or masked where the environment
+/// cannot give feedback; the report's accuracy after each turn.
+#[test]
+fn environment_episodes_take_the_environments_feedback() {
+    use trace_train::eval::envs::EnvsReport;
+    use trace_train::eval::turns::run_env_episodes;
+    use trace_train::rl::env::{Environment, Task};
+    let dir = tempfile::tempdir().unwrap();
+    trace_train::model::tiny::write_tiny_chat_model(dir.path(), 7).unwrap();
+    let tok = ChatTokenizer::from_dir(dir.path()).unwrap();
+    let task = |id: u64, name: &str, expected: &str| Task {
+        task_id: id,
+        prompt: format!("task {name}"),
+        expected: expected.into(),
+        difficulty: Default::default(),
+    };
+    let tasks = [
+        task(0, "a", "1"),
+        task(1, "b", "2"),
+        task(2, "c", "3"),
+        task(3, "d", "4"),
+    ];
+    // Answers at turns 1 and 2: a at once, b at turn 2, c's feedback fails,
+    // d never.
+    let script: [[&str; 2]; 4] = [["1", "-"], ["9", "2"], ["8", "-"], ["7", "6"]];
+    let env = Wants;
+    let flat: Vec<(&dyn Environment, &Task)> = tasks
+        .iter()
+        .map(|t| (&env as &dyn Environment, t))
+        .collect();
+    let firsts: Vec<Vec<u32>> = tasks
+        .iter()
+        .map(|t| {
+            tok.encode_prompt(&[Message::new(Role::User, t.prompt.clone())])
+                .unwrap()
+        })
+        .collect();
+    let mut calls: Vec<Vec<(usize, Vec<u32>)>> = Vec::new();
+    let preds = run_env_episodes(&flat, &tok, 2, "line", |prompts| {
+        let turn = calls.len();
+        let mut call = Vec::new();
+        let gens = prompts
+            .iter()
+            .map(|p| {
+                let i = (0..tasks.len())
+                    .find(|&i| p.starts_with(&firsts[i]))
+                    .unwrap();
+                call.push((i, p.clone()));
+                let tokens = tok.encode(script[i][turn]).unwrap();
+                Ok(Generation {
+                    logprobs: vec![0.0; tokens.len()],
+                    tokens,
+                    stopped: true,
+                })
+            })
+            .collect();
+        calls.push(call);
+        gens
+    })
+    .unwrap();
+    let who: Vec<Vec<usize>> = calls
+        .iter()
+        .map(|c| c.iter().map(|(i, _)| *i).collect())
+        .collect();
+    assert_eq!(who, [vec![0, 1, 2, 3], vec![1, 3]]);
+    for (i, prompt) in &calls[1] {
+        let said = script[*i][0];
+        let chat = [
+            Message::new(Role::User, tasks[*i].prompt.clone()),
+            Message::new(Role::Assistant, said),
+            Message::new(Role::User, format!("line: not `{said}`")),
+        ];
+        assert_eq!(prompt, &tok.encode_prompt(&chat).unwrap(), "task {i}");
+    }
+    let got: Vec<(usize, Option<f64>, bool)> = preds
+        .iter()
+        .map(|p| (p.answers(), p.score, p.masked.is_some()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, Some(1.0), false),
+            (2, Some(1.0), false),
+            (1, None, true),
+            (2, Some(0.0), false)
+        ]
+    );
+    assert_eq!(preds[1].earlier[0].completion, "9");
+    assert_eq!(preds[1].earlier[0].feedback, "line: not `9`");
+    assert!(preds[2].masked.as_deref().unwrap().contains("sandbox down"));
+    let mut r = EnvsReport::new("m", vec![("wants".into(), preds)], None, DEFAULT_LEVEL).unwrap();
+    r.count_turns(2, "line", DEFAULT_LEVEL);
+    let s = &r.environments[0];
+    let by: Vec<usize> = s.by_turn.iter().map(|t| t.correct).collect();
+    assert_eq!((s.metrics.n, s.metrics.masked, by), (3, 1, vec![1, 2]));
+    assert_eq!(r.feedback.as_deref(), Some("line"));
+    assert!(
+        r.summary().contains("after turn 1 33.3%, 2 66.7%"),
+        "{}",
+        r.summary()
+    );
+}
+
 /// Two turns with the tiny model through the command line: the report's
 /// turns agree with its predictions, accuracy never falls from turn 1 to
 /// turn 2, and turn 1 gives the single-turn eval's answers.
@@ -364,8 +501,8 @@ fn bad_turn_flags_name_the_flag_with_a_hint() {
         ),
         (&["--feedback", "line"], &["--feedback", "--max_turns 2"]),
         (
-            &["--environment", "sat", "--max_turns", "2"],
-            &["--max_turns", "--environment"],
+            &["--environment", "sat", "--feedback", "line"],
+            &["--feedback", "--max_turns 2"],
         ),
     ];
     for (flags, wants) in cases {

@@ -4,7 +4,8 @@
 //! diagnostics of the misses, and a JSON report with every prediction.
 //! With `--max_turns K` an item answered wrongly gets the environment's
 //! feedback turn and answers again, up to K answers
-//! ([`trace_train::eval::turns`]). `eval --compare A.json B.json` prints
+//! ([`trace_train::eval::turns`]), with --environment too (each
+//! environment's own feedback). `eval --compare A.json B.json` prints
 //! two reports side by side.
 
 use std::io::BufRead;
@@ -14,14 +15,14 @@ use anyhow::Context;
 use candle_core::DType;
 use clap::Args;
 
-use trace_train::data::{ChatTokenizer, Message, Role};
+use trace_train::data::ChatTokenizer;
 use trace_train::eval::envs::{EnvPrediction, EnvsReport};
 use trace_train::eval::heldout::{self, PromptKind};
 use trace_train::eval::{DEFAULT_LEVEL, EvalItem, Report, turns};
 use trace_train::model;
 use trace_train::model::generate::Generation;
 use trace_train::reward;
-use trace_train::rl::env::Score;
+use trace_train::rl::env::{Environment, Task};
 use trace_train::sandbox::{Executor, ExecutorConfig};
 
 #[derive(Args, Clone)]
@@ -73,7 +74,9 @@ pub struct EvalArgs {
     /// feedback (--feedback) comes as a user turn and the model answers
     /// again, as in Stage 3's episodes (`max_turns`). The report adds the
     /// accuracy after each turn and the retries that changed nothing; its
-    /// other numbers are each item's last answer's. 1: one answer.
+    /// other numbers are each item's last answer's. With --environment,
+    /// each environment's own feedback and its accuracy after each turn.
+    /// 1: one answer.
     #[arg(long, default_value_t = 1, value_name = "K", value_parser = parse_max_turns)]
     pub max_turns: usize,
     /// With --max_turns 2 or more, what a feedback turn says: `verdict`
@@ -330,38 +333,11 @@ impl Sampler {
     }
 }
 
-/// Greedy completions of `messages` (each one user message through the
-/// model's chat template), in order, with whether each ended on a stop
-/// token.
-fn complete(
-    args: &EvalArgs,
-    model_dir: &std::path::Path,
-    messages: &[String],
-) -> anyhow::Result<Vec<(String, bool)>> {
-    let sampler = Sampler::load(args, model_dir)?;
-    let prompts = messages
-        .iter()
-        .map(|m| {
-            sampler
-                .tok
-                .encode_prompt(&[Message::new(Role::User, m.clone())])
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    sampler
-        .greedy(&prompts)?
-        .into_iter()
-        .map(|g| Ok((sampler.tok.decode(&g.tokens, true)?, g.stopped)))
-        .collect()
-}
-
 /// `eval --environment SPEC`: each environment's tasks, the model's
 /// greedy completions, each scored by its environment; the report of
 /// [`EnvsReport`] (default `eval_report_envs.json` beside the model).
 pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> {
-    anyhow::ensure!(
-        args.max_turns == 1 && args.feedback.is_none(),
-        "--max_turns and --feedback score Trace items (--data, --heldout), not --environment yet\nhint: leave them out with --environment"
-    );
+    let feedback = feedback_kind(args)?;
     let named = super::envs::parse(spec)?;
     let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
     let weights: Option<Vec<f64>> = named
@@ -395,32 +371,34 @@ pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> 
         );
         tasks.push(made);
     }
-    let messages: Vec<String> = tasks.iter().flatten().map(|t| t.prompt.clone()).collect();
-    anyhow::ensure!(!messages.is_empty(), "no task was made in {spec}");
-    let mut completions = complete(args, &resolved.dir, &messages)?.into_iter();
-    let mut sections = Vec::new();
-    for (env, tasks) in envs.iter().zip(&tasks) {
-        let predictions = tasks
-            .iter()
-            .map(|t| {
-                let (completion, stopped) = completions.next().expect("one a task");
-                let (score, masked) = match env.score(t, &completion) {
-                    Score::Reward(r) => (Some(r), None),
-                    Score::Masked(why) => (None, Some(why)),
-                };
-                EnvPrediction {
-                    task_id: t.task_id,
-                    completion,
-                    score,
-                    masked,
-                    stopped,
-                }
-            })
-            .collect();
-        sections.push((env.name().to_owned(), predictions));
-    }
+    let flat: Vec<(&dyn Environment, &Task)> = envs
+        .iter()
+        .zip(&tasks)
+        .flat_map(|(env, ts)| ts.iter().map(move |t| (&**env, t)))
+        .collect();
+    anyhow::ensure!(!flat.is_empty(), "no task was made in {spec}");
+    let sampler = Sampler::load(args, &resolved.dir)?;
+    // Each turn's prompts of every task still going, decoded together.
+    let mut predictions =
+        turns::run_env_episodes(&flat, &sampler.tok, args.max_turns, feedback, |p| {
+            sampler.greedy(p)
+        })?
+        .into_iter();
+    let sections: Vec<(String, Vec<EnvPrediction>)> = envs
+        .iter()
+        .zip(&tasks)
+        .map(|(env, ts)| {
+            (
+                env.name().to_owned(),
+                predictions.by_ref().take(ts.len()).collect(),
+            )
+        })
+        .collect();
     let mut report = EnvsReport::new(&resolved.spec, sections, weights.as_deref(), DEFAULT_LEVEL)?;
     report.split = Some(part.name().to_owned());
+    if args.max_turns > 1 {
+        report.count_turns(args.max_turns, feedback, DEFAULT_LEVEL);
+    }
     let out = args.output.clone().unwrap_or_else(|| {
         let file = "eval_report_envs.json";
         args.adapter

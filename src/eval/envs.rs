@@ -14,6 +14,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
+use super::turns::TurnAccuracy;
 use super::{Interval, jeffreys_interval};
 use crate::atomic;
 
@@ -31,6 +32,29 @@ pub struct EnvPrediction {
     pub masked: Option<String>,
     /// Whether the completion ended on a stop token.
     pub stopped: bool,
+    /// With `--max_turns` above 1: the episode's earlier answers, each
+    /// wrong and followed by the environment's feedback; this one is the
+    /// last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier: Vec<EnvAttempt>,
+}
+
+/// An earlier answer of an environment's episode and the feedback turn
+/// that followed it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EnvAttempt {
+    pub completion: String,
+    pub score: f64,
+    pub stopped: bool,
+    /// The environment's reply, the next turn's user message.
+    pub feedback: String,
+}
+
+impl EnvPrediction {
+    /// Answers the episode took (1 without feedback turns).
+    pub fn answers(&self) -> usize {
+        self.earlier.len() + 1
+    }
 }
 
 /// What one environment's completions scored.
@@ -147,6 +171,11 @@ impl Aggregate {
 pub struct EnvSection {
     #[serde(flatten)]
     pub metrics: EnvMetrics,
+    /// With `--max_turns` above 1: the accuracy after turn 1, 2, ..., K
+    /// (a task counts as solved after turn k when one of its first k
+    /// answers scored 1.0); the section's accuracy is the last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_turn: Vec<TurnAccuracy>,
     pub predictions: Vec<EnvPrediction>,
 }
 
@@ -161,6 +190,9 @@ pub struct EnvsReport {
     /// split.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<String>,
+    /// The feedback kind of a multi-turn eval (`--max_turns` above 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feedback: Option<String>,
     pub environments: Vec<EnvSection>,
     pub aggregate: Aggregate,
 }
@@ -185,6 +217,7 @@ impl EnvsReport {
             .into_iter()
             .map(|(name, predictions)| EnvSection {
                 metrics: EnvMetrics::new(&name, &predictions, level),
+                by_turn: Vec::new(),
                 predictions,
             })
             .collect();
@@ -193,9 +226,35 @@ impl EnvsReport {
             version: ENVS_REPORT_VERSION,
             model: model.to_owned(),
             split: None,
+            feedback: None,
             aggregate: Aggregate::new(&metrics, weights),
             environments,
         })
+    }
+
+    /// Adds each environment's accuracy after turn 1 .. `max_turns` (a
+    /// multi-turn eval's), with `level` intervals.
+    pub fn count_turns(&mut self, max_turns: usize, feedback: &str, level: f64) {
+        self.feedback = Some(feedback.to_owned());
+        for s in &mut self.environments {
+            let n = s.metrics.n;
+            s.by_turn = (1..=max_turns)
+                .map(|turn| {
+                    let correct = s
+                        .predictions
+                        .iter()
+                        .filter(|p| p.score == Some(1.0) && p.answers() <= turn)
+                        .count();
+                    let (lo, hi) = jeffreys_interval(correct as u64, n as u64, level);
+                    TurnAccuracy {
+                        turn,
+                        correct,
+                        accuracy: ratio(correct as f64, n),
+                        interval: Interval { level, lo, hi },
+                    }
+                })
+                .collect();
+        }
     }
 
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
@@ -231,6 +290,14 @@ impl EnvsReport {
                 100.0 * m.success_rate,
                 if m.masked > 0 { format!("  ({} masked)", m.masked) } else { String::new() }
             ));
+            if !s.by_turn.is_empty() {
+                let by: Vec<String> = s
+                    .by_turn
+                    .iter()
+                    .map(|t| format!("{} {:.1}%", t.turn, 100.0 * t.accuracy))
+                    .collect();
+                out.push_str(&format!("       after turn {}\n", by.join(", ")));
+            }
         }
         let a = &self.aggregate;
         out.push_str(&format!(
@@ -258,6 +325,7 @@ mod tests {
                 score,
                 masked: score.is_none().then(|| "sandbox_failure".into()),
                 stopped: true,
+                earlier: Vec::new(),
             })
             .collect()
     }

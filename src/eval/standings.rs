@@ -247,6 +247,7 @@ mod tests {
                         score: Some(if i < right { 1.0 } else { 0.0 }),
                         masked: None,
                         stopped: true,
+                        earlier: Vec::new(),
                     })
                     .collect();
                 (name.to_owned(), preds)

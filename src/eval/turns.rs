@@ -20,10 +20,12 @@ use std::fmt::Write;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
+use super::envs::{EnvAttempt, EnvPrediction};
 use super::{EvalItem, Interval, Prediction, jeffreys_interval};
 use crate::data::{ChatTokenizer, Message, Role};
 use crate::model::generate::Generation;
 use crate::reward;
+use crate::rl::env::{Environment, Score, Task};
 
 /// An earlier answer of an episode: wrong (an episode ends at a right
 /// one), and the feedback turn that followed it.
@@ -254,6 +256,106 @@ pub fn run_episodes(
     Ok(predictions
         .into_iter()
         .map(|p| p.expect("every item answered"))
+        .collect())
+}
+
+/// [`run_episodes`] for environments' tasks (`eval --environment
+/// --max_turns K`): task `tasks[i].1` of environment `tasks[i].0`, each
+/// answer scored by its environment. An answer scoring below 1.0 gets the
+/// environment's own feedback of kind `feedback`
+/// ([`Environment::feedback`], what Stage 3's episodes get) and the task
+/// is answered again, up to `max_turns` answers; an episode ends at a
+/// score of 1.0. A masked score, or feedback the environment cannot give
+/// (a sandbox failure), masks the episode, as in Stage 3.
+pub fn run_env_episodes(
+    tasks: &[(&dyn Environment, &Task)],
+    tok: &ChatTokenizer,
+    max_turns: usize,
+    feedback: &str,
+    mut decode: impl FnMut(&[Vec<u32>]) -> anyhow::Result<Vec<Generation>>,
+) -> anyhow::Result<Vec<EnvPrediction>> {
+    anyhow::ensure!(max_turns >= 1, "an episode needs at least one turn");
+    anyhow::ensure!(
+        reward::FEEDBACK_KINDS.contains(&feedback),
+        "feedback `{feedback}` is not one of {}",
+        reward::FEEDBACK_KINDS.join(", ")
+    );
+    let mut prompts = tasks
+        .iter()
+        .map(|(_, t)| tok.encode_prompt(&[Message::new(Role::User, t.prompt.clone())]))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut going: Vec<usize> = (0..tasks.len()).collect();
+    let mut answers: Vec<Vec<u32>> = vec![Vec::new(); tasks.len()];
+    let mut predictions: Vec<Option<EnvPrediction>> = vec![None; tasks.len()];
+    for turn in 1..=max_turns {
+        if turn > 1 {
+            let mut next = Vec::new();
+            for &i in &going {
+                let (env, task) = tasks[i];
+                let last = predictions[i].as_mut().expect("turn 1 answered every task");
+                if last.masked.is_some() || last.score == Some(1.0) {
+                    continue;
+                }
+                match env.feedback(task, &last.completion, feedback) {
+                    Ok(reply) => {
+                        prompts[i] = tok
+                            .next_turn(&prompts[i], &answers[i], &reply)
+                            .with_context(|| {
+                                format!(
+                                    "{} task {}: turn {turn}'s prompt",
+                                    env.name(),
+                                    task.task_id
+                                )
+                            })?;
+                        last.earlier.push(EnvAttempt {
+                            completion: std::mem::take(&mut last.completion),
+                            score: last.score.unwrap_or(0.0),
+                            stopped: last.stopped,
+                            feedback: reply,
+                        });
+                        next.push(i);
+                    }
+                    Err(why) => {
+                        last.score = None;
+                        last.masked = Some(format!("feedback: {why}"));
+                    }
+                }
+            }
+            going = next;
+        }
+        if going.is_empty() {
+            break;
+        }
+        let batch: Vec<Vec<u32>> = going.iter().map(|&i| prompts[i].clone()).collect();
+        let gens = decode(&batch)?;
+        anyhow::ensure!(
+            gens.len() == batch.len(),
+            "the sampler gave {} generations for {} prompts",
+            gens.len(),
+            batch.len()
+        );
+        for (&i, g) in going.iter().zip(gens) {
+            let (env, task) = tasks[i];
+            let completion = tok.decode(&g.tokens, true)?;
+            let (score, masked) = match env.score(task, &completion) {
+                Score::Reward(r) => (Some(r), None),
+                Score::Masked(why) => (None, Some(why)),
+            };
+            let earlier = predictions[i].take().map(|p| p.earlier).unwrap_or_default();
+            predictions[i] = Some(EnvPrediction {
+                task_id: task.task_id,
+                completion,
+                score,
+                masked,
+                stopped: g.stopped,
+                earlier,
+            });
+            answers[i] = g.tokens;
+        }
+    }
+    Ok(predictions
+        .into_iter()
+        .map(|p| p.expect("every task answered"))
         .collect())
 }
 
