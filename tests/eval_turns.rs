@@ -74,6 +74,38 @@ fn eval(dir: &Path, out: &str, extra: &[&str]) -> std::process::Output {
     trace_train(dir, &args)
 }
 
+/// A scripted sampler call: each prompt is the episode whose turn-1
+/// prompt (`firsts[i]`) it starts with, and gets `answer(i, turn)` (the
+/// turn counted from 0 by the calls so far); the call's (episode,
+/// prompt) pairs go to `calls`.
+fn scripted<'a>(
+    tok: &ChatTokenizer,
+    firsts: &[Vec<u32>],
+    prompts: &[Vec<u32>],
+    calls: &mut Vec<Vec<(usize, Vec<u32>)>>,
+    answer: impl Fn(usize, usize) -> &'a str,
+) -> Vec<Generation> {
+    let turn = calls.len();
+    let mut call = Vec::new();
+    let gens = prompts
+        .iter()
+        .map(|p| {
+            let i = (0..firsts.len())
+                .find(|&i| p.starts_with(&firsts[i]))
+                .expect("a prompt of an episode");
+            call.push((i, p.clone()));
+            let tokens = tok.encode(answer(i, turn)).unwrap();
+            Generation {
+                logprobs: vec![0.0; tokens.len()],
+                tokens,
+                stopped: true,
+            }
+        })
+        .collect();
+    calls.push(call);
+    gens
+}
+
 fn read(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
@@ -194,25 +226,9 @@ fn later_turns_hold_the_feedback_and_are_decoded_together() {
     let kind = "line";
     let mut calls: Vec<Vec<(usize, Vec<u32>)>> = Vec::new();
     let preds = run_episodes(&items, &tok, 3, kind, |prompts| {
-        let turn = calls.len();
-        let mut call = Vec::new();
-        let gens = prompts
-            .iter()
-            .map(|p| {
-                let i = (0..items.len())
-                    .find(|&i| p.starts_with(&firsts[i]))
-                    .expect("a prompt of an item");
-                call.push((i, p.clone()));
-                let tokens = tok.encode(script[items[i].id.as_str()][turn]).unwrap();
-                Ok(Generation {
-                    logprobs: vec![0.0; tokens.len()],
-                    tokens,
-                    stopped: true,
-                })
-            })
-            .collect();
-        calls.push(call);
-        gens
+        Ok(scripted(&tok, &firsts, prompts, &mut calls, |i, turn| {
+            script[items[i].id.as_str()][turn]
+        }))
     })
     .unwrap();
     // One sampler call a turn, with every item still going.
@@ -348,25 +364,9 @@ fn environment_episodes_take_the_environments_feedback() {
         .collect();
     let mut calls: Vec<Vec<(usize, Vec<u32>)>> = Vec::new();
     let preds = run_env_episodes(&flat, &tok, 2, "line", |prompts| {
-        let turn = calls.len();
-        let mut call = Vec::new();
-        let gens = prompts
-            .iter()
-            .map(|p| {
-                let i = (0..tasks.len())
-                    .find(|&i| p.starts_with(&firsts[i]))
-                    .unwrap();
-                call.push((i, p.clone()));
-                let tokens = tok.encode(script[i][turn]).unwrap();
-                Ok(Generation {
-                    logprobs: vec![0.0; tokens.len()],
-                    tokens,
-                    stopped: true,
-                })
-            })
-            .collect();
-        calls.push(call);
-        gens
+        Ok(scripted(&tok, &firsts, prompts, &mut calls, |i, turn| {
+            script[i][turn]
+        }))
     })
     .unwrap();
     let who: Vec<Vec<usize>> = calls

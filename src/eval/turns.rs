@@ -175,6 +175,24 @@ impl Turns {
     }
 }
 
+/// One turn's generations of the episodes `going` (their `prompts`), in
+/// one call of `decode`.
+fn decode_turn(
+    going: &[usize],
+    prompts: &[Vec<u32>],
+    decode: &mut impl FnMut(&[Vec<u32>]) -> anyhow::Result<Vec<Generation>>,
+) -> anyhow::Result<Vec<Generation>> {
+    let batch: Vec<Vec<u32>> = going.iter().map(|&i| prompts[i].clone()).collect();
+    let gens = decode(&batch)?;
+    anyhow::ensure!(
+        gens.len() == batch.len(),
+        "the sampler gave {} generations for {} prompts",
+        gens.len(),
+        batch.len()
+    );
+    Ok(gens)
+}
+
 fn ratio(a: usize, b: usize) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
@@ -235,14 +253,7 @@ pub fn run_episodes(
         if going.is_empty() {
             break;
         }
-        let batch: Vec<Vec<u32>> = going.iter().map(|&i| prompts[i].clone()).collect();
-        let gens = decode(&batch)?;
-        anyhow::ensure!(
-            gens.len() == batch.len(),
-            "the sampler gave {} generations for {} prompts",
-            gens.len(),
-            batch.len()
-        );
+        let gens = decode_turn(&going, &prompts, &mut decode)?;
         for (&i, g) in going.iter().zip(gens) {
             let text = tok.decode(&g.tokens, true)?;
             let mut p = Prediction::new(&items[i], text, g.stopped);
@@ -326,14 +337,7 @@ pub fn run_env_episodes(
         if going.is_empty() {
             break;
         }
-        let batch: Vec<Vec<u32>> = going.iter().map(|&i| prompts[i].clone()).collect();
-        let gens = decode(&batch)?;
-        anyhow::ensure!(
-            gens.len() == batch.len(),
-            "the sampler gave {} generations for {} prompts",
-            gens.len(),
-            batch.len()
-        );
+        let gens = decode_turn(&going, &prompts, &mut decode)?;
         for (&i, g) in going.iter().zip(gens) {
             let (env, task) = tasks[i];
             let completion = tok.decode(&g.tokens, true)?;
