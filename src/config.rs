@@ -1297,6 +1297,13 @@ pub struct RlConfig {
     pub clip_low: f64,
     /// Clip range above 1 (DAPO's clip-higher). Default 0.28.
     pub clip_high: f64,
+    /// Truncated importance sampling: each token's policy-gradient term
+    /// weighted by `min(exp(old - sampler), tis_cap)`, the trainer's
+    /// log-prob over the sampler's for the same token (Yao et al. 2025),
+    /// correcting for the sampler's numerics (its kernels, batching and
+    /// dtype) differing from the trainer's. At least 1; 0 turns it off.
+    /// Default 0.
+    pub tis_cap: f64,
     /// Value clip range (PPO). Default 0.2.
     pub value_clip: f64,
     /// Weight of the value loss (PPO). Default 0.1.
@@ -1441,6 +1448,7 @@ impl Default for RlConfig {
             mini_batch_size: 16,
             clip_low: 0.2,
             clip_high: 0.28,
+            tis_cap: 0.0,
             value_clip: 0.2,
             vf_coef: 0.1,
             entropy_coef: 0.0,
@@ -1557,6 +1565,12 @@ impl Validate for RlConfig {
         }
         if self.clip_low >= 1.0 {
             p.push(format!("clip_low: {} must be below 1", self.clip_low));
+        }
+        if !(self.tis_cap == 0.0 || (self.tis_cap.is_finite() && self.tis_cap >= 1.0)) {
+            p.push(format!(
+                "tis_cap: {} must be 0 (off) or at least 1",
+                self.tis_cap
+            ));
         }
         for (name, v) in [("gamma", self.gamma), ("lam", self.lam)] {
             if !(0.0..=1.0).contains(&v) {

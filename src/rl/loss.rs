@@ -132,6 +132,24 @@ pub fn clipped_policy_loss(
     Ok((loss, hits / n))
 }
 
+/// Truncated importance sampling (TIS; Yao et al. 2025, "Your Efficient
+/// RL Framework Secretly Brings You Off-Policy RL Training"): each
+/// token's weight `min(exp(old - sampler), cap)`, the trainer's old
+/// log-prob over the sampler's, so that tokens the sampler drew more often
+/// than the trainer's policy would (its kernels, batching and dtype
+/// differ, or it sampled with older weights) count for less, and none
+/// counts more than `cap`. 1 where the sampler's log-probs are missing or
+/// of another length (the op-by-op path keeps none).
+pub fn tis_weights(old: &[f64], sampler: &[f32], cap: f64) -> Vec<f64> {
+    if sampler.len() != old.len() {
+        return vec![1.0; old.len()];
+    }
+    old.iter()
+        .zip(sampler)
+        .map(|(&o, &s)| (o - f64::from(s)).exp().min(cap))
+        .collect()
+}
+
 /// PPO's clipped value loss (as in OpenAI baselines' ppo2 and the RLHF
 /// peers): `0.5 sum(w * max((V - R)^2, (V_old + clip(V - V_old, -c, c) -
 /// R)^2))`, so one update cannot move a value far from the one the
@@ -160,6 +178,20 @@ mod tests {
 
     fn scalar(x: &Tensor) -> f64 {
         x.to_scalar::<f32>().unwrap() as f64
+    }
+
+    /// TIS weights: exp(old - sampler), truncated at the cap; 1 without
+    /// the sampler's log-probs.
+    #[test]
+    fn tis_weights_are_truncated_ratios() {
+        let old = [-1.0, -2.0, -0.5, -3.0];
+        let sampler = [-1.0f32, -1.5, -1.5, -4.0];
+        let w = tis_weights(&old, &sampler, 2.0);
+        let want = [1.0, (-0.5f64).exp(), 2.0, 1f64.exp().min(2.0)];
+        for (a, b) in w.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{w:?}");
+        }
+        assert_eq!(tis_weights(&old, &[], 2.0), vec![1.0; 4]);
     }
 
     #[test]

@@ -61,6 +61,7 @@ use super::curriculum::Curriculum;
 use super::env::{Barren, Environment, Score, SharedTasks, Task};
 use super::loss::{
     Aggregation, KlEstimator, clipped_policy_loss, clipped_value_loss, completion_weights,
+    tis_weights,
 };
 use super::memory::{self, micro_batches};
 use super::value::ValueHead;
@@ -667,7 +668,19 @@ impl Policy {
         let n = w.len();
         let w = Tensor::from_vec(w, n, dev)?;
         let (logp, ent, rows) = self.forward(&p, true)?;
-        let (pg, clip) = clipped_policy_loss(&logp, &old, &adv, &w, c.clip_low, c.clip_high)?;
+        // With TIS, the policy-gradient term's token weights carry the
+        // truncated ratio of the trainer's to the sampler's probability.
+        let w_pg = if c.tis_cap > 0.0 {
+            let tis: Vec<f32> = mb
+                .iter()
+                .flat_map(|s| tis_weights(&s.old_logp, &s.sampler_logp, c.tis_cap))
+                .map(|x| x as f32)
+                .collect();
+            (&w * Tensor::from_vec(tis, n, dev)?)?
+        } else {
+            w.clone()
+        };
+        let (pg, clip) = clipped_policy_loss(&logp, &old, &adv, &w_pg, c.clip_low, c.clip_high)?;
         let ent_mean = (&ent * &w)?.sum_all()?;
         let mut loss = pg.clone();
         if c.entropy_coef > 0.0 {
@@ -862,6 +875,7 @@ fn fingerprinted(cfg: &RlConfig) -> anyhow::Result<serde_json::Value> {
             "feedback",
             "turn_discount",
             "max_episode_tokens",
+            "tis_cap",
         ] {
             if m.get(k) == defaults.get(k) {
                 m.remove(k);
@@ -1396,6 +1410,9 @@ struct Trained {
     mm_sum: f64,
     mm_max: f64,
     mm_n: usize,
+    /// TIS weights' sum and the tokens at the cap (over `mm_n` tokens).
+    tis_sum: f64,
+    tis_capped: f64,
     /// Prompt and response tokens of this rank's samples.
     seq_tokens: usize,
     secs: f64,
@@ -1428,6 +1445,13 @@ fn train(
                 t.mm_max = t.mm_max.max(d);
                 t.mm_n += 1;
             }
+            let cap = policy.cfg.tis_cap;
+            if cap > 0.0 && smp.sampler_logp.len() == smp.old_logp.len() {
+                for w in tis_weights(&smp.old_logp, &smp.sampler_logp, cap) {
+                    t.tis_sum += w;
+                    t.tis_capped += f64::from(u8::from(w >= cap));
+                }
+            }
         }
         let lr = policy.cfg.learning_rate;
         t.up = policy.update_with(&got.batch, &got.layout, step, lr, comm)?;
@@ -1446,6 +1470,8 @@ struct Totals {
     kl_mean: f64,
     /// Mean and largest sampler/trainer log-prob gap.
     mismatch: Option<(f64, f64)>,
+    /// With TIS: the mean weight and the share of tokens at the cap.
+    tis: Option<(f64, f64)>,
     masked: BTreeMap<String, u64>,
     stopping: bool,
 }
@@ -1469,6 +1495,8 @@ impl Totals {
             t.mm_n as f64,
             t.mm_max,
             stop_vote,
+            t.tis_sum,
+            t.tis_capped,
         ];
         let all = comm.all_gather_f64(&local)?;
         let total = |i: usize| all.iter().map(|v| v[i]).sum::<f64>();
@@ -1485,6 +1513,7 @@ impl Totals {
                     all.iter().map(|v| v[9]).fold(0.0, f64::max),
                 )
             }),
+            tis: (total(11) > 0.0).then(|| (total(11) / total(8), total(12) / total(8))),
             masked: stats::sum_counts(comm, &got.masked)?,
             stopping: total(10) > 0.0,
         })
@@ -1592,6 +1621,10 @@ impl StepRecord<'_> {
         if let Some((mean, max)) = n.mismatch {
             put("logprob_mismatch_mean", mean);
             put("logprob_mismatch_max", max);
+        }
+        if let Some((mean, capped)) = n.tis {
+            put("tis_weight_mean", mean);
+            put("tis_capped_fraction", capped);
         }
         if cfg.is_grpo() {
             put("dropped_groups_total", rl.dropped_groups as f64);

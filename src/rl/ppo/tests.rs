@@ -455,3 +455,43 @@ fn grpo_advantages_are_an_episodes_and_its_answers_share_it() {
     let by_answer = group_advantages(&[1.0, 1.0, 0.0, 0.0, 1.0], p.cfg.scale_rewards);
     assert!((by_answer[0] - want[0]).abs() > 1e-3);
 }
+
+/// TIS (`tis_cap`): with the sampler's log-probs equal to the old pass's,
+/// every weight is 1 and the gradients are those without TIS; with the
+/// sampler 0.3 nats below, the policy-gradient term scales by e^0.3, and
+/// 1 nat below by the cap, 2; the entropy and value terms stay as they are.
+#[test]
+fn tis_weighs_the_policy_term_by_the_truncated_ratio() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = policy(dir.path(), "ppo", "token_mean");
+    let mut s = scored(&mut p, 8);
+    let lens: Vec<usize> = s.iter().map(|x| x.response.len()).collect();
+    let w = completion_weights(p.agg, &lens);
+    let dev = Device::Cpu;
+    p.micro_tokens = usize::MAX;
+    let off = {
+        let mb: Vec<&Sample> = s.iter().collect();
+        p.member_gradients(&mb, &w, &dev).unwrap()
+    };
+    p.cfg.tis_cap = 2.0;
+    let mut with_shift = |shift: f64| {
+        for smp in &mut s {
+            smp.sampler_logp = smp.old_logp.iter().map(|&x| (x - shift) as f32).collect();
+        }
+        let mb: Vec<&Sample> = s.iter().collect();
+        p.member_gradients(&mb, &w, &dev).unwrap()
+    };
+    assert_same("TIS at ratio 1", &off, &with_shift(0.0));
+    for (shift, factor) in [(0.3, 0.3f64.exp()), (1.0, 2.0)] {
+        let g = with_shift(shift);
+        assert!(
+            (g.1[0] / off.1[0] - factor).abs() < 1e-4,
+            "shift {shift}: policy loss {} against {}",
+            g.1[0],
+            off.1[0]
+        );
+        for k in [1, 3] {
+            assert!((g.1[k] - off.1[k]).abs() < 1e-6, "shift {shift}: term {k}");
+        }
+    }
+}
