@@ -10,12 +10,18 @@
 #      held-out evals by turn; two DPO rounds in the pipeline with held-out
 #      evals; a GRPO mixture of environments with `eval --environment` and
 #      `compare`;
-#   C. ours and TRL's DPOTrainer on round 0's pairs, alone on the GPU.
+#   C. ours and TRL's DPOTrainer on round 0's pairs, alone on the GPU;
+#   D. the sibling tasks (issue 20): from A's Stage 2, SFT on SAT, ABD and
+#      DED demonstrations (`generate --environment`, training tasks only),
+#      then GRPO on a mixture of all four environments with room for SAT's
+#      prompts; `eval --environment` on each model's held-out tasks and
+#      `compare`.
 #
 # Usage: bash scripts/smollm2-check.sh TRACE_TRAIN BASE_MODEL OUT
 #   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import-gguf`)
 # Environment: HUMANEVAL=path/HumanEval.jsonl.gz (needed); PEER=1 runs the TRL
-# peer (transformers, PEFT, TRL and datasets importable); PHASES (default ABC);
+# peer (transformers, PEFT, TRL and datasets importable); PHASES (default ABC;
+# D on its own after A);
 # SMALL=1 DEVICE=cpu shrinks every budget (a CPU smoke run on a tiny model).
 # Programs run with --unsafe-no-sandbox: our own corpora only. Each part
 # keeps its outputs; run again with the same OUT to redo only what is missing.
@@ -69,10 +75,10 @@ if [[ $PHASES == *A* ]]; then
 fi
 
 S2=$W/n/stage2_sft/merged
+rl=(--algorithm grpo --batch_size $batch --group_size $group --learning_rate 5e-5 --max_new_tokens 256
+    --num_train_steps $steps --save_steps 1000 "${DEV[@]}" "${NO4[@]}" $U)
 if [[ $PHASES == *B* ]]; then
   [ -f "$S2/config.json" ] || { say "no Stage 2 model at $S2: run phase A first"; exit 1; }
-  rl=(--algorithm grpo --batch_size $batch --group_size $group --learning_rate 5e-5 --max_new_tokens 256
-      --num_train_steps $steps --save_steps 1000 "${DEV[@]}" "${NO4[@]}" $U)
   cur() { echo "{\"ppo\": {$1}, \"curriculum\": {\"enabled\": true, \"promotion_threshold\": 0.7, \"last_bucket\": \"1\"}}"; }
   mkdir -p "$W/mt" "$W/mix" "$W/dpo/ckpt"
   cur "" > "$W/mt/single.json"
@@ -135,5 +141,31 @@ if [[ $PHASES == *C* ]] && [ -s "$P" ]; then
       > "$W/dpo/peer.jsonl" 2> "$L/dpo.speed.peer.log"
     say "C peer rc=$?"
   fi
+fi
+if [[ $PHASES == *D* ]]; then
+  [ -f "$S2/config.json" ] || { say "no Stage 2 model at $S2: run phase A first"; exit 1; }
+  D=$W/sib
+  mkdir -p "$D"
+  [ -s "$D/data/mixture_sft.jsonl" ] || "$T" generate --environment sat+abd+ded --tasks $tasks --output_dir "$D/data" \
+    --ded_dataset "humaneval:$H" $U > "$L/sib.generate.log" 2>&1
+  say "D demonstrations rc=$?"
+  [ -f "$D/sft/merged/config.json" ] || "$T" sft --model "$S2" --train_file "$D/data/mixture_sft.jsonl" \
+    --output_dir "$D/sft" --epochs 1 --learning_rate 1e-4 "${DEV[@]}" "${NO4[@]}" ${SMALL:+--max_steps 2} \
+    > "$L/sib.sft.log" 2>&1
+  say "D sft rc=$?"
+  echo '{"ppo": {"max_prompt_tokens": 4096}, "curriculum": {"enabled": false}}' > "$D/stage3.json"
+  [ -f "$D/ppo/merged/config.json" ] || "$T" ppo --model "$D/sft/merged" --output_dir "$D/ppo" --config "$D/stage3.json" \
+    "${rl[@]}" --environment "${SIB_MIXTURE:-trace+sat+abd+ded}" --dataset "builtin+humaneval:$H" \
+    --ded_dataset "humaneval:$H" --force > "$L/sib.ppo.log" 2>&1
+  say "D mixture rc=$?"
+  for m in s2:$S2 sft:$D/sft/merged s3:$D/ppo/merged; do
+    o=$D/env.${m%%:*}.json
+    [ -f "$o" ] || "$T" eval --model "${m#*:}" --environment trace+sat+abd+ded --tasks $tasks --trace_dataset "$HO" \
+      --ded_dataset "humaneval:$H" --max_new_tokens 512 --batch_size 256 "${DEV[@]}" $U --output "$o" \
+      >> "$L/evals.log" 2>&1
+  done
+  "$T" compare "$D/env.s2.json" "$D/env.sft.json" "$D/env.s3.json" --level 0.8 \
+    --output "$D/compare.json" --plot "$D/frontier.png" > "$D/compare.txt" 2>&1
+  say "D done"
 fi
 say "all done"

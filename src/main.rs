@@ -171,8 +171,9 @@ struct GenerateArgs {
     /// list adds this folder's Stage 2 training set to the mixture.
     #[arg(long)]
     environment: Option<String>,
-    /// With --environment: tasks an environment (ids 0..N; ABD and DED
-    /// stop at their last row).
+    /// With --environment: tasks an environment, its first N training
+    /// tasks (every tenth task id is held out for `eval --environment`;
+    /// ABD and DED stop at their last row).
     #[arg(long, default_value_t = 200)]
     tasks: u64,
     /// With --environment: ABD's rows (as `eval --abd_dataset`).
