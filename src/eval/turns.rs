@@ -175,77 +175,78 @@ impl Turns {
     }
 }
 
-/// One turn's generations of the episodes `going` (their `prompts`), in
-/// one call of `decode`.
-fn decode_turn(
-    going: &[usize],
-    prompts: &[Vec<u32>],
-    decode: &mut impl FnMut(&[Vec<u32>]) -> anyhow::Result<Vec<Generation>>,
-) -> anyhow::Result<Vec<Generation>> {
-    let batch: Vec<Vec<u32>> = going.iter().map(|&i| prompts[i].clone()).collect();
-    let gens = decode(&batch)?;
-    anyhow::ensure!(
-        gens.len() == batch.len(),
-        "the sampler gave {} generations for {} prompts",
-        gens.len(),
-        batch.len()
-    );
-    Ok(gens)
-}
-
 fn ratio(a: usize, b: usize) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 
-/// Runs the episodes of `items`, at most `max_turns` answers each, and
-/// returns each item's last answer scored, with its earlier answers.
+/// What the episode loop ([`drive`]) needs of a set of episodes: their
+/// first prompts, each turn's scored prediction, and what the environment
+/// replies to a wrong answer.
+trait Episodes {
+    type Prediction;
+    fn len(&self) -> usize;
+    /// Episode `i`'s first user message.
+    fn prompt(&self, i: usize) -> String;
+    /// Episode `i`, as errors name it.
+    fn name(&self, i: usize) -> String;
+    /// Episode `i`'s prediction of a turn's `completion`, carrying the
+    /// earlier answers of its prediction `before` (of the turn before).
+    fn answer(
+        &self,
+        i: usize,
+        completion: String,
+        stopped: bool,
+        before: Option<Self::Prediction>,
+    ) -> Self::Prediction;
+    /// The reply of kind `feedback` to episode `i`'s `last` answer, that
+    /// answer moved into its earlier ones; `None` where the episode ended.
+    fn again(&self, i: usize, last: &mut Self::Prediction, feedback: &str) -> Option<String>;
+}
+
+/// The episodes of `eps`, at most `max_turns` answers each: each episode's
+/// last prediction, with its earlier answers.
 ///
-/// Turn 1's prompt is the item's prompt as one user message through the
+/// Turn 1's prompt is the episode's prompt as one user message through the
 /// chat template; a later turn's is the earlier prompt and answer tokens
-/// as they were, then the template's tokens for the `feedback` turn
+/// as they were, then the template's tokens for the feedback turn
 /// ([`ChatTokenizer::next_turn`]). `decode` takes one turn's prompts of
-/// every item still going (all of them at turn 1) and returns their
+/// every episode still going (all of them at turn 1) and returns their
 /// generations in the same order: it is called once a turn, and not after
-/// a turn where every item was right.
-pub fn run_episodes(
-    items: &[EvalItem],
+/// a turn where every episode ended.
+fn drive<E: Episodes>(
+    eps: &E,
     tok: &ChatTokenizer,
     max_turns: usize,
     feedback: &str,
     mut decode: impl FnMut(&[Vec<u32>]) -> anyhow::Result<Vec<Generation>>,
-) -> anyhow::Result<Vec<Prediction>> {
+) -> anyhow::Result<Vec<E::Prediction>> {
     anyhow::ensure!(max_turns >= 1, "an episode needs at least one turn");
     anyhow::ensure!(
         reward::FEEDBACK_KINDS.contains(&feedback),
         "feedback `{feedback}` is not one of {}",
         reward::FEEDBACK_KINDS.join(", ")
     );
-    let mut prompts = items
-        .iter()
-        .map(|it| tok.encode_prompt(&[Message::new(Role::User, it.prompt.clone())]))
+    let n = eps.len();
+    let mut prompts = (0..n)
+        .map(|i| tok.encode_prompt(&[Message::new(Role::User, eps.prompt(i))]))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut going: Vec<usize> = (0..items.len()).collect();
-    // Each item's latest answer: its tokens and its scored prediction.
-    let mut answers: Vec<Vec<u32>> = vec![Vec::new(); items.len()];
-    let mut predictions: Vec<Option<Prediction>> = vec![None; items.len()];
+    let mut going: Vec<usize> = (0..n).collect();
+    // Each episode's latest answer: its tokens and its prediction.
+    let mut answers: Vec<Vec<u32>> = vec![Vec::new(); n];
+    let mut predictions: Vec<Option<E::Prediction>> = (0..n).map(|_| None).collect();
     for turn in 1..=max_turns {
         if turn > 1 {
             let mut next = Vec::new();
             for &i in &going {
-                let last = predictions[i].as_mut().expect("turn 1 answered every item");
-                if last.correct() {
+                let last = predictions[i]
+                    .as_mut()
+                    .expect("turn 1 answered every episode");
+                let Some(reply) = eps.again(i, last, feedback) else {
                     continue;
-                }
-                let reply = reward::feedback(&last.completion, &items[i].expected, feedback);
+                };
                 prompts[i] = tok
                     .next_turn(&prompts[i], &answers[i], &reply)
-                    .with_context(|| format!("item `{}`: turn {turn}'s prompt", items[i].id))?;
-                last.earlier.push(Attempt {
-                    completion: std::mem::take(&mut last.completion),
-                    answer: std::mem::take(&mut last.answer),
-                    stopped: last.stopped,
-                    feedback: reply,
-                });
+                    .with_context(|| format!("{}: turn {turn}'s prompt", eps.name(i)))?;
                 next.push(i);
             }
             going = next;
@@ -253,21 +254,153 @@ pub fn run_episodes(
         if going.is_empty() {
             break;
         }
-        let gens = decode_turn(&going, &prompts, &mut decode)?;
+        let batch: Vec<Vec<u32>> = going.iter().map(|&i| prompts[i].clone()).collect();
+        let gens = decode(&batch)?;
+        anyhow::ensure!(
+            gens.len() == batch.len(),
+            "the sampler gave {} generations for {} prompts",
+            gens.len(),
+            batch.len()
+        );
         for (&i, g) in going.iter().zip(gens) {
             let text = tok.decode(&g.tokens, true)?;
-            let mut p = Prediction::new(&items[i], text, g.stopped);
-            if let Some(before) = predictions[i].take() {
-                p.earlier = before.earlier;
-            }
-            predictions[i] = Some(p);
+            let before = predictions[i].take();
+            predictions[i] = Some(eps.answer(i, text, g.stopped, before));
             answers[i] = g.tokens;
         }
     }
     Ok(predictions
         .into_iter()
-        .map(|p| p.expect("every item answered"))
+        .map(|p| p.expect("every episode answered"))
         .collect())
+}
+
+/// Trace items: scored by exact match, answered with
+/// [`reward::feedback`].
+struct Items<'a>(&'a [EvalItem]);
+
+impl Episodes for Items<'_> {
+    type Prediction = Prediction;
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn prompt(&self, i: usize) -> String {
+        self.0[i].prompt.clone()
+    }
+
+    fn name(&self, i: usize) -> String {
+        format!("item `{}`", self.0[i].id)
+    }
+
+    fn answer(
+        &self,
+        i: usize,
+        completion: String,
+        stopped: bool,
+        before: Option<Prediction>,
+    ) -> Prediction {
+        let mut p = Prediction::new(&self.0[i], completion, stopped);
+        if let Some(before) = before {
+            p.earlier = before.earlier;
+        }
+        p
+    }
+
+    fn again(&self, i: usize, last: &mut Prediction, feedback: &str) -> Option<String> {
+        if last.correct() {
+            return None;
+        }
+        let reply = reward::feedback(&last.completion, &self.0[i].expected, feedback);
+        last.earlier.push(Attempt {
+            completion: std::mem::take(&mut last.completion),
+            answer: std::mem::take(&mut last.answer),
+            stopped: last.stopped,
+            feedback: reply.clone(),
+        });
+        Some(reply)
+    }
+}
+
+/// Runs the episodes of `items`, at most `max_turns` answers each (see
+/// [`drive`]), and returns each item's last answer scored, with its
+/// earlier answers. An answer that is not right gets [`reward::feedback`]
+/// of kind `feedback`.
+pub fn run_episodes(
+    items: &[EvalItem],
+    tok: &ChatTokenizer,
+    max_turns: usize,
+    feedback: &str,
+    decode: impl FnMut(&[Vec<u32>]) -> anyhow::Result<Vec<Generation>>,
+) -> anyhow::Result<Vec<Prediction>> {
+    drive(&Items(items), tok, max_turns, feedback, decode)
+}
+
+/// Environments' tasks: task `.1` of environment `.0`, scored by its
+/// environment, answered with the environment's own feedback.
+struct EnvTasks<'a>(&'a [(&'a dyn Environment, &'a Task)]);
+
+impl Episodes for EnvTasks<'_> {
+    type Prediction = EnvPrediction;
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn prompt(&self, i: usize) -> String {
+        self.0[i].1.prompt.clone()
+    }
+
+    fn name(&self, i: usize) -> String {
+        let (env, task) = self.0[i];
+        format!("{} task {}", env.name(), task.task_id)
+    }
+
+    fn answer(
+        &self,
+        i: usize,
+        completion: String,
+        stopped: bool,
+        before: Option<EnvPrediction>,
+    ) -> EnvPrediction {
+        let (env, task) = self.0[i];
+        let (score, masked) = match env.score(task, &completion) {
+            Score::Reward(r) => (Some(r), None),
+            Score::Masked(why) => (None, Some(why)),
+        };
+        EnvPrediction {
+            task_id: task.task_id,
+            completion,
+            score,
+            masked,
+            stopped,
+            earlier: before.map(|p| p.earlier).unwrap_or_default(),
+        }
+    }
+
+    fn again(&self, i: usize, last: &mut EnvPrediction, feedback: &str) -> Option<String> {
+        if last.masked.is_some() || last.score == Some(1.0) {
+            return None;
+        }
+        let (env, task) = self.0[i];
+        match env.feedback(task, &last.completion, feedback) {
+            Ok(reply) => {
+                last.earlier.push(EnvAttempt {
+                    completion: std::mem::take(&mut last.completion),
+                    score: last.score.unwrap_or(0.0),
+                    stopped: last.stopped,
+                    feedback: reply.clone(),
+                });
+                Some(reply)
+            }
+            Err(why) => {
+                last.score = None;
+                last.masked = Some(format!("feedback: {why}"));
+                None
+            }
+        }
+    }
 }
 
 /// [`run_episodes`] for environments' tasks (`eval --environment
@@ -283,84 +416,9 @@ pub fn run_env_episodes(
     tok: &ChatTokenizer,
     max_turns: usize,
     feedback: &str,
-    mut decode: impl FnMut(&[Vec<u32>]) -> anyhow::Result<Vec<Generation>>,
+    decode: impl FnMut(&[Vec<u32>]) -> anyhow::Result<Vec<Generation>>,
 ) -> anyhow::Result<Vec<EnvPrediction>> {
-    anyhow::ensure!(max_turns >= 1, "an episode needs at least one turn");
-    anyhow::ensure!(
-        reward::FEEDBACK_KINDS.contains(&feedback),
-        "feedback `{feedback}` is not one of {}",
-        reward::FEEDBACK_KINDS.join(", ")
-    );
-    let mut prompts = tasks
-        .iter()
-        .map(|(_, t)| tok.encode_prompt(&[Message::new(Role::User, t.prompt.clone())]))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut going: Vec<usize> = (0..tasks.len()).collect();
-    let mut answers: Vec<Vec<u32>> = vec![Vec::new(); tasks.len()];
-    let mut predictions: Vec<Option<EnvPrediction>> = vec![None; tasks.len()];
-    for turn in 1..=max_turns {
-        if turn > 1 {
-            let mut next = Vec::new();
-            for &i in &going {
-                let (env, task) = tasks[i];
-                let last = predictions[i].as_mut().expect("turn 1 answered every task");
-                if last.masked.is_some() || last.score == Some(1.0) {
-                    continue;
-                }
-                match env.feedback(task, &last.completion, feedback) {
-                    Ok(reply) => {
-                        prompts[i] = tok
-                            .next_turn(&prompts[i], &answers[i], &reply)
-                            .with_context(|| {
-                                format!(
-                                    "{} task {}: turn {turn}'s prompt",
-                                    env.name(),
-                                    task.task_id
-                                )
-                            })?;
-                        last.earlier.push(EnvAttempt {
-                            completion: std::mem::take(&mut last.completion),
-                            score: last.score.unwrap_or(0.0),
-                            stopped: last.stopped,
-                            feedback: reply,
-                        });
-                        next.push(i);
-                    }
-                    Err(why) => {
-                        last.score = None;
-                        last.masked = Some(format!("feedback: {why}"));
-                    }
-                }
-            }
-            going = next;
-        }
-        if going.is_empty() {
-            break;
-        }
-        let gens = decode_turn(&going, &prompts, &mut decode)?;
-        for (&i, g) in going.iter().zip(gens) {
-            let (env, task) = tasks[i];
-            let completion = tok.decode(&g.tokens, true)?;
-            let (score, masked) = match env.score(task, &completion) {
-                Score::Reward(r) => (Some(r), None),
-                Score::Masked(why) => (None, Some(why)),
-            };
-            let earlier = predictions[i].take().map(|p| p.earlier).unwrap_or_default();
-            predictions[i] = Some(EnvPrediction {
-                task_id: task.task_id,
-                completion,
-                score,
-                masked,
-                stopped: g.stopped,
-                earlier,
-            });
-            answers[i] = g.tokens;
-        }
-    }
-    Ok(predictions
-        .into_iter()
-        .map(|p| p.expect("every task answered"))
-        .collect())
+    drive(&EnvTasks(tasks), tok, max_turns, feedback, decode)
 }
 
 #[cfg(test)]

@@ -106,6 +106,10 @@ pub struct Engine<'w> {
     /// `TRACE_TRAIN_DECODE_PROFILE` set: eager steps synchronise after each
     /// kernel and add its time (launch included) to its name's total.
     profile: Option<Profile>,
+    /// `TRACE_TRAIN_DECODE_NCU_STEP=N`: only step N runs inside the
+    /// profiler's range (`ncu --profile-from-start off`), so a profile
+    /// holds one step's kernels, graph nodes included, and no prefill.
+    ncu_step: Option<u64>,
 }
 
 /// Bytes the cache slots of `rows` rows of `cap` columns take.
@@ -230,6 +234,9 @@ impl<'w> Engine<'w> {
             steps: 0,
             profile: std::env::var_os("TRACE_TRAIN_DECODE_PROFILE")
                 .map(|_| std::cell::RefCell::new((std::time::Instant::now(), Vec::new()))),
+            ncu_step: std::env::var("TRACE_TRAIN_DECODE_NCU_STEP")
+                .ok()
+                .and_then(|s| s.parse().ok()),
         })
     }
 
@@ -359,14 +366,7 @@ impl<'w> Engine<'w> {
         if self.mode == Mode::Graph && !first && self.graph.is_none() && self.profile.is_none() {
             self.capture()?;
         }
-        // `TRACE_TRAIN_DECODE_NCU_STEP=N`: only step N runs inside the
-        // profiler's range (`ncu --profile-from-start off`), so a profile
-        // holds one step's kernels, graph nodes included, and no prefill.
-        let ncu = std::env::var("TRACE_TRAIN_DECODE_NCU_STEP")
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-            == Some(self.steps);
-        let _range = if ncu {
+        let _range = if self.ncu_step == Some(self.steps) {
             Some(candle_core::cuda_backend::cudarc::driver::Profiler::new().w()?)
         } else {
             None
