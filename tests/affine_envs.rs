@@ -464,14 +464,15 @@ fn eval_on_several_environments_writes_per_environment_metrics() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = common::trace_train(
-        dir.path(),
-        &[
+    // `eval --environment SPEC` of two tasks an environment, four new
+    // tokens, with `extra` flags: its report.
+    let eval = |spec: &str, out: &str, extra: &[&str]| -> Value {
+        let mut args = vec![
             "eval",
             "--model",
             "tiny",
             "--environment",
-            "sat+ded:3",
+            spec,
             "--tasks",
             "2",
             "--max_new_tokens",
@@ -479,16 +480,14 @@ fn eval_on_several_environments_writes_per_environment_metrics() {
             "--device",
             "cpu",
             "--output",
-            "r.json",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("r.json")).unwrap()).unwrap();
+            out,
+        ];
+        args.extend_from_slice(extra);
+        let o = common::trace_train(dir.path(), &args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&std::fs::read(dir.path().join(out)).unwrap()).unwrap()
+    };
+    let r = eval("sat+ded:3", "r.json", &[]);
     let envs = r["environments"].as_array().unwrap();
     assert_eq!(envs.len(), 2);
     // The held-out tasks by default: DED's ten built-in rows hold out one.
@@ -514,35 +513,7 @@ fn eval_on_several_environments_writes_per_environment_metrics() {
     assert_eq!(r["aggregate"]["n"], 3);
     // Two answers a task: SAT's own feedback on each wrong first answer,
     // and the accuracy after each turn.
-    let out = common::trace_train(
-        dir.path(),
-        &[
-            "eval",
-            "--model",
-            "tiny",
-            "--environment",
-            "sat",
-            "--tasks",
-            "2",
-            "--max_new_tokens",
-            "4",
-            "--device",
-            "cpu",
-            "--max_turns",
-            "2",
-            "--feedback",
-            "line",
-            "--output",
-            "t.json",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let t: Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("t.json")).unwrap()).unwrap();
+    let t = eval("sat", "t.json", &["--max_turns", "2", "--feedback", "line"]);
     assert_eq!(t["feedback"], "line");
     let sat = &t["environments"][0];
     assert_eq!(sat["by_turn"].as_array().unwrap().len(), 2);

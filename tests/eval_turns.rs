@@ -106,6 +106,13 @@ fn scripted<'a>(
     gens
 }
 
+/// An episode's first prompt: `prompt` as one user message through the
+/// chat template.
+fn first_turn(tok: &ChatTokenizer, prompt: &str) -> Vec<u32> {
+    tok.encode_prompt(&[Message::new(Role::User, prompt)])
+        .unwrap()
+}
+
 fn read(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
@@ -141,10 +148,7 @@ fn one_turn_is_the_single_turn_report() {
         .collect();
     let prompts: Vec<Vec<u32>> = items
         .iter()
-        .map(|it| {
-            tok.encode_prompt(&[Message::new(Role::User, it.prompt.clone())])
-                .unwrap()
-        })
+        .map(|it| first_turn(&tok, &it.prompt))
         .collect();
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by_key(|&i| prompts[i].len());
@@ -218,10 +222,7 @@ fn later_turns_hold_the_feedback_and_are_decoded_together() {
     .collect();
     let firsts: Vec<Vec<u32>> = items
         .iter()
-        .map(|it| {
-            tok.encode_prompt(&[Message::new(Role::User, it.prompt.clone())])
-                .unwrap()
-        })
+        .map(|it| first_turn(&tok, &it.prompt))
         .collect();
     let kind = "line";
     let mut calls: Vec<Vec<(usize, Vec<u32>)>> = Vec::new();
@@ -355,13 +356,7 @@ fn environment_episodes_take_the_environments_feedback() {
         .iter()
         .map(|t| (&env as &dyn Environment, t))
         .collect();
-    let firsts: Vec<Vec<u32>> = tasks
-        .iter()
-        .map(|t| {
-            tok.encode_prompt(&[Message::new(Role::User, t.prompt.clone())])
-                .unwrap()
-        })
-        .collect();
+    let firsts: Vec<Vec<u32>> = tasks.iter().map(|t| first_turn(&tok, &t.prompt)).collect();
     let mut calls: Vec<Vec<(usize, Vec<u32>)>> = Vec::new();
     let preds = run_env_episodes(&flat, &tok, 2, "line", |prompts| {
         Ok(scripted(&tok, &firsts, prompts, &mut calls, |i, turn| {
