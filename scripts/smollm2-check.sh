@@ -12,10 +12,13 @@
 #      `compare`;
 #   C. ours and TRL's DPOTrainer on round 0's pairs, alone on the GPU;
 #   D. the sibling tasks (issue 20): from A's Stage 2, SFT on SAT, ABD and
-#      DED demonstrations (`generate --environment`, training tasks only),
-#      then GRPO on a mixture of all four environments with room for SAT's
-#      prompts; `eval --environment` on each model's held-out tasks and
-#      `compare`.
+#      DED demonstrations (`generate --environment`, training tasks only;
+#      rows up to 4,096 tokens, so SAT's fit), then GRPO on a mixture of
+#      all four environments with room for SAT's prompts; `eval
+#      --environment` on the held-out tasks of the untrained model and of
+#      each stage's, and `compare`; then (D2) GRPO on the same mixture
+#      straight from A's Stage 2, its eval, and `compare` of the
+#      untrained model, Stage 2 and that Stage 3.
 #
 # Usage: bash scripts/smollm2-check.sh TRACE_TRAIN BASE_MODEL OUT
 #   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import-gguf`)
@@ -150,7 +153,7 @@ if [[ $PHASES == *D* ]]; then
     --ded_dataset "humaneval:$H" $U > "$L/sib.generate.log" 2>&1
   say "D demonstrations rc=$?"
   [ -f "$D/sft/merged/config.json" ] || "$T" sft --model "$S2" --train_file "$D/data/mixture_sft.jsonl" \
-    --output_dir "$D/sft" --epochs 1 --learning_rate 1e-4 "${DEV[@]}" "${NO4[@]}" ${SMALL:+--max_steps 2} \
+    --output_dir "$D/sft" --epochs 1 --learning_rate 1e-4 --max_length 4096 "${DEV[@]}" "${NO4[@]}" ${SMALL:+--max_steps 2} \
     > "$L/sib.sft.log" 2>&1
   say "D sft rc=$?"
   echo '{"ppo": {"max_prompt_tokens": 4096}, "curriculum": {"enabled": false}}' > "$D/stage3.json"
@@ -158,14 +161,30 @@ if [[ $PHASES == *D* ]]; then
     "${rl[@]}" --environment "${SIB_MIXTURE:-trace+sat+abd+ded}" --dataset "builtin+humaneval:$H" \
     --ded_dataset "humaneval:$H" --force > "$L/sib.ppo.log" 2>&1
   say "D mixture rc=$?"
-  for m in s2:$S2 sft:$D/sft/merged s3:$D/ppo/merged; do
+  for m in base:$BASE s2:$S2 sft:$D/sft/merged s3:$D/ppo/merged; do
     o=$D/env.${m%%:*}.json
     [ -f "$o" ] || "$T" eval --model "${m#*:}" --environment trace+sat+abd+ded --tasks $tasks --trace_dataset "$HO" \
       --ded_dataset "humaneval:$H" --max_new_tokens 512 --batch_size 256 "${DEV[@]}" $U --output "$o" \
       >> "$L/evals.log" 2>&1
   done
-  "$T" compare "$D/env.s2.json" "$D/env.sft.json" "$D/env.s3.json" --level 0.8 \
+  "$T" compare "$D/env.base.json" "$D/env.s2.json" "$D/env.sft.json" "$D/env.s3.json" --level 0.8 \
     --output "$D/compare.json" --plot "$D/frontier.png" > "$D/compare.txt" 2>&1
+  say "D with sibling SFT done"
+  # GRPO on the same mixture straight from A's Stage 2, no sibling SFT
+  # (D2_STEPS steps, default 12): what Stage 3 alone moves.
+  E=$W/sib_rl
+  mkdir -p "$E"
+  [ -f "$E/ppo/merged/config.json" ] || "$T" ppo --model "$S2" --output_dir "$E/ppo" --config "$D/stage3.json" \
+    --algorithm grpo --batch_size $batch --group_size $group --learning_rate 5e-5 --max_new_tokens 256 \
+    --num_train_steps "${D2_STEPS:-$((steps < 12 ? steps : 12))}" --save_steps 1000 "${DEV[@]}" "${NO4[@]}" $U \
+    --environment "${SIB_MIXTURE:-trace+sat+abd+ded}" --dataset "builtin+humaneval:$H" --ded_dataset "humaneval:$H" \
+    --force > "$L/sib_rl.ppo.log" 2>&1
+  say "D2 mixture from Stage 2 rc=$?"
+  [ -f "$E/env.s3.json" ] || "$T" eval --model "$E/ppo/merged" --environment trace+sat+abd+ded --tasks $tasks \
+    --trace_dataset "$HO" --ded_dataset "humaneval:$H" --max_new_tokens 512 --batch_size 256 "${DEV[@]}" $U \
+    --output "$E/env.s3.json" >> "$L/evals.log" 2>&1
+  "$T" compare "$D/env.base.json" "$D/env.s2.json" "$E/env.s3.json" --level 0.8 \
+    --output "$E/compare.json" --plot "$E/frontier.png" > "$E/compare.txt" 2>&1
   say "D done"
 fi
 say "all done"

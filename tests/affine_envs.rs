@@ -509,6 +509,20 @@ fn eval_on_several_environments_writes_per_environment_metrics() {
         // A random tiny model answers nothing right in four tokens.
         assert_eq!(e["accuracy"], 0.0);
     }
+    // Each prediction names the environment's own id of its task, the one
+    // `trace-train task --task_id` takes: held-out task i is id 10i + 9.
+    let own: Vec<Vec<u64>> = envs
+        .iter()
+        .map(|e| {
+            e["predictions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["own_id"].as_u64().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(own, [vec![9, 19], vec![9]]);
     assert_eq!(r["aggregate"]["weights"], json!([1.0, 3.0]));
     assert_eq!(r["aggregate"]["n"], 3);
     // Two answers a task: SAT's own feedback on each wrong first answer,

@@ -91,6 +91,24 @@ impl Split {
         task.task_id = id;
         task
     }
+
+    /// `task` (one of this part's, under this part's id) under the inner
+    /// environment's id, for everything the inner environment looks up by
+    /// id when it scores, explains or demonstrates (SAT's formula, ABD's
+    /// and DED's row).
+    fn inner_task(&self, task: &Task) -> Result<Task, String> {
+        let inner = self.inner_id(task.task_id).ok_or_else(|| {
+            format!(
+                "task {} is past the {} {}'s last task",
+                task.task_id,
+                self.inner.name(),
+                self.part.name()
+            )
+        })?;
+        let mut t = task.clone();
+        t.task_id = inner;
+        Ok(t)
+    }
 }
 
 impl Environment for Split {
@@ -126,15 +144,21 @@ impl Environment for Split {
     }
 
     fn score(&self, task: &Task, completion: &str) -> Score {
-        self.inner.score(task, completion)
+        match self.inner_task(task) {
+            Ok(t) => self.inner.score(&t, completion),
+            Err(why) => Score::Masked(why),
+        }
     }
 
     fn key(&self, task: &Task) -> serde_json::Value {
-        self.inner.key(task)
+        match self.inner_task(task) {
+            Ok(t) => self.inner.key(&t),
+            Err(why) => serde_json::json!({ "error": why }),
+        }
     }
 
     fn demonstration(&self, task: &Task) -> Option<String> {
-        self.inner.demonstration(task)
+        self.inner.demonstration(&self.inner_task(task).ok()?)
     }
 
     fn task_count(&self) -> Option<u64> {
@@ -145,7 +169,12 @@ impl Environment for Split {
     }
 
     fn feedback(&self, task: &Task, completion: &str, kind: &str) -> Result<String, String> {
-        self.inner.feedback(task, completion, kind)
+        self.inner
+            .feedback(&self.inner_task(task)?, completion, kind)
+    }
+
+    fn own_id(&self, task_id: u64) -> u64 {
+        self.inner_id(task_id).unwrap_or(task_id)
     }
 }
 
@@ -154,7 +183,8 @@ mod tests {
     use super::*;
     use crate::affine::sat::SatEnv;
 
-    /// Row-indexed tasks: task `i` says which row it is.
+    /// Row-indexed tasks: task `i` says which row it is, and, as ABD and
+    /// DED do, scoring and demonstrating look the row up by the task's id.
     struct Rows(u64);
 
     impl Environment for Rows {
@@ -173,7 +203,19 @@ mod tests {
             })
         }
         fn score(&self, task: &Task, completion: &str) -> Score {
-            Score::Reward(f64::from(u8::from(completion == task.expected)))
+            match self.task(task.task_id) {
+                Ok(row) => Score::Reward(f64::from(u8::from(completion == row.expected))),
+                Err(why) => Score::Masked(why),
+            }
+        }
+        fn demonstration(&self, task: &Task) -> Option<String> {
+            self.task(task.task_id).ok().map(|row| row.expected)
+        }
+        fn key(&self, task: &Task) -> serde_json::Value {
+            serde_json::json!({ "row": task.task_id })
+        }
+        fn feedback(&self, task: &Task, _: &str, _: &str) -> Result<String, String> {
+            Ok(format!("row {} wanted", task.task_id))
         }
         fn task_count(&self) -> Option<u64> {
             Some(self.0)
@@ -205,6 +247,26 @@ mod tests {
         let t = held.task(1).unwrap();
         assert_eq!((t.task_id, t.prompt.as_str()), (1, "row 19"));
         assert_eq!(held.score(&t, "19"), Score::Reward(1.0));
+        assert_eq!(held.score(&t, "1"), Score::Reward(0.0));
+        // Everything the inner environment looks up by id sees its own id
+        // (scoring task 1 as row 1 scored every renumbered ABD and DED
+        // reply, and checked SAT's answers, against the wrong task).
+        for s in [&train, &held] {
+            let n = s.task_count().unwrap();
+            for t in s.tasks(&(0..n).collect::<Vec<_>>()) {
+                let t = t.unwrap();
+                let inner = s.inner_id(t.task_id).unwrap();
+                let demo = s.demonstration(&t).unwrap();
+                assert_eq!(demo, inner.to_string());
+                assert_eq!(s.score(&t, &demo), Score::Reward(1.0));
+                assert_eq!(s.key(&t), serde_json::json!({ "row": inner }));
+                assert_eq!(
+                    s.feedback(&t, "", "line").unwrap(),
+                    format!("row {inner} wanted")
+                );
+                assert_eq!(s.own_id(t.task_id), inner);
+            }
+        }
         assert!(held.task(9).unwrap_err().contains("past the rows heldout"));
         assert!(held.tasks(&[8, 9])[1].is_err());
         // All: the environment's own ids.
@@ -227,6 +289,19 @@ mod tests {
         // The same formula as the environment's own id, renumbered.
         let (a, b) = (held.task(3).unwrap(), sat.task(39).unwrap());
         assert_eq!((a.task_id, &a.prompt), (3, &b.prompt));
+        // Scored against its own formula: every planted solution passes,
+        // through either part (a random full assignment fails about one
+        // formula in sixteen, so checking against the renumbered id's
+        // formula fails some of these).
+        for s in [&train, &held] {
+            for t in s.tasks(&(0..60).collect::<Vec<_>>()) {
+                let t = t.unwrap();
+                let inner = sat.task(s.inner_id(t.task_id).unwrap()).unwrap();
+                assert_eq!(s.key(&t), sat.key(&inner));
+                let demo = s.demonstration(&t).unwrap();
+                assert_eq!(s.score(&t, &demo), Score::Reward(1.0), "task {}", t.task_id);
+            }
+        }
         assert_eq!(train.task_count(), None);
         assert_eq!(held.inner_id(u64::MAX), None);
     }

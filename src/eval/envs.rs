@@ -25,6 +25,10 @@ pub const ENVS_REPORT_VERSION: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EnvPrediction {
     pub task_id: u64,
+    /// The environment's own id of the task (`trace-train task
+    /// --task_id`), where the eval's part renumbers (held-out tasks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_id: Option<u64>,
     pub completion: String,
     /// `None` when the completion could not be scored (see `masked`).
     pub score: Option<f64>,
@@ -321,6 +325,7 @@ mod tests {
             .enumerate()
             .map(|(i, &score)| EnvPrediction {
                 task_id: i as u64,
+                own_id: None,
                 completion: String::new(),
                 score,
                 masked: score.is_none().then(|| "sandbox_failure".into()),

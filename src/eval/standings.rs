@@ -243,6 +243,7 @@ mod tests {
                 let preds = (0..n)
                     .map(|i| EnvPrediction {
                         task_id: i as u64,
+                        own_id: None,
                         completion: String::new(),
                         score: Some(if i < right { 1.0 } else { 0.0 }),
                         masked: None,

@@ -369,8 +369,10 @@ impl Episodes for EnvTasks<'_> {
             Score::Reward(r) => (Some(r), None),
             Score::Masked(why) => (None, Some(why)),
         };
+        let own = env.own_id(task.task_id);
         EnvPrediction {
             task_id: task.task_id,
+            own_id: (own != task.task_id).then_some(own),
             completion,
             score,
             masked,

@@ -144,6 +144,13 @@ pub trait Environment: Send + Sync {
     fn part_of(&self, _task_id: u64) -> Option<usize> {
         None
     }
+
+    /// The id `trace-train task --task_id` takes for task `task_id`: the
+    /// id itself, except behind a view that renumbers (a sibling
+    /// environment's training or held-out part).
+    fn own_id(&self, task_id: u64) -> u64 {
+        task_id
+    }
 }
 
 /// What is known of a row's own program.
