@@ -97,7 +97,11 @@ pub fn verdict(again: &str) -> String {
 /// - `verdict`: only that it was wrong;
 /// - `first_diff`: also which output line is the first to differ, compared
 ///   as [`lines_matched`] compares them, and how many lines each side has;
-/// - `line`: also what that line should have been.
+/// - `line`: also what that line should have been, unless that line would
+///   complete the answer (every other line already right: on a one-line
+///   output the line is the whole answer), where it says what
+///   `first_diff` says. A model trained on feedback that hands over the
+///   answer learns to copy it instead of correcting itself.
 pub fn feedback(completion: &str, ground_truth: &str, kind: &str) -> String {
     const AGAIN: &str = "Try again: reply with the program's exact output only.";
     if kind == "verdict" {
@@ -119,13 +123,28 @@ pub fn feedback(completion: &str, ground_truth: &str, kind: &str) -> String {
         if expected.len() == 1 { "" } else { "s" },
         got.len()
     );
-    if kind == "line" {
-        match expected.get(i) {
-            Some(line) => text.push_str(&format!(" Line {} should be:\n{line}\n", i + 1)),
-            None => text.push_str(&format!(" The output ends after line {i}.")),
+    // Past the expected output's end there is no line to give (the counts
+    // above already say where it ends).
+    if let Some(line) = expected.get(i).filter(|_| kind == "line") {
+        if !completes(&expected, &got, i) {
+            text.push_str(&format!(" Line {} should be:\n{line}\n", i + 1));
         }
     }
     format!("{text} {AGAIN}")
+}
+
+/// Whether `got` with its line `i` replaced by (or, past its end, extended
+/// with) the expected line `i` equals `expected`, compared as [`feedback`]
+/// compares lines.
+fn completes(expected: &[&str], got: &[&str], i: usize) -> bool {
+    let mut fixed: Vec<String> = got.iter().map(|l| normalize(l)).collect();
+    let want = normalize(expected[i]);
+    if i < fixed.len() {
+        fixed[i] = want;
+    } else {
+        fixed.push(want);
+    }
+    fixed.len() == expected.len() && fixed.iter().zip(expected).all(|(f, e)| *f == normalize(e))
 }
 
 #[cfg(test)]
@@ -142,15 +161,35 @@ mod tests {
         let d = feedback("```\n1\n 2\n4\n```", truth, "first_diff");
         assert!(d.starts_with("Your answer is incorrect: line 3 is the first that differs (the output has 3 lines, your answer 3)."), "{d}");
         assert!(!d.contains("should be"), "{d}");
-        let l = feedback("1\n2\n4", truth, "line");
-        assert!(l.contains("Line 3 should be:\n3\n"), "{l}");
-        // A shorter answer: the first missing line; a longer one: where the output ends.
-        assert!(feedback("1", truth, "line").contains("line 2 is the first"));
-        let long = feedback("1\n2\n3\n4", truth, "line");
+        // `line` names the expected line where the answer has another
+        // wrong line too.
+        let l = feedback("0\n2\n4", truth, "line");
         assert!(
-            long.contains("line 4 is the first") && long.contains("The output ends after line 3."),
-            "{long}"
+            l.contains("line 1 is the first") && l.contains("Line 1 should be:\n1\n"),
+            "{l}"
         );
+        let short = feedback("1", truth, "line");
+        assert!(
+            short.contains("line 2 is the first") && short.contains("Line 2 should be:\n2\n"),
+            "{short}"
+        );
+        // It never hands over the answer: where the line would complete
+        // it (the only wrong line, the one missing line, a one-line
+        // output) or there is none (lines past the output's end), it says
+        // what `first_diff` says.
+        for (answer, truth) in [
+            ("1\n2\n4", truth),
+            ("1\n 2", truth),
+            ("1\n2\n3\n4\n5", truth),
+            ("x", "7"),
+            ("", "7"),
+        ] {
+            assert_eq!(
+                feedback(answer, truth, "line"),
+                feedback(answer, truth, "first_diff"),
+                "{answer:?} for {truth:?}"
+            );
+        }
         assert!(
             feedback("x", "7", "first_diff").contains("(the output has 1 line, your answer 1)")
         );
