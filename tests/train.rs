@@ -277,6 +277,39 @@ fn bad_inputs_name_the_file_and_field() {
         !o.status.success() && e.contains("noanswer.jsonl") && e.contains("line 1"),
         "{e}"
     );
+    // Records longer than max_length: trained without them, and said
+    // before training, with the setting to raise.
+    let long = "7 ".repeat(400);
+    std::fs::write(
+        dir.path().join("long.jsonl"),
+        ["1", "2", long.as_str()]
+            .iter()
+            .map(|a| {
+                serde_json::json!({"messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": a}]})
+                .to_string()
+                    + "\n"
+            })
+            .collect::<String>(),
+    )
+    .unwrap();
+    let o = trace_train(
+        dir.path(),
+        &warmup_args(
+            "o0",
+            "1",
+            &["--train_file", "long.jsonl", "--max_length", "128"],
+        ),
+    );
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains(
+            "warmup: warning: 1 of 3 records in `long.jsonl` are longer than max_length 128"
+        ) && e.contains("hint: raise --max_length"),
+        "{e}"
+    );
     // A model folder without weights.
     std::fs::create_dir(dir.path().join("empty")).unwrap();
     std::fs::copy(

@@ -179,6 +179,12 @@ pub fn run_with(
             job.model.max_length
         );
     }
+    if lead && stats.dropped_too_long > 0 {
+        eprintln!(
+            "{}",
+            too_long_warning(&job.stage, &job.train_file, &stats, job.model.max_length)
+        );
+    }
     let eval_examples = match &job.eval_file {
         Some(p) if p.exists() => build_examples(&tok, &read_records(p)?, job.model.max_length)?.0,
         _ => Vec::new(),
@@ -598,4 +604,21 @@ fn evaluate_loss(
     }
     let total = comm.sum_f64(&[sum, n as f64])?;
     Ok(total[0] / total[1].max(1.0))
+}
+
+/// What a stage says before training when records are left out for their
+/// length: how many, the longest, and the setting to raise.
+fn too_long_warning(
+    stage: &str,
+    file: &std::path::Path,
+    stats: &crate::data::example::BuildStats,
+    max_length: usize,
+) -> String {
+    format!(
+        "{stage}: warning: {} of {} records in `{}` are longer than max_length {max_length} and are left out (the longest has {} tokens)\nhint: raise --max_length (model.max_length) to train on them",
+        stats.dropped_too_long,
+        stats.records,
+        file.display(),
+        stats.longest_dropped
+    )
 }
