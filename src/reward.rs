@@ -125,10 +125,10 @@ pub fn feedback(completion: &str, ground_truth: &str, kind: &str) -> String {
     );
     // Past the expected output's end there is no line to give (the counts
     // above already say where it ends).
-    if let Some(line) = expected.get(i).filter(|_| kind == "line") {
-        if !completes(&expected, &got, i) {
-            text.push_str(&format!(" Line {} should be:\n{line}\n", i + 1));
-        }
+    if let Some(line) = expected.get(i).filter(|_| kind == "line")
+        && !completes(&expected, &got, i)
+    {
+        text.push_str(&format!(" Line {} should be:\n{line}\n", i + 1));
     }
     format!("{text} {AGAIN}")
 }
