@@ -24,7 +24,8 @@
 #   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import-gguf`)
 # Environment: HUMANEVAL=path/HumanEval.jsonl.gz (needed); PEER=1 runs the TRL
 # peer (transformers, PEFT, TRL and datasets importable); PHASES (default ABC;
-# D on its own after A);
+# D on its own after A); DPO_LR and DPO_EPOCHS (default 5e-5 and 1) and
+# DPO_PROMPTS (prompts a round) set phase B's DPO rounds;
 # SMALL=1 DEVICE=cpu shrinks every budget (a CPU smoke run on a tiny model).
 # Programs run with --unsafe-no-sandbox: our own corpora only. Each part
 # keeps its outputs; run again with the same OUT to redo only what is missing.
@@ -102,9 +103,9 @@ if [[ $PHASES == *B* ]]; then
 {"model": {"base_model": "$BASE", "dtype": "bf16", "max_length": 2048},
  "hardware": {"gradient_checkpointing": false, "no_4bit": true},
  "stage3": {"algorithm": "dpo", "ppo": {"dataset": "builtin+humaneval:$H"},
-            "dpo": {"rounds": 2, "num_prompts": $prompts, "num_samples": $samples, "temperature": 1.0,
+            "dpo": {"rounds": 2, "num_prompts": ${DPO_PROMPTS:-$prompts}, "num_samples": $samples, "temperature": 1.0,
                     "max_new_tokens": 256, "max_pairs_per_prompt": 4,
-                    "train": {"learning_rate": 5e-5, "epochs": 1, "batch_size": 8, "nll_coef": 1.0, "beta": 0.1}}},
+                    "train": {"learning_rate": ${DPO_LR:-5e-5}, "epochs": ${DPO_EPOCHS:-1}, "batch_size": 8, "nll_coef": 1.0, "beta": 0.1}}},
  "gate": {"mode": "off"}}
 JSON
   ln -sfn "$W/n/stage2_sft" "$W/dpo/ckpt/stage2_sft"
