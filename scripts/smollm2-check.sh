@@ -79,8 +79,10 @@ if [[ $PHASES == *A* ]]; then
 fi
 
 S2=$W/n/stage2_sft/merged
-rl=(--algorithm grpo --batch_size $batch --group_size $group --learning_rate 5e-5 --max_new_tokens 256
-    --num_train_steps $steps --save_steps 1000 "${DEV[@]}" "${NO4[@]}" $U)
+# GRPO's settings in every Stage 3 run below (the steps are each run's).
+grpo=(--algorithm grpo --batch_size $batch --group_size $group --learning_rate 5e-5 --max_new_tokens 256
+    --save_steps 1000 "${DEV[@]}" "${NO4[@]}" $U)
+rl=("${grpo[@]}" --num_train_steps $steps)
 if [[ $PHASES == *B* ]]; then
   [ -f "$S2/config.json" ] || { say "no Stage 2 model at $S2: run phase A first"; exit 1; }
   cur() { echo "{\"ppo\": {$1}, \"curriculum\": {\"enabled\": true, \"promotion_threshold\": 0.7, \"last_bucket\": \"1\"}}"; }
@@ -158,15 +160,20 @@ if [[ $PHASES == *D* ]]; then
     > "$L/sib.sft.log" 2>&1
   say "D sft rc=$?"
   echo '{"ppo": {"max_prompt_tokens": 4096}, "curriculum": {"enabled": false}}' > "$D/stage3.json"
-  [ -f "$D/ppo/merged/config.json" ] || "$T" ppo --model "$D/sft/merged" --output_dir "$D/ppo" --config "$D/stage3.json" \
-    "${rl[@]}" --environment "${SIB_MIXTURE:-trace+sat+abd+ded}" --dataset "builtin+humaneval:$H" \
-    --ded_dataset "humaneval:$H" --force > "$L/sib.ppo.log" 2>&1
+  sib_ppo() { # sib_ppo MODEL OUT STEPS LOG: GRPO on the mixture, with room for SAT's prompts
+    [ -f "$2/merged/config.json" ] || "$T" ppo --model "$1" --output_dir "$2" --config "$D/stage3.json" \
+      "${grpo[@]}" --num_train_steps "$3" --environment "${SIB_MIXTURE:-trace+sat+abd+ded}" \
+      --dataset "builtin+humaneval:$H" --ded_dataset "humaneval:$H" --force > "$4" 2>&1
+  }
+  sib_eval() { # sib_eval MODEL OUT: every environment's held-out tasks
+    [ -f "$2" ] || "$T" eval --model "$1" --environment trace+sat+abd+ded --tasks $tasks --trace_dataset "$HO" \
+      --ded_dataset "humaneval:$H" --max_new_tokens 512 --batch_size 256 "${DEV[@]}" $U --output "$2" \
+      >> "$L/evals.log" 2>&1
+  }
+  sib_ppo "$D/sft/merged" "$D/ppo" "$steps" "$L/sib.ppo.log"
   say "D mixture rc=$?"
   for m in base:$BASE s2:$S2 sft:$D/sft/merged s3:$D/ppo/merged; do
-    o=$D/env.${m%%:*}.json
-    [ -f "$o" ] || "$T" eval --model "${m#*:}" --environment trace+sat+abd+ded --tasks $tasks --trace_dataset "$HO" \
-      --ded_dataset "humaneval:$H" --max_new_tokens 512 --batch_size 256 "${DEV[@]}" $U --output "$o" \
-      >> "$L/evals.log" 2>&1
+    sib_eval "${m#*:}" "$D/env.${m%%:*}.json"
   done
   "$T" compare "$D/env.base.json" "$D/env.s2.json" "$D/env.sft.json" "$D/env.s3.json" --level 0.8 \
     --output "$D/compare.json" --plot "$D/frontier.png" > "$D/compare.txt" 2>&1
@@ -175,15 +182,9 @@ if [[ $PHASES == *D* ]]; then
   # (D2_STEPS steps, default 12): what Stage 3 alone moves.
   E=$W/sib_rl
   mkdir -p "$E"
-  [ -f "$E/ppo/merged/config.json" ] || "$T" ppo --model "$S2" --output_dir "$E/ppo" --config "$D/stage3.json" \
-    --algorithm grpo --batch_size $batch --group_size $group --learning_rate 5e-5 --max_new_tokens 256 \
-    --num_train_steps "${D2_STEPS:-$((steps < 12 ? steps : 12))}" --save_steps 1000 "${DEV[@]}" "${NO4[@]}" $U \
-    --environment "${SIB_MIXTURE:-trace+sat+abd+ded}" --dataset "builtin+humaneval:$H" --ded_dataset "humaneval:$H" \
-    --force > "$L/sib_rl.ppo.log" 2>&1
+  sib_ppo "$S2" "$E/ppo" "${D2_STEPS:-$((steps < 12 ? steps : 12))}" "$L/sib_rl.ppo.log"
   say "D2 mixture from Stage 2 rc=$?"
-  [ -f "$E/env.s3.json" ] || "$T" eval --model "$E/ppo/merged" --environment trace+sat+abd+ded --tasks $tasks \
-    --trace_dataset "$HO" --ded_dataset "humaneval:$H" --max_new_tokens 512 --batch_size 256 "${DEV[@]}" $U \
-    --output "$E/env.s3.json" >> "$L/evals.log" 2>&1
+  sib_eval "$E/ppo/merged" "$E/env.s3.json"
   "$T" compare "$D/env.base.json" "$D/env.s2.json" "$E/env.s3.json" --level 0.8 \
     --output "$E/compare.json" --plot "$E/frontier.png" > "$E/compare.txt" 2>&1
   say "D done"
