@@ -5,7 +5,7 @@ settings, logging each optimizer step as a JSON line with our metric names.
   python3 trl_dpo_peer.py --model FOLDER --pairs pairs.jsonl [--loss sigmoid|ipo|robust|hinge]
       [--beta 0.1] [--epsilon 0.1] [--nll_coef 0] [--lr 1e-5] [--batch_size 4] [--accum 1]
       [--epochs 1] [--lora_r 16] [--lora_alpha 32] [--max_length 2048] [--seed 42]
-      [--device auto|cpu|cuda] [--output_dir DIR]
+      [--device auto|cpu|cuda] [--output_dir DIR] [--save_adapter DIR]
 
   # beside ours, on the same pairs:
   trace-train dpo --model FOLDER --pairs pairs.jsonl --output_dir ours --device cpu
@@ -87,6 +87,8 @@ def main():
     p.add_argument("--seed", type=int, default=42, help="seed of the pair order")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
     p.add_argument("--output_dir", default="trl_dpo_peer_out", help="TRL's output folder")
+    p.add_argument("--save_adapter", default=None,
+                   help="write the trained LoRA adapter here (PEFT layout), for `trace-train eval --adapter`")
     a = p.parse_args()
     if a.loss == "robust" and not 0 <= a.epsilon < 0.5:
         fail(f"--epsilon {a.epsilon}: robust DPO needs it in [0, 0.5)", "pass e.g. --epsilon 0.1")
@@ -157,6 +159,8 @@ def main():
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
+    if a.save_adapter:
+        trainer.model.save_pretrained(a.save_adapter)
     pairs_a_step = a.batch_size * a.accum
     timed = len(step_ends) - 1
     rate = (timed * pairs_a_step * mean_pair_tokens / (step_ends[-1] - step_ends[0])) if timed > 0 else None

@@ -12,8 +12,10 @@
 # cuda); RUNS: the settings, `name:lr:rank:epochs1:epochs2` separated by
 # spaces (default: the recipe, lr 3e-4 and 3e-3, rank 64, epochs 3 + 2);
 # P: runs at a time (default 3; each eval's sampler sizes its cache from
-# the memory free when it starts, so starts are spread out); SMALL=1 shrinks
-# Stage 0 and the evals (a CPU smoke run on a tiny model).
+# the memory free when it starts, so starts are spread out); STAGE3: a JSON
+# object laid over the recipe's `stage3` section (e.g. DPO rounds), and then
+# every run goes on to Stage 3, gated against its Stage 2 like the others;
+# SMALL=1 shrinks Stage 0 and the evals (a CPU smoke run on a tiny model).
 # Programs run with --unsafe-no-sandbox: our own corpora only. A finished
 # run is kept: run again with the same OUT to do only what is missing.
 set -u
@@ -30,10 +32,18 @@ say() { echo "$(date +%T) $*" | tee -a "$W/logs/sweep"; }
 config() { # config LR RANK EPOCHS1 EPOCHS2
   python3 - "$ROOT/config/recipes/smollm2-135m/pipeline_config.json" "$BASE" "$H" "$W/data" "$DEV" "$@" \
     "${SMALL:+small}" <<'PY'
-import json, sys
+import json, os, sys
 src, base, he, data, dev, lr, rank, e1, e2 = sys.argv[1:10]
 small = len(sys.argv) > 10 and sys.argv[10] == "small"
 c = json.load(open(src))
+def lay(dst, over):
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            lay(dst[k], v)
+        else:
+            dst[k] = v
+if os.environ.get("STAGE3"):
+    lay(c["stage3"], json.loads(os.environ["STAGE3"]))
 c["model"]["base_model"] = base
 c["hardware"]["device"] = dev
 c["stage0"]["dataset"] = c["stage0"]["dataset"].replace("HumanEval.jsonl.gz", he)
@@ -62,13 +72,17 @@ say "stage 0 rc=$? ($(wc -l < "$W/data/stage1_original_train.jsonl") original an
 run() { # run NAME LR RANK EPOCHS1 EPOCHS2
   local name=$1 d=$W/runs/$1
   mkdir -p "$d"
-  [ -f "$d/ckpt/gate.json" ] && [ -f "$d/ckpt/stage2_sft/merged/config.json" ] && return 0
+  [ -f "$d/done$last" ] && return 0
   config "$2" "$3" "$4" "$5" > "$d/pipeline_config.json"
   local t0=$SECONDS
-  "$T" pipeline --config "$d/pipeline_config.json" --checkpoints "$d/ckpt" --start_stage 1 --last_stage 2 \
+  "$T" pipeline --config "$d/pipeline_config.json" --checkpoints "$d/ckpt" --start_stage 1 --last_stage "$last" \
     --resume --device "$DEV" $U ${SMALL:+--max_steps 2} > "$d/pipeline.log" 2>&1
-  say "$name rc=$? in $((SECONDS - t0)) s"
+  local rc=$?
+  say "$name rc=$rc in $((SECONDS - t0)) s"
+  [ $rc -eq 0 ] && touch "$d/done$last"
 }
+last=2
+[ -n "${STAGE3:-}" ] && last=3
 n=0
 for spec in $RUNS; do
   IFS=: read -r name lr rank e1 e2 <<< "$spec"
@@ -96,9 +110,11 @@ def score(g, stage, s):
         if st["name"] == stage:
             return dict(st["sets"]).get(s)
 print("exact match on the held-out sets [80% interval]; + / - : beyond the interval of the first run's model of the same stage")
-for stage in ("warmup", "sft"):
+for stage in ("warmup", "sft", "ppo", "dpo"):
+    if not ref or not any(x["name"] == stage for x in ref["stages"]):
+        continue
     print(f"\n== after {stage}")
-    sets = [s for s, _ in next(x for x in ref["stages"] if x["name"] == stage)["sets"]] if ref else []
+    sets = [s for s, _ in next(x for x in ref["stages"] if x["name"] == stage)["sets"]]
     print(f"{'run':10} {'steps':>5}  " + "  ".join(f"{s:>24}" for s in sets) + "      mean")
     for n, spec in zip(names, specs):
         g = load(n)
@@ -116,7 +132,7 @@ for stage in ("warmup", "sft"):
                 mark = "+" if x["lo"] > r["hi"] else "-" if x["hi"] < r["lo"] else ""
             accs.append(x["accuracy"])
             cells.append(f"{100 * x['accuracy']:5.1f}% [{100 * x['lo']:4.1f}-{100 * x['hi']:4.1f}]{mark:1} ({x['n']:>3})")
-        st = "stage1_warmup" if stage == "warmup" else "stage2_sft"
+        st = {"warmup": "stage1_warmup", "sft": "stage2_sft", "ppo": "stage3_ppo"}.get(stage, "stage3_dpo/round_0")
         mean = 100 * sum(accs) / len(accs) if accs else 0
         print(f"{n:10} {steps(n, st):5}  " + "  ".join(cells) + f"  {mean:6.2f}%")
 PY

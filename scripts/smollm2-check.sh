@@ -25,7 +25,15 @@
 # Environment: HUMANEVAL=path/HumanEval.jsonl.gz (needed); PEER=1 runs the TRL
 # peer (transformers, PEFT, TRL and datasets importable); PHASES (default ABC;
 # D on its own after A); DPO_LR and DPO_EPOCHS (default 5e-5 and 1) and
-# DPO_PROMPTS (prompts a round) set phase B's DPO rounds;
+# DPO_PROMPTS (prompts a round) set phase B's DPO rounds and phase C's runs,
+# DPO_ROWS the rows its sampler decodes at once (default 0: all that fit);
+# STAGE2: the Stage 2 run phases B-D start from (default OUT/n/stage2_sft, phase
+# A's; any run folder holding merged/, e.g. a pipeline's stage2_sft);
+# B_PARTS (default "mt dpo mix") picks phase B's parts; MT (default "single
+# line first_diff") its GRPO runs, all at once, each with a fixed training
+# budget (MT_TOKENS tokens a micro-batch, default 16384) so that no run sizes
+# itself from memory another is about to take; PEER=1 also scores the peer's
+# DPO adapter and ours from phase C on the held-out set;
 # SMALL=1 DEVICE=cpu shrinks every budget (a CPU smoke run on a tiny model).
 # Programs run with --unsafe-no-sandbox: our own corpora only. Each part
 # keeps its outputs; run again with the same OUT to redo only what is missing.
@@ -78,7 +86,10 @@ if [[ $PHASES == *A* ]]; then
   say "A done"
 fi
 
-S2=$W/n/stage2_sft/merged
+STAGE2=${STAGE2:-$W/n/stage2_sft}
+S2=$STAGE2/merged
+B_PARTS=${B_PARTS:-mt dpo mix}
+MT=${MT-single line first_diff}
 # GRPO's settings in every Stage 3 run below (the steps are each run's).
 grpo=(--algorithm grpo --batch_size $batch --group_size $group --learning_rate 5e-5 --max_new_tokens 256
     --save_steps 1000 "${DEV[@]}" "${NO4[@]}" $U)
@@ -87,30 +98,41 @@ if [[ $PHASES == *B* ]]; then
   [ -f "$S2/config.json" ] || { say "no Stage 2 model at $S2: run phase A first"; exit 1; }
   cur() { echo "{\"ppo\": {$1}, \"curriculum\": {\"enabled\": true, \"promotion_threshold\": 0.7, \"last_bucket\": \"1\"}}"; }
   mkdir -p "$W/mt" "$W/mix" "$W/dpo/ckpt"
-  cur "" > "$W/mt/single.json"
-  cur "\"max_turns\": 2, \"feedback\": \"line\"" > "$W/mt/line.json"
-  cur "\"max_turns\": 2, \"feedback\": \"first_diff\"" > "$W/mt/first_diff.json"
-  for k in single line first_diff; do
-    [ -f "$W/mt/$k/merged/config.json" ] || "$T" ppo --model "$S2" --output_dir "$W/mt/$k" --config "$W/mt/$k.json" \
-      "${rl[@]}" --dataset "builtin+humaneval:$H" --force > "$L/mt.$k.log" 2>&1
-    say "B grpo $k rc=$?"
+fi
+if [[ $PHASES == *B* && " $B_PARTS " == *" mt "* ]]; then
+  tok="\"micro_batch_tokens\": ${MT_TOKENS:-16384}"
+  cur "$tok" > "$W/mt/single.json"
+  cur "$tok, \"max_turns\": 2, \"feedback\": \"line\"" > "$W/mt/line.json"
+  cur "$tok, \"max_turns\": 2, \"feedback\": \"first_diff\"" > "$W/mt/first_diff.json"
+  for k in $MT; do
+    [ -f "$W/mt/$k/merged/config.json" ] && continue
+    ( "$T" ppo --model "$S2" --output_dir "$W/mt/$k" --config "$W/mt/$k.json" \
+        "${rl[@]}" --dataset "builtin+humaneval:$H" --force > "$L/mt.$k.log" 2>&1
+      say "B grpo $k rc=$?" ) &
+    sleep "${STAGGER:-20}"
   done
-  for fb in line first_diff; do
+  wait
+  for fb in $MT; do
+    [ "$fb" = single ] && continue
     for m in s2:$S2 single:$W/mt/single/merged $fb:$W/mt/$fb/merged; do
-      dbg "${m#*:}" "$W/mt/$fb.${m%%:*}.json" --max_turns 2 --feedback $fb
+      dbg "${m#*:}" "$W/mt/$fb.${m%%:*}.json" --max_turns 2 --feedback $fb &
+      sleep 5
     done
   done
+  wait
   say "B multi-turn evals done"
+fi
+if [[ $PHASES == *B* && " $B_PARTS " == *" dpo "* ]]; then
   cat > "$W/dpo/pipeline_config.json" <<JSON
 {"model": {"base_model": "$BASE", "dtype": "bf16", "max_length": 2048},
  "hardware": {"gradient_checkpointing": false, "no_4bit": true},
- "stage3": {"algorithm": "dpo", "ppo": {"dataset": "builtin+humaneval:$H"},
+ "stage3": {"algorithm": "dpo", "ppo": {"dataset": "builtin+humaneval:$H", "sample_max_rows": ${DPO_ROWS:-0}},
             "dpo": {"rounds": 2, "num_prompts": ${DPO_PROMPTS:-$prompts}, "num_samples": $samples, "temperature": 1.0,
                     "max_new_tokens": 256, "max_pairs_per_prompt": 4,
                     "train": {"learning_rate": ${DPO_LR:-5e-5}, "epochs": ${DPO_EPOCHS:-1}, "batch_size": 8, "nll_coef": 1.0, "beta": 0.1}}},
  "gate": {"mode": "off"}}
 JSON
-  ln -sfn "$W/n/stage2_sft" "$W/dpo/ckpt/stage2_sft"
+  ln -sfn "$STAGE2" "$W/dpo/ckpt/stage2_sft"
   "$T" pipeline --config "$W/dpo/pipeline_config.json" --checkpoints "$W/dpo/ckpt" --start_stage 3 --last_stage 3 \
     --resume "${DEV[@]}" $U > "$L/dpo.log" 2>&1
   say "B dpo rounds rc=$?"
@@ -120,6 +142,8 @@ JSON
     [ -f "$m/config.json" ] && dbg "$m" "$W/dpo/dbg.r$r.json"
   done
   say "B dpo evals done"
+fi
+if [[ $PHASES == *B* && " $B_PARTS " == *" mix "* ]]; then
   echo '{"ppo": {"max_prompt_tokens": 1536}, "curriculum": {"enabled": true, "promotion_threshold": 0.7, "last_bucket": "1"}}' \
     > "$W/mix/stage3.json"
   [ -f "$W/mix/ppo/merged/config.json" ] || "$T" ppo --model "$S2" --output_dir "$W/mix/ppo" --config "$W/mix/stage3.json" \
@@ -138,14 +162,22 @@ fi
 P=$W/dpo/ckpt/stage3_dpo/round_0/pairs.jsonl
 if [[ $PHASES == *C* ]] && [ -s "$P" ]; then
   rm -rf "$W/dpo/speed_ours"
-  "$T" dpo --model "$S2" --pairs "$P" --output_dir "$W/dpo/speed_ours" --learning_rate 5e-5 --epochs 1 \
+  dlr=${DPO_LR:-5e-5} dep=${DPO_EPOCHS:-1}
+  "$T" dpo --model "$S2" --pairs "$P" --output_dir "$W/dpo/speed_ours" --learning_rate "$dlr" --epochs "$dep" \
     --batch_size 8 --nll_coef 1.0 --beta 0.1 "${DEV[@]}" "${NO4[@]}" > "$L/dpo.speed.ours.log" 2>&1
   say "C ours rc=$?"
   if [ -n "${PEER:-}" ]; then
-    PYTHONUNBUFFERED=1 python3 "$ROOT/benches/trl_dpo_peer.py" --model "$S2" --pairs "$P" --lr 5e-5 --epochs 1 \
+    rm -rf "$W/dpo/peer_adapter"
+    PYTHONUNBUFFERED=1 python3 "$ROOT/benches/trl_dpo_peer.py" --model "$S2" --pairs "$P" --lr "$dlr" --epochs "$dep" \
       --batch_size 8 --nll_coef 1.0 --beta 0.1 --device cuda --output_dir "$W/dpo/speed_peer" \
-      > "$W/dpo/peer.jsonl" 2> "$L/dpo.speed.peer.log"
+      --save_adapter "$W/dpo/peer_adapter" > "$W/dpo/peer.jsonl" 2> "$L/dpo.speed.peer.log"
     say "C peer rc=$?"
+    # The two models trained on the same pairs, on the same held-out set.
+    rm -f "$W/dpo/dbg.ours.json" "$W/dpo/dbg.peer.json"
+    dbg "$W/dpo/speed_ours/merged" "$W/dpo/dbg.ours.json" &
+    dbg "$S2" "$W/dpo/dbg.peer.json" --adapter "$W/dpo/peer_adapter"
+    wait
+    say "C evals done"
   fi
 fi
 if [[ $PHASES == *D* ]]; then

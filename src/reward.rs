@@ -133,18 +133,16 @@ pub fn feedback(completion: &str, ground_truth: &str, kind: &str) -> String {
     format!("{text} {AGAIN}")
 }
 
-/// Whether `got` with its line `i` replaced by (or, past its end, extended
-/// with) the expected line `i` equals `expected`, compared as [`feedback`]
-/// compares lines.
+/// Whether the expected line `i`, with the line count the feedback states,
+/// would complete the answer: every other line of the expected output is
+/// already right in `got`, compared as [`feedback`] compares lines. Lines
+/// `got` has past the output's end do not count: the feedback says how many
+/// lines the output has, so a model can drop them.
 fn completes(expected: &[&str], got: &[&str], i: usize) -> bool {
-    let mut fixed: Vec<String> = got.iter().map(|l| normalize(l)).collect();
-    let want = normalize(expected[i]);
-    if i < fixed.len() {
-        fixed[i] = want;
-    } else {
-        fixed.push(want);
-    }
-    fixed.len() == expected.len() && fixed.iter().zip(expected).all(|(f, e)| *f == normalize(e))
+    expected
+        .iter()
+        .enumerate()
+        .all(|(j, e)| j == i || got.get(j).is_some_and(|g| normalize(g) == normalize(e)))
 }
 
 #[cfg(test)]
@@ -168,6 +166,7 @@ mod tests {
             l.contains("line 1 is the first") && l.contains("Line 1 should be:\n1\n"),
             "{l}"
         );
+        // Two missing lines: the first of them is given, the second not.
         let short = feedback("1", truth, "line");
         assert!(
             short.contains("line 2 is the first") && short.contains("Line 2 should be:\n2\n"),
@@ -177,12 +176,18 @@ mod tests {
         // it (the only wrong line, the one missing line, a one-line
         // output) or there is none (lines past the output's end), it says
         // what `first_diff` says.
+        // Extra lines count for nothing: the feedback states the output's
+        // line count, so the given line plus the right ones would be the
+        // whole answer (a one-line output answered with two lines, or the
+        // right lines followed by extra ones).
         for (answer, truth) in [
             ("1\n2\n4", truth),
             ("1\n 2", truth),
             ("1\n2\n3\n4\n5", truth),
             ("x", "7"),
             ("", "7"),
+            ("175\n50", "42"),
+            ("1\n9\n3\n4", truth),
         ] {
             assert_eq!(
                 feedback(answer, truth, "line"),
