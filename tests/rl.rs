@@ -311,6 +311,48 @@ fn multi_turn_episodes_resume_exactly_and_report_accuracy_by_answer() {
     assert!(retries > 0.0, "no episode had a second answer: {full:?}");
 }
 
+/// The episode budget (`max_episode_tokens`): where the next turn's prompt
+/// and answer would not fit, the episode ends after its answer and is
+/// counted; with the budget unset the same run goes on to second answers.
+#[test]
+fn episodes_past_their_token_budget_end_and_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = trace_train(dir.path(), &["model", "tiny", "base"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    write_counting_rows(dir.path());
+    let config = |budget: usize| {
+        format!(
+            r#"{{"ppo": {{"algorithm": "grpo", "group_size": 2, "dynamic_sampling": false, "batch_size": 2,
+                        "num_train_steps": 2, "max_new_tokens": 3, "mini_batch_size": 4, "save_steps": 10,
+                        "learning_rate": 0.001, "max_prompt_tokens": 2000, "num_workers": 2,
+                        "dataset": "rows.jsonl", "max_turns": 2, "feedback": "first_diff",
+                        "max_episode_tokens": {budget}}}}}"#
+        )
+    };
+    let run = |budget: usize, out: &str| {
+        std::fs::write(dir.path().join("s3.json"), config(budget)).unwrap();
+        let o = trace_train(dir.path(), &ppo_args(out, &[]));
+        assert!(o.status.success(), "{}", stderr(&o));
+        lines_of(&dir.path().join(out).join("metrics.jsonl"))
+    };
+    let sum = |rows: &[serde_json::Value], k: &str| -> f64 {
+        rows.iter().map(|v| v[k].as_f64().unwrap()).sum()
+    };
+    // The first prompt alone is far past 10 tokens: no second turn fits.
+    let tight = run(10, "tight");
+    assert_eq!(sum(&tight, "retries"), 0.0, "{tight:?}");
+    // Every episode of an untrained model is wrong nearly always, and each
+    // wrong one wanted a second turn: 2 steps x 2 prompts x 2 answers.
+    let over = sum(&tight, "episodes_over_budget");
+    assert!(over > 0.0 && over <= 8.0, "{tight:?}");
+    for v in &tight {
+        assert_eq!(v["accuracy/turn=1"], v["accuracy/turn=2"], "{v}");
+    }
+    let open = run(0, "open");
+    assert!(sum(&open, "retries") > 0.0, "{open:?}");
+    assert_eq!(sum(&open, "episodes_over_budget"), 0.0, "{open:?}");
+}
+
 #[test]
 fn kill_9_then_resume_repeats_the_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
