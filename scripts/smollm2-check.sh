@@ -26,7 +26,8 @@
 # peer (transformers, PEFT, TRL and datasets importable); PHASES (default ABC;
 # D on its own after A); DPO_LR and DPO_EPOCHS (default 5e-5 and 1) and
 # DPO_PROMPTS (prompts a round) set phase B's DPO rounds and phase C's runs,
-# DPO_ROWS the rows its sampler decodes at once (default 0: all that fit);
+# DPO_ROWS the rows its sampler decodes at once (default 0: all that fit),
+# DPO_DEMOS=1 pairs the environment's answer where every sampled one is wrong;
 # STAGE2: the Stage 2 run phases B-D start from (default OUT/n/stage2_sft, phase
 # A's; any run folder holding merged/, e.g. a pipeline's stage2_sft);
 # B_PARTS (default "mt dpo mix") picks phase B's parts; MT (default "single
@@ -123,12 +124,14 @@ if [[ $PHASES == *B* && " $B_PARTS " == *" mt "* ]]; then
   say "B multi-turn evals done"
 fi
 if [[ $PHASES == *B* && " $B_PARTS " == *" dpo "* ]]; then
+  demos=false
+  [ -n "${DPO_DEMOS:-}" ] && demos=true
   cat > "$W/dpo/pipeline_config.json" <<JSON
 {"model": {"base_model": "$BASE", "dtype": "bf16", "max_length": 2048},
  "hardware": {"gradient_checkpointing": false, "no_4bit": true},
  "stage3": {"algorithm": "dpo", "ppo": {"dataset": "builtin+humaneval:$H", "sample_max_rows": ${DPO_ROWS:-0}},
             "dpo": {"rounds": 2, "num_prompts": ${DPO_PROMPTS:-$prompts}, "num_samples": $samples, "temperature": 1.0,
-                    "max_new_tokens": 256, "max_pairs_per_prompt": 4,
+                    "max_new_tokens": 256, "max_pairs_per_prompt": 4, "demonstrations": $demos,
                     "train": {"learning_rate": ${DPO_LR:-5e-5}, "epochs": ${DPO_EPOCHS:-1}, "batch_size": 8, "nll_coef": 1.0, "beta": 0.1}}},
  "gate": {"mode": "off"}}
 JSON

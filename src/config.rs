@@ -1661,6 +1661,10 @@ pub struct DpoRounds {
     pub min_edit_distance: usize,
     /// Most pairs a prompt (0: all). Default 4.
     pub max_pairs_per_prompt: usize,
+    /// Where none of a prompt's answers is right, pair the environment's
+    /// own right answer over each wrong one (`prefs --demonstrations`).
+    /// Default false.
+    pub demonstrations: bool,
     /// The DPO settings of every round.
     pub train: DpoConfig,
 }
@@ -1676,6 +1680,7 @@ impl Default for DpoRounds {
             among_correct: None,
             min_edit_distance: 0,
             max_pairs_per_prompt: 4,
+            demonstrations: false,
             train: DpoConfig::default(),
         }
     }

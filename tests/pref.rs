@@ -84,6 +84,8 @@ fn rollouts_are_scored_recorded_and_repeat_for_a_seed() {
         assert_eq!(r["sampling"]["max_new_tokens"].as_u64(), Some(6));
         assert_eq!(r["sampling"]["seed"].as_u64(), Some(5));
         assert!(r["model"].as_str().unwrap().ends_with("base"), "{r}");
+        // The word asked for is the environment's own right answer.
+        assert_eq!(r["demonstration"], r["expected"], "{r}");
         for key in [
             "completion",
             "answer",
@@ -140,6 +142,47 @@ fn rollouts_are_scored_recorded_and_repeat_for_a_seed() {
         "{st}"
     );
     assert!(dir.path().join("p.jsonl.stats.json").exists());
+
+    // With demonstrations, a prompt whose answers were all wrong pairs the
+    // word over each of them: no prompt is left all_incorrect.
+    let o = trace_train(
+        dir.path(),
+        &[
+            "prefs",
+            "--rollouts",
+            "r.jsonl",
+            "--output",
+            "d.jsonl",
+            "--demonstrations",
+            "--max_pairs_per_prompt",
+            "0",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let sd: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        sd["prompts_without_pairs"].get("all_incorrect").is_none(),
+        "{sd}"
+    );
+    let all_wrong = st["prompts_without_pairs"]["all_incorrect"]
+        .as_u64()
+        .unwrap_or(0);
+    // The untrained tiny model is wrong nearly always.
+    assert!(all_wrong > 0, "{st}");
+    let demo: Vec<serde_json::Value> = lines(&dir.path().join("d.jsonl"))
+        .into_iter()
+        .filter(|p| p["kind"] == "demonstration")
+        .collect();
+    assert_eq!(demo.len() as u64, 4 * all_wrong, "{sd}");
+    for p in &demo {
+        let id = p["prompt_id"].as_u64().unwrap();
+        let expected = rows
+            .iter()
+            .find(|r| r["prompt_id"].as_u64() == Some(id))
+            .unwrap();
+        assert_eq!(p["chosen"], expected["expected"], "{p}");
+        assert_ne!(p["chosen"], p["rejected"], "{p}");
+    }
 }
 
 /// A rollouts file written by hand: prompt 1 has a correct and two wrong
@@ -726,6 +769,8 @@ fn rollouts_on_the_trace_environment_carry_the_sandbox_ground_truth() {
     assert_eq!(rows.len(), 4, "{}", stderr(&o));
     for r in &rows {
         assert!(!r["expected"].as_str().unwrap().is_empty(), "{r}");
+        // Trace's own right answer is the program's output.
+        assert_eq!(r["demonstration"], r["expected"], "{r}");
         // The answer is what scoring reads of the completion.
         let completion = r["completion"].as_str().unwrap();
         assert_eq!(

@@ -751,6 +751,7 @@ fn dpo_rounds(r: &DpoRoundsRun) -> anyhow::Result<bool> {
             min_edit_distance: d.min_edit_distance,
             max_pairs_per_prompt: d.max_pairs_per_prompt,
             seed,
+            demonstrations: d.demonstrations,
         })?;
         if stats.pairs.values().sum::<usize>() == 0 {
             eprintln!(

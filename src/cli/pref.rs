@@ -174,6 +174,10 @@ pub struct PrefsArgs {
     /// Seeds which pairs a capped prompt keeps.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Where none of a prompt's answers is right, pair the environment's
+    /// own right answer (the rollouts' `demonstration`) over each wrong one.
+    #[arg(long)]
+    pub demonstrations: bool,
 }
 
 /// `prefs`: pairs from rollouts.
@@ -190,6 +194,7 @@ pub fn prefs(args: &PrefsArgs) -> anyhow::Result<trace_train::pref::pairs::PairS
         min_edit_distance: args.min_edit_distance,
         max_pairs_per_prompt: args.max_pairs_per_prompt,
         seed: args.seed,
+        demonstrations: args.demonstrations,
     };
     let (pairs, stats) = make_pairs(&rollouts, &rules);
     write_jsonl(&args.output, &pairs)?;

@@ -7,6 +7,12 @@
 //! criterion are dropped; at most `max_pairs_per_prompt` are kept a prompt,
 //! chosen by a seeded hash so a re-run keeps the same ones. Every prompt
 //! that gave no pair is counted under why.
+//!
+//! With `demonstrations`, a prompt none of whose answers is right pairs the
+//! environment's own right answer (the rollouts' `demonstration`) over each
+//! wrong one, as SPIN pairs the data's answer over the model's (Chen et al.
+//! 2024): a weak model whose answers are mostly wrong otherwise leaves most
+//! prompts without a pair.
 
 use std::collections::BTreeMap;
 
@@ -61,11 +67,16 @@ pub struct PairRules {
     pub max_pairs_per_prompt: usize,
     /// Seeds which pairs a capped prompt keeps.
     pub seed: u64,
+    /// Where no answer of a prompt is right, its demonstration stands as
+    /// the chosen answer against each wrong one (pairs of kind
+    /// `demonstration`).
+    pub demonstrations: bool,
 }
 
 impl Default for PairRules {
     fn default() -> Self {
         Self {
+            demonstrations: false,
             among_correct: None,
             min_edit_distance: 0,
             max_pairs_per_prompt: 4,
@@ -83,7 +94,8 @@ pub struct Pair {
     pub prompt: String,
     pub chosen: String,
     pub rejected: String,
-    /// `correctness`, or the criterion that ranked two correct answers.
+    /// `correctness`, `demonstration` (the environment's answer over a
+    /// wrong one), or the criterion that ranked two correct answers.
     pub kind: String,
     pub chosen_reward: f64,
     pub rejected_reward: f64,
@@ -164,11 +176,17 @@ fn prompt_pairs(
     }
     let correct: Vec<&Rollout> = group.iter().copied().filter(|r| r.correct).collect();
     let wrong: Vec<&Rollout> = group.iter().copied().filter(|r| !r.correct).collect();
-    // Candidates: (chosen, rejected, kind).
-    let mut candidates: Vec<(&Rollout, &Rollout, &'static str)> = Vec::new();
+    // Candidates: (chosen text, its reward, rejected, kind).
+    let mut candidates: Vec<(&str, f64, &Rollout, &'static str)> = Vec::new();
     for c in &correct {
         for w in &wrong {
-            candidates.push((c, w, "correctness"));
+            candidates.push((&c.completion, c.reward, w, "correctness"));
+        }
+    }
+    let demonstration = group.iter().find_map(|r| r.demonstration.as_deref());
+    if let Some(d) = demonstration.filter(|_| rules.demonstrations && correct.is_empty()) {
+        for w in &wrong {
+            candidates.push((d, 1.0, w, "demonstration"));
         }
     }
     let mut ties = 0usize;
@@ -177,9 +195,9 @@ fn prompt_pairs(
             for b in &correct[i + 1..] {
                 let (ca, cb) = (crit.cost(a), crit.cost(b));
                 if ca < cb {
-                    candidates.push((a, b, crit.name()));
+                    candidates.push((&a.completion, a.reward, b, crit.name()));
                 } else if cb < ca {
-                    candidates.push((b, a, crit.name()));
+                    candidates.push((&b.completion, b.reward, a, crit.name()));
                 } else {
                     ties += 1;
                 }
@@ -199,23 +217,23 @@ fn prompt_pairs(
     }
     let mut kept = Vec::new();
     let (mut identical, mut similar) = (0usize, 0usize);
-    for (c, r, kind) in candidates {
-        if c.completion == r.completion {
+    for (chosen, chosen_reward, r, kind) in candidates {
+        if chosen == r.completion {
             identical += 1;
             continue;
         }
-        let d = edit_distance(&c.completion, &r.completion);
+        let d = edit_distance(chosen, &r.completion);
         if d < rules.min_edit_distance {
             similar += 1;
             continue;
         }
         kept.push(Pair {
             prompt_id: id,
-            prompt: c.prompt.clone(),
-            chosen: c.completion.clone(),
+            prompt: r.prompt.clone(),
+            chosen: chosen.to_owned(),
             rejected: r.completion.clone(),
             kind: kind.into(),
-            chosen_reward: c.reward,
+            chosen_reward,
             rejected_reward: r.reward,
             edit_distance: d,
         });
@@ -256,6 +274,7 @@ mod tests {
             completion: text.into(),
             answer: text.into(),
             expected: "x".into(),
+            demonstration: None,
             tokens,
             stopped: true,
             reward: f64::from(u8::from(correct)),
@@ -351,6 +370,61 @@ mod tests {
         let (pairs, st) = make_pairs(&tied, &shorter);
         assert!(pairs.is_empty());
         assert_eq!(st.prompts_without_pairs["all_correct"], 1);
+    }
+
+    /// `demonstrations`: a prompt with no right answer pairs the
+    /// environment's demonstration over each wrong one (capped as any
+    /// other); a prompt with a right answer keeps its own pairs only; off,
+    /// the all-wrong prompt gives none.
+    #[test]
+    fn demonstrations_stand_in_where_every_answer_is_wrong() {
+        let with = |r: Rollout| Rollout {
+            demonstration: Some("42".into()),
+            ..r
+        };
+        let rs = vec![
+            with(roll(1, "41", false, 2)),
+            with(roll(1, "40", false, 2)),
+            with(roll(1, "41", false, 2)),
+            with(roll(2, "42", true, 2)),
+            with(roll(2, "7", false, 2)),
+            // No demonstration: nothing to stand in.
+            roll(3, "0", false, 1),
+            roll(3, "1", false, 1),
+        ];
+        let (pairs, st) = make_pairs(&rs, &PairRules::default());
+        assert_eq!(pairs.len(), 1, "{pairs:?}");
+        assert_eq!(st.prompts_without_pairs["all_incorrect"], 2);
+        let on = PairRules {
+            demonstrations: true,
+            ..PairRules::default()
+        };
+        let (pairs, st) = make_pairs(&rs, &on);
+        let demo: Vec<&Pair> = pairs.iter().filter(|p| p.kind == "demonstration").collect();
+        assert_eq!(demo.len(), 3, "{pairs:?}");
+        assert!(demo.iter().all(|p| p.prompt_id == 1
+            && p.chosen == "42"
+            && p.chosen_reward == 1.0
+            && p.rejected_reward == 0.0
+            && p.prompt == "prompt 1"));
+        assert_eq!(demo[1].rejected, "40");
+        assert_eq!(demo[1].edit_distance, 1);
+        // Prompt 2 had a right answer: its pair is the sampled one.
+        assert!(
+            pairs
+                .iter()
+                .any(|p| p.prompt_id == 2 && p.kind == "correctness" && p.chosen == "42")
+        );
+        assert_eq!(st.pairs["demonstration"], 3);
+        assert_eq!(st.prompts_with_pairs, 2);
+        assert_eq!(st.prompts_without_pairs["all_incorrect"], 1);
+        let capped = PairRules {
+            max_pairs_per_prompt: 2,
+            ..on
+        };
+        let (_, st) = make_pairs(&rs, &capped);
+        assert_eq!(st.pairs["demonstration"], 2);
+        assert_eq!(st.dropped["over_cap"], 1);
     }
 
     #[test]

@@ -52,6 +52,11 @@ pub struct Rollout {
     pub answer: String,
     /// The environment's ground truth.
     pub expected: String,
+    /// A right answer the environment knows ([`Environment::demonstration`])
+    /// and scores 1, where it has one: what `prefs --demonstrations` pairs
+    /// against wrong answers. Absent in files of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demonstration: Option<String>,
     /// Sampled tokens, the stop token not counted.
     pub tokens: usize,
     /// Ended by a stop token (else by `max_new_tokens`).
@@ -177,6 +182,12 @@ pub fn roll_out(
     )?;
     let mut out = Vec::with_capacity(gens.len());
     for (i, (task, _)) in tasks.iter().enumerate() {
+        // Kept only where the environment scores it right (a demonstration
+        // that fails its own check would teach a wrong answer as chosen).
+        let demonstration = plan
+            .env
+            .demonstration(task)
+            .filter(|d| matches!(plan.env.score(task, d), Score::Reward(r) if r == 1.0));
         for (j, g) in gens[i * k..(i + 1) * k].iter().enumerate() {
             let text = tok.decode(&g.tokens, true)?;
             let reward = match plan.env.score(task, &text) {
@@ -194,6 +205,7 @@ pub fn roll_out(
                 answer: crate::reward::extract_answer(&text),
                 completion: text,
                 expected: task.expected.clone(),
+                demonstration: demonstration.clone(),
                 tokens: g.tokens.len(),
                 stopped: g.stopped,
                 reward,

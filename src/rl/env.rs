@@ -98,9 +98,11 @@ pub trait Environment: Send + Sync {
         serde_json::Value::String(task.expected.clone())
     }
 
-    /// A right answer to `task` for supervised data, where the environment
-    /// knows one (SAT's planted assignment, ABD's row input, DED's
-    /// reference program); `None` when it does not.
+    /// A right answer to `task`, where the environment knows one (SAT's
+    /// planted assignment, ABD's row input, DED's reference program, the
+    /// Trace program's output, the word asked for): supervised data, and
+    /// the chosen answer of `prefs --demonstrations`; `None` when it does
+    /// not.
     fn demonstration(&self, _task: &Task) -> Option<String> {
         None
     }
@@ -294,6 +296,10 @@ impl Environment for WordEnv {
     fn score(&self, task: &Task, completion: &str) -> Score {
         Score::Reward(reward::score(completion, &task.expected))
     }
+
+    fn demonstration(&self, task: &Task) -> Option<String> {
+        Some(task.expected.clone())
+    }
 }
 
 /// The Trace task on a set of source rows: task `id` is row `id mod N`
@@ -415,6 +421,11 @@ impl Environment for TraceEnv {
 
     fn feedback(&self, task: &Task, completion: &str, kind: &str) -> Result<String, String> {
         Ok(crate::reward::feedback(completion, &task.expected, kind))
+    }
+
+    /// The program's output itself: what Stages 1-2 train the answer to be.
+    fn demonstration(&self, task: &Task) -> Option<String> {
+        Some(task.expected.clone())
     }
 
     fn score(&self, task: &Task, completion: &str) -> Score {
