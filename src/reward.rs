@@ -175,11 +175,10 @@ mod tests {
         // It never hands over the answer: where the line would complete
         // it (the only wrong line, the one missing line, a one-line
         // output) or there is none (lines past the output's end), it says
-        // what `first_diff` says.
-        // Extra lines count for nothing: the feedback states the output's
-        // line count, so the given line plus the right ones would be the
-        // whole answer (a one-line output answered with two lines, or the
-        // right lines followed by extra ones).
+        // what `first_diff` says. An answer's extra lines count for
+        // nothing, since the feedback states the output's line count (a
+        // one-line output answered with two lines; the right lines
+        // followed by extra ones).
         for (answer, truth) in [
             ("1\n2\n4", truth),
             ("1\n 2", truth),

@@ -51,6 +51,16 @@ fn rollouts(dir: &Path, out: &str, seed: &str) -> std::process::Output {
     )
 }
 
+/// `prefs --rollouts ROLLOUTS --output OUT` with `extra`, which must
+/// succeed; the stats it prints.
+fn prefs(dir: &Path, rollouts: &str, out: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["prefs", "--rollouts", rollouts, "--output", out];
+    args.extend_from_slice(extra);
+    let o = trace_train(dir, &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 #[test]
 fn rollouts_are_scored_recorded_and_repeat_for_a_seed() {
     let dir = tempfile::tempdir().unwrap();
@@ -116,20 +126,12 @@ fn rollouts_are_scored_recorded_and_repeat_for_a_seed() {
     );
 
     // prefs on what the tiny model said: every prompt is accounted for.
-    let o = trace_train(
+    let st = prefs(
         dir.path(),
-        &[
-            "prefs",
-            "--rollouts",
-            "r.jsonl",
-            "--output",
-            "p.jsonl",
-            "--among_correct",
-            "shorter",
-        ],
+        "r.jsonl",
+        "p.jsonl",
+        &["--among_correct", "shorter"],
     );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let without: u64 = st["prompts_without_pairs"]
         .as_object()
         .unwrap()
@@ -145,21 +147,12 @@ fn rollouts_are_scored_recorded_and_repeat_for_a_seed() {
 
     // With demonstrations, a prompt whose answers were all wrong pairs the
     // word over each of them: no prompt is left all_incorrect.
-    let o = trace_train(
+    let sd = prefs(
         dir.path(),
-        &[
-            "prefs",
-            "--rollouts",
-            "r.jsonl",
-            "--output",
-            "d.jsonl",
-            "--demonstrations",
-            "--max_pairs_per_prompt",
-            "0",
-        ],
+        "r.jsonl",
+        "d.jsonl",
+        &["--demonstrations", "--max_pairs_per_prompt", "0"],
     );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let sd: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(
         sd["prompts_without_pairs"].get("all_incorrect").is_none(),
         "{sd}"
@@ -213,11 +206,7 @@ fn hand_rollouts(dir: &Path) {
 fn prefs_pairs_correct_over_incorrect_and_says_why_a_prompt_gave_none() {
     let dir = tempfile::tempdir().unwrap();
     hand_rollouts(dir.path());
-    let o = trace_train(
-        dir.path(),
-        &["prefs", "--rollouts", "hand.jsonl", "--output", "p.jsonl"],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
+    let st = prefs(dir.path(), "hand.jsonl", "p.jsonl", &[]);
     let pairs = lines(&dir.path().join("p.jsonl"));
     assert_eq!(pairs.len(), 2);
     assert!(
@@ -225,7 +214,6 @@ fn prefs_pairs_correct_over_incorrect_and_says_why_a_prompt_gave_none() {
             .iter()
             .all(|p| p["chosen"] == "apple" && p["kind"] == "correctness")
     );
-    let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
         st["prompts_without_pairs"]["all_incorrect"].as_u64(),
         Some(1),

@@ -256,6 +256,14 @@ fn write_counting_rows(dir: &Path) {
     std::fs::write(dir.join("rows.jsonl"), rows).unwrap();
 }
 
+/// The tiny chat model as `base` (made through the CLI) and the counting
+/// programs as `rows.jsonl`, in `dir`.
+fn tiny_base_and_counting_rows(dir: &Path) {
+    let o = trace_train(dir, &["model", "tiny", "base"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    write_counting_rows(dir);
+}
+
 /// Runs `ppo_args` to the end as `full`, and as `cut` killed (SIGKILL) once
 /// its metrics pass step 3 and then resumed; both runs' metrics.
 fn full_and_killed_then_resumed(dir: &Path) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
@@ -282,9 +290,7 @@ fn full_and_killed_then_resumed(dir: &Path) -> (Vec<serde_json::Value>, Vec<serd
 #[test]
 fn multi_turn_episodes_resume_exactly_and_report_accuracy_by_answer() {
     let dir = tempfile::tempdir().unwrap();
-    let o = trace_train(dir.path(), &["model", "tiny", "base"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    write_counting_rows(dir.path());
+    tiny_base_and_counting_rows(dir.path());
     std::fs::write(
         dir.path().join("s3.json"),
         r#"{"ppo": {"algorithm": "grpo", "group_size": 2, "dynamic_sampling": false, "batch_size": 2,
@@ -317,9 +323,7 @@ fn multi_turn_episodes_resume_exactly_and_report_accuracy_by_answer() {
 #[test]
 fn episodes_past_their_token_budget_end_and_are_counted() {
     let dir = tempfile::tempdir().unwrap();
-    let o = trace_train(dir.path(), &["model", "tiny", "base"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    write_counting_rows(dir.path());
+    tiny_base_and_counting_rows(dir.path());
     let config = |budget: usize| {
         format!(
             r#"{{"ppo": {{"algorithm": "grpo", "group_size": 2, "dynamic_sampling": false, "batch_size": 2,
@@ -356,15 +360,13 @@ fn episodes_past_their_token_budget_end_and_are_counted() {
 #[test]
 fn kill_9_then_resume_repeats_the_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
-    let o = trace_train(dir.path(), &["model", "tiny", "base"]);
-    assert!(o.status.success(), "{}", stderr(&o));
     // The trace environment (programs transformed and run in the sandbox)
     // on twelve short programs printing 1 to 6 lines before injection, so
     // prompts are short and every output-line bucket comes up; a curriculum
     // that moves on every full window (threshold 0); GRPO with dynamic
     // sampling off so every step trains; a token budget that gives each
     // completion its own micro-batch (a resume repeats those too).
-    write_counting_rows(dir.path());
+    tiny_base_and_counting_rows(dir.path());
     std::fs::write(
         dir.path().join("s3.json"),
         r#"{"ppo": {"algorithm": "grpo", "group_size": 2, "dynamic_sampling": false, "batch_size": 2,

@@ -76,11 +76,11 @@ pub struct PairRules {
 impl Default for PairRules {
     fn default() -> Self {
         Self {
-            demonstrations: false,
             among_correct: None,
             min_edit_distance: 0,
             max_pairs_per_prompt: 4,
             seed: 42,
+            demonstrations: false,
         }
     }
 }
