@@ -206,6 +206,26 @@ fn hand_rollouts(dir: &Path) {
 fn prefs_pairs_correct_over_incorrect_and_says_why_a_prompt_gave_none() {
     let dir = tempfile::tempdir().unwrap();
     hand_rollouts(dir.path());
+    // Asked for demonstrations that the file does not have: said, with
+    // the file and the field, and the pairs are the same.
+    let o = trace_train(
+        dir.path(),
+        &[
+            "prefs",
+            "--rollouts",
+            "hand.jsonl",
+            "--output",
+            "p.jsonl",
+            "--demonstrations",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("no line of `hand.jsonl` has a `demonstration`") && e.contains("hint:"),
+        "{e}"
+    );
+    assert_eq!(lines(&dir.path().join("p.jsonl")).len(), 2);
     let st = prefs(dir.path(), "hand.jsonl", "p.jsonl", &[]);
     let pairs = lines(&dir.path().join("p.jsonl"));
     assert_eq!(pairs.len(), 2);

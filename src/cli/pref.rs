@@ -189,6 +189,12 @@ pub fn prefs(args: &PrefsArgs) -> anyhow::Result<trace_train::pref::pairs::PairS
         .transpose()
         .map_err(|e| anyhow::anyhow!("--among_correct: {e}"))?;
     let rollouts: Vec<Rollout> = read_jsonl(&args.rollouts, "rollout")?;
+    if args.demonstrations && rollouts.iter().all(|r| r.demonstration.is_none()) {
+        eprintln!(
+            "prefs: warning: --demonstrations, but no line of `{}` has a `demonstration`: no prompt gets a demonstration pair\nhint: write the rollouts again with this version of `trace-train rollouts` (older files have none), on an environment that knows its right answers",
+            args.rollouts.display()
+        );
+    }
     let rules = PairRules {
         among_correct,
         min_edit_distance: args.min_edit_distance,
