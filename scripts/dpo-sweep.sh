@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Iterative DPO settings against held-out exact match (issue 21), on one GPU:
+# the SmolLM2-135M recipe (config/recipes/smollm2-135m) through Stage 2 with
+# the gate on, then several DPO runs at once from that Stage 2, each as
+# `pipeline --start_stage 3` with the gate (the Stage 2 reports are shared,
+# so each run evaluates only its own model), plus the held-out `__DBG_` short
+# set (4 variants) of Stage 2 and of every round's model.
+#
+# DPO's prompts are the corpus rows of Stage 0's training split only: no
+# program of the gate's original_test / transformed_test sets is sampled.
+#
+# Usage: bash scripts/dpo-sweep.sh TRACE_TRAIN BASE_MODEL OUT
+#   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import-gguf`)
+# Environment: HUMANEVAL=path/HumanEval.jsonl.gz (needed); the corpus
+# (datasets/corpus, or TRACE_TRAIN_CORPUS); DPO_RUNS: `name:lr:demos`
+# separated by spaces, demos empty or 1 for `stage3.dpo.demonstrations`
+# (default "a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1"); DPO_PROMPTS (prompts a
+# round, default 1024), DPO_PAIRS (most pairs a prompt, default 4),
+# DPO_ROWS (rows each run's sampler decodes at once, default 256: several
+# runs share the GPU), DEVICE (default cuda).
+# Programs run with --unsafe-no-sandbox: our own corpora only. Finished parts
+# are kept: run again with the same OUT to do only what is missing.
+set -u
+T=$(realpath "$1") BASE=$(realpath "$2") W=$3
+H=$(realpath "${HUMANEVAL:?HUMANEVAL=path/HumanEval.jsonl.gz}")
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DEV=${DEVICE:-cuda}
+U=--unsafe-no-sandbox
+export TRACE_TRAIN_CORPUS=${TRACE_TRAIN_CORPUS:-$ROOT/datasets/corpus}
+mkdir -p "$W/logs"
+W=$(realpath "$W")
+say() { echo "$(date +%T) $*" | tee -a "$W/logs/phases"; }
+cfg() { # cfg STAGE3_JSON: the recipe pointed here, the gate on (warn)
+  python3 - "$ROOT/config/recipes/smollm2-135m/pipeline_config.json" "$BASE" "$H" "$W/data" "$DEV" "$1" <<'PY'
+import json, sys
+src, base, he, data, dev, s3 = sys.argv[1:]
+c = json.load(open(src))
+c["model"]["base_model"] = base
+c["hardware"]["device"] = dev
+c["stage0"]["dataset"] = c["stage0"]["dataset"].replace("HumanEval.jsonl.gz", he)
+c["stage0"]["output_dir"] = data
+c["gate"]["mode"] = "warn"
+if s3:
+    c["stage3"] = json.loads(s3)
+json.dump(c, sys.stdout, indent=1)
+PY
+}
+cfg "" > "$W/recipe.json"
+"$T" pipeline --config "$W/recipe.json" --checkpoints "$W/ckpt" --last_stage 2 --resume --device "$DEV" $U \
+  > "$W/logs/recipe.log" 2>&1
+say "recipe stages 0-2 rc=$?"
+P=$W/dpo_prompts.jsonl
+[ -s "$P" ] || python3 - "$W/data" "$TRACE_TRAIN_CORPUS" > "$P" <<'PY'
+import gzip, json, os, sys
+data, corpus = sys.argv[1:]
+def names(f):
+    return {json.loads(l)["metadata"]["row_name"] for l in open(os.path.join(data, f))}
+train = names("stage1_original_train.jsonl") | names("stage2_transformed_train.jsonl")
+test = names("stage1_original_test.jsonl") | names("stage2_transformed_test.jsonl")
+n = 0
+for part in ("algorithms", "mbpp", "keon", "exercism"):
+    for l in gzip.open(os.path.join(corpus, part + ".jsonl.gz"), "rt"):
+        r = json.loads(l)
+        if r["id"] in train and r["id"] not in test:
+            print(json.dumps({"id": r["id"], "program": r["program"], "inputs": r["inputs"], "output": r["output"]}))
+            n += 1
+print(f"training-split names {len(train)}, test-split names {len(test)}, in both {len(train & test)}, prompts {n}",
+      file=sys.stderr)
+PY
+say "DPO prompts: $(wc -l < "$P")"
+S2=$W/ckpt/stage2_sft/merged
+dbg() { # dbg MODEL OUT: the held-out short set with `__DBG_`, 4 variants
+  [ -f "$2" ] || "$T" eval --model "$1" --heldout short --prompt transformed --variants 4 \
+    --max_new_tokens 256 --batch_size 256 --device "$DEV" $U --output "$2" >> "$W/logs/evals.log" 2>&1
+}
+dbg "$S2" "$W/dbg.s2.json" &
+for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
+  IFS=: read -r name lr demo <<< "$spec"
+  d=$W/v/$name
+  mkdir -p "$d/ckpt"
+  ln -sfn "$W/ckpt/stage1_warmup" "$d/ckpt/stage1_warmup"
+  ln -sfn "$W/ckpt/stage2_sft" "$d/ckpt/stage2_sft"
+  [ -f "$d/ckpt/gate.json" ] || cp -r "$W/ckpt/gate" "$W/ckpt/gate.json" "$W/ckpt/pipeline_state.json" "$d/ckpt/"
+  demos=false
+  [ -n "$demo" ] && demos=true
+  cfg "{\"algorithm\": \"dpo\", \"ppo\": {\"dataset\": \"$P\", \"sample_max_rows\": ${DPO_ROWS:-256}},
+        \"dpo\": {\"rounds\": 2, \"num_prompts\": ${DPO_PROMPTS:-1024}, \"num_samples\": 8, \"temperature\": 1.0,
+                 \"max_new_tokens\": 256, \"max_pairs_per_prompt\": ${DPO_PAIRS:-4}, \"demonstrations\": $demos,
+                 \"train\": {\"learning_rate\": $lr, \"epochs\": 1, \"batch_size\": 8, \"nll_coef\": 1.0, \"beta\": 0.1}}}" \
+    > "$d/pipeline_config.json"
+  ( "$T" pipeline --config "$d/pipeline_config.json" --checkpoints "$d/ckpt" --start_stage 3 --last_stage 3 \
+      --resume --device "$DEV" $U > "$W/logs/dpo.$name.log" 2>&1
+    say "dpo $name rc=$?"
+    for r in 0 1; do
+      m=$d/ckpt/stage3_dpo/round_$r/merged
+      [ -f "$m/config.json" ] && dbg "$m" "$W/dbg.$name.r$r.json"
+    done
+    say "dpo $name evals done" ) &
+  sleep "${STAGGER:-20}"
+done
+wait
+# Each run's gate table (its last round against Stage 2) and the `__DBG_`
+# set by round, with the buckets beyond Stage 2's interval.
+python3 - "$W" <<'PY' | tee "$W/dpo-sweep.txt"
+import glob, json, os, re, sys
+w = sys.argv[1]
+for log in sorted(glob.glob(os.path.join(w, "logs", "dpo.*.log"))):
+    name = log.split("dpo.")[-1][:-4]
+    text = open(log).read()
+    i = text.rfind("\nstage 3 (dpo)  ")
+    print(f"== {name}: gate, last round against Stage 2")
+    print(text[i + 1:].split("\nwarning")[0].split("\n\n")[0].rstrip() if i >= 0 else "(no gate table)")
+ref = os.path.join(w, "dbg.s2.json")
+if os.path.exists(ref):
+    r = json.load(open(ref))
+    def beyond(x, y):
+        return "+" if x["interval"]["lo"] > y["interval"]["hi"] else "-" if x["interval"]["hi"] < y["interval"]["lo"] else ""
+    print("\n`__DBG_` short set (1,200): correct, accuracy [80% interval], buckets beyond Stage 2's interval")
+    for f in [ref] + sorted(set(glob.glob(os.path.join(w, "dbg.*.json"))) - {ref}):
+        d = json.load(open(f))
+        marks = [beyond(d, r) + "all"] if beyond(d, r) else []
+        for dim, bs in d["by"].items():
+            rb = {b["bucket"]: b for b in r["by"][dim]}
+            for b in bs:
+                m = beyond(b, rb[b["bucket"]]) if b["bucket"] in rb else ""
+                if m:
+                    marks.append(f"{m}{dim}={b['bucket']} ({rb[b['bucket']]['correct']} -> {b['correct']} of {b['n']})")
+        lo, hi = d["interval"]["lo"], d["interval"]["hi"]
+        print(f"{os.path.basename(f)[4:-5]:8} {d['correct']:4} {100 * d['accuracy']:5.1f}% [{100 * lo:.1f}-{100 * hi:.1f}]  "
+              + " ".join(marks))
+PY
+say "all done"
