@@ -1665,6 +1665,14 @@ pub struct DpoRounds {
     /// own right answer over each wrong one (`prefs --demonstrations`).
     /// Default false.
     pub demonstrations: bool,
+    /// Only prompts up to this bucket of `bucket_feature` (`rollouts
+    /// --last_bucket`), e.g. `"1"`: programs that print one line, where
+    /// the model is right often enough for a prompt to give pairs.
+    /// Default null: every prompt.
+    pub last_bucket: Option<String>,
+    /// The feature `last_bucket` counts by: `output_lines`, `loop_depth`,
+    /// `lines` or `injections`. Default `output_lines`.
+    pub bucket_feature: String,
     /// The DPO settings of every round.
     pub train: DpoConfig,
 }
@@ -1681,6 +1689,8 @@ impl Default for DpoRounds {
             min_edit_distance: 0,
             max_pairs_per_prompt: 4,
             demonstrations: false,
+            last_bucket: None,
+            bucket_feature: "output_lines".into(),
             train: DpoConfig::default(),
         }
     }
@@ -1710,6 +1720,11 @@ impl Validate for DpoRounds {
             p.push(format!(
                 "among_correct: `{c}` is not shorter or fewer_lines"
             ));
+        }
+        if let Some(label) = &self.last_bucket
+            && let Err(e) = crate::eval::buckets::UpToBucket::parse(&self.bucket_feature, label)
+        {
+            p.push(format!("last_bucket: {e}"));
         }
         p.extend(
             self.train

@@ -790,3 +790,71 @@ fn rollouts_on_the_trace_environment_carry_the_sandbox_ground_truth() {
         assert_eq!(r["correct"].as_bool(), Some(false), "{r}");
     }
 }
+
+/// `rollouts --last_bucket 1`: only programs that print one line are
+/// sampled, the others passed over and counted; a label the feature does
+/// not have, on the command line or in the pipeline's DPO settings, is
+/// refused with the labels it has.
+#[test]
+fn rollouts_up_to_a_bucket_sample_only_its_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let run = |bucket: &str, out: &str| {
+        trace_train(
+            dir.path(),
+            &[
+                "rollouts",
+                "--model",
+                "base",
+                "--environment",
+                "trace",
+                "--num_prompts",
+                "4",
+                "--num_samples",
+                "1",
+                "--max_new_tokens",
+                "2",
+                "--num_workers",
+                "2",
+                "--last_bucket",
+                bucket,
+                "--device",
+                "cpu",
+                "--output",
+                out,
+            ],
+        )
+    };
+    let o = run("1", "one.jsonl");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = lines(&dir.path().join("one.jsonl"));
+    assert_eq!(rows.len(), 4, "{}", stderr(&o));
+    for r in &rows {
+        let expected = r["expected"].as_str().unwrap();
+        assert!(expected.trim_end_matches('\n').lines().count() <= 1, "{r}");
+    }
+    let stats: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        stats["skipped_tasks"]["above_last_bucket"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "the built-in programs that print several lines are passed over: {stats}"
+    );
+
+    let o = run("2", "bad.jsonl");
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("--last_bucket") && e.contains("2-3"), "{e}");
+    assert!(!dir.path().join("bad.jsonl").exists(), "nothing written");
+
+    std::fs::write(
+        dir.path().join("p.json"),
+        r#"{"stage3": {"algorithm": "dpo", "dpo": {"last_bucket": "one"}}}"#,
+    )
+    .unwrap();
+    let o = trace_train(dir.path(), &["config", "pipeline", "--config", "p.json"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("last_bucket") && e.contains("`one`"), "{e}");
+}

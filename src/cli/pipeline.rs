@@ -736,6 +736,8 @@ fn dpo_rounds(r: &DpoRoundsRun) -> anyhow::Result<bool> {
             top_k: ppo.top_k,
             max_new_tokens: d.max_new_tokens,
             max_prompt_tokens: ppo.max_prompt_tokens,
+            last_bucket: d.last_bucket.clone(),
+            bucket_feature: d.bucket_feature.clone(),
             max_rows: ppo.sample_max_rows,
             seed,
             revision: None,

@@ -10,6 +10,7 @@ use clap::Args;
 use trace_train::config::{self, DpoConfig, ModelConfig, PipelineConfig, RlConfig};
 use trace_train::data::ChatTokenizer;
 use trace_train::dist::Single;
+use trace_train::eval::buckets::UpToBucket;
 use trace_train::kit::RunOptions;
 use trace_train::model;
 use trace_train::pref::dpo::{self, DpoJob, DpoSummary};
@@ -63,6 +64,15 @@ pub struct RolloutsArgs {
     /// Longest prompt in tokens (longer ones are passed over).
     #[arg(long, default_value_t = 1536)]
     pub max_prompt_tokens: usize,
+    /// Only tasks up to this bucket of --bucket_feature (e.g. `1`: programs
+    /// that print one line), where the model is right often enough for a
+    /// prompt to give pairs; the others are passed over and counted.
+    #[arg(long)]
+    pub last_bucket: Option<String>,
+    /// The feature --last_bucket counts by: output_lines, loop_depth,
+    /// lines or injections.
+    #[arg(long, default_value = "output_lines")]
+    pub bucket_feature: String,
     /// Answers decoding at once (0: all).
     #[arg(long, default_value_t = 0)]
     pub max_rows: usize,
@@ -88,6 +98,12 @@ pub struct RolloutsArgs {
 pub fn rollouts(args: &RolloutsArgs) -> anyhow::Result<RolloutStats> {
     anyhow::ensure!(args.num_samples > 0, "--num_samples: must be at least 1");
     anyhow::ensure!(args.num_prompts > 0, "--num_prompts: must be at least 1");
+    let up_to = args
+        .last_bucket
+        .as_deref()
+        .map(|label| UpToBucket::parse(&args.bucket_feature, label))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--last_bucket: {e}"))?;
     let device = super::train::pick_device(args.device.as_deref().unwrap_or("auto"))?;
     let dtype = if device.is_cpu() {
         DType::F32
@@ -121,6 +137,7 @@ pub fn rollouts(args: &RolloutsArgs) -> anyhow::Result<RolloutStats> {
         task_seed: args.seed,
         first_draw: args.first_draw,
         max_prompt_tokens: args.max_prompt_tokens,
+        up_to,
         sampling: SamplingSettings {
             temperature: args.temperature,
             top_p: args.top_p,

@@ -24,6 +24,23 @@ pub struct Feature {
 }
 
 impl Feature {
+    /// The feature of [`FEATURES`] called `name`.
+    pub fn named(name: &str) -> Option<Feature> {
+        FEATURES.iter().copied().find(|f| f.name == name)
+    }
+
+    /// The index of `d`'s bucket (0 = the lowest), `None` when its record
+    /// lacks the feature.
+    pub fn index_of(&self, d: &Difficulty) -> Option<usize> {
+        let v = (self.get)(d)?;
+        Some(
+            self.edges
+                .iter()
+                .position(|&hi| v <= hi)
+                .unwrap_or(self.edges.len()),
+        )
+    }
+
     /// The label of every bucket, easiest first (`"0"`, `"1"`, `"2-3"`, ...).
     pub fn labels(&self) -> Vec<String> {
         (0..=self.edges.len())
@@ -62,6 +79,42 @@ pub const FEATURES: [Feature; 4] = [
         edges: &[0, 1, 2, 3, 4, 5],
     },
 ];
+
+/// Tasks up to a bucket of one feature: what `rollouts --last_bucket`
+/// and `stage3.dpo.last_bucket` admit. A task whose record lacks the
+/// feature is admitted, as the curriculum does.
+#[derive(Clone, Copy)]
+pub struct UpToBucket {
+    pub feature: Feature,
+    /// The index of the last bucket admitted.
+    pub last: usize,
+}
+
+impl UpToBucket {
+    /// Buckets of `feature` up to the one labelled `label`, or what the
+    /// names and labels are.
+    pub fn parse(feature: &str, label: &str) -> Result<Self, String> {
+        let f = Feature::named(feature).ok_or_else(|| {
+            let names: Vec<&str> = FEATURES.iter().map(|f| f.name).collect();
+            format!(
+                "`{feature}` is not a feature; the features are {}",
+                names.join(", ")
+            )
+        })?;
+        let labels = f.labels();
+        let last = labels.iter().position(|l| l == label).ok_or_else(|| {
+            format!(
+                "`{label}` is not a bucket of {feature}; its buckets are {}",
+                labels.join(", ")
+            )
+        })?;
+        Ok(Self { feature: f, last })
+    }
+
+    pub fn admits(&self, d: &Difficulty) -> bool {
+        self.feature.index_of(d).is_none_or(|b| b <= self.last)
+    }
+}
 
 /// The bucket of `value` under upper bounds `edges`: its sort key and label
 /// (`"3"`, `"4-10"`, `"11+"`, or [`NOT_RECORDED`]).
@@ -141,6 +194,38 @@ mod tests {
             ["0", "1", "2-3", "2-3", "4-10", "4-10", "11+", "11+"]
         );
         assert_eq!(bucket(None, OUTPUT_LINES.edges).1, NOT_RECORDED);
+    }
+
+    #[test]
+    fn up_to_a_bucket_admits_the_buckets_below_it_and_unrecorded_tasks() {
+        let lines = |n| Difficulty {
+            output_lines: Some(n),
+            ..Difficulty::default()
+        };
+        let one = UpToBucket::parse("output_lines", "1").unwrap();
+        assert_eq!(
+            [0, 1, 2, 3, 11].map(|n| one.admits(&lines(n))),
+            [true, true, false, false, false]
+        );
+        assert!(one.admits(&Difficulty::default()), "no record: admitted");
+        let few = UpToBucket::parse("output_lines", "2-3").unwrap();
+        assert!(few.admits(&lines(3)) && !few.admits(&lines(4)));
+        // The loops' feature counts by its own buckets.
+        let flat = UpToBucket::parse("loop_depth", "0").unwrap();
+        let depth = |n| Difficulty {
+            loop_depth: Some(n),
+            output_lines: Some(50),
+            ..Difficulty::default()
+        };
+        assert!(flat.admits(&depth(0)) && !flat.admits(&depth(1)));
+        // Errors name what is wrong and list what would do.
+        let e = UpToBucket::parse("output_lines", "2").err().unwrap();
+        assert!(e.contains("`2`") && e.contains("2-3, 4-10, 11+"), "{e}");
+        let e = UpToBucket::parse("colour", "1").err().unwrap();
+        assert!(
+            e.contains("`colour`") && e.contains("output_lines, loop_depth"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::data::{ChatTokenizer, Message, Role};
+use crate::eval::buckets::UpToBucket;
 use crate::model::LoadedModel;
 use crate::model::generate::{self, Sampling};
 use crate::rl::env::{self, Environment, MAX_BARREN_DRAWS, Score};
@@ -87,6 +88,9 @@ pub struct RolloutPlan<'a> {
     pub first_draw: u64,
     /// Prompts longer than this many tokens are passed over.
     pub max_prompt_tokens: usize,
+    /// Only tasks up to this bucket (the others are passed over and
+    /// counted as `above_last_bucket`); none: every task.
+    pub up_to: Option<UpToBucket>,
     pub sampling: SamplingSettings,
     /// Completions decoding at once (0: all).
     pub max_rows: usize,
@@ -133,6 +137,9 @@ pub fn roll_out(
             }
             draw += 1;
             let why = match made {
+                Ok(task) if plan.up_to.is_some_and(|u| !u.admits(&task.difficulty)) => {
+                    "above_last_bucket".to_owned()
+                }
                 Ok(task) => {
                     let ids =
                         tok.encode_prompt(&[Message::new(Role::User, task.prompt.clone())])?;
@@ -150,7 +157,7 @@ pub fn roll_out(
             barren += 1;
             anyhow::ensure!(
                 barren < MAX_BARREN_DRAWS,
-                "{barren} draws in a row of the {} environment gave no usable prompt ({:?})\nhint: check the dataset, or raise --max_prompt_tokens",
+                "{barren} draws in a row of the {} environment gave no usable prompt ({:?})\nhint: check the dataset, raise --max_prompt_tokens, or admit more buckets (--last_bucket)",
                 plan.env.name(),
                 stats.skipped_tasks
             );

@@ -71,11 +71,7 @@ impl Curriculum {
     }
 
     fn spec(&self) -> Feature {
-        FEATURES
-            .iter()
-            .copied()
-            .find(|f| f.name == self.feature)
-            .unwrap_or(FEATURES[0])
+        Feature::named(&self.feature).unwrap_or(FEATURES[0])
     }
 
     /// Buckets of the feature: one per edge, plus the open one above.
@@ -85,14 +81,7 @@ impl Curriculum {
 
     /// The bucket index of a task, `None` when its record lacks the feature.
     pub fn bucket_of(&self, d: &Difficulty) -> Option<usize> {
-        let f = self.spec();
-        let v = (f.get)(d)?;
-        Some(
-            f.edges
-                .iter()
-                .position(|&hi| v <= hi)
-                .unwrap_or(f.edges.len()),
-        )
+        self.spec().index_of(d)
     }
 
     /// The label of bucket `index` (`"1"`, `"2-3"`, `"11+"`).
