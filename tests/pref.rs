@@ -858,3 +858,87 @@ fn rollouts_up_to_a_bucket_sample_only_its_tasks() {
     let e = stderr(&o);
     assert!(e.contains("last_bucket") && e.contains("`one`"), "{e}");
 }
+
+/// The gate in the pipeline's DPO: every round (demonstration pairs, so
+/// that the tiny model's all-wrong answers still train) is gated against
+/// the model it started from (round 0 against Stage 2, round 1 against round 0), so
+/// keep_best chooses among the rounds too; a resumed run gates the rounds
+/// an earlier run trained from their reports.
+#[test]
+fn pipeline_dpo_gates_every_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let merged = dir.path().join("ck/stage2_sft/merged");
+    let o = trace_train(dir.path(), &["model", "tiny", merged.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(
+        dir.path().join("p.json"),
+        r#"{"model": {"load_in_4bit": false},
+            "gate": {"mode": "keep_best", "sets": ["heldout_short"], "limit": 3,
+                     "max_new_tokens": 4, "batch_size": 4},
+            "stage3": {"algorithm": "dpo", "ppo": {"environment": "word"},
+                       "dpo": {"rounds": 2, "num_prompts": 3, "num_samples": 2,
+                               "max_new_tokens": 4, "demonstrations": true,
+                               "train": {"epochs": 1, "batch_size": 2}}}}"#,
+    )
+    .unwrap();
+    let run = |resume: bool| {
+        let mut args = vec![
+            "pipeline",
+            "--config",
+            "p.json",
+            "--checkpoints",
+            "ck",
+            "--start_stage",
+            "3",
+            "--last_stage",
+            "3",
+            "--device",
+            "cpu",
+        ];
+        if resume {
+            args.push("--resume");
+        }
+        let o = trace_train(dir.path(), &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stderr(&o)
+    };
+    let e = run(false);
+    let gate: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("ck/gate.json")).unwrap()).unwrap();
+    let places: Vec<(u64, Option<u64>)> = gate["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["stage"].as_u64().unwrap(), s["round"].as_u64()))
+        .collect();
+    assert_eq!(places, [(2, None), (3, Some(0)), (3, Some(1))], "{gate}");
+    let against: Vec<(u64, Option<u64>)> = gate["comparisons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["against"].as_u64().unwrap(), c["against_round"].as_u64()))
+        .collect();
+    assert_eq!(against, [(2, None), (3, Some(0))], "{gate}");
+    for r in 0..2 {
+        let report = dir
+            .path()
+            .join(format!("ck/gate/3_dpo_r{r}/heldout_short.json"));
+        assert!(report.is_file(), "round {r}: {e}");
+        assert!(e.contains(&format!("stage 3 (dpo r{r})")), "{e}");
+    }
+    // The tiny model answers none right anywhere: the tie goes to Stage 2.
+    assert_eq!(gate["kept"], 2, "{gate}");
+    assert!(gate.get("kept_round").is_none(), "{gate}");
+
+    // Resumed after the end: nothing trains, the rounds' reports are read back.
+    let e = run(true);
+    assert!(!e.contains("rollouts from"), "nothing trains again: {e}");
+    assert!(
+        e.contains("gate: dpo on `heldout_short`: the report of an earlier run"),
+        "{e}"
+    );
+    let again: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("ck/gate.json")).unwrap()).unwrap();
+    assert_eq!(again["stages"], gate["stages"]);
+    assert_eq!(again["comparisons"], gate["comparisons"]);
+}

@@ -22,13 +22,29 @@ use trace_train::eval::{EvalItem, Report};
 use super::eval::{EvalArgs, eval_items, run_eval_on};
 
 /// A model the gate evaluates: its stage (0 for the base model), the
-/// stage's short name, where it is and, for a hub id, its revision.
+/// stage's short name, the DPO round it ends (each round is gated), where
+/// it is and, for a hub id, its revision.
 #[derive(Debug, Clone)]
 pub struct Gated {
     pub stage: u8,
     pub name: &'static str,
+    pub round: Option<usize>,
     pub model: PathBuf,
     pub revision: Option<String>,
+}
+
+impl Gated {
+    fn place(&self) -> gate::Place {
+        (self.stage, self.round)
+    }
+
+    /// Its reports' folder under `gate/`: `2_sft`, `3_dpo_r1`.
+    fn folder(&self) -> String {
+        match self.round {
+            Some(r) => format!("{}_{}_r{r}", self.stage, self.name),
+            None => format!("{}_{}", self.stage, self.name),
+        }
+    }
 }
 
 /// One of the gate's sets: its name and the eval arguments that make its
@@ -177,13 +193,10 @@ impl Gate {
     /// `m`'s scores on every set: read back from its reports with
     /// `--resume`, else evaluated (and its reports written).
     fn scores(&mut self, m: &Gated) -> anyhow::Result<StageScores> {
-        if let Some(s) = self.report.stages.iter().find(|s| s.stage == m.stage) {
+        if let Some(s) = self.report.stages.iter().find(|s| s.place() == m.place()) {
             return Ok(s.clone());
         }
-        let dir = self
-            .root
-            .join("gate")
-            .join(format!("{}_{}", m.stage, m.name));
+        let dir = self.root.join("gate").join(m.folder());
         let mut sets = Vec::new();
         for i in 0..self.sets.len() {
             let out = dir.join(&self.sets[i].file);
@@ -223,11 +236,12 @@ impl Gate {
         let s = StageScores {
             stage: m.stage,
             name: m.name.to_owned(),
+            round: m.round,
             model: m.model.display().to_string(),
             sets,
         };
         self.report.add_stage(s.clone());
-        self.gated.retain(|g| g.stage != m.stage);
+        self.gated.retain(|g| g.place() != m.place());
         self.gated.push(m.clone());
         Ok(s)
     }
@@ -277,13 +291,14 @@ impl Gate {
             return Ok(default);
         };
         self.report.kept = Some(best.stage);
+        self.report.kept_round = best.round;
         self.write()?;
         eprintln!(
             "gate: keep_best: the final model is {} (`{}`), the highest mean exact match over the gate's sets ({:.1}%; ties go to the earlier stage)",
-            if best.stage == 0 {
-                "the base model".to_owned()
-            } else {
-                format!("stage {}'s", best.stage)
+            match (best.stage, best.round) {
+                (0, _) => "the base model".to_owned(),
+                (s, Some(r)) => format!("stage {s}'s round {r}"),
+                (s, None) => format!("stage {s}'s"),
             },
             best.model,
             100.0 * best.mean_accuracy()
@@ -291,7 +306,7 @@ impl Gate {
         Ok(self
             .gated
             .iter()
-            .find(|g| g.stage == best.stage)
+            .find(|g| g.place() == best.place())
             .cloned()
             .expect("every scored stage is recorded"))
     }

@@ -393,6 +393,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         Gated {
             stage,
             name,
+            round: None,
             model,
             revision: if stage == 0 {
                 cfg.model.revision.clone()
@@ -521,6 +522,19 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         g.before(&gated(2))?;
         g.forget(3)?;
     }
+    // A DPO round's model as the gate names it: each round is gated
+    // against the model it started from, so keep_best can keep a round.
+    let round_gated = |round: usize| Gated {
+        stage: 3,
+        name: "dpo",
+        round: Some(round),
+        model: root
+            .join(STAGE3_DPO_DIR)
+            .join(format!("round_{round}"))
+            .join("merged"),
+        revision: None,
+    };
+    let mut rounds_gated = false;
     if todo(3, &state) && cfg.stage3.is_dpo() {
         stop_before("dpo")?;
         eprintln!("== stage 3: dpo from the model's own rollouts");
@@ -534,9 +548,20 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             max_steps,
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
         };
-        if dpo_rounds(&r)? {
+        let mut before = gated(2);
+        let mut gate_round = |round: usize| -> anyhow::Result<()> {
+            if let Some(g) = gate.as_mut() {
+                stop_before("the gate")?;
+                let after = round_gated(round);
+                g.after(&before, &after)?;
+                before = after;
+            }
+            Ok(())
+        };
+        if dpo_rounds(&r, &mut gate_round)? {
             anyhow::bail!("pipeline stopped during dpo; continue with --resume");
         }
+        rounds_gated = true;
         finish(3, &mut state)?;
     }
     if todo(3, &state) {
@@ -581,9 +606,22 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         }
         finish(3, &mut state)?;
     }
-    if let Some(g) = gate.as_mut().filter(|_| in_range(3)) {
+    if let Some(g) = gate.as_mut().filter(|_| in_range(3) && !rounds_gated) {
         stop_before("the gate")?;
-        g.after(&gated(2), &gated(3))?;
+        if cfg.stage3.is_dpo() {
+            // Rounds trained by an earlier run: each against the model
+            // before it, from their reports where the gate wrote them.
+            let mut before = gated(2);
+            for round in 0..cfg.stage3.dpo.rounds {
+                let after = round_gated(round);
+                if after.model.join("config.json").is_file() {
+                    g.after(&before, &after)?;
+                    before = after;
+                }
+            }
+        } else {
+            g.after(&gated(2), &gated(3))?;
+        }
     }
     // Stage 3's model, or with gate.mode keep_best the best gated one.
     let last = match &mut gate {
@@ -701,8 +739,13 @@ fn last_round_model(root: &Path, rounds: usize, start: &Path) -> PathBuf {
 
 /// Runs the rounds (rollouts -> prefs -> dpo), each from the last one's
 /// merged model; a round whose model is written is skipped on resume.
-/// Returns whether a signal interrupted a round's training.
-fn dpo_rounds(r: &DpoRoundsRun) -> anyhow::Result<bool> {
+/// `on_round` is told of each round that has a model (trained now or
+/// earlier), in order: the gate's hook. Returns whether a signal
+/// interrupted a round's training.
+fn dpo_rounds(
+    r: &DpoRoundsRun,
+    on_round: &mut dyn FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<bool> {
     use super::pref::{DpoArgs, PrefsArgs, RolloutsArgs, prefs, rollouts, run_dpo};
     let d = &r.cfg.dpo;
     let ppo = &r.cfg.ppo;
@@ -710,6 +753,7 @@ fn dpo_rounds(r: &DpoRoundsRun) -> anyhow::Result<bool> {
         let dir = r.root.join(format!("round_{round}"));
         if r.resume && dir.join("merged/config.json").exists() {
             eprintln!("== stage 3: dpo round {round}: done");
+            on_round(round)?;
             continue;
         }
         let base = last_round_model(&r.root, round, &r.start);
@@ -776,6 +820,7 @@ fn dpo_rounds(r: &DpoRoundsRun) -> anyhow::Result<bool> {
         if s.ending.interrupted {
             return Ok(true);
         }
+        on_round(round)?;
     }
     Ok(false)
 }

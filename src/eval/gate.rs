@@ -123,18 +123,30 @@ pub fn verdict(before: &Score, after: &Score) -> Verdict {
     }
 }
 
-/// A gated model: a stage's (0 for the base model) and its score on each
-/// of the gate's sets, in the gate's order.
+/// Where a gated model sits in the pipeline: its stage (0 for the base
+/// model) and, for DPO's rounds, the round. Ordered as the pipeline makes
+/// them: a stage before its rounds, round 0 before round 1.
+pub type Place = (u8, Option<usize>);
+
+/// A gated model: a stage's (0 for the base model; each DPO round its own)
+/// and its score on each of the gate's sets, in the gate's order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StageScores {
     pub stage: u8,
     /// `base`, `warmup`, `sft`, `ppo`, `dpo`.
     pub name: String,
+    /// The DPO round whose model this is; none for a whole stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<usize>,
     pub model: String,
     pub sets: Vec<(String, Score)>,
 }
 
 impl StageScores {
+    pub fn place(&self) -> Place {
+        (self.stage, self.round)
+    }
+
     /// The unweighted mean exact match over the sets (each set counts
     /// once, whatever its size); 0 without sets.
     pub fn mean_accuracy(&self) -> f64 {
@@ -146,11 +158,16 @@ impl StageScores {
     }
 
     fn label(&self) -> String {
-        if self.stage == 0 {
-            self.name.clone()
-        } else {
-            format!("stage {} ({})", self.stage, self.name)
-        }
+        label(self.stage, &self.name, self.round)
+    }
+}
+
+/// `base`, `stage 2 (sft)`, `stage 3 (dpo r1)`.
+fn label(stage: u8, name: &str, round: Option<usize>) -> String {
+    match (stage, round) {
+        (0, _) => name.to_owned(),
+        (_, Some(r)) => format!("stage {stage} ({name} r{r})"),
+        (_, None) => format!("stage {stage} ({name})"),
     }
 }
 
@@ -170,12 +187,22 @@ pub struct SetChange {
 pub struct Comparison {
     pub stage: u8,
     pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<usize>,
     /// The stage it is compared with (0: the base model).
     pub against: u8,
+    /// The round of `against` it is compared with (a DPO round after the
+    /// first is compared with the round before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub against_round: Option<usize>,
     pub sets: Vec<SetChange>,
 }
 
 impl Comparison {
+    pub fn place(&self) -> Place {
+        (self.stage, self.round)
+    }
+
     /// The sets that fell, in order.
     pub fn fell(&self) -> Vec<&SetChange> {
         self.sets
@@ -213,7 +240,9 @@ pub fn compare(before: &StageScores, after: &StageScores) -> anyhow::Result<Comp
     Ok(Comparison {
         stage: after.stage,
         name: after.name.clone(),
+        round: after.round,
         against: before.stage,
+        against_round: before.round,
         sets,
     })
 }
@@ -253,14 +282,14 @@ pub fn decide(mode: Mode, c: &Comparison) -> Action {
         })
         .collect::<Vec<_>>()
         .join("; ");
-    let against = if c.against == 0 {
-        "the base model".to_owned()
-    } else {
-        format!("stage {}", c.against)
+    let against = match (c.against, c.against_round) {
+        (0, _) => "the base model".to_owned(),
+        (s, Some(r)) => format!("stage {s} round {r}"),
+        (s, None) => format!("stage {s}"),
     };
     let head = format!(
-        "gate: stage {} ({}) made the model worse than {against}: {what}",
-        c.stage, c.name
+        "gate: {} made the model worse than {against}: {what}",
+        label(c.stage, &c.name, c.round)
     );
     match mode {
         Mode::Off | Mode::KeepBest => Action::Continue,
@@ -273,13 +302,13 @@ pub fn decide(mode: Mode, c: &Comparison) -> Action {
 }
 
 /// The best of the gated models: the highest [`StageScores::mean_accuracy`]
-/// (each set weighted alike); a tie goes to the earlier stage (fewer
-/// training steps away from the base model). `None` without models.
+/// (each set weighted alike); a tie goes to the earlier stage or round
+/// (fewer training steps away from the base model). `None` without models.
 pub fn best(stages: &[StageScores]) -> Option<&StageScores> {
-    stages.iter().min_by_key(|s| s.stage).map(|first| {
+    stages.iter().min_by_key(|s| s.place()).map(|first| {
         stages.iter().fold(first, |b, s| {
             let (ms, mb) = (s.mean_accuracy(), b.mean_accuracy());
-            if ms > mb || (ms == mb && s.stage < b.stage) {
+            if ms > mb || (ms == mb && s.place() < b.place()) {
                 s
             } else {
                 b
@@ -300,6 +329,9 @@ pub struct GateReport {
     /// keep_best: the stage whose model the pipeline reports as final.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kept: Option<u8>,
+    /// keep_best: the DPO round of `kept`, when the model kept is a round's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_round: Option<usize>,
 }
 
 /// The rule as the report states it.
@@ -313,22 +345,23 @@ impl GateReport {
             stages: Vec::new(),
             comparisons: Vec::new(),
             kept: None,
+            kept_round: None,
         }
     }
 
-    /// Records a model's scores, replacing an earlier record of its stage,
-    /// and keeps the stages in order.
+    /// Records a model's scores, replacing an earlier record of its place
+    /// (stage and round), and keeps the places in order.
     pub fn add_stage(&mut self, s: StageScores) {
-        self.stages.retain(|x| x.stage != s.stage);
+        self.stages.retain(|x| x.place() != s.place());
         self.stages.push(s);
-        self.stages.sort_by_key(|x| x.stage);
+        self.stages.sort_by_key(|x| x.place());
     }
 
-    /// Records a comparison, replacing an earlier one of its stage.
+    /// Records a comparison, replacing an earlier one of its place.
     pub fn add_comparison(&mut self, c: Comparison) {
-        self.comparisons.retain(|x| x.stage != c.stage);
+        self.comparisons.retain(|x| x.place() != c.place());
         self.comparisons.push(c);
-        self.comparisons.sort_by_key(|x| x.stage);
+        self.comparisons.sort_by_key(|x| x.place());
     }
 
     /// The gated models' best ([`best`]).
@@ -365,7 +398,7 @@ impl GateReport {
         )
         .unwrap();
         for s in &self.stages {
-            let cmp = self.comparisons.iter().find(|c| c.stage == s.stage);
+            let cmp = self.comparisons.iter().find(|c| c.place() == s.place());
             for (i, (set, x)) in s.sets.iter().enumerate() {
                 let change = cmp.and_then(|c| c.sets.iter().find(|c| &c.set == set));
                 let (delta, verdict) = match change {
@@ -400,10 +433,11 @@ impl GateReport {
             )
             .unwrap();
         }
-        if let Some(k) = self
-            .kept
-            .and_then(|k| self.stages.iter().find(|s| s.stage == k))
-        {
+        if let Some(k) = self.kept.and_then(|k| {
+            self.stages
+                .iter()
+                .find(|s| s.place() == (k, self.kept_round))
+        }) {
             writeln!(
                 w,
                 "keep_best: the final model is {}'s (`{}`): the highest mean exact match over the gate's sets ({:.1}%), ties to the earlier stage",
@@ -430,6 +464,7 @@ mod tests {
         StageScores {
             stage,
             name: name.into(),
+            round: None,
             model: format!("models/{name}"),
             sets: sets
                 .iter()
@@ -632,6 +667,66 @@ mod tests {
         assert!(
             t.contains("keep_best: the final model is stage 1 (warmup)'s (`models/warmup`)"),
             "{t}"
+        );
+    }
+
+    /// DPO's rounds are gated one by one: each its own place after its
+    /// stage, compared with the round before it, and keep_best may keep one.
+    #[test]
+    fn dpo_rounds_are_places_of_their_own() {
+        let round = |r: usize, correct: usize| StageScores {
+            round: Some(r),
+            model: format!("models/dpo/round_{r}"),
+            ..stage(3, "dpo", &[("a", correct, 100)])
+        };
+        let s2 = stage(2, "sft", &[("a", 30, 100)]);
+        let mut g = GateReport::new(Mode::Stop);
+        // Recorded out of order: kept in the pipeline's order, and a round
+        // does not replace another.
+        for s in [round(1, 10), s2.clone(), round(0, 45)] {
+            g.add_stage(s);
+        }
+        let places: Vec<_> = g.stages.iter().map(|s| s.place()).collect();
+        assert_eq!(places, [(2, None), (3, Some(0)), (3, Some(1))]);
+        // Round 1 against round 0: it fell, and the message says so.
+        let c = compare(&round(0, 45), &round(1, 10)).unwrap();
+        assert_eq!(
+            (c.place(), c.against, c.against_round),
+            ((3, Some(1)), 3, Some(0))
+        );
+        let Action::Stop(m) = decide(Mode::Stop, &c) else {
+            panic!("stop mode stops")
+        };
+        assert!(
+            m.contains("stage 3 (dpo r1) made the model worse than stage 3 round 0"),
+            "{m}"
+        );
+        g.add_comparison(compare(&s2, &round(0, 45)).unwrap());
+        g.add_comparison(c);
+        assert_eq!(g.comparisons.len(), 2);
+        // keep_best keeps the best round; a tie goes to the earlier one.
+        let b = g.best().unwrap();
+        assert_eq!(b.place(), (3, Some(0)));
+        g.add_stage(round(1, 45));
+        assert_eq!(g.best().unwrap().place(), (3, Some(0)));
+        g.kept = Some(3);
+        g.kept_round = Some(0);
+        let t = g.table();
+        assert!(
+            t.contains("stage 3 (dpo r0)") && t.contains("stage 3 (dpo r1)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("keep_best: the final model is stage 3 (dpo r0)'s (`models/dpo/round_0`)"),
+            "{t}"
+        );
+        // A report of an older version (no rounds) still reads.
+        let old = r#"{"mode": "warn", "rule": "r", "stages": [{"stage": 2, "name": "sft", "model": "m",
+            "sets": []}], "comparisons": [{"stage": 2, "name": "sft", "against": 1, "sets": []}]}"#;
+        let g: GateReport = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            (g.stages[0].round, g.comparisons[0].against_round),
+            (None, None)
         );
     }
 
