@@ -544,38 +544,49 @@ fn tiny_pair_boundary_is_the_templates() {
     );
 }
 
+/// A pipeline folder whose Stage 2 is the tiny model (`ck/stage2_sft`)
+/// and whose config (`p.json`) is `config`.
+fn stage2_and_config(dir: &Path, config: &str) {
+    let merged = dir.join("ck/stage2_sft/merged");
+    let o = trace_train(dir, &["model", "tiny", merged.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(dir.join("p.json"), config).unwrap();
+}
+
+/// The pipeline's Stage 3 alone on the CPU, which must succeed; its stderr.
+fn pipeline_stage3(dir: &Path, resume: bool) -> String {
+    let mut args = vec![
+        "pipeline",
+        "--config",
+        "p.json",
+        "--checkpoints",
+        "ck",
+        "--start_stage",
+        "3",
+        "--last_stage",
+        "3",
+        "--device",
+        "cpu",
+    ];
+    if resume {
+        args.push("--resume");
+    }
+    let o = trace_train(dir, &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    stderr(&o)
+}
+
 #[test]
 fn pipeline_stage3_dpo_runs_rollouts_and_prefs_rounds_from_stage2() {
     let dir = tempfile::tempdir().unwrap();
-    let merged = dir.path().join("ck/stage2_sft/merged");
-    let o = trace_train(dir.path(), &["model", "tiny", merged.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    std::fs::write(
-        dir.path().join("p.json"),
+    stage2_and_config(
+        dir.path(),
         r#"{"model": {"load_in_4bit": false}, "gate": {"mode": "off"},
             "stage3": {"algorithm": "dpo", "ppo": {"environment": "word"},
                        "dpo": {"rounds": 2, "num_prompts": 3, "num_samples": 2,
                                "max_new_tokens": 4}}}"#,
-    )
-    .unwrap();
-    let o = trace_train(
-        dir.path(),
-        &[
-            "pipeline",
-            "--config",
-            "p.json",
-            "--checkpoints",
-            "ck",
-            "--start_stage",
-            "3",
-            "--last_stage",
-            "3",
-            "--device",
-            "cpu",
-        ],
     );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let e = stderr(&o);
+    let e = pipeline_stage3(dir.path(), false);
     for round in 0..2 {
         let r = dir.path().join(format!("ck/stage3_dpo/round_{round}"));
         assert_eq!(
@@ -746,32 +757,43 @@ fn dpo_on_two_ranks_trains_what_one_rank_does() {
 /// `rollouts` on the trace environment: the built-in programs transformed
 /// and run in the sandbox for their ground truth, the tiny model's answers
 /// scored against it.
+/// `rollouts` of the tiny model on the trace environment's built-in
+/// programs into `out`: `prompts` prompts x `samples`, then `extra`.
+fn trace_rollouts(
+    dir: &Path,
+    out: &str,
+    prompts: &str,
+    samples: &str,
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args = vec![
+        "rollouts",
+        "--model",
+        "base",
+        "--environment",
+        "trace",
+        "--num_prompts",
+        prompts,
+        "--num_samples",
+        samples,
+        "--max_new_tokens",
+        "4",
+        "--num_workers",
+        "2",
+        "--device",
+        "cpu",
+        "--output",
+        out,
+    ];
+    args.extend_from_slice(extra);
+    trace_train(dir, &args)
+}
+
 #[test]
 fn rollouts_on_the_trace_environment_carry_the_sandbox_ground_truth() {
     let dir = tempfile::tempdir().unwrap();
     tiny(dir.path());
-    let o = trace_train(
-        dir.path(),
-        &[
-            "rollouts",
-            "--model",
-            "base",
-            "--environment",
-            "trace",
-            "--num_prompts",
-            "2",
-            "--num_samples",
-            "2",
-            "--max_new_tokens",
-            "4",
-            "--num_workers",
-            "2",
-            "--device",
-            "cpu",
-            "--output",
-            "t.jsonl",
-        ],
-    );
+    let o = trace_rollouts(dir.path(), "t.jsonl", "2", "2", &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rows = lines(&dir.path().join("t.jsonl"));
     assert_eq!(rows.len(), 4, "{}", stderr(&o));
@@ -800,30 +822,7 @@ fn rollouts_up_to_a_bucket_sample_only_its_tasks() {
     let dir = tempfile::tempdir().unwrap();
     tiny(dir.path());
     let run = |bucket: &str, out: &str| {
-        trace_train(
-            dir.path(),
-            &[
-                "rollouts",
-                "--model",
-                "base",
-                "--environment",
-                "trace",
-                "--num_prompts",
-                "4",
-                "--num_samples",
-                "1",
-                "--max_new_tokens",
-                "2",
-                "--num_workers",
-                "2",
-                "--last_bucket",
-                bucket,
-                "--device",
-                "cpu",
-                "--output",
-                out,
-            ],
-        )
+        trace_rollouts(dir.path(), out, "4", "1", &["--last_bucket", bucket])
     };
     let o = run("1", "one.jsonl");
     assert!(o.status.success(), "{}", stderr(&o));
@@ -867,11 +866,8 @@ fn rollouts_up_to_a_bucket_sample_only_its_tasks() {
 #[test]
 fn pipeline_dpo_gates_every_round() {
     let dir = tempfile::tempdir().unwrap();
-    let merged = dir.path().join("ck/stage2_sft/merged");
-    let o = trace_train(dir.path(), &["model", "tiny", merged.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    std::fs::write(
-        dir.path().join("p.json"),
+    stage2_and_config(
+        dir.path(),
         r#"{"model": {"load_in_4bit": false},
             "gate": {"mode": "keep_best", "sets": ["heldout_short"], "limit": 3,
                      "max_new_tokens": 4, "batch_size": 4},
@@ -879,30 +875,8 @@ fn pipeline_dpo_gates_every_round() {
                        "dpo": {"rounds": 2, "num_prompts": 3, "num_samples": 2,
                                "max_new_tokens": 4, "demonstrations": true,
                                "train": {"epochs": 1, "batch_size": 2}}}}"#,
-    )
-    .unwrap();
-    let run = |resume: bool| {
-        let mut args = vec![
-            "pipeline",
-            "--config",
-            "p.json",
-            "--checkpoints",
-            "ck",
-            "--start_stage",
-            "3",
-            "--last_stage",
-            "3",
-            "--device",
-            "cpu",
-        ];
-        if resume {
-            args.push("--resume");
-        }
-        let o = trace_train(dir.path(), &args);
-        assert!(o.status.success(), "{}", stderr(&o));
-        stderr(&o)
-    };
-    let e = run(false);
+    );
+    let e = pipeline_stage3(dir.path(), false);
     let gate: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("ck/gate.json")).unwrap()).unwrap();
     let places: Vec<(u64, Option<u64>)> = gate["stages"]
@@ -931,7 +905,7 @@ fn pipeline_dpo_gates_every_round() {
     assert!(gate.get("kept_round").is_none(), "{gate}");
 
     // Resumed after the end: nothing trains, the rounds' reports are read back.
-    let e = run(true);
+    let e = pipeline_stage3(dir.path(), true);
     assert!(!e.contains("rollouts from"), "nothing trains again: {e}");
     assert!(
         e.contains("gate: dpo on `heldout_short`: the report of an earlier run"),
