@@ -14,8 +14,8 @@
 # Environment: HUMANEVAL=path/HumanEval.jsonl.gz (needed); the corpus
 # (datasets/corpus, or TRACE_TRAIN_CORPUS); DPO_RUNS: `name:lr:demos`
 # separated by spaces, demos empty or 1 for `stage3.dpo.demonstrations`
-# (default "a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1"); DPO_PROMPTS (prompts a
-# round, default 1024), DPO_PAIRS (most pairs a prompt, default 4),
+# (default "a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1"); DPO_ROUNDS (default 2),
+# DPO_PROMPTS (prompts a round, default 1024), DPO_PAIRS (most pairs a prompt, default 4),
 # DPO_ROWS (rows each run's sampler decodes at once, default 256: several
 # runs share the GPU), DPO_BUCKET (`stage3.dpo.last_bucket`, e.g. 1: only
 # programs that print one line; default every prompt), DEVICE (default cuda).
@@ -87,14 +87,14 @@ for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
   bucket=null
   [ -n "${DPO_BUCKET:-}" ] && bucket="\"$DPO_BUCKET\""
   cfg "{\"algorithm\": \"dpo\", \"ppo\": {\"dataset\": \"$P\", \"sample_max_rows\": ${DPO_ROWS:-256}},
-        \"dpo\": {\"rounds\": 2, \"num_prompts\": ${DPO_PROMPTS:-1024}, \"num_samples\": 8, \"temperature\": 1.0,
+        \"dpo\": {\"rounds\": ${DPO_ROUNDS:-2}, \"num_prompts\": ${DPO_PROMPTS:-1024}, \"num_samples\": 8, \"temperature\": 1.0,
                  \"max_new_tokens\": 256, \"max_pairs_per_prompt\": ${DPO_PAIRS:-4}, \"demonstrations\": $demos, \"last_bucket\": $bucket,
                  \"train\": {\"learning_rate\": $lr, \"epochs\": 1, \"batch_size\": 8, \"nll_coef\": 1.0, \"beta\": 0.1}}}" \
     > "$d/pipeline_config.json"
   ( "$T" pipeline --config "$d/pipeline_config.json" --checkpoints "$d/ckpt" --start_stage 3 --last_stage 3 \
       --resume --device "$DEV" $U > "$W/logs/dpo.$name.log" 2>&1
     say "dpo $name rc=$?"
-    for r in 0 1; do
+    for r in $(seq 0 $((${DPO_ROUNDS:-2} - 1))); do
       m=$d/ckpt/stage3_dpo/round_$r/merged
       [ -f "$m/config.json" ] && dbg "$m" "$W/dbg.$name.r$r.json"
     done
