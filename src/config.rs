@@ -1923,10 +1923,7 @@ impl Validate for CurriculumConfig {
         if self.window == 0 {
             p.push("window: must be at least 1".into());
         }
-        match crate::eval::buckets::FEATURES
-            .iter()
-            .find(|f| f.name == self.feature)
-        {
+        match crate::eval::buckets::Feature::named(&self.feature) {
             None => p.push(format!(
                 "feature: `{}` is not one of output_lines, loop_depth, lines, injections",
                 self.feature

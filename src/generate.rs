@@ -386,7 +386,7 @@ fn balance(
 ) -> (Vec<bool>, Balance) {
     let features: Vec<buckets::Feature> = by
         .iter()
-        .filter_map(|name| buckets::FEATURES.iter().find(|f| f.name == name).copied())
+        .filter_map(|name| buckets::Feature::named(name))
         .collect();
     let key = |i: &RecordInfo| {
         let parts: Vec<(u32, String)> = features

@@ -534,6 +534,19 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             .join("merged"),
         revision: None,
     };
+    // Gates a round against the model before it (Stage 2's, then the last
+    // gated round's), as dpo_rounds finishes it or, for rounds an earlier
+    // run trained, after the stage from their reports.
+    let mut before = gated(2);
+    let mut gate_round = |round: usize| -> anyhow::Result<()> {
+        if let Some(g) = gate.as_mut() {
+            stop_before("the gate")?;
+            let after = round_gated(round);
+            g.after(&before, &after)?;
+            before = after;
+        }
+        Ok(())
+    };
     let mut rounds_gated = false;
     if todo(3, &state) && cfg.stage3.is_dpo() {
         stop_before("dpo")?;
@@ -547,16 +560,6 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             resume: args.resume,
             max_steps,
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
-        };
-        let mut before = gated(2);
-        let mut gate_round = |round: usize| -> anyhow::Result<()> {
-            if let Some(g) = gate.as_mut() {
-                stop_before("the gate")?;
-                let after = round_gated(round);
-                g.after(&before, &after)?;
-                before = after;
-            }
-            Ok(())
         };
         if dpo_rounds(&r, &mut gate_round)? {
             anyhow::bail!("pipeline stopped during dpo; continue with --resume");
@@ -606,22 +609,18 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         }
         finish(3, &mut state)?;
     }
-    if let Some(g) = gate.as_mut().filter(|_| in_range(3) && !rounds_gated) {
-        stop_before("the gate")?;
-        if cfg.stage3.is_dpo() {
-            // Rounds trained by an earlier run: each against the model
-            // before it, from their reports where the gate wrote them.
-            let mut before = gated(2);
-            for round in 0..cfg.stage3.dpo.rounds {
-                let after = round_gated(round);
-                if after.model.join("config.json").is_file() {
-                    g.after(&before, &after)?;
-                    before = after;
-                }
+    if in_range(3) && cfg.stage3.is_dpo() && !rounds_gated {
+        for round in 0..cfg.stage3.dpo.rounds {
+            if round_gated(round).model.join("config.json").is_file() {
+                gate_round(round)?;
             }
-        } else {
-            g.after(&gated(2), &gated(3))?;
         }
+    } else if let Some(g) = gate
+        .as_mut()
+        .filter(|_| in_range(3) && !cfg.stage3.is_dpo())
+    {
+        stop_before("the gate")?;
+        g.after(&gated(2), &gated(3))?;
     }
     // Stage 3's model, or with gate.mode keep_best the best gated one.
     let last = match &mut gate {
