@@ -18,7 +18,9 @@
 # DPO_PROMPTS (prompts a round, default 1024), DPO_PAIRS (most pairs a prompt, default 4),
 # DPO_ROWS (rows each run's sampler decodes at once, default 256: several
 # runs share the GPU), DPO_BUCKET (`stage3.dpo.last_bucket`, e.g. 1: only
-# programs that print one line; default every prompt), DEVICE (default cuda).
+# programs that print one line; default every prompt), DPO_SAME_LINES (1:
+# `stage3.dpo.same_lines`, right-over-wrong pairs of equal line counts only),
+# DEVICE (default cuda).
 # Programs run with --unsafe-no-sandbox: our own corpora only. Finished parts
 # are kept: run again with the same OUT to do only what is missing.
 set -u
@@ -86,9 +88,11 @@ for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
   [ -n "$demo" ] && demos=true
   bucket=null
   [ -n "${DPO_BUCKET:-}" ] && bucket="\"$DPO_BUCKET\""
+  same=false
+  [ -n "${DPO_SAME_LINES:-}" ] && same=true
   cfg "{\"algorithm\": \"dpo\", \"ppo\": {\"dataset\": \"$P\", \"sample_max_rows\": ${DPO_ROWS:-256}},
         \"dpo\": {\"rounds\": ${DPO_ROUNDS:-2}, \"num_prompts\": ${DPO_PROMPTS:-1024}, \"num_samples\": 8, \"temperature\": 1.0,
-                 \"max_new_tokens\": 256, \"max_pairs_per_prompt\": ${DPO_PAIRS:-4}, \"demonstrations\": $demos, \"last_bucket\": $bucket,
+                 \"max_new_tokens\": 256, \"max_pairs_per_prompt\": ${DPO_PAIRS:-4}, \"demonstrations\": $demos, \"same_lines\": $same, \"last_bucket\": $bucket,
                  \"train\": {\"learning_rate\": $lr, \"epochs\": 1, \"batch_size\": 8, \"nll_coef\": 1.0, \"beta\": 0.1}}}" \
     > "$d/pipeline_config.json"
   ( "$T" pipeline --config "$d/pipeline_config.json" --checkpoints "$d/ckpt" --start_stage 3 --last_stage 3 \

@@ -1665,6 +1665,11 @@ pub struct DpoRounds {
     /// own right answer over each wrong one (`prefs --demonstrations`).
     /// Default false.
     pub demonstrations: bool,
+    /// Keep a right-over-wrong pair only where both answers have the same
+    /// number of lines (`prefs --same_lines`): with `last_bucket` "1", the
+    /// pairs otherwise teach the model to stop after one line. Default
+    /// false.
+    pub same_lines: bool,
     /// Only prompts up to this bucket of `bucket_feature` (`rollouts
     /// --last_bucket`), e.g. `"1"`: programs that print one line, where
     /// the model is right often enough for a prompt to give pairs.
@@ -1689,6 +1694,7 @@ impl Default for DpoRounds {
             min_edit_distance: 0,
             max_pairs_per_prompt: 4,
             demonstrations: false,
+            same_lines: false,
             last_bucket: None,
             bucket_feature: "output_lines".into(),
             train: DpoConfig::default(),

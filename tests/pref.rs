@@ -178,28 +178,73 @@ fn rollouts_are_scored_recorded_and_repeat_for_a_seed() {
     }
 }
 
+/// Writes a rollouts file by hand: `(prompt id, answer, right)` a line.
+fn write_rollouts(path: &Path, answers: &[(u64, &str, bool)]) {
+    let text: String = answers
+        .iter()
+        .enumerate()
+        .map(|(i, &(id, text, correct))| {
+            // Which of its prompt's samples this answer is.
+            let sample = answers[..i].iter().filter(|a| a.0 == id).count();
+            let row = serde_json::json!({
+                "prompt_id": id, "prompt": format!("Answer with the word apple and nothing else. ({id})"),
+                "completion": text, "answer": text, "expected": "apple", "tokens": text.len(),
+                "stopped": true, "reward": if correct { 1.0 } else { 0.0 }, "correct": correct,
+                "sample": sample,
+                "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8, "seed": 1},
+                "model": "base", "model_commit": null, "adapter": null
+            });
+            format!("{row}\n")
+        })
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
 /// A rollouts file written by hand: prompt 1 has a correct and two wrong
 /// answers, prompt 2 only wrong ones.
 fn hand_rollouts(dir: &Path) {
-    let row = |id: u64, text: &str, correct: bool, sample: usize| {
-        serde_json::json!({
-            "prompt_id": id, "prompt": format!("Answer with the word apple and nothing else. ({id})"),
-            "completion": text, "answer": text, "expected": "apple", "tokens": text.len(),
-            "stopped": true, "reward": if correct { 1.0 } else { 0.0 }, "correct": correct,
-            "sample": sample,
-            "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8, "seed": 1},
-            "model": "base", "model_commit": null, "adapter": null
-        })
-    };
-    let rows = [
-        row(1, "apple", true, 0),
-        row(1, "river", false, 1),
-        row(1, "stone", false, 2),
-        row(2, "cloud", false, 0),
-        row(2, "rivers", false, 1),
-    ];
-    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
-    std::fs::write(dir.join("hand.jsonl"), text).unwrap();
+    write_rollouts(
+        &dir.join("hand.jsonl"),
+        &[
+            (1, "apple", true),
+            (1, "river", false),
+            (1, "stone", false),
+            (2, "cloud", false),
+            (2, "rivers", false),
+        ],
+    );
+}
+
+/// `prefs --same_lines`: a wrong answer longer than the right one gives no
+/// pair, and a prompt left with none says why.
+#[test]
+fn prefs_same_lines_drops_pairs_that_differ_in_line_count() {
+    let dir = tempfile::tempdir().unwrap();
+    write_rollouts(
+        &dir.path().join("lines.jsonl"),
+        &[
+            (1, "apple", true),
+            (1, "pear", false),
+            (1, "apple\napple", false),
+            (2, "apple", true),
+            (2, "apple\npear", false),
+        ],
+    );
+    let all = prefs(dir.path(), "lines.jsonl", "all.jsonl", &[]);
+    assert_eq!(lines(&dir.path().join("all.jsonl")).len(), 3, "{all}");
+    let st = prefs(dir.path(), "lines.jsonl", "same.jsonl", &["--same_lines"]);
+    let pairs = lines(&dir.path().join("same.jsonl"));
+    assert_eq!(pairs.len(), 1, "{st}");
+    assert_eq!(
+        (pairs[0]["chosen"].as_str(), pairs[0]["rejected"].as_str()),
+        (Some("apple"), Some("pear"))
+    );
+    assert_eq!(st["dropped"]["other_line_count"].as_u64(), Some(2), "{st}");
+    assert_eq!(
+        st["prompts_without_pairs"]["all_other_line_counts"].as_u64(),
+        Some(1),
+        "{st}"
+    );
 }
 
 #[test]

@@ -797,6 +797,7 @@ fn dpo_rounds(
             max_pairs_per_prompt: d.max_pairs_per_prompt,
             seed,
             demonstrations: d.demonstrations,
+            same_lines: d.same_lines,
         })?;
         if stats.pairs.values().sum::<usize>() == 0 {
             eprintln!(

@@ -195,6 +195,11 @@ pub struct PrefsArgs {
     /// own right answer (the rollouts' `demonstration`) over each wrong one.
     #[arg(long)]
     pub demonstrations: bool,
+    /// Keep a right-over-wrong pair only where both answers have the same
+    /// number of lines, so the pair does not teach a length (pairs from
+    /// --among_correct are kept as they are).
+    #[arg(long)]
+    pub same_lines: bool,
 }
 
 /// `prefs`: pairs from rollouts.
@@ -218,6 +223,7 @@ pub fn prefs(args: &PrefsArgs) -> anyhow::Result<trace_train::pref::pairs::PairS
         max_pairs_per_prompt: args.max_pairs_per_prompt,
         seed: args.seed,
         demonstrations: args.demonstrations,
+        same_lines: args.same_lines,
     };
     let (pairs, stats) = make_pairs(&rollouts, &rules);
     write_jsonl(&args.output, &pairs)?;

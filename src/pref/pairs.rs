@@ -8,6 +8,12 @@
 //! chosen by a seeded hash so a re-run keeps the same ones. Every prompt
 //! that gave no pair is counted under why.
 //!
+//! With `same_lines`, a pair of a right answer over a wrong one is kept only
+//! where both have the same number of lines, so that the pair's difference is
+//! in what the lines say and not in how many there are: on prompts whose
+//! answers are one line, a wrong answer is mostly a longer one, and pairs
+//! that differ in length teach the model to stop early everywhere.
+//!
 //! With `demonstrations`, a prompt none of whose answers is right pairs the
 //! environment's own right answer (the rollouts' `demonstration`) over each
 //! wrong one, as SPIN pairs the data's answer over the model's (Chen et al.
@@ -71,6 +77,10 @@ pub struct PairRules {
     /// the chosen answer against each wrong one (pairs of kind
     /// `demonstration`).
     pub demonstrations: bool,
+    /// Keep a right-over-wrong pair (`correctness`, `demonstration`) only
+    /// where both texts have the same number of lines (pairs ranked by a
+    /// criterion are about length and are kept as they are).
+    pub same_lines: bool,
 }
 
 impl Default for PairRules {
@@ -81,6 +91,7 @@ impl Default for PairRules {
             max_pairs_per_prompt: 4,
             seed: 42,
             demonstrations: false,
+            same_lines: false,
         }
     }
 }
@@ -111,12 +122,12 @@ pub struct PairStats {
     pub prompts_with_pairs: usize,
     /// Prompts that gave no pair, by why: `all_incorrect`, `all_correct`
     /// (and no criterion, or every correct answer tied), `single_rollout`,
-    /// `all_identical`, `all_too_similar`.
+    /// `all_identical`, `all_other_line_counts`, `all_too_similar`.
     pub prompts_without_pairs: BTreeMap<String, usize>,
     /// Pairs written, by kind.
     pub pairs: BTreeMap<String, usize>,
-    /// Candidate pairs dropped, by why: `identical`, `too_similar`, `tie`,
-    /// `over_cap`.
+    /// Candidate pairs dropped, by why: `identical`, `other_line_count`,
+    /// `too_similar`, `tie`, `over_cap`.
     pub dropped: BTreeMap<String, usize>,
 }
 
@@ -216,10 +227,15 @@ fn prompt_pairs(
         return (Vec::new(), Some(why.into()));
     }
     let mut kept = Vec::new();
-    let (mut identical, mut similar) = (0usize, 0usize);
+    let (mut identical, mut other_lines, mut similar) = (0usize, 0usize, 0usize);
     for (chosen, chosen_reward, r, kind) in candidates {
         if chosen == r.completion {
             identical += 1;
+            continue;
+        }
+        let right_over_wrong = kind == "correctness" || kind == "demonstration";
+        if rules.same_lines && right_over_wrong && line_count(chosen) != line_count(&r.completion) {
+            other_lines += 1;
             continue;
         }
         let d = edit_distance(chosen, &r.completion);
@@ -238,16 +254,23 @@ fn prompt_pairs(
             edit_distance: d,
         });
     }
-    for (why, n) in [("identical", identical), ("too_similar", similar)] {
+    for (why, n) in [
+        ("identical", identical),
+        ("other_line_count", other_lines),
+        ("too_similar", similar),
+    ] {
         if n > 0 {
             *dropped.entry(why.into()).or_default() += n;
         }
     }
     if kept.is_empty() {
-        let why = if similar == 0 {
-            "all_identical"
-        } else {
+        // The last rule that left candidates out names the prompt.
+        let why = if similar > 0 {
             "all_too_similar"
+        } else if other_lines > 0 {
+            "all_other_line_counts"
+        } else {
+            "all_identical"
         };
         return (Vec::new(), Some(why.into()));
     }
@@ -261,6 +284,11 @@ fn prompt_pairs(
         kept = keep.into_iter().map(|i| kept[i].clone()).collect();
     }
     (kept, None)
+}
+
+/// Lines of an answer, trailing blank lines and spaces not counted.
+fn line_count(text: &str) -> usize {
+    text.trim_end().lines().count()
 }
 
 #[cfg(test)]
@@ -425,6 +453,72 @@ mod tests {
         let (_, st) = make_pairs(&rs, &capped);
         assert_eq!(st.pairs["demonstration"], 2);
         assert_eq!(st.dropped["over_cap"], 1);
+    }
+
+    /// `same_lines`: right-over-wrong pairs (sampled or demonstrated) only
+    /// where both answers have as many lines (a trailing newline not
+    /// counted); pairs ranked by a criterion are kept whatever their lines.
+    #[test]
+    fn same_lines_keeps_right_over_wrong_pairs_of_equal_line_counts() {
+        let with = |r: Rollout| Rollout {
+            demonstration: Some("7".into()),
+            ..r
+        };
+        let rs = vec![
+            roll(1, "5\n", true, 2),
+            roll(1, "4", false, 1),
+            roll(1, "5\n6", false, 3),
+            roll(1, "5\n6\n7\n", false, 4),
+            // Only longer wrong answers: no pair, said why.
+            roll(2, "1", true, 1),
+            roll(2, "1\n2", false, 2),
+            // The demonstration against wrong answers of one and two lines.
+            with(roll(3, "8", false, 1)),
+            with(roll(3, "7\n8", false, 2)),
+        ];
+        let on = PairRules {
+            same_lines: true,
+            demonstrations: true,
+            max_pairs_per_prompt: 0,
+            ..PairRules::default()
+        };
+        let (pairs, st) = make_pairs(&rs, &on);
+        let got: Vec<(u64, &str, &str, &str)> = pairs
+            .iter()
+            .map(|p| {
+                (
+                    p.prompt_id,
+                    p.chosen.as_str(),
+                    p.rejected.as_str(),
+                    p.kind.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, "5\n", "4", "correctness"),
+                (3, "7", "8", "demonstration")
+            ]
+        );
+        assert_eq!(st.dropped["other_line_count"], 4, "{st:?}");
+        assert_eq!(st.prompts_without_pairs["all_other_line_counts"], 1);
+        assert_eq!(st.prompts_with_pairs, 2);
+        // Off: every right-over-wrong pair.
+        let off = PairRules {
+            same_lines: false,
+            ..on.clone()
+        };
+        assert_eq!(make_pairs(&rs, &off).0.len(), 6);
+        // A criterion's pairs differ in length by design and stay.
+        let correct = vec![roll(4, "1\n2", true, 2), roll(4, "1", true, 1)];
+        let fewer = PairRules {
+            among_correct: Some(Criterion::FewerLines),
+            ..on
+        };
+        let (pairs, _) = make_pairs(&correct, &fewer);
+        assert_eq!(pairs.len(), 1);
+        assert_eq!(pairs[0].kind, "fewer_lines");
     }
 
     #[test]
