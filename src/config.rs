@@ -1727,10 +1727,18 @@ impl Validate for DpoRounds {
                 "among_correct: `{c}` is not shorter or fewer_lines"
             ));
         }
-        if let Some(label) = &self.last_bucket
-            && let Err(e) = crate::eval::buckets::UpToBucket::parse(&self.bucket_feature, label)
-        {
-            p.push(format!("last_bucket: {e}"));
+        // The feature is checked whether or not a bucket is asked for, and
+        // a bad feature is not reported a second time under last_bucket.
+        match crate::eval::buckets::Feature::parse(&self.bucket_feature) {
+            Err(e) => p.push(format!("bucket_feature: {e}")),
+            Ok(_) => {
+                if let Some(label) = &self.last_bucket
+                    && let Err(e) =
+                        crate::eval::buckets::UpToBucket::parse(&self.bucket_feature, label)
+                {
+                    p.push(format!("last_bucket: {e}"));
+                }
+            }
         }
         p.extend(
             self.train
@@ -1929,12 +1937,9 @@ impl Validate for CurriculumConfig {
         if self.window == 0 {
             p.push("window: must be at least 1".into());
         }
-        match crate::eval::buckets::Feature::named(&self.feature) {
-            None => p.push(format!(
-                "feature: `{}` is not one of output_lines, loop_depth, lines, injections",
-                self.feature
-            )),
-            Some(f) => {
+        match crate::eval::buckets::Feature::parse(&self.feature) {
+            Err(e) => p.push(format!("feature: {e}")),
+            Ok(f) => {
                 let labels = f.labels();
                 if let Some(last) = self.last_bucket.as_ref().filter(|l| !labels.contains(l)) {
                     p.push(format!(

@@ -901,6 +901,44 @@ fn rollouts_up_to_a_bucket_sample_only_its_tasks() {
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(e.contains("last_bucket") && e.contains("`one`"), "{e}");
+
+    // A feature that does not exist is refused under its own name, with or
+    // without a bucket, and only once.
+    for dpo in [
+        r#"{"bucket_feature": "depth"}"#,
+        r#"{"bucket_feature": "depth", "last_bucket": "1"}"#,
+    ] {
+        std::fs::write(
+            dir.path().join("p.json"),
+            format!(r#"{{"stage3": {{"algorithm": "dpo", "dpo": {dpo}}}}}"#),
+        )
+        .unwrap();
+        let o = trace_train(dir.path(), &["config", "pipeline", "--config", "p.json"]);
+        assert!(!o.status.success());
+        let e = stderr(&o);
+        assert!(
+            e.contains("bucket_feature") && e.contains("`depth`") && e.contains("loop_depth"),
+            "{e}"
+        );
+        assert!(!e.contains("last_bucket"), "{e}");
+    }
+    let o = trace_rollouts(
+        dir.path(),
+        "feature.jsonl",
+        "4",
+        "1",
+        &["--bucket_feature", "depth"],
+    );
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("--bucket_feature") && e.contains("`depth`"),
+        "{e}"
+    );
+    assert!(
+        !dir.path().join("feature.jsonl").exists(),
+        "nothing written"
+    );
 }
 
 /// The gate in the pipeline's DPO: every round (demonstration pairs, so

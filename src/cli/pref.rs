@@ -98,6 +98,8 @@ pub struct RolloutsArgs {
 pub fn rollouts(args: &RolloutsArgs) -> anyhow::Result<RolloutStats> {
     anyhow::ensure!(args.num_samples > 0, "--num_samples: must be at least 1");
     anyhow::ensure!(args.num_prompts > 0, "--num_prompts: must be at least 1");
+    trace_train::eval::buckets::Feature::parse(&args.bucket_feature)
+        .map_err(|e| anyhow::anyhow!("--bucket_feature: {e}"))?;
     let up_to = args
         .last_bucket
         .as_deref()

@@ -29,6 +29,17 @@ impl Feature {
         FEATURES.iter().copied().find(|f| f.name == name)
     }
 
+    /// The feature called `name`, or what the features are.
+    pub fn parse(name: &str) -> Result<Feature, String> {
+        Self::named(name).ok_or_else(|| {
+            let names: Vec<&str> = FEATURES.iter().map(|f| f.name).collect();
+            format!(
+                "`{name}` is not a feature; the features are {}",
+                names.join(", ")
+            )
+        })
+    }
+
     /// The index of `d`'s bucket (0 = the lowest), `None` when its record
     /// lacks the feature.
     pub fn index_of(&self, d: &Difficulty) -> Option<usize> {
@@ -94,13 +105,7 @@ impl UpToBucket {
     /// Buckets of `feature` up to the one labelled `label`, or what the
     /// names and labels are.
     pub fn parse(feature: &str, label: &str) -> Result<Self, String> {
-        let f = Feature::named(feature).ok_or_else(|| {
-            let names: Vec<&str> = FEATURES.iter().map(|f| f.name).collect();
-            format!(
-                "`{feature}` is not a feature; the features are {}",
-                names.join(", ")
-            )
-        })?;
+        let f = Feature::parse(feature)?;
         let labels = f.labels();
         let last = labels.iter().position(|l| l == label).ok_or_else(|| {
             format!(
