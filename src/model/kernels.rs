@@ -46,6 +46,8 @@ pub const SAMPLE: Module = module!("sample");
 pub const ATTENTION: Module = module!("attention");
 /// `src/kernels/train.cu`: the training step's fused kernels.
 pub const TRAIN: Module = module!("train");
+/// `src/kernels/stream.cu`: the decode products from a tiled weight copy.
+pub const STREAM: Module = module!("stream");
 
 /// A kernel of a loaded module and the device stream it launches on.
 pub struct Kernel {
@@ -57,6 +59,18 @@ impl Kernel {
     /// A launch of this kernel on the device's stream.
     pub fn builder(&self) -> LaunchArgs<'_> {
         self.stream.launch_builder(&self.func)
+    }
+
+    /// Lets a launch take `bytes` of dynamic shared memory (past the 48 KiB
+    /// a kernel gets without asking).
+    pub fn allow_shared(&self, bytes: u32) -> Result<()> {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+        self.func
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .w()
     }
 }
 
