@@ -30,36 +30,8 @@
 
 constexpr int KC = 64;      // K elements a stage (128 bytes a row)
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(smem_u32(p)));
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Byte offset of 16-byte segment `seg` (0..7) of row `row` in a tile of
-// 128-byte rows, swizzled so that ldmatrix's eight rows hit eight banks.
-__device__ __forceinline__ int swz(int row, int seg) { return row * 128 + ((seg ^ (row & 7)) << 4); }
+// cp.async, ldmatrix, mma.sync and the stage swizzle: the decode kernels' own.
+#include "../src/kernels/mma.cuh"
 
 // One CTA: rows [tile * 16 * WARPS, +16 * WARPS) of W, K chunks
 // [split * chunks / splits, (split + 1) * chunks / splits). With one split
@@ -86,12 +58,12 @@ __global__ void __launch_bounds__(32 * WARPS) decode_gemm(const __nv_bfloat16 *_
 #pragma unroll
     for (int i = tid; i < ROWS * 8; i += THREADS) {
       const int r = i >> 3, seg = i & 7;
-      cp_async16(s + swz(r, seg), W + (size_t)(row0 + r) * K + k0 + seg * 8);
+      cp_async16(s + swz128(r, seg), W + (size_t)(row0 + r) * K + k0 + seg * 8);
     }
 #pragma unroll
     for (int i = tid; i < M * 8; i += THREADS) {
       const int r = i >> 3, seg = i & 7;
-      cp_async16(s + W_BYTES + swz(r, seg), X + (size_t)r * K + k0 + seg * 8);
+      cp_async16(s + W_BYTES + swz128(r, seg), X + (size_t)r * K + k0 + seg * 8);
     }
   };
 
@@ -114,24 +86,7 @@ __global__ void __launch_bounds__(32 * WARPS) decode_gemm(const __nv_bfloat16 *_
     cp_async_commit();
     const unsigned char *s = smem + (c % STAGES) * STAGE_BYTES;
     const unsigned char *sx = s + W_BYTES;
-#pragma unroll
-    for (int kk = 0; kk < KC / 16; kk++) {
-      uint32_t a[4];
-      {
-        // Lanes 0-15: rows 0-15 at k 0; lanes 16-31: rows 0-15 at k 8.
-        const int r = warp * 16 + (lane & 15), seg = kk * 2 + (lane >> 4);
-        ldmatrix_x4(a[0], a[1], a[2], a[3], s + swz(r, seg));
-      }
-#pragma unroll
-      for (int j = 0; j < NT; j += 2) {
-        // Matrices: (X rows j*8.., k 0), (j*8.., k 8), (j*8+8.., k 0), (j*8+8.., k 8).
-        const int r = j * 8 + (lane & 7) + ((lane >> 4) << 3), seg = kk * 2 + ((lane >> 3) & 1);
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(b0, b1, b2, b3, sx + swz(r, seg));
-        mma_bf16(acc[j], a, b0, b1);
-        mma_bf16(acc[j + 1], a, b2, b3);
-      }
-    }
+    mma_stage<NT>(acc, s, sx, warp, lane);
   }
   cp_async_wait<0>();
 

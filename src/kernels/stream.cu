@@ -21,54 +21,15 @@
 // in slot order, so the result does not depend on which block finished
 // last, and resets the counter for the next launch (graph replays
 // included).
-#include <cuda_bf16.h>
-#include <stdint.h>
+#include "mma.cuh"
 
 #define ST_KC 64  // K elements a stage: 128 bytes a row
 #define ST_M 32   // X rows a launch (fewer are read as zeros)
 
-namespace st {
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes, or zeros when `bytes` is 0 (a row of X beyond the batch).
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes));
-}
-
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void wait_groups() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(smem_u32(p)));
-}
-
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Byte offset of 16-byte segment `seg` (0..7) of row `row` in a stage of
-// 128-byte rows, swizzled so that ldmatrix's eight rows hit eight banks.
-__device__ __forceinline__ int swz(int row, int seg) { return row * 128 + ((seg ^ (row & 7)) << 4); }
-
 // The block that takes unit u: the last b with U b / G <= u.
-__device__ __forceinline__ int block_of(long long u, long long units, int grid) {
+__device__ __forceinline__ int block_of_unit(long long u, long long units, int grid) {
     return (int)(((u + 1) * grid - 1) / units);
 }
-
-}  // namespace st
 
 // W (n, k) row-major -> the tiled copy, 16 bytes a thread; n a multiple of
 // `rows`, k of 64.
@@ -80,7 +41,7 @@ __device__ void tile_weights(const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 
         const size_t block = o / (ROWS * 8);
         const int within = (int)(o % (ROWS * 8));
         const int r = within / 8, pos = within % 8;
-        const int seg = pos ^ (r & 7);  // st::swz puts segment seg of row r at position seg ^ (r & 7)
+        const int seg = pos ^ (r & 7);  // swz128 puts segment seg of row r at position seg ^ (r & 7)
         const size_t t = block / chunks, c = block % chunks;
         *reinterpret_cast<uint4 *>(out + o * 8) =
             *reinterpret_cast<const uint4 *>(w + (t * ROWS + r) * (size_t)k + c * ST_KC + seg * 8);
@@ -121,13 +82,12 @@ __device__ void stream_gemm(const __nv_bfloat16 *__restrict__ x, int m, int k, c
         unsigned char *s = smem + slot * STAGE_BYTES;
         const unsigned char *src = wbytes + u * W_BYTES;
 #pragma unroll
-        for (int j = tid; j < W_BYTES / 16; j += THREADS) st::cp_async16(s + j * 16, src + j * 16, 16);
+        for (int j = tid; j < W_BYTES / 16; j += THREADS) cp_async16(s + j * 16, src + j * 16);
 #pragma unroll
         for (int j = tid; j < ST_M * 8; j += THREADS) {
             const int r = j >> 3, seg = j & 7;
             const bool real = r < m;
-            st::cp_async16(s + W_BYTES + st::swz(r, seg), real ? x + (size_t)r * k + k0 + seg * 8 : x,
-                           real ? 16 : 0);
+            cp_async16_zfill(s + W_BYTES + swz128(r, seg), real ? x + (size_t)r * k + k0 + seg * 8 : x, real ? 16 : 0);
         }
     };
 
@@ -140,8 +100,8 @@ __device__ void stream_gemm(const __nv_bfloat16 *__restrict__ x, int m, int k, c
     // This block's sums of tile t out, acc cleared. Every thread calls it.
     auto flush = [&](int t) {
         const long long first_unit = (long long)t * chunks;
-        const int b_first = st::block_of(first_unit, units, grid);
-        const int slots = st::block_of(first_unit + chunks - 1, units, grid) - b_first + 1;
+        const int b_first = block_of_unit(first_unit, units, grid);
+        const int slots = block_of_unit(first_unit + chunks - 1, units, grid) - b_first + 1;
         // acc[j][0..1]: W row lane/4, X rows j*8 + (lane%4)*2 + {0,1}; [2..3]: W row lane/4 + 8.
         const int col = t * ROWS + warp * 16 + (lane >> 2);
         if (slots == 1) {
@@ -192,42 +152,25 @@ __device__ void stream_gemm(const __nv_bfloat16 *__restrict__ x, int m, int k, c
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < n_units) load(s, s);
-        st::commit();
+        cp_async_commit();
     }
     int tile = (int)(u0 / chunks);
     for (int i = 0; i < n_units; i++) {
-        st::wait_groups<STAGES - 2>();
+        cp_async_wait<STAGES - 2>();
         __syncthreads();
         // The slot of unit i - 1, which every warp has finished with.
         if (i + STAGES - 1 < n_units) load(i + STAGES - 1, (i + STAGES - 1) % STAGES);
-        st::commit();
+        cp_async_commit();
         const unsigned char *s = smem + (i % STAGES) * STAGE_BYTES;
         const unsigned char *sx = s + W_BYTES;
-#pragma unroll
-        for (int kk = 0; kk < ST_KC / 16; kk++) {
-            uint32_t a[4];
-            {
-                // Lanes 0-15: rows 0-15 at k 0; lanes 16-31: rows 0-15 at k 8.
-                const int r = warp * 16 + (lane & 15), seg = kk * 2 + (lane >> 4);
-                st::ldmatrix_x4(a[0], a[1], a[2], a[3], s + st::swz(r, seg));
-            }
-#pragma unroll
-            for (int j = 0; j < NT; j += 2) {
-                // Matrices: (X rows j*8.., k 0), (j*8.., k 8), (j*8+8.., k 0), (j*8+8.., k 8).
-                const int r = j * 8 + (lane & 7) + ((lane >> 4) << 3), seg = kk * 2 + ((lane >> 3) & 1);
-                uint32_t b0, b1, b2, b3;
-                st::ldmatrix_x4(b0, b1, b2, b3, sx + st::swz(r, seg));
-                st::mma(acc[j], a, b0, b1);
-                st::mma(acc[j + 1], a, b2, b3);
-            }
-        }
+        mma_stage<NT>(acc, s, sx, warp, lane);
         const int c = (int)((u0 + i) % chunks);
         if (c == chunks - 1 || i == n_units - 1) {
             flush(tile);
             tile++;
         }
     }
-    st::wait_groups<0>();
+    cp_async_wait<0>();
 }
 
 #define STREAM_KERNEL(WARPS, STAGES)                                                                               \

@@ -1217,6 +1217,11 @@ mod tests {
         Tensor::randn(0f32, std as f32, (rows, cols), dev).unwrap()
     }
 
+    /// A matrix's values as f32 (bf16 converts exactly), to compare bits.
+    fn values(t: &Tensor) -> Vec<Vec<f32>> {
+        t.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap()
+    }
+
     /// Largest difference over the largest reference value.
     fn rel(got: &Tensor, want: &Tensor) -> f32 {
         let d = (got.to_dtype(DType::F32).unwrap() - want)
@@ -1309,12 +1314,8 @@ mod tests {
             let got = check(&one, &want, "bf16");
             let again = products.project(&cuda, &x, &one).unwrap();
             assert_eq!(
-                got.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap(),
-                again
-                    .to_dtype(DType::F32)
-                    .unwrap()
-                    .to_vec2::<f32>()
-                    .unwrap(),
+                values(&got),
+                values(&again),
                 "{m} rows: the same bits twice"
             );
             // LoRA: segment s reads columns s r .. (s + 1) r of x A^T.
@@ -1460,12 +1461,8 @@ mod tests {
                     assert!(e < 1e-2, "{spec}, {:?}, {m} rows: {e}", w.dims());
                     let again = products.project(&cuda, &x, p).unwrap();
                     assert_eq!(
-                        got.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap(),
-                        again
-                            .to_dtype(DType::F32)
-                            .unwrap()
-                            .to_vec2::<f32>()
-                            .unwrap(),
+                        values(&got),
+                        values(&again),
                         "{spec}, {:?}, {m} rows: the same bits twice",
                         w.dims()
                     );
