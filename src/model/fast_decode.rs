@@ -804,7 +804,6 @@ struct Streamed {
     part: CudaSlice<f32>,
     /// One a tile; each launch leaves them at zero.
     counters: CudaSlice<u32>,
-    max_slots: usize,
 }
 
 impl Products {
@@ -858,7 +857,7 @@ impl Products {
         let rows = plan.rows();
         let f = kernels::kernel(dev, &STREAM, &format!("tile_weights_r{rows}"))?;
         kernels::kernel(dev, &STREAM, &plan.kernel())?.allow_shared(plan.shared_bytes())?;
-        let (mut tiled, mut part_len, mut tiles_max, mut max_slots) = (Vec::new(), 1, 1, 1);
+        let (mut tiled, mut part_len, mut tiles_max) = (Vec::new(), 1, 1);
         for p in all {
             let DecodeProj::Folded(w) = p else { continue };
             let (out, k) = w.dims2()?;
@@ -884,9 +883,7 @@ impl Products {
                 // k) bf16, the copy as long, out a multiple of the rows.
                 unsafe { a.launch(cfg((blocks, 1, 1), 256)) }.w()?;
             }
-            let slots = plan.slots(sms, out, k);
-            max_slots = max_slots.max(slots);
-            part_len = part_len.max(slots * STREAM_ROWS * out);
+            part_len = part_len.max(plan.slots(sms, out, k) * STREAM_ROWS * out);
             tiles_max = tiles_max.max(out / rows);
             tiled.push((key, copy));
         }
@@ -895,7 +892,6 @@ impl Products {
             tiled,
             part: dev.alloc_zeros::<f32>(part_len)?,
             counters: dev.alloc_zeros::<u32>(tiles_max)?,
-            max_slots,
         })
     }
 
@@ -927,7 +923,10 @@ impl Products {
             slice_ptr(&st.part, &self.stream),
             slice_ptr(&st.counters, &self.stream),
         );
-        let (k32, n32, slots32) = (k as i32, out as i32, st.max_slots as i32);
+        // This product's bound: `tile` sized `part` for it (and the kernel
+        // traps past it).
+        let slots = plan.slots(self.sms, out, k);
+        let (k32, n32, slots32) = (k as i32, out as i32, slots as i32);
         for first in (0..rows).step_by(STREAM_ROWS) {
             let m = (rows - first).min(STREAM_ROWS) as i32;
             let xp = ptr(x)? + (first * k) as u64 * 2;
@@ -950,9 +949,9 @@ impl Products {
             };
             // SAFETY: matches `stream_gemm_*` in stream.cu: x holds m rows
             // of k, y m rows of `out` (row stride out); the tiled copy is
-            // w's; `part` holds max_slots x 32 x out (sized in `tile` for
-            // the largest product and checked in the kernel) and the
-            // counters one a tile, left at zero by every launch.
+            // w's; `part` holds `slots` x 32 x out (sized in `tile`,
+            // checked in the kernel) and the counters one a tile, left at
+            // zero by every launch.
             unsafe { a.launch(config) }.w()?;
         }
         Ok(Some(y))
