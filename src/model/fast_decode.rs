@@ -209,7 +209,7 @@ impl<'w> Engine<'w> {
             .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
             .chain([&w.head])
             .collect();
-        let products = Products::new(dev, dtype, &all, StreamPlan::from_env()?)?;
+        let products = Products::new(dev, dtype, &all, StreamPlan::asked()?)?;
         let vocab = w.head.dims()?.0;
         let draw_slices = draw::slices(rows, vocab, kernels::multiprocessors(dev)?);
         let draw_part = dev.alloc_zeros::<f32>(4 * rows * draw_slices)?;
@@ -708,8 +708,31 @@ pub struct StreamPlan {
     pub per_sm: usize,
 }
 
+thread_local! {
+    static PLAN: std::cell::Cell<Option<Option<StreamPlan>>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the decode steps made on this thread taking `plan` for
+/// their folded products (`None`: cuBLAS), whatever
+/// `TRACE_TRAIN_DECODE_PRODUCT` says (for tests and benchmarks).
+pub fn with_product_plan<R>(plan: Option<StreamPlan>, f: impl FnOnce() -> R) -> R {
+    let old = PLAN.with(|p| p.replace(Some(plan)));
+    let out = f();
+    PLAN.with(|p| p.set(old));
+    out
+}
+
 impl StreamPlan {
     const VAR: &'static str = "TRACE_TRAIN_DECODE_PRODUCT";
+
+    /// The plan [`with_product_plan`] set on this thread, else the
+    /// environment's.
+    fn asked() -> Result<Option<Self>> {
+        match PLAN.with(|p| p.get()) {
+            Some(plan) => Ok(plan),
+            None => Self::from_env(),
+        }
+    }
 
     /// The plan `TRACE_TRAIN_DECODE_PRODUCT` asks for; none when unset or
     /// `cublas`.
