@@ -1731,10 +1731,9 @@ impl Validate for DpoRounds {
         // a bad feature is not reported a second time under last_bucket.
         match crate::eval::buckets::Feature::parse(&self.bucket_feature) {
             Err(e) => p.push(format!("bucket_feature: {e}")),
-            Ok(_) => {
+            Ok(f) => {
                 if let Some(label) = &self.last_bucket
-                    && let Err(e) =
-                        crate::eval::buckets::UpToBucket::parse(&self.bucket_feature, label)
+                    && let Err(e) = f.up_to(label)
                 {
                     p.push(format!("last_bucket: {e}"));
                 }
@@ -1940,13 +1939,10 @@ impl Validate for CurriculumConfig {
         match crate::eval::buckets::Feature::parse(&self.feature) {
             Err(e) => p.push(format!("feature: {e}")),
             Ok(f) => {
-                let labels = f.labels();
-                if let Some(last) = self.last_bucket.as_ref().filter(|l| !labels.contains(l)) {
-                    p.push(format!(
-                        "last_bucket: `{last}` is not a bucket of {}: {}",
-                        self.feature,
-                        labels.join(", ")
-                    ));
+                if let Some(last) = &self.last_bucket
+                    && let Err(e) = f.up_to(last)
+                {
+                    p.push(format!("last_bucket: {e}"));
                 }
             }
         }

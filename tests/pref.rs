@@ -892,14 +892,19 @@ fn rollouts_up_to_a_bucket_sample_only_its_tasks() {
     assert!(e.contains("--last_bucket") && e.contains("2-3"), "{e}");
     assert!(!dir.path().join("bad.jsonl").exists(), "nothing written");
 
-    std::fs::write(
-        dir.path().join("p.json"),
-        r#"{"stage3": {"algorithm": "dpo", "dpo": {"last_bucket": "one"}}}"#,
-    )
-    .unwrap();
-    let o = trace_train(dir.path(), &["config", "pipeline", "--config", "p.json"]);
-    assert!(!o.status.success());
-    let e = stderr(&o);
+    // The pipeline's DPO settings `dpo`, refused by `config pipeline`: its
+    // error.
+    let refused = |dpo: &str| {
+        std::fs::write(
+            dir.path().join("p.json"),
+            format!(r#"{{"stage3": {{"algorithm": "dpo", "dpo": {dpo}}}}}"#),
+        )
+        .unwrap();
+        let o = trace_train(dir.path(), &["config", "pipeline", "--config", "p.json"]);
+        assert!(!o.status.success(), "{dpo}");
+        stderr(&o)
+    };
+    let e = refused(r#"{"last_bucket": "one"}"#);
     assert!(e.contains("last_bucket") && e.contains("`one`"), "{e}");
 
     // A feature that does not exist is refused under its own name, with or
@@ -908,14 +913,7 @@ fn rollouts_up_to_a_bucket_sample_only_its_tasks() {
         r#"{"bucket_feature": "depth"}"#,
         r#"{"bucket_feature": "depth", "last_bucket": "1"}"#,
     ] {
-        std::fs::write(
-            dir.path().join("p.json"),
-            format!(r#"{{"stage3": {{"algorithm": "dpo", "dpo": {dpo}}}}}"#),
-        )
-        .unwrap();
-        let o = trace_train(dir.path(), &["config", "pipeline", "--config", "p.json"]);
-        assert!(!o.status.success());
-        let e = stderr(&o);
+        let e = refused(dpo);
         assert!(
             e.contains("bucket_feature") && e.contains("`depth`") && e.contains("loop_depth"),
             "{e}"

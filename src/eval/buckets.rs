@@ -40,6 +40,22 @@ impl Feature {
         })
     }
 
+    /// Its buckets up to the one labelled `label`, or what the labels are.
+    pub fn up_to(self, label: &str) -> Result<UpToBucket, String> {
+        let labels = self.labels();
+        let last = labels.iter().position(|l| l == label).ok_or_else(|| {
+            format!(
+                "`{label}` is not a bucket of {}; its buckets are {}",
+                self.name,
+                labels.join(", ")
+            )
+        })?;
+        Ok(UpToBucket {
+            feature: self,
+            last,
+        })
+    }
+
     /// The index of `d`'s bucket (0 = the lowest), `None` when its record
     /// lacks the feature.
     pub fn index_of(&self, d: &Difficulty) -> Option<usize> {
@@ -102,20 +118,6 @@ pub struct UpToBucket {
 }
 
 impl UpToBucket {
-    /// Buckets of `feature` up to the one labelled `label`, or what the
-    /// names and labels are.
-    pub fn parse(feature: &str, label: &str) -> Result<Self, String> {
-        let f = Feature::parse(feature)?;
-        let labels = f.labels();
-        let last = labels.iter().position(|l| l == label).ok_or_else(|| {
-            format!(
-                "`{label}` is not a bucket of {feature}; its buckets are {}",
-                labels.join(", ")
-            )
-        })?;
-        Ok(Self { feature: f, last })
-    }
-
     pub fn admits(&self, d: &Difficulty) -> bool {
         self.feature.index_of(d).is_none_or(|b| b <= self.last)
     }
@@ -207,16 +209,22 @@ mod tests {
             output_lines: Some(n),
             ..Difficulty::default()
         };
-        let one = UpToBucket::parse("output_lines", "1").unwrap();
+        let one = Feature::parse("output_lines")
+            .and_then(|f| f.up_to("1"))
+            .unwrap();
         assert_eq!(
             [0, 1, 2, 3, 11].map(|n| one.admits(&lines(n))),
             [true, true, false, false, false]
         );
         assert!(one.admits(&Difficulty::default()), "no record: admitted");
-        let few = UpToBucket::parse("output_lines", "2-3").unwrap();
+        let few = Feature::parse("output_lines")
+            .and_then(|f| f.up_to("2-3"))
+            .unwrap();
         assert!(few.admits(&lines(3)) && !few.admits(&lines(4)));
         // The loops' feature counts by its own buckets.
-        let flat = UpToBucket::parse("loop_depth", "0").unwrap();
+        let flat = Feature::parse("loop_depth")
+            .and_then(|f| f.up_to("0"))
+            .unwrap();
         let depth = |n| Difficulty {
             loop_depth: Some(n),
             output_lines: Some(50),
@@ -224,9 +232,15 @@ mod tests {
         };
         assert!(flat.admits(&depth(0)) && !flat.admits(&depth(1)));
         // Errors name what is wrong and list what would do.
-        let e = UpToBucket::parse("output_lines", "2").err().unwrap();
+        let e = Feature::parse("output_lines")
+            .and_then(|f| f.up_to("2"))
+            .err()
+            .unwrap();
         assert!(e.contains("`2`") && e.contains("2-3, 4-10, 11+"), "{e}");
-        let e = UpToBucket::parse("colour", "1").err().unwrap();
+        let e = Feature::parse("colour")
+            .and_then(|f| f.up_to("1"))
+            .err()
+            .unwrap();
         assert!(
             e.contains("`colour`") && e.contains("output_lines, loop_depth"),
             "{e}"

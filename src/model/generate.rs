@@ -1090,17 +1090,10 @@ mod cuda_tests {
         }
     }
 
-    /// The fused decode step: a replayed graph gives the eager step's
-    /// tokens and log-probs exactly, in f32 and bf16, all rows at once and
-    /// two at a time; greedy decoding agrees with the op-by-op path; the
-    /// log-probs are the trainer's; NF4 weights decode as their
-    /// dequantised bf16 copy does.
-    #[test]
-    fn fused_step_replays_match_eager_and_the_trainer() {
-        let Some(dev) = gpu() else { return };
-        let dir = tempfile::tempdir().unwrap();
-        tiny::write_tiny_qwen3(dir.path(), 42).unwrap();
-        let prompts: Vec<Vec<u32>> = vec![
+    /// Five prompts of 1 to 40 tokens (a row far longer than the others)
+    /// and the truncated sampling the fused-step tests decode them with.
+    fn five_prompts() -> (Vec<Vec<u32>>, Sampling) {
+        let prompts = vec![
             (1..10).collect(),
             (20..24).collect(),
             vec![7],
@@ -1114,6 +1107,20 @@ mod cuda_tests {
             seed: 5,
             first_stream: 0,
         };
+        (prompts, s)
+    }
+
+    /// The fused decode step: a replayed graph gives the eager step's
+    /// tokens and log-probs exactly, in f32 and bf16, all rows at once and
+    /// two at a time; greedy decoding agrees with the op-by-op path; the
+    /// log-probs are the trainer's; NF4 weights decode as their
+    /// dequantised bf16 copy does.
+    #[test]
+    fn fused_step_replays_match_eager_and_the_trainer() {
+        let Some(dev) = gpu() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        tiny::write_tiny_qwen3(dir.path(), 42).unwrap();
+        let (prompts, s) = five_prompts();
         for dtype in [DType::F32, DType::BF16] {
             let m = load(dir.path(), None, dtype, &dev).unwrap();
             let run = |path, rows, stop: &[u32]| {
@@ -1261,20 +1268,7 @@ mod cuda_tests {
         let dir = tempfile::tempdir().unwrap();
         tiny::write_tiny_qwen3(dir.path(), 42).unwrap();
         let m = load(dir.path(), None, DType::BF16, &dev).unwrap();
-        let prompts: Vec<Vec<u32>> = vec![
-            (1..10).collect(),
-            (20..24).collect(),
-            vec![7],
-            (100..130).collect(),
-            (300..340).collect(),
-        ];
-        let s = Sampling {
-            temperature: 0.8,
-            top_k: 40,
-            top_p: 0.9,
-            seed: 5,
-            first_stream: 0,
-        };
+        let (prompts, s) = five_prompts();
         let run = |plan: Option<StreamPlan>, path| {
             with_weights_in_place(false, || {
                 with_product_plan(plan, || {
