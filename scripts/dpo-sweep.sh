@@ -12,8 +12,9 @@
 # Usage: bash scripts/dpo-sweep.sh TRACE_TRAIN BASE_MODEL OUT
 #   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import-gguf`)
 # Environment: HUMANEVAL=path/HumanEval.jsonl.gz (needed); the corpus
-# (datasets/corpus, or TRACE_TRAIN_CORPUS); DPO_RUNS: `name:lr:demos`
-# separated by spaces, demos empty or 1 for `stage3.dpo.demonstrations`
+# (datasets/corpus, or TRACE_TRAIN_CORPUS); DPO_RUNS: `name:lr:demos[:nll]`
+# separated by spaces, demos empty or 1 for `stage3.dpo.demonstrations`, nll
+# the RPO NLL term `stage3.dpo.train.nll_coef` (default 1.0)
 # (default "a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1"); DPO_ROUNDS (default 2),
 # DPO_PROMPTS (prompts a round, default 1024), DPO_PAIRS (most pairs a prompt, default 4),
 # DPO_ROWS (rows each run's sampler decodes at once, default 256: several
@@ -78,7 +79,7 @@ dbg() { # dbg MODEL OUT: the held-out short set with `__DBG_`, 4 variants
 }
 dbg "$S2" "$W/dbg.s2.json" &
 for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
-  IFS=: read -r name lr demo <<< "$spec"
+  IFS=: read -r name lr demo nll <<< "$spec"
   d=$W/v/$name
   mkdir -p "$d/ckpt"
   ln -sfn "$W/ckpt/stage1_warmup" "$d/ckpt/stage1_warmup"
@@ -93,7 +94,7 @@ for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
   cfg "{\"algorithm\": \"dpo\", \"ppo\": {\"dataset\": \"$P\", \"sample_max_rows\": ${DPO_ROWS:-256}},
         \"dpo\": {\"rounds\": ${DPO_ROUNDS:-2}, \"num_prompts\": ${DPO_PROMPTS:-1024}, \"num_samples\": 8, \"temperature\": 1.0,
                  \"max_new_tokens\": 256, \"max_pairs_per_prompt\": ${DPO_PAIRS:-4}, \"demonstrations\": $demos, \"same_lines\": $same, \"last_bucket\": $bucket,
-                 \"train\": {\"learning_rate\": $lr, \"epochs\": 1, \"batch_size\": 8, \"nll_coef\": 1.0, \"beta\": 0.1}}}" \
+                 \"train\": {\"learning_rate\": $lr, \"epochs\": 1, \"batch_size\": 8, \"nll_coef\": ${nll:-1.0}, \"beta\": 0.1}}}" \
     > "$d/pipeline_config.json"
   ( "$T" pipeline --config "$d/pipeline_config.json" --checkpoints "$d/ckpt" --start_stage 3 --last_stage 3 \
       --resume --device "$DEV" $U > "$W/logs/dpo.$name.log" 2>&1
@@ -106,34 +107,36 @@ for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
   sleep "${STAGGER:-20}"
 done
 wait
-# Each run's gate table (its last round against Stage 2) and the `__DBG_`
-# set by round, with the buckets beyond Stage 2's interval.
+# Each round's gate sets against Stage 2 (exact match and its 80% interval,
+# and the buckets beyond Stage 2's interval), then the `__DBG_` set by round.
 python3 - "$W" <<'PY' | tee "$W/dpo-sweep.txt"
-import glob, json, os, re, sys
+import glob, json, os, sys
 w = sys.argv[1]
-for log in sorted(glob.glob(os.path.join(w, "logs", "dpo.*.log"))):
-    name = log.split("dpo.")[-1][:-4]
-    text = open(log).read()
-    i = text.rfind("\nstage 3 (dpo)  ")
-    print(f"== {name}: gate, last round against Stage 2")
-    print(text[i + 1:].split("\nwarning")[0].split("\n\n")[0].rstrip() if i >= 0 else "(no gate table)")
+def beyond(x, y):
+    return "+" if x["interval"]["lo"] > y["interval"]["hi"] else "-" if x["interval"]["hi"] < y["interval"]["lo"] else ""
+def line(label, d, r):
+    marks = [beyond(d, r) + "all"] if beyond(d, r) else []
+    for dim, bs in d["by"].items():
+        rb = {b["bucket"]: b for b in r["by"][dim]}
+        for b in bs:
+            m = beyond(b, rb[b["bucket"]]) if b["bucket"] in rb else ""
+            if m:
+                marks.append(f"{m}{dim}={b['bucket']} ({rb[b['bucket']]['correct']} -> {b['correct']} of {b['n']})")
+    lo, hi = d["interval"]["lo"], d["interval"]["hi"]
+    return f"{label:24} {d['correct']:4} {100 * d['accuracy']:5.1f}% [{100 * lo:.1f}-{100 * hi:.1f}]  " + " ".join(marks)
+print("gate sets: correct, accuracy [80% interval], buckets beyond Stage 2's interval")
+for s2 in sorted(glob.glob(os.path.join(w, "ckpt", "gate", "2_sft", "*.json"))):
+    name = os.path.basename(s2)
+    r = json.load(open(s2))
+    print(line(f"s2 {name[:-5]}", r, r))
+    for f in sorted(glob.glob(os.path.join(w, "v", "*", "ckpt", "gate", "3_dpo_r*", name))):
+        run, rnd = f.split(os.sep)[-5], f.split(os.sep)[-2][len("3_dpo_"):]
+        print(line(f"{run}.{rnd} {name[:-5]}", json.load(open(f)), r))
 ref = os.path.join(w, "dbg.s2.json")
 if os.path.exists(ref):
     r = json.load(open(ref))
-    def beyond(x, y):
-        return "+" if x["interval"]["lo"] > y["interval"]["hi"] else "-" if x["interval"]["hi"] < y["interval"]["lo"] else ""
     print("\n`__DBG_` short set (1,200): correct, accuracy [80% interval], buckets beyond Stage 2's interval")
     for f in [ref] + sorted(set(glob.glob(os.path.join(w, "dbg.*.json"))) - {ref}):
-        d = json.load(open(f))
-        marks = [beyond(d, r) + "all"] if beyond(d, r) else []
-        for dim, bs in d["by"].items():
-            rb = {b["bucket"]: b for b in r["by"][dim]}
-            for b in bs:
-                m = beyond(b, rb[b["bucket"]]) if b["bucket"] in rb else ""
-                if m:
-                    marks.append(f"{m}{dim}={b['bucket']} ({rb[b['bucket']]['correct']} -> {b['correct']} of {b['n']})")
-        lo, hi = d["interval"]["lo"], d["interval"]["hi"]
-        print(f"{os.path.basename(f)[4:-5]:8} {d['correct']:4} {100 * d['accuracy']:5.1f}% [{100 * lo:.1f}-{100 * hi:.1f}]  "
-              + " ".join(marks))
+        print(line(os.path.basename(f)[4:-5], json.load(open(f)), r))
 PY
 say "all done"
