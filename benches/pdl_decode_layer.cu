@@ -261,7 +261,7 @@ __global__ void add_splits(const float *__restrict__ part, bf16 *__restrict__ Y,
 constexpr int KC = 64;  // K elements a stage (128 bytes a row)
 
 // cp.async, ldmatrix, mma.sync and the stage swizzle: the decode kernels' own.
-#include "../src/kernels/mma.cuh"
+#include "mma.cuh"
 
 // MODE 0: the kernel of tc_decode_gemm.cu as it is (no griddepcontrol).
 // MODE 1: before griddepcontrol.wait, the W part of chunks 0..STAGES-1 is

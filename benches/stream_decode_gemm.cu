@@ -19,13 +19,10 @@
 //      to its own slot, and the block that completes the tile (a counter a
 //      tile) adds the slots in order (the same bits whichever finished
 //      last) and clears the counter for the next launch.
-// The decode step already keeps a folded copy of the weights for cuBLAS; a
-// tiled copy made from it could take its place. (For now, in the decode
-// step's experiment, it sits beside it.)
-//
-// The kernels are src/kernels/stream.cu's own (included below), so what is
-// timed here is what the decode step runs with
-// TRACE_TRAIN_DECODE_PRODUCT=stream:WARPS:STAGES:PER_SM.
+// Measured on one H100 (docs/BENCHMARKS.md, session 19): 0.55-0.77x
+// cuBLAS on the layer products, 0.97-0.99x on the head; in the decode
+// step it gave 3,700-3,980 new tokens/s against cuBLAS's 5,340, so the
+// decode step was left on cuBLAS and the kernels live here (stream_decode.cuh).
 //
 // The harness checks every configuration against cublasGemmEx (largest
 // error relative to the largest output, and the same bits on a second
@@ -47,7 +44,7 @@
 #include <vector>
 #include <algorithm>
 
-#include "../src/kernels/stream.cu"
+#include "stream_decode.cuh"
 
 #define CK(x) do { auto r_ = (x); if (r_ != 0) { printf("error %d at %s:%d\n", (int)r_, __FILE__, __LINE__); exit(1); } } while (0)
 

@@ -31,7 +31,7 @@
 constexpr int KC = 64;      // K elements a stage (128 bytes a row)
 
 // cp.async, ldmatrix, mma.sync and the stage swizzle: the decode kernels' own.
-#include "../src/kernels/mma.cuh"
+#include "mma.cuh"
 
 // One CTA: rows [tile * 16 * WARPS, +16 * WARPS) of W, K chunks
 // [split * chunks / splits, (split + 1) * chunks / splits). With one split

@@ -41,7 +41,7 @@ use super::attention::Cache;
 use super::decoder::{DecodeBase, DecodeProj, DecodeWeights};
 use super::draw;
 pub use super::draw::Draw;
-use super::kernels::{self, DECODE, Kernel, Module, SAMPLE, SKINNY, STREAM};
+use super::kernels::{self, DECODE, Kernel, Module, SAMPLE, SKINNY};
 
 /// Weight rows one block of the decode product owns (`SK_TILE` in skinny.cu).
 const SKINNY_TILE: usize = 128;
@@ -209,7 +209,7 @@ impl<'w> Engine<'w> {
             .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
             .chain([&w.head])
             .collect();
-        let products = Products::new(dev, dtype, &all, StreamPlan::asked()?)?;
+        let products = Products::new(dev, dtype, &all)?;
         let vocab = w.head.dims()?.0;
         let draw_slices = draw::slices(rows, vocab, kernels::multiprocessors(dev)?);
         let draw_part = dev.alloc_zeros::<f32>(4 * rows * draw_slices)?;
@@ -681,8 +681,7 @@ fn uninit(dev: &CudaDevice, dtype: DType, rows: usize, cols: usize) -> Result<Te
 
 /// The decode step's products `x W^T` (a few rows of x, all of W) and
 /// their scratch: cuBLAS on a folded copy, or the decode kernel
-/// (`skinny.cu`) on the bases in place; with a [`StreamPlan`], folded bf16
-/// copies go to `stream.cu` instead, from a tiled copy made here.
+/// (`skinny.cu`) on the bases in place.
 pub struct Products {
     stream: Arc<CudaStream>,
     dtype: DType,
@@ -692,153 +691,11 @@ pub struct Products {
     /// tile (each launch leaves them at zero).
     part: CudaSlice<f32>,
     counters: CudaSlice<u32>,
-    /// `stream.cu`'s plan, its tiled copies and scratch.
-    streamed: Option<Streamed>,
-}
-
-/// How `stream.cu` runs: `TRACE_TRAIN_DECODE_PRODUCT=stream[:WARPS:STAGES:PER_SM]`
-/// (an experiment beside cuBLAS: see docs/BENCHMARKS.md, session 18).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StreamPlan {
-    /// Warps a block (4 or 8): tiles of 16 x warps weight rows.
-    pub warps: usize,
-    /// Pipeline stages (4 or 6).
-    pub stages: usize,
-    /// Blocks launched a multiprocessor (1 to 8).
-    pub per_sm: usize,
-}
-
-thread_local! {
-    static PLAN: std::cell::Cell<Option<Option<StreamPlan>>> = const { std::cell::Cell::new(None) };
-}
-
-/// Runs `f` with the decode steps made on this thread taking `plan` for
-/// their folded products (`None`: cuBLAS), whatever
-/// `TRACE_TRAIN_DECODE_PRODUCT` says (for tests and benchmarks).
-pub fn with_product_plan<R>(plan: Option<StreamPlan>, f: impl FnOnce() -> R) -> R {
-    let old = PLAN.with(|p| p.replace(Some(plan)));
-    let out = f();
-    PLAN.with(|p| p.set(old));
-    out
-}
-
-impl StreamPlan {
-    const VAR: &'static str = "TRACE_TRAIN_DECODE_PRODUCT";
-
-    /// The plan [`with_product_plan`] set on this thread, else the
-    /// environment's.
-    fn asked() -> Result<Option<Self>> {
-        match PLAN.with(|p| p.get()) {
-            Some(plan) => Ok(plan),
-            None => Self::from_env(),
-        }
-    }
-
-    /// The plan `TRACE_TRAIN_DECODE_PRODUCT` asks for; none when unset or
-    /// `cublas`.
-    pub fn from_env() -> Result<Option<Self>> {
-        match std::env::var(Self::VAR) {
-            Ok(v) => Self::parse(&v),
-            Err(_) => Ok(None),
-        }
-    }
-
-    /// `cublas`, `stream` (4 warps, 4 stages, 2 blocks a multiprocessor)
-    /// or `stream:WARPS:STAGES:PER_SM`.
-    pub fn parse(v: &str) -> Result<Option<Self>> {
-        let bad = || {
-            candle_core::Error::Msg(format!(
-                "{}=`{v}`: expected `cublas`, `stream` or `stream:WARPS:STAGES:PER_SM` \
-                 (warps 4 or 8, stages 4 or 6, blocks a multiprocessor 1 to 8)",
-                Self::VAR
-            ))
-        };
-        let mut it = v.split(':');
-        match it.next() {
-            Some("cublas") if v == "cublas" => return Ok(None),
-            Some("stream") => {}
-            _ => return Err(bad()),
-        }
-        let nums: Vec<usize> = it
-            .map(|x| x.parse().map_err(|_| bad()))
-            .collect::<Result<_>>()?;
-        let plan = match nums[..] {
-            [] => Self {
-                warps: 4,
-                stages: 4,
-                per_sm: 2,
-            },
-            [warps, stages, per_sm] => Self {
-                warps,
-                stages,
-                per_sm,
-            },
-            _ => return Err(bad()),
-        };
-        if !matches!(plan.warps, 4 | 8)
-            || !matches!(plan.stages, 4 | 6)
-            || !(1..=8).contains(&plan.per_sm)
-        {
-            return Err(bad());
-        }
-        Ok(Some(plan))
-    }
-
-    /// The product kernel's name in stream.cu.
-    fn kernel(&self) -> String {
-        format!("stream_gemm_w{}_s{}", self.warps, self.stages)
-    }
-
-    /// Weight rows a tile.
-    fn rows(&self) -> usize {
-        16 * self.warps
-    }
-
-    /// Dynamic shared memory a block: its stages of weight rows and of
-    /// X's 32 rows, 128 bytes a row.
-    fn shared_bytes(&self) -> u32 {
-        (self.stages * (self.rows() + STREAM_ROWS) * 128) as u32
-    }
-
-    /// Blocks a launch over `units` (tile, chunk) pairs.
-    fn grid(&self, sms: usize, units: usize) -> usize {
-        (self.per_sm * sms).min(units).max(1)
-    }
-
-    /// Most blocks that share a tile of `chunks` units: the grid's blocks
-    /// take at least `units / grid` units each.
-    fn slots(&self, sms: usize, out: usize, k: usize) -> usize {
-        let chunks = k / 64;
-        let units = out / self.rows() * chunks;
-        let least = (units / self.grid(sms, units)).max(1);
-        chunks.div_ceil(least) + 1
-    }
-}
-
-/// X rows a `stream.cu` launch.
-const STREAM_ROWS: usize = 32;
-
-/// `stream.cu`'s state: the plan, a tiled copy of each folded weight it
-/// takes (by the folded copy's address), and the shared scratch.
-struct Streamed {
-    plan: StreamPlan,
-    tiled: Vec<(u64, CudaSlice<bf16>)>,
-    /// `(slots, 32, out)` f32 partial sums of tiles shared by blocks.
-    part: CudaSlice<f32>,
-    /// One a tile; each launch leaves them at zero.
-    counters: CudaSlice<u32>,
 }
 
 impl Products {
-    /// Scratch for every product of `all` with a model of `dtype`; with a
-    /// stream plan, a tiled copy of every folded bf16 weight whose sizes
-    /// the tiles divide (the others stay with cuBLAS).
-    pub fn new(
-        dev: &CudaDevice,
-        dtype: DType,
-        all: &[&DecodeProj],
-        stream_plan: Option<StreamPlan>,
-    ) -> Result<Self> {
+    /// Scratch for every product of `all` with a model of `dtype`.
+    pub fn new(dev: &CudaDevice, dtype: DType, all: &[&DecodeProj]) -> Result<Self> {
         let stream = dev.cuda_stream();
         let sms = kernels::multiprocessors(dev)?;
         let (mut part_len, mut tiles_max) = (1, 1);
@@ -854,142 +711,20 @@ impl Products {
             }
             tiles_max = tiles_max.max(tiles);
         }
-        let streamed = match stream_plan {
-            Some(plan) if dtype == DType::BF16 => Some(Self::tile(dev, plan, sms, all)?),
-            _ => None,
-        };
         Ok(Self {
             part: dev.alloc_zeros::<f32>(part_len)?,
             counters: dev.alloc_zeros::<u32>(tiles_max)?,
             stream,
             dtype,
             sms,
-            streamed,
         })
-    }
-
-    /// The tiled copies of `all`'s folded weights under `plan`, and their
-    /// scratch.
-    fn tile(
-        dev: &CudaDevice,
-        plan: StreamPlan,
-        sms: usize,
-        all: &[&DecodeProj],
-    ) -> Result<Streamed> {
-        let stream = dev.cuda_stream();
-        let rows = plan.rows();
-        let f = kernels::kernel(dev, &STREAM, &format!("tile_weights_r{rows}"))?;
-        kernels::kernel(dev, &STREAM, &plan.kernel())?.allow_shared(plan.shared_bytes())?;
-        let (mut tiled, mut part_len, mut tiles_max) = (Vec::new(), 1, 1);
-        for p in all {
-            let DecodeProj::Folded(w) = p else { continue };
-            let (out, k) = w.dims2()?;
-            let key = ptr(w)?;
-            if w.dtype() != DType::BF16
-                || out % rows != 0
-                || k % 64 != 0
-                || tiled.iter().any(|(k, _)| *k == key)
-            {
-                continue;
-            }
-            // SAFETY: every element is written by `tile_weights` below.
-            let copy = unsafe { dev.alloc::<bf16>(out * k) }?;
-            {
-                let (src, dst, n32, k32) = (key, slice_ptr(&copy, &stream), out as i32, k as i32);
-                let mut a = f.builder();
-                a.arg(&src);
-                a.arg(&dst);
-                a.arg(&n32);
-                a.arg(&k32);
-                let blocks = (out * k / 8).div_ceil(256).min(8 * sms) as u32;
-                // SAFETY: matches `tile_weights_r*` in stream.cu: w is (out,
-                // k) bf16, the copy as long, out a multiple of the rows.
-                unsafe { a.launch(cfg((blocks, 1, 1), 256)) }.w()?;
-            }
-            part_len = part_len.max(plan.slots(sms, out, k) * STREAM_ROWS * out);
-            tiles_max = tiles_max.max(out / rows);
-            tiled.push((key, copy));
-        }
-        Ok(Streamed {
-            plan,
-            tiled,
-            part: dev.alloc_zeros::<f32>(part_len)?,
-            counters: dev.alloc_zeros::<u32>(tiles_max)?,
-        })
-    }
-
-    /// `x W^T` from `w`'s tiled copy, if `stream.cu` has one.
-    fn stream_project(&self, dev: &CudaDevice, x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
-        let Some(st) = &self.streamed else {
-            return Ok(None);
-        };
-        let key = ptr(w)?;
-        let Some((_, copy)) = st.tiled.iter().find(|(k, _)| *k == key) else {
-            return Ok(None);
-        };
-        let (rows, inp) = x.dims2()?;
-        let (out, k) = w.dims2()?;
-        if x.dtype() != DType::BF16 || inp != k {
-            bail!(
-                "stream product: x ({rows}, {inp}) {:?} against a weight ({out}, {k})",
-                x.dtype()
-            );
-        }
-        let plan = st.plan;
-        let f = kernels::kernel(dev, &STREAM, &plan.kernel())?;
-        let units = out / plan.rows() * (k / 64);
-        let grid = plan.grid(self.sms, units) as u32;
-        // The kernel writes every element of y.
-        let y = uninit(dev, DType::BF16, rows, out)?;
-        let (wt, part, counters) = (
-            slice_ptr(copy, &self.stream),
-            slice_ptr(&st.part, &self.stream),
-            slice_ptr(&st.counters, &self.stream),
-        );
-        // This product's bound: `tile` sized `part` for it (and the kernel
-        // traps past it).
-        let slots = plan.slots(self.sms, out, k);
-        let (k32, n32, slots32) = (k as i32, out as i32, slots as i32);
-        for first in (0..rows).step_by(STREAM_ROWS) {
-            let m = (rows - first).min(STREAM_ROWS) as i32;
-            let xp = ptr(x)? + (first * k) as u64 * 2;
-            let yp = ptr(&y)? + (first * out) as u64 * 2;
-            let mut a = f.builder();
-            a.arg(&xp);
-            a.arg(&m);
-            a.arg(&k32);
-            a.arg(&wt);
-            a.arg(&yp);
-            a.arg(&n32);
-            a.arg(&n32);
-            a.arg(&part);
-            a.arg(&counters);
-            a.arg(&slots32);
-            let config = LaunchConfig {
-                grid_dim: (grid, 1, 1),
-                block_dim: (32 * plan.warps as u32, 1, 1),
-                shared_mem_bytes: plan.shared_bytes(),
-            };
-            // SAFETY: matches `stream_gemm_*` in stream.cu: x holds m rows
-            // of k, y m rows of `out` (row stride out); the tiled copy is
-            // w's; `part` holds `slots` x 32 x out (sized in `tile`,
-            // checked in the kernel) and the counters one a tile, left at
-            // zero by every launch.
-            unsafe { a.launch(config) }.w()?;
-        }
-        Ok(Some(y))
     }
 
     /// `x W^T` for `x` `(rows, in)`: cuBLAS for a folded copy, else the
     /// decode kernel (`skinny.cu`, 32 rows a launch).
     pub fn project(&self, dev: &CudaDevice, x: &Tensor, p: &DecodeProj) -> Result<Tensor> {
         let (parts, lora) = match p {
-            DecodeProj::Folded(w) => {
-                return match self.stream_project(dev, x, w)? {
-                    Some(y) => Ok(y),
-                    None => x.matmul(&w.t()?),
-                };
-            }
+            DecodeProj::Folded(w) => return x.matmul(&w.t()?),
             DecodeProj::Parts { parts, lora } => (parts, lora),
         };
         if self.dtype != DType::BF16 {
@@ -1315,7 +1050,7 @@ mod tests {
         let (nf4, nf4_lora) = (nf4_with(None), nf4_with(lora()));
         let folded = DecodeProj::Folded(bf(&randn(1000, 96, 0.1, &dev)));
         let all = [&one, &dense3, &nf4, &nf4_lora, &folded];
-        let products = Products::new(&cuda, DType::BF16, &all, None).unwrap();
+        let products = Products::new(&cuda, DType::BF16, &all).unwrap();
         assert!(
             split_plan(&one, products.sms).unwrap().splits > 1,
             "the test covers split K"
@@ -1366,7 +1101,7 @@ mod tests {
         };
         let plan = split_plan(&head, products.sms).unwrap();
         assert_eq!((plan.splits, plan.x_in_shared), (1, false), "{plan:?}");
-        let heads = Products::new(&cuda, DType::BF16, &[&head], None).unwrap();
+        let heads = Products::new(&cuda, DType::BF16, &[&head]).unwrap();
         let x = bf(&randn(5, 2304, 1.0, &dev));
         let want = x
             .to_dtype(DType::F32)
@@ -1386,110 +1121,5 @@ mod tests {
             .unwrap();
         let got = products.project(&cuda, &x, &folded).unwrap();
         assert!(rel(&got, &want) < 1e-2);
-    }
-
-    /// `TRACE_TRAIN_DECODE_PRODUCT`: `cublas` and unset give no plan,
-    /// `stream` the default one, `stream:W:S:P` its own; anything else is
-    /// refused naming the variable and what it takes.
-    #[test]
-    fn stream_plans_parse_and_refuse() {
-        assert_eq!(StreamPlan::parse("cublas").unwrap(), None);
-        let d = StreamPlan::parse("stream").unwrap().unwrap();
-        assert_eq!((d.warps, d.stages, d.per_sm), (4, 4, 2));
-        let p = StreamPlan::parse("stream:8:6:3").unwrap().unwrap();
-        assert_eq!((p.warps, p.stages, p.per_sm, p.rows()), (8, 6, 3, 128));
-        assert_eq!(p.shared_bytes(), 6 * (128 + 32) * 128);
-        for bad in [
-            "",
-            "Stream",
-            "stream:4",
-            "stream:5:4:2",
-            "stream:4:5:2",
-            "stream:4:4:0",
-            "stream:4:4:x",
-            "cublas:1",
-        ] {
-            let e = StreamPlan::parse(bad).unwrap_err().to_string();
-            assert!(
-                e.contains("TRACE_TRAIN_DECODE_PRODUCT") && e.contains("stream:WARPS"),
-                "{bad}: {e}"
-            );
-        }
-        // Blocks of at least `least` units: a tile of `chunks` units meets
-        // at most ceil(chunks / least) + 1 of them.
-        let p = StreamPlan::parse("stream:4:4:2").unwrap().unwrap();
-        for (sms, out, k) in [
-            (132, 6144, 2560),
-            (132, 2560, 9728),
-            (132, 128, 4096),
-            (7, 640, 576),
-        ] {
-            let units = out / 64 * (k / 64);
-            let grid = p.grid(sms, units);
-            let chunks = k / 64;
-            let block_of = |u: usize| ((u + 1) * grid - 1) / units;
-            let most = (0..out / 64)
-                .map(|t| block_of(t * chunks + chunks - 1) - block_of(t * chunks) + 1)
-                .max()
-                .unwrap();
-            assert!(most <= p.slots(sms, out, k), "{sms} {out} {k}: {most}");
-            // block_of inverts the blocks' first units.
-            for b in 0..grid {
-                assert_eq!(block_of(units * b / grid), b);
-            }
-        }
-    }
-
-    /// `stream.cu` against f32 matmuls of the same values, for every kernel
-    /// it has: tiles one block covers whole and tiles shared by up to 65
-    /// blocks, every row count up to 64 (two launches), a second run the
-    /// same bits (the slots are added in order and the counters reset);
-    /// weights the tiles do not divide stay with cuBLAS.
-    #[test]
-    fn stream_product_matches_f32_matmuls() {
-        let Some(cuda) = gpu() else { return };
-        let dev = Device::Cuda(cuda.clone());
-        let bf = |t: &Tensor| t.to_dtype(DType::BF16).unwrap();
-        let shapes = [(1024, 2048), (640, 576), (128, 4096), (1000, 96)];
-        let weights: Vec<DecodeProj> = shapes
-            .iter()
-            .map(|&(o, k)| DecodeProj::Folded(bf(&randn(o, k, 0.05, &dev))))
-            .collect();
-        let all: Vec<&DecodeProj> = weights.iter().collect();
-        for spec in [
-            "stream:4:4:1",
-            "stream:4:6:3",
-            "stream:8:4:2",
-            "stream:8:6:8",
-        ] {
-            let plan = StreamPlan::parse(spec).unwrap();
-            let products = Products::new(&cuda, DType::BF16, &all, plan).unwrap();
-            let tiled = products.streamed.as_ref().unwrap().tiled.len();
-            assert_eq!(tiled, 3, "{spec}: 1000 rows are left to cuBLAS");
-            for (p, &(_, k)) in weights.iter().zip(&shapes) {
-                let DecodeProj::Folded(w) = p else {
-                    unreachable!()
-                };
-                let wf = w.to_dtype(DType::F32).unwrap();
-                for m in [1, 5, 16, 17, 32, 40, 64] {
-                    let x = bf(&randn(m, k, 1.0, &dev));
-                    let want = x
-                        .to_dtype(DType::F32)
-                        .unwrap()
-                        .matmul(&wf.t().unwrap())
-                        .unwrap();
-                    let got = products.project(&cuda, &x, p).unwrap();
-                    let e = rel(&got, &want);
-                    assert!(e < 1e-2, "{spec}, {:?}, {m} rows: {e}", w.dims());
-                    let again = products.project(&cuda, &x, p).unwrap();
-                    assert_eq!(
-                        values(&got),
-                        values(&again),
-                        "{spec}, {:?}, {m} rows: the same bits twice",
-                        w.dims()
-                    );
-                }
-            }
-        }
     }
 }

@@ -1255,53 +1255,6 @@ mod cuda_tests {
         }
     }
 
-    /// `TRACE_TRAIN_DECODE_PRODUCT=stream`'s products in the fused step
-    /// (the tiny model's folded copy; 64-row tiles divide every product,
-    /// 128-row ones leave o and down to cuBLAS): graph replays give the
-    /// eager step's tokens and log-probs, twice the same, and the first
-    /// token and its log-prob are cuBLAS's (the same prefill, products
-    /// summed in another order).
-    #[test]
-    fn stream_products_decode_as_cublas_does() {
-        use crate::model::fast_decode::{StreamPlan, with_product_plan};
-        let Some(dev) = gpu() else { return };
-        let dir = tempfile::tempdir().unwrap();
-        tiny::write_tiny_qwen3(dir.path(), 42).unwrap();
-        let m = load(dir.path(), None, DType::BF16, &dev).unwrap();
-        let (prompts, s) = five_prompts();
-        let run = |plan: Option<StreamPlan>, path| {
-            with_weights_in_place(false, || {
-                with_product_plan(plan, || {
-                    with_decode_path(path, || {
-                        sample(&m.model, &prompts, 12, &[], 0, 0, &s, &dev).unwrap()
-                    })
-                })
-            })
-        };
-        let cublas = run(None, DecodePath::Graph);
-        for spec in ["stream:4:4:2", "stream:4:6:8", "stream:8:4:1"] {
-            let plan = StreamPlan::parse(spec).unwrap();
-            let graph = run(plan, DecodePath::Graph);
-            assert_eq!(last_path(), Some(DecodePath::Graph), "{spec}");
-            let eager = run(plan, DecodePath::Eager);
-            let again = run(plan, DecodePath::Graph);
-            for (((a, b), c), d) in graph.iter().zip(&eager).zip(&again).zip(&cublas) {
-                assert_eq!(a.tokens, b.tokens, "{spec}: graph against eager");
-                assert_eq!(a.logprobs, c.logprobs, "{spec}: the same bits twice");
-                for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
-                    assert!((x - y).abs() < 1e-5, "{spec}: {x} vs {y}");
-                }
-                assert_eq!(a.tokens[0], d.tokens[0], "{spec}: the same prefill");
-                assert!(
-                    (a.logprobs[0] - d.logprobs[0]).abs() < 0.05,
-                    "{spec}: {} vs cuBLAS {}",
-                    a.logprobs[0],
-                    d.logprobs[0]
-                );
-            }
-        }
-    }
-
     #[test]
     fn gpu_decoding_matches_the_trainer_and_repeats() {
         let Some(dev) = gpu() else { return };

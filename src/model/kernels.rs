@@ -46,8 +46,6 @@ pub const SAMPLE: Module = module!("sample");
 pub const ATTENTION: Module = module!("attention");
 /// `src/kernels/train.cu`: the training step's fused kernels.
 pub const TRAIN: Module = module!("train");
-/// `src/kernels/stream.cu`: the decode products from a tiled weight copy.
-pub const STREAM: Module = module!("stream");
 
 /// A kernel of a loaded module and the device stream it launches on.
 pub struct Kernel {

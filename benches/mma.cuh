@@ -1,9 +1,7 @@
-// The tensor-core building blocks of the decode products (stream.cu) and of
-// the benches that try product kernels (benches/tc_decode_gemm.cu,
-// benches/pdl_decode_layer.cu): asynchronous copies to shared memory,
-// ldmatrix, mma.sync m16n8k16 on bf16 with f32 sums, and the swizzle of a
-// stage of 128-byte rows. Included by those files (nvcc finds it beside
-// them); build.rs compiles only the .cu files.
+// The tensor-core building blocks of the benches that try decode product
+// kernels (tc_decode_gemm.cu, pdl_decode_layer.cu, stream_decode.cuh):
+// asynchronous copies to shared memory, ldmatrix, mma.sync m16n8k16 on
+// bf16 with f32 sums, and the swizzle of a stage of 128-byte rows.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,7 +1,9 @@
-// The decode step's products from a tiled copy of the weights, in one even
-// wave (src/model/fast_decode.rs, `TRACE_TRAIN_DECODE_PRODUCT=stream`; an
-// experiment beside cuBLAS until the GPU says which is faster):
-// Y = X W^T for up to 32 rows of X (bf16, f32 sums).
+// An experiment, measured and set aside (docs/BENCHMARKS.md, "A tiled
+// weight copy read in one even wave", session 19: 0.55-0.77x cuBLAS on the
+// Qwen3-4B layer products, 3,700-3,980 new tokens/s in `bench gen` against
+// cuBLAS's 5,340): the decode step's products from a tiled copy of the
+// weights, in one even wave. Y = X W^T for up to 32 rows of X (bf16, f32
+// sums). benches/stream_decode_gemm.cu times it against cuBLAS.
 //
 // The copy (`tile_weights_*`): the block of ROWS weight rows x 64 columns
 // that one pipeline stage takes (ROWS x 128 bytes) is contiguous and
