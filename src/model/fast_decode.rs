@@ -42,6 +42,7 @@ use super::decoder::{DecodeBase, DecodeProj, DecodeWeights};
 use super::draw;
 pub use super::draw::Draw;
 use super::kernels::{self, DECODE, Kernel, Module, SAMPLE, SKINNY};
+use super::lt_products::{self, LtProducts};
 
 /// Weight rows one block of the decode product owns (`SK_TILE` in skinny.cu).
 const SKINNY_TILE: usize = 128;
@@ -209,7 +210,7 @@ impl<'w> Engine<'w> {
             .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
             .chain([&w.head])
             .collect();
-        let products = Products::new(dev, dtype, &all)?;
+        let products = Products::new(dev, dtype, &all, rows)?;
         let vocab = w.head.dims()?.0;
         let draw_slices = draw::slices(rows, vocab, kernels::multiprocessors(dev)?);
         let draw_part = dev.alloc_zeros::<f32>(4 * rows * draw_slices)?;
@@ -661,7 +662,7 @@ impl<'w> Engine<'w> {
 
 /// An uninitialised `(rows, cols)` tensor of `dtype` (bf16, f16, else f32)
 /// on `dev`: every caller's kernel writes it whole before any read.
-fn uninit(dev: &CudaDevice, dtype: DType, rows: usize, cols: usize) -> Result<Tensor> {
+pub(super) fn uninit(dev: &CudaDevice, dtype: DType, rows: usize, cols: usize) -> Result<Tensor> {
     let n = rows * cols;
     // SAFETY: each caller's kernel writes every element before a read.
     let storage = unsafe {
@@ -691,11 +692,15 @@ pub struct Products {
     /// tile (each launch leaves them at zero).
     part: CudaSlice<f32>,
     counters: CudaSlice<u32>,
+    /// cuBLASLt plans for the folded bf16 copies at the engine's rows
+    /// (`TRACE_TRAIN_DECODE_LT`).
+    lt: Option<LtProducts>,
 }
 
 impl Products {
-    /// Scratch for every product of `all` with a model of `dtype`.
-    pub fn new(dev: &CudaDevice, dtype: DType, all: &[&DecodeProj]) -> Result<Self> {
+    /// Scratch for every product of `all` with a model of `dtype`, and the
+    /// folded copies' products planned for `rows` rows of x.
+    pub fn new(dev: &CudaDevice, dtype: DType, all: &[&DecodeProj], rows: usize) -> Result<Self> {
         let stream = dev.cuda_stream();
         let sms = kernels::multiprocessors(dev)?;
         let (mut part_len, mut tiles_max) = (1, 1);
@@ -711,20 +716,54 @@ impl Products {
             }
             tiles_max = tiles_max.max(tiles);
         }
+        let folded: Vec<&Tensor> = all
+            .iter()
+            .filter_map(|p| match p {
+                DecodeProj::Folded(w) if w.dtype() == DType::BF16 => Some(w),
+                _ => None,
+            })
+            .collect();
+        let lt = if dtype == DType::BF16 && !folded.is_empty() && lt_products::enabled()? {
+            match LtProducts::new(dev, rows, &folded) {
+                Ok(lt) => Some(lt),
+                Err(e) => {
+                    // cuBLAS's path is always there: say why, and take it.
+                    tracing::warn!(
+                        "decode: cuBLASLt unavailable ({e}); the products run on cuBLAS"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Ok(Self {
             part: dev.alloc_zeros::<f32>(part_len)?,
             counters: dev.alloc_zeros::<u32>(tiles_max)?,
             stream,
             dtype,
             sms,
+            lt,
         })
     }
 
-    /// `x W^T` for `x` `(rows, in)`: cuBLAS for a folded copy, else the
-    /// decode kernel (`skinny.cu`, 32 rows a launch).
+    /// `x W^T` for `x` `(rows, in)`: for a folded copy cuBLASLt's timed
+    /// algorithm where its plan has one, else cuBLAS; otherwise the decode
+    /// kernel (`skinny.cu`, 32 rows a launch).
     pub fn project(&self, dev: &CudaDevice, x: &Tensor, p: &DecodeProj) -> Result<Tensor> {
         let (parts, lora) = match p {
-            DecodeProj::Folded(w) => return x.matmul(&w.t()?),
+            DecodeProj::Folded(w) => {
+                if let Some(y) = self
+                    .lt
+                    .as_ref()
+                    .map(|lt| lt.project(x, w))
+                    .transpose()?
+                    .flatten()
+                {
+                    return Ok(y);
+                }
+                return x.matmul(&w.t()?);
+            }
             DecodeProj::Parts { parts, lora } => (parts, lora),
         };
         if self.dtype != DType::BF16 {
@@ -931,7 +970,7 @@ fn slice_ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 /// The device address of a contiguous CUDA tensor's first element. The
 /// tensor must outlive every launch that reads the address (frees are
 /// stream-ordered, so dropping it after the launch call is enough).
-fn ptr(t: &Tensor) -> Result<u64> {
+pub(super) fn ptr(t: &Tensor) -> Result<u64> {
     let (s, l) = t.storage_and_layout();
     let Storage::Cuda(c) = &*s else {
         bail!("decode step: expected a CUDA tensor");
@@ -1050,7 +1089,7 @@ mod tests {
         let (nf4, nf4_lora) = (nf4_with(None), nf4_with(lora()));
         let folded = DecodeProj::Folded(bf(&randn(1000, 96, 0.1, &dev)));
         let all = [&one, &dense3, &nf4, &nf4_lora, &folded];
-        let products = Products::new(&cuda, DType::BF16, &all).unwrap();
+        let products = Products::new(&cuda, DType::BF16, &all, 32).unwrap();
         assert!(
             split_plan(&one, products.sms).unwrap().splits > 1,
             "the test covers split K"
@@ -1101,7 +1140,7 @@ mod tests {
         };
         let plan = split_plan(&head, products.sms).unwrap();
         assert_eq!((plan.splits, plan.x_in_shared), (1, false), "{plan:?}");
-        let heads = Products::new(&cuda, DType::BF16, &[&head]).unwrap();
+        let heads = Products::new(&cuda, DType::BF16, &[&head], 32).unwrap();
         let x = bf(&randn(5, 2304, 1.0, &dev));
         let want = x
             .to_dtype(DType::F32)

@@ -31,6 +31,8 @@ pub(crate) mod init;
 pub mod kernels;
 pub mod llama;
 pub mod lora;
+#[cfg(feature = "cuda")]
+pub mod lt_products;
 pub mod nf4;
 pub mod norm;
 pub mod ops;
