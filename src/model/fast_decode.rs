@@ -994,12 +994,12 @@ pub(super) fn ptr(t: &Tensor) -> Result<u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::model::decoder::DecodeLora;
     use crate::model::nf4::Nf4Weight;
 
-    fn gpu() -> Option<CudaDevice> {
+    pub(in crate::model) fn gpu() -> Option<CudaDevice> {
         match Device::new_cuda(0) {
             Ok(Device::Cuda(d)) => Some(d),
             _ => {
@@ -1014,12 +1014,12 @@ mod tests {
     }
 
     /// A matrix's values as f32 (bf16 converts exactly), to compare bits.
-    fn values(t: &Tensor) -> Vec<Vec<f32>> {
+    pub(in crate::model) fn values(t: &Tensor) -> Vec<Vec<f32>> {
         t.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap()
     }
 
     /// Largest difference over the largest reference value.
-    fn rel(got: &Tensor, want: &Tensor) -> f32 {
+    pub(in crate::model) fn rel(got: &Tensor, want: &Tensor) -> f32 {
         let d = (got.to_dtype(DType::F32).unwrap() - want)
             .unwrap()
             .abs()

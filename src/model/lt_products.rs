@@ -539,16 +539,7 @@ impl ChoiceFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn gpu() -> Option<CudaDevice> {
-        match Device::new_cuda(0) {
-            Ok(Device::Cuda(d)) => Some(d),
-            _ => {
-                eprintln!("SKIPPED: no CUDA device");
-                None
-            }
-        }
-    }
+    use crate::model::fast_decode::tests::{gpu, rel, values};
 
     fn algo(first: u64) -> sys::cublasLtMatmulAlgo_t {
         sys::cublasLtMatmulAlgo_t {
@@ -627,13 +618,6 @@ mod tests {
                 .unwrap()
                 .matmul(&ws[1].to_dtype(DType::F32).unwrap().t().unwrap())
                 .unwrap();
-            let scale = want
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
             let mut ran = 0;
             for algo in &candidates {
                 let y = uninit(&cuda, DType::BF16, rows, out).unwrap();
@@ -642,15 +626,12 @@ mod tests {
                     continue;
                 }
                 ran += 1;
-                let first = y.to_dtype(DType::F32).unwrap();
-                let err = (&first - &want).unwrap().abs().unwrap().max_all().unwrap();
-                let err = err.to_scalar::<f32>().unwrap() / scale;
-                assert!(err < 1e-2, "({rows}, {out}, {inp}) {:?}: {err}", algo.data);
+                let (e, first) = (rel(&y, &want), values(&y));
+                assert!(e < 1e-2, "({rows}, {out}, {inp}) {:?}: {e}", algo.data);
                 lt.run(plan, algo, wp, xp, yp).unwrap();
-                let again = y.to_dtype(DType::F32).unwrap();
                 assert_eq!(
-                    first.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-                    again.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                    first,
+                    values(&y),
                     "({rows}, {out}, {inp}) {:?}: the same bits twice",
                     algo.data
                 );
@@ -658,12 +639,8 @@ mod tests {
             assert!(ran > 0, "({rows}, {out}, {inp}): no algorithm ran");
             match lt.project(&x, &ws[1]).unwrap() {
                 Some(y) => {
-                    let err = (y.to_dtype(DType::F32).unwrap() - &want)
-                        .unwrap()
-                        .abs()
-                        .unwrap();
-                    let err = err.max_all().unwrap().to_scalar::<f32>().unwrap() / scale;
-                    assert!(err < 1e-2, "({rows}, {out}, {inp}) project: {err}");
+                    let e = rel(&y, &want);
+                    assert!(e < 1e-2, "({rows}, {out}, {inp}) project: {e}");
                     assert!(matches!(plan.choice, Choice::Lt(_)));
                 }
                 None => assert_eq!(plan.choice, Choice::Cublas),
