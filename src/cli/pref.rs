@@ -180,7 +180,7 @@ pub struct PrefsArgs {
     #[arg(long, default_value = "pairs.jsonl")]
     pub output: PathBuf,
     /// Also pair correct answers, the better over the worse: `shorter`
-    /// (fewer tokens) or `fewer_lines`.
+    /// (fewer tokens) or `fewer_lines` (trailing blank lines not counted).
     #[arg(long)]
     pub among_correct: Option<String>,
     /// Drop pairs whose texts are fewer than this many character edits

@@ -49,7 +49,7 @@ impl Criterion {
     fn cost(self, r: &Rollout) -> usize {
         match self {
             Self::Shorter => r.tokens,
-            Self::FewerLines => r.completion.lines().count(),
+            Self::FewerLines => line_count(&r.completion),
         }
     }
 
@@ -393,6 +393,12 @@ mod tests {
                 .iter()
                 .all(|p| p.kind == "fewer_lines" && p.rejected == "1\n2\n3")
         );
+        // Lines are counted as `same_lines` counts them: trailing blank
+        // lines do not make an answer longer.
+        let blank = vec![roll(3, "1\n2", true, 3), roll(3, "1\n2\n\n", true, 5)];
+        let (pairs, st) = make_pairs(&blank, &lines);
+        assert!(pairs.is_empty(), "{pairs:?}");
+        assert_eq!(st.dropped["tie"], 1);
         // Every correct answer tied: no pair, counted as all_correct.
         let tied = vec![roll(2, "a", true, 1), roll(2, "b", true, 1)];
         let (pairs, st) = make_pairs(&tied, &shorter);
