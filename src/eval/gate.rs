@@ -195,6 +195,10 @@ pub struct Comparison {
     /// first is compared with the round before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub against_round: Option<usize>,
+    /// The name of `against` (`sft`, `dpo`; empty in records written
+    /// before it was kept).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub against_name: String,
     pub sets: Vec<SetChange>,
 }
 
@@ -243,6 +247,7 @@ pub fn compare(before: &StageScores, after: &StageScores) -> anyhow::Result<Comp
         round: after.round,
         against: before.stage,
         against_round: before.round,
+        against_name: before.name.clone(),
         sets,
     })
 }
@@ -284,6 +289,7 @@ pub fn decide(mode: Mode, c: &Comparison) -> Action {
         .join("; ");
     let against = match (c.against, c.against_round) {
         (0, _) => "the base model".to_owned(),
+        (s, r) if !c.against_name.is_empty() => label(s, &c.against_name, r),
         (s, Some(r)) => format!("stage {s} round {r}"),
         (s, None) => format!("stage {s}"),
     };
@@ -698,7 +704,7 @@ mod tests {
             panic!("stop mode stops")
         };
         assert!(
-            m.contains("stage 3 (dpo r1) made the model worse than stage 3 round 0"),
+            m.contains("stage 3 (dpo r1) made the model worse than stage 3 (dpo r0)"),
             "{m}"
         );
         g.add_comparison(compare(&s2, &round(0, 45)).unwrap());
