@@ -165,6 +165,9 @@ impl LtProducts {
         mut file: ChoiceFile,
     ) -> Result<Self> {
         let stream = dev.cuda_stream();
+        // cuBLASLt works in the thread's current context: make it this
+        // device's (as every cudarc call does for itself).
+        stream.context().bind_to_thread().w()?;
         let handle = lt("handle", result::create_handle())?;
         let workspace = dev.alloc_zeros::<u8>(WORKSPACE)?;
         let mut me = Self {
@@ -263,6 +266,7 @@ impl LtProducts {
         y: u64,
     ) -> Result<()> {
         let (alpha, beta) = (1f32, 0f32);
+        self.stream.context().bind_to_thread().w()?;
         let ws = self.workspace.device_ptr(&self.stream).0;
         // SAFETY: the descriptors describe w (out, in), x (rows, in) and y
         // (rows, out), all bf16 and contiguous, as `project` and `time`
