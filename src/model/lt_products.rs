@@ -77,17 +77,27 @@ unsafe impl Send for LtProducts {}
 
 impl Drop for LtProducts {
     fn drop(&mut self) {
-        for p in &self.plans {
-            // SAFETY: created in `Plan::new`, destroyed once here.
-            unsafe {
-                let _ = result::destroy_matrix_layout(p.w);
-                let _ = result::destroy_matrix_layout(p.x);
-                let _ = result::destroy_matrix_layout(p.y);
-                let _ = result::destroy_matmul_desc(p.desc);
-            }
-        }
+        // The plans go first (their own Drop), then the handle.
+        self.plans.clear();
         // SAFETY: created in `new`, destroyed once here.
         let _ = unsafe { result::destroy_handle(self.handle) };
+    }
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each was made by `Plan::new` (or is still null, where it
+        // stopped early) and is destroyed once here.
+        unsafe {
+            for l in [self.w, self.x, self.y] {
+                if !l.is_null() {
+                    let _ = result::destroy_matrix_layout(l);
+                }
+            }
+            if !self.desc.is_null() {
+                let _ = result::destroy_matmul_desc(self.desc);
+            }
+        }
     }
 }
 
@@ -98,7 +108,19 @@ fn lt<T>(what: &str, r: std::result::Result<T, result::CublasError>) -> Result<T
 impl Plan {
     fn new(rows: usize, out: usize, inp: usize) -> Result<Self> {
         use sys::cudaDataType::CUDA_R_16BF;
-        let desc = lt(
+        // Filled in one descriptor at a time, so that an error drops what
+        // was made before it.
+        let mut plan = Self {
+            rows,
+            out,
+            inp,
+            desc: std::ptr::null_mut(),
+            w: std::ptr::null_mut(),
+            x: std::ptr::null_mut(),
+            y: std::ptr::null_mut(),
+            choice: Choice::Cublas,
+        };
+        plan.desc = lt(
             "matmul descriptor",
             result::create_matmul_desc(
                 sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
@@ -109,7 +131,7 @@ impl Plan {
         // SAFETY: desc was just created; the attribute is an i32.
         lt("transpose", unsafe {
             result::set_matmul_desc_attribute(
-                desc,
+                plan.desc,
                 sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
                 (&transpose) as *const i32 as *const _,
                 std::mem::size_of::<i32>(),
@@ -121,16 +143,10 @@ impl Plan {
                 result::create_matrix_layout(CUDA_R_16BF, r as u64, c as u64, r as i64),
             )
         };
-        Ok(Self {
-            rows,
-            out,
-            inp,
-            desc,
-            w: layout(inp, out)?,
-            x: layout(inp, rows)?,
-            y: layout(out, rows)?,
-            choice: Choice::Cublas,
-        })
+        plan.w = layout(inp, out)?;
+        plan.x = layout(inp, rows)?;
+        plan.y = layout(out, rows)?;
+        Ok(plan)
     }
 }
 
@@ -168,8 +184,8 @@ impl LtProducts {
         // cuBLASLt works in the thread's current context: make it this
         // device's (as every cudarc call does for itself).
         stream.context().bind_to_thread().w()?;
-        let handle = lt("handle", result::create_handle())?;
         let workspace = dev.alloc_zeros::<u8>(WORKSPACE)?;
+        let handle = lt("handle", result::create_handle())?;
         let mut me = Self {
             handle,
             workspace,
