@@ -7,7 +7,8 @@
 // cache of batch 32, 8 KV heads, 512 columns, head dim 128, bf16. Eight
 // layers' caches are cycled so that L2 (50 MB on an H100) holds none.
 //
-//   nvcc -O3 -arch=sm_90 -std=c++17 benches/decode_attention.cu -o /tmp/da && /tmp/da
+//   nvcc -O3 -arch=sm_90 -std=c++17 -c benches/decode_attention.cu -o da.o
+//   g++ da.o -o da -L$CUDA_HOME/lib64 -lcudart && ./da
 #include "../src/kernels/decode.cu"
 
 #include <cstdio>
@@ -164,6 +165,51 @@ __global__ void __launch_bounds__(32 * W) new_attn(const bf *q, const bf *k, con
                                                    float *part, int hkv, int cap, int chunk, float scale) {
     decode_attention_keys<bf, D, G, W>(q, k, v, pos, part, hkv, cap, chunk, scale);
 }
+// new_attn<W> with attention_combine folded in (not yet in decode.cu; to be
+// measured): every split block, empty ones included, counts itself in
+// `counters[b, h]` once its partial result is written, and the last one
+// merges the splits for its G query heads, in split order as
+// attention_combine does, and leaves the counter at zero for the next
+// launch. One launch a layer instead of two.
+template <int W>
+__global__ void __launch_bounds__(32 * W)
+    fused_attn(const bf *q, const bf *k, const bf *v, const uint32_t *pos, float *part, bf *out,
+               uint32_t *counters, int hkv, int cap, int chunk, float scale) {
+    decode_attention_keys<bf, D, G, W>(q, k, v, pos, part, hkv, cap, chunk, scale);
+    // Every thread's partial writes are visible device-wide before the
+    // block counts itself.
+    __threadfence();
+    __syncthreads();
+    __shared__ bool last;
+    const int h = blockIdx.x, b = blockIdx.y, splits = gridDim.z, tid = threadIdx.x;
+    if (tid == 0) {
+        last = atomicAdd(&counters[b * hkv + h], 1u) == (unsigned)(splits - 1);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float *p0 = part + ((size_t)b * hkv + h) * splits * G * (D + 2);
+    for (int j = tid; j < G * D; j += 32 * W) {
+        const int g = j / D, i = j % D;
+        float mx = -INFINITY;
+        for (int sp = 0; sp < splits; ++sp) {
+            const float *ps = p0 + ((size_t)sp * G + g) * (D + 2);
+            if (__ldcg(ps + 1) > 0.f) mx = fmaxf(mx, __ldcg(ps));
+        }
+        float den = 0.f, num = 0.f;
+        for (int sp = 0; sp < splits; ++sp) {
+            const float *ps = p0 + ((size_t)sp * G + g) * (D + 2);
+            const float l = __ldcg(ps + 1);
+            if (l > 0.f) {
+                const float w = __expf(__ldcg(ps) - mx);
+                den += w * l;
+                num += w * __ldcg(ps + 2 + i);
+            }
+        }
+        out[((size_t)b * hkv * G + h * G + g) * D + i] = __float2bfloat16(num / den);
+    }
+    if (tid == 0) counters[b * hkv + h] = 0;
+}
 // Reads the same keys and values as the attention blocks, coalesced, and
 // nothing else: what the card gives this access pattern.
 __global__ void probe(const bf *k, const bf *v, const uint32_t *pos, float *part, int cap, int chunk) {
@@ -204,9 +250,11 @@ __global__ void fill(bf *x, size_t n, uint32_t seed) {
     } while (0)
 
 struct Run {
-    int kind; // 0 old, 1/2/4 new with W warps
+    int kind; // 0 old, 1/2/4 new with W warps, 14 new with 4 warps and the combine folded in, 9/10 probe
     int chunk;
 };
+
+static uint32_t *g_counters; // one a (row, KV head), zero between launches
 
 static void launch(Run r, const bf *q, const bf *k, const bf *v, const uint32_t *pos, float *part, bf *out) {
     const int splits = std::min(16, std::max(1, CAP / r.chunk));
@@ -217,6 +265,9 @@ static void launch(Run r, const bf *q, const bf *k, const bf *v, const uint32_t 
     case 1: new_attn<1><<<grid, 32>>>(q, k, v, pos, part, HKV, CAP, r.chunk, scale); break;
     case 2: new_attn<2><<<grid, 64>>>(q, k, v, pos, part, HKV, CAP, r.chunk, scale); break;
     case 4: new_attn<4><<<grid, 128>>>(q, k, v, pos, part, HKV, CAP, r.chunk, scale); break;
+    case 14:
+        fused_attn<4><<<grid, 128>>>(q, k, v, pos, part, out, g_counters, HKV, CAP, r.chunk, scale);
+        return;
     case 9: probe<<<grid, 128>>>(k, v, pos, part, CAP, r.chunk); return;
     case 10: probe<<<grid, 256>>>(k, v, pos, part, CAP, r.chunk); return;
     }
@@ -235,11 +286,13 @@ int main() {
     CK(cudaMalloc(&ref, (size_t)B * HKV * G * D * sizeof(bf)));
     CK(cudaMalloc(&part, (size_t)B * HKV * 16 * G * (D + 2) * sizeof(float)));
     CK(cudaMalloc(&pos, B * sizeof(uint32_t)));
+    CK(cudaMalloc(&g_counters, B * HKV * sizeof(uint32_t)));
+    CK(cudaMemset(g_counters, 0, B * HKV * sizeof(uint32_t)));
     fill<<<1024, 256>>>(k, per * LAYERS, 1);
     fill<<<1024, 256>>>(v, per * LAYERS, 2);
     fill<<<64, 256>>>(q, (size_t)B * HKV * G * D, 3);
     CK(cudaDeviceSynchronize());
-    std::vector<Run> runs = {{0, 64}, {1, 32}, {1, 64}, {2, 64}, {2, 128}, {4, 128}, {4, 256}, {9, 64}};
+    std::vector<Run> runs = {{0, 64}, {1, 32}, {1, 64}, {2, 64}, {2, 128}, {4, 128}, {4, 256}, {14, 128}, {14, 256}, {9, 64}};
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
