@@ -58,18 +58,6 @@ impl Kernel {
     pub fn builder(&self) -> LaunchArgs<'_> {
         self.stream.launch_builder(&self.func)
     }
-
-    /// Lets a launch take `bytes` of dynamic shared memory (past the 48 KiB
-    /// a kernel gets without asking).
-    pub fn allow_shared(&self, bytes: u32) -> Result<()> {
-        use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-        self.func
-            .set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )
-            .w()
-    }
 }
 
 /// Modules loaded so far, by CUDA context and module name. Candle's
