@@ -1727,17 +1727,11 @@ impl Validate for DpoRounds {
                 "among_correct: `{c}` is not shorter or fewer_lines"
             ));
         }
-        // The feature is checked whether or not a bucket is asked for, and
-        // a bad feature is not reported a second time under last_bucket.
-        match crate::eval::buckets::Feature::parse(&self.bucket_feature) {
-            Err(e) => p.push(format!("bucket_feature: {e}")),
-            Ok(f) => {
-                if let Some(label) = &self.last_bucket
-                    && let Err(e) = f.up_to(label)
-                {
-                    p.push(format!("last_bucket: {e}"));
-                }
-            }
+        if let Err(e) = crate::eval::buckets::UpToBucket::from_settings(
+            &self.bucket_feature,
+            self.last_bucket.as_deref(),
+        ) {
+            p.push(e.named("bucket_feature", "last_bucket"));
         }
         p.extend(
             self.train
@@ -1936,15 +1930,11 @@ impl Validate for CurriculumConfig {
         if self.window == 0 {
             p.push("window: must be at least 1".into());
         }
-        match crate::eval::buckets::Feature::parse(&self.feature) {
-            Err(e) => p.push(format!("feature: {e}")),
-            Ok(f) => {
-                if let Some(last) = &self.last_bucket
-                    && let Err(e) = f.up_to(last)
-                {
-                    p.push(format!("last_bucket: {e}"));
-                }
-            }
+        if let Err(e) = crate::eval::buckets::UpToBucket::from_settings(
+            &self.feature,
+            self.last_bucket.as_deref(),
+        ) {
+            p.push(e.named("feature", "last_bucket"));
         }
         p
     }

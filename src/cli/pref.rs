@@ -10,7 +10,7 @@ use clap::Args;
 use trace_train::config::{self, DpoConfig, ModelConfig, PipelineConfig, RlConfig};
 use trace_train::data::ChatTokenizer;
 use trace_train::dist::Single;
-use trace_train::eval::buckets::Feature;
+use trace_train::eval::buckets::UpToBucket;
 use trace_train::kit::RunOptions;
 use trace_train::model;
 use trace_train::pref::dpo::{self, DpoJob, DpoSummary};
@@ -98,14 +98,8 @@ pub struct RolloutsArgs {
 pub fn rollouts(args: &RolloutsArgs) -> anyhow::Result<RolloutStats> {
     anyhow::ensure!(args.num_samples > 0, "--num_samples: must be at least 1");
     anyhow::ensure!(args.num_prompts > 0, "--num_prompts: must be at least 1");
-    let feature = Feature::parse(&args.bucket_feature)
-        .map_err(|e| anyhow::anyhow!("--bucket_feature: {e}"))?;
-    let up_to = args
-        .last_bucket
-        .as_deref()
-        .map(|label| feature.up_to(label))
-        .transpose()
-        .map_err(|e| anyhow::anyhow!("--last_bucket: {e}"))?;
+    let up_to = UpToBucket::from_settings(&args.bucket_feature, args.last_bucket.as_deref())
+        .map_err(|e| anyhow::anyhow!(e.named("--bucket_feature", "--last_bucket")))?;
     let device = super::train::pick_device(args.device.as_deref().unwrap_or("auto"))?;
     let dtype = if device.is_cpu() {
         DType::F32

@@ -117,7 +117,36 @@ pub struct UpToBucket {
     pub last: usize,
 }
 
+/// What is wrong with a bucket cap's settings: its feature, or its last
+/// bucket's label.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CapError {
+    Feature(String),
+    Bucket(String),
+}
+
+impl CapError {
+    /// The message after the name of the setting at fault.
+    pub fn named(&self, feature_setting: &str, bucket_setting: &str) -> String {
+        match self {
+            Self::Feature(e) => format!("{feature_setting}: {e}"),
+            Self::Bucket(e) => format!("{bucket_setting}: {e}"),
+        }
+    }
+}
+
 impl UpToBucket {
+    /// The cap that settings ask for: the feature called `feature` up to
+    /// the bucket labelled `last`, `None` without a label. The feature is
+    /// checked whether or not a label is given, and a bad one is reported
+    /// alone (not again under the label).
+    pub fn from_settings(feature: &str, last: Option<&str>) -> Result<Option<Self>, CapError> {
+        let f = Feature::parse(feature).map_err(CapError::Feature)?;
+        last.map(|label| f.up_to(label))
+            .transpose()
+            .map_err(CapError::Bucket)
+    }
+
     pub fn admits(&self, d: &Difficulty) -> bool {
         self.feature.index_of(d).is_none_or(|b| b <= self.last)
     }
@@ -244,6 +273,29 @@ mod tests {
         assert!(
             e.contains("`colour`") && e.contains("output_lines, loop_depth"),
             "{e}"
+        );
+        // Settings: no label, no cap; a bad feature is named as the
+        // feature's setting even with a label, a bad label as the label's.
+        assert!(
+            UpToBucket::from_settings("loop_depth", None)
+                .unwrap()
+                .is_none()
+        );
+        let cap = UpToBucket::from_settings("output_lines", Some("1"))
+            .unwrap()
+            .unwrap();
+        assert!(cap.admits(&lines(1)) && !cap.admits(&lines(2)));
+        for last in [None, Some("1")] {
+            let e = UpToBucket::from_settings("colour", last).err().unwrap();
+            let e = e.named("feature", "last_bucket");
+            assert!(e.starts_with("feature: `colour`"), "{e}");
+        }
+        let e = UpToBucket::from_settings("output_lines", Some("2"))
+            .err()
+            .unwrap();
+        assert!(
+            e.named("feature", "last_bucket")
+                .starts_with("last_bucket: `2`")
         );
     }
 
