@@ -210,6 +210,181 @@ __global__ void __launch_bounds__(32 * W)
     }
     if (tid == 0) counters[b * hkv + h] = 0;
 }
+// The whole chunk staged in shared memory before any arithmetic (to be
+// measured): a block of W warps takes its split's keys 32 W at a time;
+// every thread first issues its share of the tile's keys and values as
+// 16-byte cp.async copies (two groups, keys first), so the block has its
+// whole tile in flight at once instead of one warp-load after another.
+// Rows are padded to 272 bytes so that a lane reading its own key row and
+// a warp reading one value row are both free of bank conflicts. Scores:
+// one key a lane against the queries (f32, in shared memory); values: 4
+// dimensions a lane. With FUSE the last split block of a (row, KV head)
+// merges the splits as fused_attn does.
+__device__ __forceinline__ void cp16(void *dst, const void *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+constexpr int ROWB = D * 2 + 16; // a padded row, bytes
+template <int W, bool FUSE>
+__global__ void __launch_bounds__(32 * W)
+    staged_attn(const bf *q, const bf *k, const bf *v, const uint32_t *pos, float *part, bf *out,
+                uint32_t *counters, int hkv, int cap, int chunk, float scale) {
+    constexpr int CH = 32 * W, NV = D / 32;
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char *ks = smem, *vs = smem + CH * ROWB;
+    float(*qs)[D] = reinterpret_cast<float(*)[D]>(smem + 2 * CH * ROWB);
+    __shared__ float s_m[W][G], s_l[W][G];
+    const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int len = (int)pos[b] + 1;
+    const int per = (len + splits - 1) / splits;
+    const int c = max(chunk, (per + 63) / 64 * 64);
+    const int start = split * c, end = min(start + c, len);
+    float *o = part + (((size_t)b * hkv + h) * splits + split) * G * (D + 2);
+    const bf *kb = k + ((size_t)b * hkv + h) * cap * D;
+    const bf *vb = v + ((size_t)b * hkv + h) * cap * D;
+    float m[G], l[G], acc[G][NV];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        m[g] = -INFINITY, l[g] = 0.f;
+#pragma unroll
+        for (int e = 0; e < NV; ++e) acc[g][e] = 0.f;
+    }
+    if (start < end) {
+        for (int t0 = start; t0 < end; t0 += CH) {
+            const int n = min(CH, end - t0);
+            // 16 pieces of 16 bytes a row.
+            for (int i = tid; i < n * 16; i += 32 * W)
+                cp16(ks + (i >> 4) * ROWB + (i & 15) * 16, kb + (size_t)(t0 + (i >> 4)) * D + (i & 15) * 8);
+            asm volatile("cp.async.commit_group;\n" ::);
+            for (int i = tid; i < n * 16; i += 32 * W)
+                cp16(vs + (i >> 4) * ROWB + (i & 15) * 16, vb + (size_t)(t0 + (i >> 4)) * D + (i & 15) * 8);
+            asm volatile("cp.async.commit_group;\n" ::);
+            if (t0 == start) {
+                const int hq = hkv * G;
+                for (int i = tid; i < G * D; i += 32 * W)
+                    qs[i / D][i % D] = __bfloat162float(q[((size_t)b * hq + h * G) * D + i]) * scale;
+            }
+            asm volatile("cp.async.wait_group 1;\n" ::);
+            __syncthreads();
+            const int key = warp * 32 + lane;
+            const bool valid = key < n;
+            const uint4 *kr = reinterpret_cast<const uint4 *>(ks + (valid ? key : 0) * ROWB);
+            float s[G];
+#pragma unroll
+            for (int g = 0; g < G; ++g) s[g] = 0.f;
+#pragma unroll 4
+            for (int d8 = 0; d8 < D / 8; ++d8) {
+                const uint4 raw = kr[d8];
+                const __nv_bfloat162 *h2 = reinterpret_cast<const __nv_bfloat162 *>(&raw);
+                float kv[8];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float2 f = __bfloat1622float2(h2[e]);
+                    kv[2 * e] = f.x, kv[2 * e + 1] = f.y;
+                }
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    const float4 a = *reinterpret_cast<const float4 *>(&qs[g][d8 * 8]);
+                    const float4 bq = *reinterpret_cast<const float4 *>(&qs[g][d8 * 8 + 4]);
+                    s[g] += a.x * kv[0] + a.y * kv[1] + a.z * kv[2] + a.w * kv[3] + bq.x * kv[4] + bq.y * kv[5] +
+                            bq.z * kv[6] + bq.w * kv[7];
+                }
+            }
+            float p[G];
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const float x = valid ? s[g] : -INFINITY;
+                const float mn = fmaxf(m[g], warp_max(x));
+                if (mn == -INFINITY) { // this warp has no key in the tile
+                    p[g] = 0.f;
+                    continue;
+                }
+                const float corr = __expf(m[g] - mn);
+                p[g] = valid ? __expf(x - mn) : 0.f;
+                l[g] = l[g] * corr + warp_sum(p[g]);
+#pragma unroll
+                for (int e = 0; e < NV; ++e) acc[g][e] *= corr;
+                m[g] = mn;
+            }
+            asm volatile("cp.async.wait_group 0;\n" ::);
+            __syncthreads();
+            const int nk = min(32, n - warp * 32);
+            for (int j = 0; j < nk; ++j) {
+                const uint2 raw = *reinterpret_cast<const uint2 *>(vs + (warp * 32 + j) * ROWB + lane * 8);
+                const __nv_bfloat162 *h2 = reinterpret_cast<const __nv_bfloat162 *>(&raw);
+                const float2 v0 = __bfloat1622float2(h2[0]), v1 = __bfloat1622float2(h2[1]);
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    const float pj = __shfl_sync(0xffffffffu, p[g], j);
+                    acc[g][0] += pj * v0.x, acc[g][1] += pj * v0.y, acc[g][2] += pj * v1.x, acc[g][3] += pj * v1.y;
+                }
+            }
+            __syncthreads(); // the tile's buffers are free
+        }
+        // Merge the warps through the key buffer.
+        float(*s_acc)[G][D] = reinterpret_cast<float(*)[G][D]>(smem);
+        if (lane == 0) {
+#pragma unroll
+            for (int g = 0; g < G; ++g) s_m[warp][g] = m[g], s_l[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+#pragma unroll
+            for (int e = 0; e < NV; ++e) s_acc[warp][g][lane * NV + e] = acc[g][e];
+        }
+        __syncthreads();
+        for (int i = tid; i < G * D; i += 32 * W) {
+            const int g = i / D, d = i % D;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < W; ++w) mx = fmaxf(mx, s_m[w][g]);
+            float a = 0.f, sum = 0.f;
+#pragma unroll
+            for (int w = 0; w < W; ++w) {
+                if (s_m[w][g] != -INFINITY) {
+                    const float f = __expf(s_m[w][g] - mx);
+                    a += s_acc[w][g][d] * f;
+                    sum += s_l[w][g] * f;
+                }
+            }
+            o[g * (D + 2) + 2 + d] = a;
+            if (d == 0) o[g * (D + 2)] = mx, o[g * (D + 2) + 1] = sum;
+        }
+    } else if (tid < G) {
+        o[tid * (D + 2) + 1] = 0.f;
+    }
+    if (!FUSE) return;
+    __threadfence();
+    __syncthreads();
+    __shared__ bool last;
+    if (tid == 0) last = atomicAdd(&counters[b * hkv + h], 1u) == (unsigned)(splits - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float *p0 = part + ((size_t)b * hkv + h) * splits * G * (D + 2);
+    for (int j = tid; j < G * D; j += 32 * W) {
+        const int g = j / D, i = j % D;
+        float mx = -INFINITY;
+        for (int sp = 0; sp < splits; ++sp) {
+            const float *ps = p0 + ((size_t)sp * G + g) * (D + 2);
+            if (__ldcg(ps + 1) > 0.f) mx = fmaxf(mx, __ldcg(ps));
+        }
+        float den = 0.f, num = 0.f;
+        for (int sp = 0; sp < splits; ++sp) {
+            const float *ps = p0 + ((size_t)sp * G + g) * (D + 2);
+            const float l2 = __ldcg(ps + 1);
+            if (l2 > 0.f) {
+                const float w = __expf(__ldcg(ps) - mx);
+                den += w * l2;
+                num += w * __ldcg(ps + 2 + i);
+            }
+        }
+        out[((size_t)b * hkv * G + h * G + g) * D + i] = __float2bfloat16(num / den);
+    }
+    if (tid == 0) counters[b * hkv + h] = 0;
+}
+template <int W> constexpr int staged_smem() { return 2 * 32 * W * ROWB + G * D * 4; }
 // Reads the same keys and values as the attention blocks, coalesced, and
 // nothing else: what the card gives this access pattern.
 __global__ void probe(const bf *k, const bf *v, const uint32_t *pos, float *part, int cap, int chunk) {
@@ -250,7 +425,8 @@ __global__ void fill(bf *x, size_t n, uint32_t seed) {
     } while (0)
 
 struct Run {
-    int kind; // 0 old, 1/2/4 new with W warps, 14 new with 4 warps and the combine folded in, 9/10 probe
+    int kind; // 0 old, 1/2/4 new with W warps, 14 new with 4 warps and the combine folded in,
+              // 15/16 staged with 4/2 warps and the combine folded in, 17 staged with 4 warps, 9/10 probe
     int chunk;
 };
 
@@ -268,6 +444,18 @@ static void launch(Run r, const bf *q, const bf *k, const bf *v, const uint32_t 
     case 14:
         fused_attn<4><<<grid, 128>>>(q, k, v, pos, part, out, g_counters, HKV, CAP, r.chunk, scale);
         return;
+    case 15:
+        staged_attn<4, true><<<grid, 128, staged_smem<4>()>>>(q, k, v, pos, part, out, g_counters, HKV, CAP,
+                                                                r.chunk, scale);
+        return;
+    case 16:
+        staged_attn<2, true><<<grid, 64, staged_smem<2>()>>>(q, k, v, pos, part, out, g_counters, HKV, CAP,
+                                                               r.chunk, scale);
+        return;
+    case 17:
+        staged_attn<4, false><<<grid, 128, staged_smem<4>()>>>(q, k, v, pos, part, out, g_counters, HKV, CAP,
+                                                                 r.chunk, scale);
+        break;
     case 9: probe<<<grid, 128>>>(k, v, pos, part, CAP, r.chunk); return;
     case 10: probe<<<grid, 256>>>(k, v, pos, part, CAP, r.chunk); return;
     }
@@ -288,11 +476,14 @@ int main() {
     CK(cudaMalloc(&pos, B * sizeof(uint32_t)));
     CK(cudaMalloc(&g_counters, B * HKV * sizeof(uint32_t)));
     CK(cudaMemset(g_counters, 0, B * HKV * sizeof(uint32_t)));
+    CK(cudaFuncSetAttribute(staged_attn<4, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, staged_smem<4>()));
+    CK(cudaFuncSetAttribute(staged_attn<4, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, staged_smem<4>()));
+    CK(cudaFuncSetAttribute(staged_attn<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, staged_smem<2>()));
     fill<<<1024, 256>>>(k, per * LAYERS, 1);
     fill<<<1024, 256>>>(v, per * LAYERS, 2);
     fill<<<64, 256>>>(q, (size_t)B * HKV * G * D, 3);
     CK(cudaDeviceSynchronize());
-    std::vector<Run> runs = {{0, 64}, {1, 32}, {1, 64}, {2, 64}, {2, 128}, {4, 128}, {4, 256}, {14, 128}, {14, 256}, {9, 64}};
+    std::vector<Run> runs = {{0, 64}, {1, 32}, {1, 64}, {2, 64}, {2, 128}, {4, 128}, {4, 256}, {14, 128}, {14, 256}, {15, 128}, {16, 64}, {17, 128}, {4, 64}, {14, 64}, {9, 64}};
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);

@@ -44,3 +44,23 @@ __device__ void scaled_masked_softmax(const T *s, const float *mask, T *p, int t
 INSTANTIATE(f32, float)
 INSTANTIATE(bf16, __nv_bfloat16)
 INSTANTIATE(f16, __half)
+
+// A contiguous copy of a strided (A, X, Y, R) view whose rows of R
+// elements are contiguous and 16-byte aligned (a head-transposed q, k, v
+// or attention output): 16 bytes a thread, `v` of them a row. `s0`, `s1`,
+// `s2` are the view's strides in 16-byte units; out[(a, x, y)] =
+// in[a s0 + x s1 + y s2]. candle's strided copy computes an index per
+// element; rows of 256 bytes move at the card's bandwidth this way.
+extern "C" __global__ void copy_rows_16(const uint4 *__restrict__ in, uint4 *__restrict__ out, long long n,
+                                        int x, int y, int v, long long s0, long long s1, long long s2) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long row = i / v;
+        const int e = (int)(i - row * v);
+        const int yi = (int)(row % y);
+        const long long r2 = row / y;
+        const int xi = (int)(r2 % x);
+        const long long a = r2 / x;
+        out[i] = in[a * s0 + xi * s1 + yi * s2 + e];
+    }
+}

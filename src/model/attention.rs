@@ -98,6 +98,11 @@ impl Cache {
         self
     }
 
+    /// Whether some row starts with padding columns.
+    pub fn is_padded(&self) -> bool {
+        self.pads.iter().any(|&p| p > 0)
+    }
+
     /// Number of cached positions (columns, padding included).
     pub fn len(&self) -> usize {
         self.len
@@ -526,6 +531,80 @@ mod cuda {
     use candle_core::{DType, Result, Storage, Tensor, bail};
     use half::{bf16, f16};
 
+    /// A contiguous copy of the 4-d view `t` when its last dimension is
+    /// contiguous and its rows 16-byte aligned (`copy_rows_16`: 16 bytes a
+    /// thread, where candle's strided copy computes an index an element);
+    /// any other layout through [`Tensor::contiguous`].
+    pub fn contiguous_rows(t: &Tensor) -> Result<Tensor> {
+        match t.dtype() {
+            DType::BF16 => rows::<bf16>(t),
+            DType::F16 => rows::<f16>(t),
+            DType::F32 => rows::<f32>(t),
+            _ => t.contiguous(),
+        }
+    }
+
+    fn rows<T: CudaDType + DeviceRepr>(t: &Tensor) -> Result<Tensor> {
+        let Ok((_, x, y, r)) = t.dims4() else {
+            return t.contiguous();
+        };
+        let unit = 16 / t.dtype().size_in_bytes(); // elements in 16 bytes
+        let st = t.stride();
+        let aligned = |v: usize| v.is_multiple_of(unit);
+        if t.is_contiguous()
+            || !t.device().is_cuda()
+            || t.elem_count() == 0
+            || st[3] != 1
+            || !aligned(r)
+            || !st[..3].iter().all(|&s| aligned(s))
+            || !aligned(t.layout().start_offset())
+        {
+            return t.contiguous();
+        }
+        let (ss, sl) = t.storage_and_layout();
+        let Storage::Cuda(cs) = &*ss else {
+            bail!("contiguous_rows: expected a CUDA tensor");
+        };
+        let dev = cs.device.clone();
+        let src = cs.as_cuda_slice::<T>()?.slice(sl.start_offset()..);
+        // SAFETY: the kernel writes every element.
+        let mut out = unsafe { dev.alloc::<T>(t.elem_count()) }?;
+        let func = kernels::kernel(&dev, &kernels::ATTENTION, "copy_rows_16")?;
+        let n = (t.elem_count() / unit) as i64;
+        let (x32, y32, v32) = (x as i32, y as i32, (r / unit) as i32);
+        let (s0, s1, s2) = (
+            (st[0] / unit) as i64,
+            (st[1] / unit) as i64,
+            (st[2] / unit) as i64,
+        );
+        let config = LaunchConfig {
+            grid_dim: ((n as u64).div_ceil(256).min(132 * 16) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut builder = func.builder();
+        builder.arg(&src);
+        builder.arg(&mut out);
+        builder.arg(&n);
+        builder.arg(&x32);
+        builder.arg(&y32);
+        builder.arg(&v32);
+        builder.arg(&s0);
+        builder.arg(&s1);
+        builder.arg(&s2);
+        // SAFETY: the view's rows are 16-byte aligned and its strides are
+        // whole 16-byte units (checked above); `out` holds every element.
+        unsafe { builder.launch(config) }.w()?;
+        drop(ss);
+        let storage = CudaStorage::wrap_cuda_slice(out, dev);
+        Ok(Tensor::from_storage(
+            Storage::Cuda(storage),
+            t.shape().clone(),
+            BackpropOp::none(),
+            false,
+        ))
+    }
+
     /// `softmax(scores * scale + mask)` over the last dimension of the
     /// contiguous `scores: (B, .., T)` whose rows are (batch, head, query),
     /// `per_batch` rows a batch and `queries` a head; `mask: (B or 1, 1,
@@ -639,6 +718,20 @@ mod cuda {
             BackpropOp::none(),
             false,
         ))
+    }
+}
+
+/// A contiguous copy of `t`; on CUDA a 4-d view whose rows (last
+/// dimension) are contiguous and 16-byte aligned, such as a head-transposed
+/// `(B, L, H, D)`, moves 16 bytes a thread.
+pub fn contiguous_rows(t: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    {
+        cuda::contiguous_rows(t)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        t.contiguous()
     }
 }
 
@@ -1035,5 +1128,69 @@ mod tests {
             .unwrap();
         let diff: f32 = crate::model::max_abs_diff(&out, &expected);
         assert!(diff < 1e-6, "{diff}");
+    }
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use candle_core::{DType, Device, IndexOp, Tensor};
+
+    /// `contiguous_rows` gives candle's contiguous copy bit for bit: head
+    /// transposes of `(B, L, H, D)` and `(B, H, L, D)`, a narrowed view, and
+    /// layouts it hands back to candle (rows not 16-byte aligned, a strided
+    /// last dimension).
+    #[test]
+    fn contiguous_rows_copies_as_candle_does() {
+        let dev = match Device::new_cuda(0) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("SKIPPED: no CUDA device ({e})");
+                return;
+            }
+        };
+        for dtype in [DType::BF16, DType::F32] {
+            let x = Tensor::arange(0f32, (3 * 37 * 5 * 64) as f32, &dev)
+                .unwrap()
+                .reshape((3, 37, 5, 64))
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let odd = x.narrow(3, 0, 12).unwrap();
+            let views = [
+                x.transpose(1, 2).unwrap(),
+                x.transpose(1, 2)
+                    .unwrap()
+                    .contiguous()
+                    .unwrap()
+                    .transpose(1, 2)
+                    .unwrap(),
+                x.narrow(1, 3, 30).unwrap().transpose(1, 2).unwrap(),
+                x.i((.., .., .., 8..40)).unwrap().transpose(1, 2).unwrap(),
+                odd.narrow(3, 1, 4).unwrap(),
+                x.transpose(2, 3).unwrap(),
+                x.clone(),
+            ];
+            for (i, v) in views.iter().enumerate() {
+                let got = super::contiguous_rows(v).unwrap();
+                assert!(got.is_contiguous(), "view {i}");
+                assert_eq!(got.dims(), v.dims(), "view {i}");
+                let want = v.contiguous().unwrap();
+                let (g, w) = (
+                    got.to_dtype(DType::F32)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap(),
+                    want.to_dtype(DType::F32)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap(),
+                );
+                assert_eq!(g, w, "{dtype:?} view {i}");
+            }
+        }
     }
 }

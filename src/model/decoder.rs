@@ -102,6 +102,9 @@ impl Attention {
 
     /// `x: (B, L, hidden)` at the step's positions -> `(B, L, hidden)`.
     fn forward(&self, x: &Tensor, ctx: &mut Step, layer: usize) -> Result<Tensor> {
+        if ctx.fused && ctx.cache.as_deref().is_some_and(Cache::is_empty) {
+            return self.prefill(x, ctx, layer);
+        }
         let (b, l, _) = x.dims3()?;
         let d = self.head_dim;
         // (B, L, H*D) -> (B, L, H, D) -> [per-head norm] -> (B, H, L, D)
@@ -143,6 +146,49 @@ impl Attention {
             None => y.transpose(1, 2)?,
         }
         .reshape((b, l, self.num_heads * d))?; // (B, L, H*D)
+        ctx.project(&self.o_proj, &y)
+    }
+}
+
+impl Attention {
+    /// [`Self::forward`] for a fused pass into an empty cache
+    /// ([`Decoder::prefill_right_padded`]): attention as training's,
+    /// causal with no mask and no score matrix, read from the projections'
+    /// own `(B, L, H, D)` layout (the rotation applied there too), so only
+    /// the cache's keys and values and the output change layout.
+    fn prefill(&self, x: &Tensor, ctx: &mut Step, layer: usize) -> Result<Tensor> {
+        let (b, l, _) = x.dims3()?;
+        let d = self.head_dim;
+        let heads = |p: &LoraLinear, n: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
+            let t = ctx.project(p, x)?.reshape((b, l, n, d))?;
+            match norm {
+                Some(norm) => norm.forward(&t),
+                None => Ok(t),
+            }
+        };
+        let (qn, kn) = match &self.qk_norm {
+            Some((q, k)) => (Some(q), Some(k)),
+            None => (None, None),
+        };
+        let q = ctx
+            .rotation
+            .apply_thd(&heads(&self.q_proj, self.num_heads, qn)?)?;
+        let k = ctx
+            .rotation
+            .apply_thd(&heads(&self.k_proj, self.num_kv_heads, kn)?)?;
+        let v = heads(&self.v_proj, self.num_kv_heads, None)?;
+        let (kt, vt) = (k.transpose(1, 2)?, v.transpose(1, 2)?); // (B, H_kv, L, D) views
+        let Some(cache) = ctx.cache.as_deref_mut() else {
+            candle_core::bail!("a prefill pass needs a cache");
+        };
+        cache.append(
+            layer,
+            &attention::contiguous_rows(&kt)?,
+            &attention::contiguous_rows(&vt)?,
+        )?;
+        let y = attention::attend_causal_fused(&q.transpose(1, 2)?, &kt, &vt)?; // (B, H, L, D)
+        let y =
+            attention::contiguous_rows(&y.transpose(1, 2)?)?.reshape((b, l, self.num_heads * d))?;
         ctx.project(&self.o_proj, &y)
     }
 }
@@ -854,6 +900,65 @@ impl Decoder {
         cache: &mut Cache,
     ) -> Result<Tensor> {
         self.decode_step(ids, offset, cache, None)
+    }
+
+    /// Whether [`Self::prefill_right_padded`] can run here: fused attention
+    /// serves this model's dtype, device and head size, and
+    /// `TRACE_TRAIN_PREFILL` is not `masked` (the chunked path with a score
+    /// matrix, kept for comparison).
+    pub fn fused_prefill_usable(&self) -> bool {
+        let Some(l) = self.layers.first() else {
+            return false;
+        };
+        std::env::var("TRACE_TRAIN_PREFILL").as_deref() != Ok("masked")
+            && attention::fused_available(
+                self.embed_tokens.dtype(),
+                self.device(),
+                l.self_attn.head_dim,
+            )
+    }
+
+    /// Prefills right-padded prompts `ids: (B, W)`, row `b`'s tokens in
+    /// columns `0..lens[b]`, into the empty, unpadded `cache` in one pass
+    /// with fused causal attention: no mask, since no token sees a later
+    /// column, and no score matrix. Returns each row's logits at its last
+    /// token, `(B, vocab)`. The padding columns hold the pad token's keys
+    /// and values, which no real token sees.
+    pub fn prefill_right_padded(
+        &self,
+        ids: &Tensor,
+        lens: &[usize],
+        cache: &mut Cache,
+    ) -> Result<Tensor> {
+        let (b, l) = ids.dims2()?;
+        if lens.len() != b || lens.iter().any(|&n| n == 0 || n > l) {
+            candle_core::bail!(
+                "prefill_right_padded: lengths {lens:?} for {b} rows of {l} columns"
+            );
+        }
+        if !cache.is_empty() || cache.is_padded() {
+            candle_core::bail!("prefill_right_padded needs an empty cache without left padding");
+        }
+        let rotation = self.rope.at(&Positions::Offset(0), l)?;
+        let mut step = Step {
+            rotation: &rotation,
+            mask: None,
+            cache: Some(cache),
+            train: false,
+            fused: true,
+            view: None,
+            segments: None,
+        };
+        let x = self.hidden(ids, &mut step)?; // (B, L, hidden)
+        cache.advance(l);
+        let last: Vec<u32> = lens
+            .iter()
+            .enumerate()
+            .map(|(r, &n)| (r * l + n - 1) as u32)
+            .collect();
+        let last = Tensor::new(last.as_slice(), ids.device())?;
+        let x = x.flatten_to(1)?.index_select(&last, 0)?; // (B, hidden)
+        self.lm_head.forward(&x) // (B, vocab)
     }
 
     /// [`Self::forward_with_cache`] through decoding's folded weights

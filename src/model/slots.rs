@@ -364,6 +364,7 @@ pub use fused::{FusedSlots, Plan, plan, read_in_place};
 
 #[cfg(feature = "cuda")]
 mod fused {
+    use candle_core::cuda_backend::{WrapErr, cudarc};
     use candle_core::{Device, Result, Tensor, bail};
 
     use super::super::Model;
@@ -502,11 +503,43 @@ mod fused {
             self.eng.captured()
         }
 
-        /// Prefills `prompts` together (left-padded to the longest) with the
-        /// model's forward: their last logits `(k, vocab)`, the cache and
-        /// each row's padding.
+        /// Prefills `prompts` together with the model's forward: their last
+        /// logits `(k, vocab)`, the cache and each row's leading padding.
+        /// Right-padded in one pass with fused causal attention where it
+        /// serves ([`Decoder::prefill_right_padded`]: no mask and no score
+        /// matrix); otherwise left-padded to the longest, a chunk of
+        /// columns a pass, with a mask.
+        ///
+        /// [`Decoder::prefill_right_padded`]: super::super::decoder::Decoder::prefill_right_padded
         fn prefill(&self, prompts: &[&[u32]]) -> Result<(Tensor, Cache, Vec<usize>)> {
             let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+            // `TRACE_TRAIN_DECODE_NCU_PREFILL=1`: the prefills run inside
+            // the profiler's range (`ncu --profile-from-start off`).
+            let _range = if std::env::var_os("TRACE_TRAIN_DECODE_NCU_PREFILL").is_some() {
+                Some(cudarc::driver::Profiler::new().w()?)
+            } else {
+                None
+            };
+            let dec = self.model.decoder();
+            // A prompt longer than the budget, alone, goes in chunks.
+            if dec.fused_prefill_usable() && width * prompts.len() <= self.prefill_tokens {
+                // Widths in steps of 64, so that a run builds few attention
+                // graphs (one a shape, about 80 ms each on an H100).
+                let wide = width.next_multiple_of(64);
+                let width = if wide * prompts.len() <= self.prefill_tokens {
+                    wide
+                } else {
+                    width
+                };
+                let lens: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
+                let ids = right_padded(prompts, width, self.pad_id, &self.device)?;
+                let mut cache = self.model.new_cache().with_capacity(width);
+                let logits = dec.prefill_right_padded(&ids, &lens, &mut cache)?;
+                if _range.is_some() {
+                    self.device.synchronize()?;
+                }
+                return Ok((logits, cache, vec![0; prompts.len()]));
+            }
             let pads: Vec<usize> = prompts.iter().map(|p| width - p.len()).collect();
             let ids =
                 super::super::generate::left_padded(prompts, width, self.pad_id, &self.device)?;
@@ -522,8 +555,29 @@ mod fused {
                 &mut cache,
                 self.prefill_chunk,
             )?;
+            if _range.is_some() {
+                self.device.synchronize()?;
+            }
             Ok((logits, cache, pads))
         }
+    }
+
+    /// `(k, width)` ids, row `r` holding `prompts[r]` then `pad_id`s.
+    fn right_padded(
+        prompts: &[&[u32]],
+        width: usize,
+        pad_id: u32,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let ids: Vec<u32> = prompts
+            .iter()
+            .flat_map(|p| {
+                p.iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(pad_id, width - p.len()))
+            })
+            .collect();
+        Tensor::from_vec(ids, (prompts.len(), width), device)
     }
 
     impl Slots for FusedSlots<'_> {
