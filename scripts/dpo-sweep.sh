@@ -13,11 +13,12 @@
 #   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import-gguf`)
 # Environment: HUMANEVAL=path/HumanEval.jsonl.gz (needed); the corpus
 # (datasets/corpus, or TRACE_TRAIN_CORPUS); DPO_RUNS:
-# `name:lr:demos[:nll[:beta[:loss]]]` separated by spaces, demos empty or 1
+# `name:lr:demos[:nll[:beta[:loss[:seed]]]]` separated by spaces, demos empty or 1
 # for `stage3.dpo.demonstrations`, nll the RPO NLL term
 # `stage3.dpo.train.nll_coef` (default 1.0), beta `stage3.dpo.train.beta`
 # (default 0.1), loss `stage3.dpo.train.loss` (sigmoid, ipo, robust or
-# hinge; default sigmoid)
+# hinge; default sigmoid), seed `stage3.dpo.train.seed` (the rollouts' and
+# the pairs' order; default 42)
 # (default "a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1"); DPO_ROUNDS (default 2),
 # DPO_PROMPTS (prompts a round, default 1024), DPO_PAIRS (most pairs a prompt, default 4),
 # DPO_ROWS (rows each run's sampler decodes at once, default 256: several
@@ -82,7 +83,7 @@ dbg() { # dbg MODEL OUT: the held-out short set with `__DBG_`, 4 variants
 }
 dbg "$S2" "$W/dbg.s2.json" &
 for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
-  IFS=: read -r name lr demo nll beta loss <<< "$spec"
+  IFS=: read -r name lr demo nll beta loss seed <<< "$spec"
   d=$W/v/$name
   mkdir -p "$d/ckpt"
   ln -sfn "$W/ckpt/stage1_warmup" "$d/ckpt/stage1_warmup"
@@ -97,7 +98,7 @@ for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
   cfg "{\"algorithm\": \"dpo\", \"ppo\": {\"dataset\": \"$P\", \"sample_max_rows\": ${DPO_ROWS:-256}},
         \"dpo\": {\"rounds\": ${DPO_ROUNDS:-2}, \"num_prompts\": ${DPO_PROMPTS:-1024}, \"num_samples\": 8, \"temperature\": 1.0,
                  \"max_new_tokens\": 256, \"max_pairs_per_prompt\": ${DPO_PAIRS:-4}, \"demonstrations\": $demos, \"same_lines\": $same, \"last_bucket\": $bucket,
-                 \"train\": {\"learning_rate\": $lr, \"epochs\": 1, \"batch_size\": 8, \"nll_coef\": ${nll:-1.0}, \"beta\": ${beta:-0.1}, \"loss\": \"${loss:-sigmoid}\"}}}" \
+                 \"train\": {\"learning_rate\": $lr, \"epochs\": 1, \"batch_size\": 8, \"nll_coef\": ${nll:-1.0}, \"beta\": ${beta:-0.1}, \"loss\": \"${loss:-sigmoid}\", \"seed\": ${seed:-42}}}}" \
     > "$d/pipeline_config.json"
   ( "$T" pipeline --config "$d/pipeline_config.json" --checkpoints "$d/ckpt" --start_stage 3 --last_stage 3 \
       --resume --device "$DEV" $U > "$W/logs/dpo.$name.log" 2>&1
