@@ -83,6 +83,20 @@ pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, 
     Ok((loss, p.to_dtype(dtype)?))
 }
 
+/// RMSNorm over the last dimension, `T(x r w)` with `r = 1 /
+/// sqrt(mean(x^2) + eps)`, rounded once as candle's kernel and the decode
+/// step round: on CUDA one warp a row (`rmsnorm_rows`, rows of up to 4,096
+/// values, a multiple of 8), elsewhere candle's kernel. Builds no graph.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda()
+        && let Some(y) = cuda::rms_norm(x, w, eps)?
+    {
+        return Ok(y);
+    }
+    candle_nn::ops::rms_norm(&x.contiguous()?, w, eps)
+}
+
 /// Hyper-parameters of one AdamW step ([`adamw_step`]).
 #[derive(Debug, Clone, Copy)]
 pub struct AdamWStep {
@@ -348,6 +362,54 @@ mod cuda {
         Ok(tensor(out, &dev, x.shape().clone()))
     }
 
+    /// [`super::rms_norm`] on the GPU; `None` where `rmsnorm_rows` does not
+    /// serve the shape (the caller takes candle's kernel).
+    pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Option<Tensor>> {
+        let n = x.dim(candle_core::D::Minus1)?;
+        if !n.is_multiple_of(8) || n > 32 * 8 * 16 || w.dims() != [n] {
+            return Ok(None);
+        }
+        let dtype = x.dtype();
+        let (x, w) = (x.contiguous()?, w.to_dtype(dtype)?.contiguous()?);
+        dispatch!(dtype, rms_norm_t, &x, &w, eps).map(Some)
+    }
+
+    fn rms_norm_t<T: CudaDType + DeviceRepr>(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+        let n = x.dim(candle_core::D::Minus1)?;
+        let count = x.elem_count() / n;
+        let (xs, xl) = x.storage_and_layout();
+        let (ws, wl) = w.storage_and_layout();
+        let dev = cuda(&xs)?.device.clone();
+        let (xv, wv) = (view::<T>(&xs, xl, count * n)?, view::<T>(&ws, wl, n)?);
+        // SAFETY: every element is written by the kernel.
+        let mut out = unsafe { dev.alloc::<T>(count * n) }?;
+        let chunks = if n <= 32 * 8 * 4 { 4 } else { 16 };
+        let func = kernels::kernel(
+            &dev,
+            &kernels::TRAIN,
+            &format!("rmsnorm_rows{chunks}_{}", suffix(x.dtype())?),
+        )?;
+        let (rows32, n32) = (count as i32, n as i32);
+        let warps = THREADS as usize / 32;
+        let config = LaunchConfig {
+            grid_dim: (count.div_ceil(warps).max(1) as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = func.builder();
+        b.arg(&xv);
+        b.arg(&wv);
+        b.arg(&mut out);
+        b.arg(&rows32);
+        b.arg(&n32);
+        b.arg(&eps);
+        // SAFETY: the arguments match `rmsnorm_rows*_*`: `count` rows of `n`
+        // values (a multiple of 8 within the instance's chunks), contiguous
+        // buffers from the allocator (16-byte aligned).
+        unsafe { b.launch(config) }.w()?;
+        Ok(tensor(out, &dev, x.shape().clone()))
+    }
+
     pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         let dtype = gate.dtype();
         let (g, u) = (gate.contiguous()?, up.to_dtype(dtype)?.contiguous()?);
@@ -376,7 +438,7 @@ mod cuda {
         b.arg(&mut h);
         b.arg(&numel);
         // SAFETY: the arguments match `swiglu_fwd_*`; `numel` values each.
-        unsafe { b.launch(grid(numel)) }.w()?;
+        unsafe { b.launch(grid(numel.div_ceil(8))) }.w()?;
         Ok(tensor(h, &dev, g.shape().clone()))
     }
 
@@ -631,6 +693,93 @@ mod tests {
             assert_eq!(bits(&got), bits(&want), "{dtype:?}");
             let other = super::dropout_apply(&x, 12, p).unwrap().unwrap();
             assert_ne!(bits(&other), bits(&want), "{dtype:?}: another stream");
+        }
+    }
+
+    /// On the GPU: the warp-a-row RMSNorm against candle's kernel (the same
+    /// rounding; only the order of the sum of squares differs, so in bf16
+    /// nearly every value is the same bits) at rows of
+    /// 4,096, 2,560 (a hidden state), 128 (a head's q/k norm) and 64 values,
+    /// and at sizes it leaves to candle (12, 4,104); SwiGLU, 8 values a
+    /// thread, against the formula on the CPU in f32, at a size with a
+    /// scalar tail.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn gpu_rms_norm_and_swiglu_match_candle_and_the_formula() {
+        use candle_core::{DType, Device, Tensor};
+        let Ok(gpu) = Device::new_cuda(0) else {
+            eprintln!("SKIPPED: no CUDA device");
+            return;
+        };
+        let flat = |t: &Tensor| -> Vec<f32> {
+            t.to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap()
+        };
+        for dtype in [DType::BF16, DType::F32] {
+            for (rows, n) in [
+                (5, 4096),
+                (300, 2560),
+                (1000, 128),
+                (77, 64),
+                (9, 12),
+                (3, 4104),
+            ] {
+                let x = Tensor::randn(0f32, 1.0, (rows, n), &gpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let w = (Tensor::randn(0f32, 0.1, n, &gpu).unwrap() + 1.0)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let got = flat(&super::rms_norm(&x, &w, 1e-6).unwrap());
+                let want = flat(&candle_nn::ops::rms_norm(&x, &w, 1e-6).unwrap());
+                let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let (mut same, mut worst) = (0usize, 0f32);
+                for (g, w) in got.iter().zip(&want) {
+                    same += usize::from(g == w);
+                    worst = worst.max((g - w).abs());
+                }
+                let tol = if dtype == DType::F32 { 1e-5 } else { 8e-3 };
+                assert!(
+                    worst <= tol * scale,
+                    "{dtype:?} {rows} x {n}: off by {worst} of {scale}"
+                );
+                assert!(
+                    dtype == DType::F32 || same * 100 >= got.len() * 98,
+                    "{dtype:?} {rows} x {n}: {same} of {} the same",
+                    got.len()
+                );
+            }
+            for (rows, n) in [(100, 9728), (7, 13)] {
+                let g = Tensor::randn(0f32, 2.0, (rows, n), &gpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let u = Tensor::randn(0f32, 1.0, (rows, n), &gpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let got = flat(&super::swiglu(&g, &u).unwrap());
+                let cpu = |t: &Tensor| {
+                    t.to_dtype(DType::F32)
+                        .unwrap()
+                        .to_device(&Device::Cpu)
+                        .unwrap()
+                };
+                let want = flat(&super::swiglu(&cpu(&g), &cpu(&u)).unwrap());
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    let tol = if dtype == DType::F32 { 1e-5 } else { 8e-3 };
+                    assert!(
+                        (a - b).abs() <= tol * b.abs().max(1e-3),
+                        "{dtype:?} {rows} x {n} at {i}: {a} vs {b}"
+                    );
+                }
+            }
         }
     }
 }

@@ -39,13 +39,13 @@ impl RmsNorm {
         if x.track_op() {
             self.forward_differentiable(x)
         } else {
-            candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32)
+            super::fused::rms_norm(x, &self.weight, self.eps as f32)
         }
     }
 
     /// The fused forward, building no graph.
     pub fn forward_detached(&self, x: &Tensor) -> Result<Tensor> {
-        candle_nn::ops::rms_norm(&x.detach().contiguous()?, &self.weight, self.eps as f32)
+        super::fused::rms_norm(&x.detach(), &self.weight, self.eps as f32)
     }
 
     /// `dL/dx` for `dL/dy = dy` at input `x` ([`super::fused::rmsnorm_backward`]).
