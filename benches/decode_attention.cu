@@ -165,31 +165,23 @@ __global__ void __launch_bounds__(32 * W) new_attn(const bf *q, const bf *k, con
                                                    float *part, int hkv, int cap, int chunk, float scale) {
     decode_attention_keys<bf, D, G, W>(q, k, v, pos, part, hkv, cap, chunk, scale);
 }
-// new_attn<W> with attention_combine folded in (not yet in decode.cu; to be
-// measured): every split block, empty ones included, counts itself in
-// `counters[b, h]` once its partial result is written, and the last one
-// merges the splits for its G query heads, in split order as
+// The combine folded into a split block: every split block, empty ones
+// included, counts itself in `counters[b, h]` once its partial result is
+// written (the fence makes the writes visible device-wide first), and the
+// last one merges the splits for its G query heads, in split order as
 // attention_combine does, and leaves the counter at zero for the next
-// launch. One launch a layer instead of two.
-template <int W>
-__global__ void __launch_bounds__(32 * W)
-    fused_attn(const bf *q, const bf *k, const bf *v, const uint32_t *pos, float *part, bf *out,
-               uint32_t *counters, int hkv, int cap, int chunk, float scale) {
-    decode_attention_keys<bf, D, G, W>(q, k, v, pos, part, hkv, cap, chunk, scale);
-    // Every thread's partial writes are visible device-wide before the
-    // block counts itself.
+// launch.
+__device__ __forceinline__ void merge_if_last(const float *part, bf *out, uint32_t *counters, int hkv) {
     __threadfence();
     __syncthreads();
     __shared__ bool last;
     const int h = blockIdx.x, b = blockIdx.y, splits = gridDim.z, tid = threadIdx.x;
-    if (tid == 0) {
-        last = atomicAdd(&counters[b * hkv + h], 1u) == (unsigned)(splits - 1);
-    }
+    if (tid == 0) last = atomicAdd(&counters[b * hkv + h], 1u) == (unsigned)(splits - 1);
     __syncthreads();
     if (!last) return;
     __threadfence();
     const float *p0 = part + ((size_t)b * hkv + h) * splits * G * (D + 2);
-    for (int j = tid; j < G * D; j += 32 * W) {
+    for (int j = tid; j < G * D; j += blockDim.x) {
         const int g = j / D, i = j % D;
         float mx = -INFINITY;
         for (int sp = 0; sp < splits; ++sp) {
@@ -210,8 +202,17 @@ __global__ void __launch_bounds__(32 * W)
     }
     if (tid == 0) counters[b * hkv + h] = 0;
 }
-// The whole chunk staged in shared memory before any arithmetic (to be
-// measured): a block of W warps takes its split's keys 32 W at a time;
+// new_attn<W> with attention_combine folded in (merge_if_last): one launch
+// a layer instead of two. Measured in session 20: slower than the two
+// launches (docs/BENCHMARKS.md), so not in decode.cu.
+template <int W>
+__global__ void __launch_bounds__(32 * W)
+    fused_attn(const bf *q, const bf *k, const bf *v, const uint32_t *pos, float *part, bf *out,
+               uint32_t *counters, int hkv, int cap, int chunk, float scale) {
+    decode_attention_keys<bf, D, G, W>(q, k, v, pos, part, hkv, cap, chunk, scale);
+    merge_if_last(part, out, counters, hkv);
+}
+// The whole chunk staged in shared memory before any arithmetic: a block of W warps takes its split's keys 32 W at a time;
 // every thread first issues its share of the tile's keys and values as
 // 16-byte cp.async copies (two groups, keys first), so the block has its
 // whole tile in flight at once instead of one warp-load after another.
@@ -219,7 +220,8 @@ __global__ void __launch_bounds__(32 * W)
 // a warp reading one value row are both free of bank conflicts. Scores:
 // one key a lane against the queries (f32, in shared memory); values: 4
 // dimensions a lane. With FUSE the last split block of a (row, KV head)
-// merges the splits as fused_attn does.
+// merges the splits (merge_if_last). Measured in session 20: faster than
+// decode_attention_keys only on the longest rows.
 __device__ __forceinline__ void cp16(void *dst, const void *src) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
@@ -354,35 +356,7 @@ __global__ void __launch_bounds__(32 * W)
     } else if (tid < G) {
         o[tid * (D + 2) + 1] = 0.f;
     }
-    if (!FUSE) return;
-    __threadfence();
-    __syncthreads();
-    __shared__ bool last;
-    if (tid == 0) last = atomicAdd(&counters[b * hkv + h], 1u) == (unsigned)(splits - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const float *p0 = part + ((size_t)b * hkv + h) * splits * G * (D + 2);
-    for (int j = tid; j < G * D; j += 32 * W) {
-        const int g = j / D, i = j % D;
-        float mx = -INFINITY;
-        for (int sp = 0; sp < splits; ++sp) {
-            const float *ps = p0 + ((size_t)sp * G + g) * (D + 2);
-            if (__ldcg(ps + 1) > 0.f) mx = fmaxf(mx, __ldcg(ps));
-        }
-        float den = 0.f, num = 0.f;
-        for (int sp = 0; sp < splits; ++sp) {
-            const float *ps = p0 + ((size_t)sp * G + g) * (D + 2);
-            const float l2 = __ldcg(ps + 1);
-            if (l2 > 0.f) {
-                const float w = __expf(__ldcg(ps) - mx);
-                den += w * l2;
-                num += w * __ldcg(ps + 2 + i);
-            }
-        }
-        out[((size_t)b * hkv * G + h * G + g) * D + i] = __float2bfloat16(num / den);
-    }
-    if (tid == 0) counters[b * hkv + h] = 0;
+    if (FUSE) merge_if_last(part, out, counters, hkv);
 }
 template <int W> constexpr int staged_smem() { return 2 * 32 * W * ROWB + G * D * 4; }
 // Reads the same keys and values as the attention blocks, coalesced, and

@@ -65,7 +65,12 @@ pub fn swiglu_backward(gate: &Tensor, up: &Tensor, dh: &Tensor) -> Result<(Tenso
 /// u32: the per-row losses `(c,)` f32 (`logsumexp(z) - z[target]`) and the
 /// gradient `softmax(z) - onehot(target)` in the logits' dtype (f32 when
 /// `logits` is f32).
-pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
+///
+/// `logits` is consumed: on CUDA the gradient is written over a contiguous
+/// `logits` in place (a chunk of Qwen3's vocabulary is 134 MB in bf16), so
+/// no other tensor may share its storage; a fresh product, as the chunked
+/// loss passes, shares nothing.
+pub fn cross_entropy_rows(logits: Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
     #[cfg(feature = "cuda")]
     if logits.device().is_cuda() {
         return cuda::cross_entropy_rows(logits, targets);
@@ -567,22 +572,28 @@ mod cuda {
         ))
     }
 
-    pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
+    pub fn cross_entropy_rows(logits: Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
         let targets = targets.to_dtype(DType::U32)?.contiguous()?;
-        dispatch!(logits.dtype(), cross_entropy_rows_t, logits, &targets)
+        let dtype = logits.dtype();
+        dispatch!(dtype, cross_entropy_rows_t, logits, &targets)
     }
 
     fn cross_entropy_rows_t<T: CudaDType + DeviceRepr>(
-        logits: &Tensor,
+        logits: Tensor,
         targets: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
         let (c, v) = logits.dims2()?;
         if targets.dims() != [c] {
             bail!("cross-entropy: {c} rows but targets {:?}", targets.dims());
         }
-        // The kernel overwrites its input with the gradient: a fresh copy
-        // that nothing else holds.
-        let grad = logits.copy()?;
+        // The kernel overwrites its input with the gradient: the logits
+        // themselves when they are contiguous (the caller's contract: no
+        // other tensor shares them), else a contiguous copy.
+        let grad = if logits.is_contiguous() {
+            logits
+        } else {
+            logits.copy()?
+        };
         let (zs, zl) = grad.storage_and_layout();
         let (ts, tl) = targets.storage_and_layout();
         let dev = cuda(&zs)?.device.clone();
@@ -592,7 +603,7 @@ mod cuda {
         let func = kernels::kernel(
             &dev,
             &kernels::TRAIN,
-            &format!("xent_fwd_bwd_{}", suffix(logits.dtype())?),
+            &format!("xent_fwd_bwd_{}", suffix(grad.dtype())?),
         )?;
         let v32 = v as i32;
         let mut b = func.builder();
@@ -600,8 +611,8 @@ mod cuda {
         b.arg(&tv);
         b.arg(&mut loss);
         b.arg(&v32);
-        // SAFETY: the arguments match `xent_fwd_bwd_*`; `grad` is a fresh
-        // contiguous (c, v) buffer only this kernel touches, and every
+        // SAFETY: the arguments match `xent_fwd_bwd_*`; `grad` is a
+        // contiguous (c, v) buffer nothing else reads, and every
         // target is below v (the loss builds them from labels checked
         // against the vocabulary).
         unsafe { b.launch(rows(c)) }.w()?;

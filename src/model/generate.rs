@@ -652,10 +652,37 @@ pub(crate) fn left_padded(
     pad_id: u32,
     device: &Device,
 ) -> Result<Tensor> {
-    let ids: Vec<u32> = prompts
-        .iter()
-        .flat_map(|p| std::iter::repeat_n(pad_id, width - p.len()).chain(p.iter().copied()))
-        .collect();
+    padded(prompts, width, pad_id, device, true)
+}
+
+/// `(k, width)` ids of `prompts`, each followed by `pad_id`s up to `width`
+/// (the fused rows' prefill, CUDA only).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn right_padded(
+    prompts: &[&[u32]],
+    width: usize,
+    pad_id: u32,
+    device: &Device,
+) -> Result<Tensor> {
+    padded(prompts, width, pad_id, device, false)
+}
+
+fn padded(
+    prompts: &[&[u32]],
+    width: usize,
+    pad_id: u32,
+    device: &Device,
+    left: bool,
+) -> Result<Tensor> {
+    let mut ids = Vec::with_capacity(prompts.len() * width);
+    for p in prompts {
+        let pads = std::iter::repeat_n(pad_id, width - p.len());
+        if left {
+            ids.extend(pads.chain(p.iter().copied()));
+        } else {
+            ids.extend(p.iter().copied().chain(pads));
+        }
+    }
     Tensor::from_vec(ids, (prompts.len(), width), device)
 }
 
@@ -866,6 +893,17 @@ pub(crate) fn draw(logits: &[f32], s: &Sampling, rng: &mut Rng) -> (u32, f32) {
 mod tests {
     use super::*;
     use crate::model::{load, tiny};
+
+    /// Left padding puts the pads before each prompt, right padding after.
+    #[test]
+    fn prompts_pad_on_either_side() {
+        let (a, b): (&[u32], &[u32]) = (&[5, 6, 7], &[9]);
+        let rows = |t: Tensor| t.to_vec2::<u32>().unwrap();
+        let left = left_padded(&[a, b], 4, 0, &Device::Cpu).unwrap();
+        assert_eq!(rows(left), vec![vec![0, 5, 6, 7], vec![0, 0, 0, 9]]);
+        let right = right_padded(&[a, b], 4, 0, &Device::Cpu).unwrap();
+        assert_eq!(rows(right), vec![vec![5, 6, 7, 0], vec![9, 0, 0, 0]]);
+    }
 
     #[test]
     fn chunked_prefill_decodes_like_one_pass() {
@@ -1349,15 +1387,7 @@ mod cuda_tests {
             .with_capacity(width)
             .with_left_padding(pads.clone());
         let want = prefill(&m.model, &ids, 0, &mut masked, 32).unwrap();
-        let right: Vec<u32> = prompts
-            .iter()
-            .flat_map(|p| {
-                p.iter()
-                    .copied()
-                    .chain(std::iter::repeat_n(0, width - p.len()))
-            })
-            .collect();
-        let ids = Tensor::from_vec(right, (3, width), &dev).unwrap();
+        let ids = right_padded(&refs, width, 0, &dev).unwrap();
         let mut fused = m.model.new_cache().with_capacity(width);
         let got = dec.prefill_right_padded(&ids, &lens, &mut fused).unwrap();
         assert_eq!(fused.len(), width);

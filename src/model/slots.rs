@@ -532,7 +532,12 @@ mod fused {
                     width
                 };
                 let lens: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
-                let ids = right_padded(prompts, width, self.pad_id, &self.device)?;
+                let ids = super::super::generate::right_padded(
+                    prompts,
+                    width,
+                    self.pad_id,
+                    &self.device,
+                )?;
                 let mut cache = self.model.new_cache().with_capacity(width);
                 let logits = dec.prefill_right_padded(&ids, &lens, &mut cache)?;
                 if _range.is_some() {
@@ -560,24 +565,6 @@ mod fused {
             }
             Ok((logits, cache, pads))
         }
-    }
-
-    /// `(k, width)` ids, row `r` holding `prompts[r]` then `pad_id`s.
-    fn right_padded(
-        prompts: &[&[u32]],
-        width: usize,
-        pad_id: u32,
-        device: &Device,
-    ) -> Result<Tensor> {
-        let ids: Vec<u32> = prompts
-            .iter()
-            .flat_map(|p| {
-                p.iter()
-                    .copied()
-                    .chain(std::iter::repeat_n(pad_id, width - p.len()))
-            })
-            .collect();
-        Tensor::from_vec(ids, (prompts.len(), width), device)
     }
 
     impl Slots for FusedSlots<'_> {

@@ -109,7 +109,7 @@ fn chunked_cross_entropy(
         let tgt = targets.narrow(0, start, len)?; // (c,)
         let logits = x.matmul(&head.t()?)?; // (c, V)
         // Per-row loss and softmax - onehot(target), in one fused pass.
-        let (rows_loss, dlogits) = crate::model::fused::cross_entropy_rows(&logits, &tgt)?;
+        let (rows_loss, dlogits) = crate::model::fused::cross_entropy_rows(logits, &tgt)?;
         loss = (loss + rows_loss.sum_all()?)?;
         if want_grad {
             grads.push(dlogits.to_dtype(hidden.dtype())?.matmul(head)?); // (c, H)
