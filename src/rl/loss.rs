@@ -150,6 +150,17 @@ pub fn tis_weights(old: &[f64], sampler: &[f32], cap: f64) -> Vec<f64> {
         .collect()
 }
 
+/// The effective sample size of importance weights as a share of their
+/// count, `(sum w)^2 / (n sum w^2)` (Kong 1992): 1 when every weight is the
+/// same, near `1/n` when one weight carries the batch. `sum`, `sum_sq` and
+/// `n` are the weights' sum, sum of squares and count; 1 with none.
+pub fn effective_sample_share(sum: f64, sum_sq: f64, n: f64) -> f64 {
+    if n <= 0.0 || sum_sq <= 0.0 {
+        return 1.0;
+    }
+    sum * sum / (n * sum_sq)
+}
+
 /// PPO's clipped value loss (as in OpenAI baselines' ppo2 and the RLHF
 /// peers): `0.5 sum(w * max((V - R)^2, (V_old + clip(V - V_old, -c, c) -
 /// R)^2))`, so one update cannot move a value far from the one the
@@ -178,6 +189,16 @@ mod tests {
 
     fn scalar(x: &Tensor) -> f64 {
         x.to_scalar::<f32>().unwrap() as f64
+    }
+
+    /// The effective sample share: 1 for equal weights, 1/n for one weight
+    /// alone, and (1 + 2)^2 / (2 (1 + 4)) = 0.9 for the weights 1 and 2.
+    #[test]
+    fn effective_sample_share_of_known_weights() {
+        assert!((effective_sample_share(4.0 * 0.7, 4.0 * 0.49, 4.0) - 1.0).abs() < 1e-12);
+        assert!((effective_sample_share(3.0, 9.0, 5.0) - 0.2).abs() < 1e-12);
+        assert!((effective_sample_share(3.0, 5.0, 2.0) - 0.9).abs() < 1e-12);
+        assert_eq!(effective_sample_share(0.0, 0.0, 0.0), 1.0);
     }
 
     /// TIS weights: exp(old - sampler), truncated at the cap; 1 without

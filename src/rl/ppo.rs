@@ -61,7 +61,7 @@ use super::curriculum::Curriculum;
 use super::env::{Barren, Environment, Score, SharedTasks, Task};
 use super::loss::{
     Aggregation, KlEstimator, clipped_policy_loss, clipped_value_loss, completion_weights,
-    tis_weights,
+    effective_sample_share, tis_weights,
 };
 use super::memory::{self, micro_batches};
 use super::value::ValueHead;
@@ -1410,8 +1410,10 @@ struct Trained {
     mm_sum: f64,
     mm_max: f64,
     mm_n: usize,
-    /// TIS weights' sum and the tokens at the cap (over `mm_n` tokens).
+    /// TIS weights' sum, sum of squares and the tokens at the cap (over
+    /// `mm_n` tokens).
     tis_sum: f64,
+    tis_sq: f64,
     tis_capped: f64,
     /// Prompt and response tokens of this rank's samples.
     seq_tokens: usize,
@@ -1449,6 +1451,7 @@ fn train(
             if cap > 0.0 && smp.sampler_logp.len() == smp.old_logp.len() {
                 for w in tis_weights(&smp.old_logp, &smp.sampler_logp, cap) {
                     t.tis_sum += w;
+                    t.tis_sq += w * w;
                     t.tis_capped += f64::from(u8::from(w >= cap));
                 }
             }
@@ -1470,8 +1473,9 @@ struct Totals {
     kl_mean: f64,
     /// Mean and largest sampler/trainer log-prob gap.
     mismatch: Option<(f64, f64)>,
-    /// With TIS: the mean weight and the share of tokens at the cap.
-    tis: Option<(f64, f64)>,
+    /// With TIS: the mean weight, the share of tokens at the cap and the
+    /// weights' effective sample share.
+    tis: Option<(f64, f64, f64)>,
     masked: BTreeMap<String, u64>,
     stopping: bool,
 }
@@ -1497,6 +1501,7 @@ impl Totals {
             stop_vote,
             t.tis_sum,
             t.tis_capped,
+            t.tis_sq,
         ];
         let all = comm.all_gather_f64(&local)?;
         let total = |i: usize| all.iter().map(|v| v[i]).sum::<f64>();
@@ -1513,7 +1518,13 @@ impl Totals {
                     all.iter().map(|v| v[9]).fold(0.0, f64::max),
                 )
             }),
-            tis: (total(11) > 0.0).then(|| (total(11) / total(8), total(12) / total(8))),
+            tis: (total(11) > 0.0).then(|| {
+                (
+                    total(11) / total(8),
+                    total(12) / total(8),
+                    effective_sample_share(total(11), total(13), total(8)),
+                )
+            }),
             masked: stats::sum_counts(comm, &got.masked)?,
             stopping: total(10) > 0.0,
         })
@@ -1622,9 +1633,10 @@ impl StepRecord<'_> {
             put("logprob_mismatch_mean", mean);
             put("logprob_mismatch_max", max);
         }
-        if let Some((mean, capped)) = n.tis {
+        if let Some((mean, capped, ess)) = n.tis {
             put("tis_weight_mean", mean);
             put("tis_capped_fraction", capped);
+            put("tis_effective_sample_share", ess);
         }
         if cfg.is_grpo() {
             put("dropped_groups_total", rl.dropped_groups as f64);
