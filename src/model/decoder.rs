@@ -148,9 +148,7 @@ impl Attention {
         .reshape((b, l, self.num_heads * d))?; // (B, L, H*D)
         ctx.project(&self.o_proj, &y)
     }
-}
 
-impl Attention {
     /// [`Self::forward`] for a fused pass into an empty cache
     /// ([`Decoder::prefill_right_padded`]): attention as training's,
     /// causal with no mask and no score matrix, read from the projections'

@@ -515,7 +515,7 @@ mod fused {
             let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
             // `TRACE_TRAIN_DECODE_NCU_PREFILL=1`: the prefills run inside
             // the profiler's range (`ncu --profile-from-start off`).
-            let _range = if std::env::var_os("TRACE_TRAIN_DECODE_NCU_PREFILL").is_some() {
+            let profiling = if std::env::var_os("TRACE_TRAIN_DECODE_NCU_PREFILL").is_some() {
                 Some(cudarc::driver::Profiler::new().w()?)
             } else {
                 None
@@ -540,7 +540,7 @@ mod fused {
                 )?;
                 let mut cache = self.model.new_cache().with_capacity(width);
                 let logits = dec.prefill_right_padded(&ids, &lens, &mut cache)?;
-                if _range.is_some() {
+                if profiling.is_some() {
                     self.device.synchronize()?;
                 }
                 return Ok((logits, cache, vec![0; prompts.len()]));
@@ -560,7 +560,7 @@ mod fused {
                 &mut cache,
                 self.prefill_chunk,
             )?;
-            if _range.is_some() {
+            if profiling.is_some() {
                 self.device.synchronize()?;
             }
             Ok((logits, cache, pads))
