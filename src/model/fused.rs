@@ -371,11 +371,15 @@ mod cuda {
     /// serve the shape (the caller takes candle's kernel).
     pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Option<Tensor>> {
         let n = x.dim(candle_core::D::Minus1)?;
-        if !n.is_multiple_of(8) || n > 32 * 8 * 16 || w.dims() != [n] {
+        if n == 0 || !n.is_multiple_of(8) || n > 32 * 8 * 16 || w.dims() != [n] {
             return Ok(None);
         }
         let dtype = x.dtype();
         let (x, w) = (x.contiguous()?, w.to_dtype(dtype)?.contiguous()?);
+        // The kernel loads 8 values at once: both must start on 8.
+        if !(x.layout().start_offset() % 8 == 0 && w.layout().start_offset() % 8 == 0) {
+            return Ok(None);
+        }
         dispatch!(dtype, rms_norm_t, &x, &w, eps).map(Some)
     }
 
