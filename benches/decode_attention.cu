@@ -333,23 +333,7 @@ __global__ void __launch_bounds__(32 * W)
             for (int e = 0; e < NV; ++e) s_acc[warp][g][lane * NV + e] = acc[g][e];
         }
         __syncthreads();
-        for (int i = tid; i < G * D; i += 32 * W) {
-            const int g = i / D, d = i % D;
-            float mx = -INFINITY;
-#pragma unroll
-            for (int w = 0; w < W; ++w) mx = fmaxf(mx, s_m[w][g]);
-            float a = 0.f, sum = 0.f;
-#pragma unroll
-            for (int w = 0; w < W; ++w) {
-                if (s_m[w][g] != -INFINITY) {
-                    const float f = __expf(s_m[w][g] - mx);
-                    a += s_acc[w][g][d] * f;
-                    sum += s_l[w][g] * f;
-                }
-            }
-            o[g * (D + 2) + 2 + d] = a;
-            if (d == 0) o[g * (D + 2)] = mx, o[g * (D + 2) + 1] = sum;
-        }
+        merge_warps<G, D, W>(s_m, s_l, s_acc, o);
     } else if (tid < G) {
         o[tid * (D + 2) + 1] = 0.f;
     }
@@ -493,23 +477,7 @@ __global__ void __launch_bounds__(32 * W)
         }
     }
     __syncthreads();
-    for (int i = tid; i < G * D; i += 32 * W) {
-        const int gg = i / D, d = i % D;
-        float mxw = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < W; ++w) mxw = fmaxf(mxw, s_m[w][gg]);
-        float a = 0.f, sm = 0.f;
-#pragma unroll
-        for (int w = 0; w < W; ++w) {
-            if (s_m[w][gg] != -INFINITY) {
-                const float f = __expf(s_m[w][gg] - mxw);
-                a += s_o[w][gg][d] * f;
-                sm += s_l[w][gg] * f;
-            }
-        }
-        o[gg * (D + 2) + 2 + d] = a;
-        if (d == 0) o[gg * (D + 2)] = mxw, o[gg * (D + 2) + 1] = sm;
-    }
+    merge_warps<G, D, W>(s_m, s_l, s_o, o);
 }
 template <int W> constexpr int tc_smem() { return W * 2 * 32 * ROWB; }
 // Reads the same keys and values as the attention blocks, coalesced, and

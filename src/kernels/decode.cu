@@ -191,6 +191,33 @@ template <int NV, typename T> __device__ __forceinline__ void loadv(const T *p, 
     }
 }
 
+// The partial result of one split from its W warps' online softmaxes (max
+// m, sum l and unnormalised output acc of each query head, in shared
+// memory): out[g] = [M, sum_w e^(m_w - M) l_w, sum_w e^(m_w - M) acc_w[D]]
+// with M the largest m_w. The block's 32 W threads share the G x D outputs.
+template <int G, int D, int W>
+__device__ __forceinline__ void merge_warps(const float (*s_m)[G], const float (*s_l)[G],
+                                            const float (*s_acc)[G][D], float *__restrict__ out) {
+    for (int i = threadIdx.x; i < G * D; i += 32 * W) {
+        const int g = i / D, d = i % D;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < W; ++w) mx = fmaxf(mx, s_m[w][g]);
+        // A warp that saw no key has m = -inf and adds nothing.
+        float a = 0.f, sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+            if (s_m[w][g] != -INFINITY) {
+                const float f = __expf(s_m[w][g] - mx);
+                a += s_acc[w][g][d] * f;
+                sum += s_l[w][g] * f;
+            }
+        }
+        out[g * (D + 2) + 2 + d] = a;
+        if (d == 0) out[g * (D + 2)] = mx, out[g * (D + 2) + 1] = sum;
+    }
+}
+
 // Flash-decoding (split-KV) attention of one token a row over its slot,
 // one key a lane: block (kv head h, row b, split s) reads the row's keys
 // and values of columns [s * c, min((s + 1) * c, pos[b] + 1)) once for the
@@ -312,24 +339,7 @@ __device__ __forceinline__ void decode_attention_keys(const T *__restrict__ q, c
         for (int e = 0; e < NV; ++e) s_acc[warp][g][lane * NV + e] = acc[g][e];
     }
     __syncthreads();
-    for (int i = tid; i < G * D; i += 32 * W) {
-        const int g = i / D, d = i % D;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < W; ++w) mx = fmaxf(mx, s_m[w][g]);
-        // A warp that saw no key has m = -inf and adds nothing.
-        float a = 0.f, sum = 0.f;
-#pragma unroll
-        for (int w = 0; w < W; ++w) {
-            if (s_m[w][g] != -INFINITY) {
-                const float f = __expf(s_m[w][g] - mx);
-                a += s_acc[w][g][d] * f;
-                sum += s_l[w][g] * f;
-            }
-        }
-        out[g * (D + 2) + 2 + d] = a;
-        if (d == 0) out[g * (D + 2)] = mx, out[g * (D + 2) + 1] = sum;
-    }
+    merge_warps<G, D, W>(s_m, s_l, s_acc, out);
 }
 
 // Merges decode_attention's splits: out[b, hq * D + i] = sum_s e^(m_s - M)
