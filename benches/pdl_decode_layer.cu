@@ -48,6 +48,8 @@
 #include <vector>
 #include <algorithm>
 
+#include "../src/kernels/common.cuh"
+
 typedef __nv_bfloat16 bf16;
 
 #define CK(x) do { auto r_ = (x); if (r_ != 0) { printf("error %d at %s:%d\n", (int)r_, __FILE__, __LINE__); exit(1); } } while (0)
@@ -75,26 +77,7 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 // ---------------------------------------------------------------- helpers
-__device__ __forceinline__ void load8(const bf16 *p, float *v) {
-  const uint4 a = *reinterpret_cast<const uint4 *>(p);
-  const uint32_t w[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    v[2 * i] = __uint_as_float(w[i] << 16);
-    v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-
-__device__ __forceinline__ void store8(bf16 *p, const float *v) {
-  uint4 a;
-  uint32_t *w = reinterpret_cast<uint32_t *>(&a);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __nv_bfloat162 t = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    w[i] = *reinterpret_cast<const uint32_t *>(&t);
-  }
-  *reinterpret_cast<uint4 *>(p) = a;
-}
+// load8 / store8: 8 values a 16-byte load or store (src/kernels/common.cuh).
 
 // Uniform values in [offset - scale/2, offset + scale/2) from a hash of the index.
 __global__ void fill(bf16 *p, size_t n, uint64_t seed, float scale, float offset) {
