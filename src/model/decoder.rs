@@ -107,22 +107,9 @@ impl Attention {
         }
         let (b, l, _) = x.dims3()?;
         let d = self.head_dim;
-        // (B, L, H*D) -> (B, L, H, D) -> [per-head norm] -> (B, H, L, D)
-        let heads = |p: &LoraLinear, n: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
-            let t = ctx.project(p, x)?.reshape((b, l, n, d))?;
-            let t = match norm {
-                Some(norm) => norm.forward(&t)?,
-                None => t,
-            };
-            t.transpose(1, 2)
-        };
-        let (qn, kn) = match &self.qk_norm {
-            Some((q, k)) => (Some(q), Some(k)),
-            None => (None, None),
-        };
-        let q = heads(&self.q_proj, self.num_heads, qn)?;
-        let k = heads(&self.k_proj, self.num_kv_heads, kn)?;
-        let v = heads(&self.v_proj, self.num_kv_heads, None)?;
+        // (B, L, H, D) -> (B, H, L, D)
+        let (q, k, v) = self.heads(x, ctx)?;
+        let (q, k, v) = (q.transpose(1, 2)?, k.transpose(1, 2)?, v.transpose(1, 2)?);
         let q = ctx.rotation.apply(&q)?;
         let k = ctx.rotation.apply(&k)?;
         let (k, v) = match ctx.cache.as_deref_mut() {
@@ -149,16 +136,13 @@ impl Attention {
         ctx.project(&self.o_proj, &y)
     }
 
-    /// [`Self::forward`] for a fused pass into an empty cache
-    /// ([`Decoder::prefill_right_padded`]): attention as training's,
-    /// causal with no mask and no score matrix, read from the projections'
-    /// own `(B, L, H, D)` layout (the rotation applied there too), so only
-    /// the cache's keys and values and the output change layout.
-    fn prefill(&self, x: &Tensor, ctx: &mut Step, layer: usize) -> Result<Tensor> {
+    /// The projections of `x: (B, L, hidden)` as heads, `(B, L, H, D)`
+    /// queries and `(B, L, H_kv, D)` keys and values, the queries and keys
+    /// through their per-head norms where the model has them; not rotated.
+    fn heads(&self, x: &Tensor, ctx: &Step) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, l, _) = x.dims3()?;
-        let d = self.head_dim;
-        let heads = |p: &LoraLinear, n: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
-            let t = ctx.project(p, x)?.reshape((b, l, n, d))?;
+        let split = |p: &LoraLinear, n: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
+            let t = ctx.project(p, x)?.reshape((b, l, n, self.head_dim))?;
             match norm {
                 Some(norm) => norm.forward(&t),
                 None => Ok(t),
@@ -168,13 +152,23 @@ impl Attention {
             Some((q, k)) => (Some(q), Some(k)),
             None => (None, None),
         };
-        let q = ctx
-            .rotation
-            .apply_thd(&heads(&self.q_proj, self.num_heads, qn)?)?;
-        let k = ctx
-            .rotation
-            .apply_thd(&heads(&self.k_proj, self.num_kv_heads, kn)?)?;
-        let v = heads(&self.v_proj, self.num_kv_heads, None)?;
+        Ok((
+            split(&self.q_proj, self.num_heads, qn)?,
+            split(&self.k_proj, self.num_kv_heads, kn)?,
+            split(&self.v_proj, self.num_kv_heads, None)?,
+        ))
+    }
+
+    /// [`Self::forward`] for a fused pass into an empty cache
+    /// ([`Decoder::prefill_right_padded`]): attention as training's,
+    /// causal with no mask and no score matrix, read from the projections'
+    /// own `(B, L, H, D)` layout (the rotation applied there too), so only
+    /// the cache's keys and values and the output change layout.
+    fn prefill(&self, x: &Tensor, ctx: &mut Step, layer: usize) -> Result<Tensor> {
+        let (b, l, _) = x.dims3()?;
+        let d = self.head_dim;
+        let (q, k, v) = self.heads(x, ctx)?;
+        let (q, k) = (ctx.rotation.apply_thd(&q)?, ctx.rotation.apply_thd(&k)?);
         let (kt, vt) = (k.transpose(1, 2)?, v.transpose(1, 2)?); // (B, H_kv, L, D) views
         let Some(cache) = ctx.cache.as_deref_mut() else {
             candle_core::bail!("a prefill pass needs a cache");
