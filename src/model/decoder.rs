@@ -896,18 +896,23 @@ impl Decoder {
 
     /// Whether [`Self::prefill_right_padded`] can run here: fused attention
     /// serves this model's dtype, device and head size, and
-    /// `TRACE_TRAIN_PREFILL` is not `masked` (the chunked path with a score
-    /// matrix, kept for comparison).
-    pub fn fused_prefill_usable(&self) -> bool {
-        let Some(l) = self.layers.first() else {
-            return false;
+    /// `TRACE_TRAIN_PREFILL` is `fused` or unset (`masked`: the chunked path
+    /// with a score matrix, kept for comparison; anything else is an error).
+    pub fn fused_prefill_usable(&self) -> Result<bool> {
+        let wanted = match std::env::var("TRACE_TRAIN_PREFILL").as_deref() {
+            Ok("fused") | Err(_) => true,
+            Ok("masked") => false,
+            Ok(other) => candle_core::bail!("TRACE_TRAIN_PREFILL={other}\nhint: fused or masked"),
         };
-        std::env::var("TRACE_TRAIN_PREFILL").as_deref() != Ok("masked")
+        let Some(l) = self.layers.first() else {
+            return Ok(false);
+        };
+        Ok(wanted
             && attention::fused_available(
                 self.embed_tokens.dtype(),
                 self.device(),
                 l.self_attn.head_dim,
-            )
+            ))
     }
 
     /// Prefills right-padded prompts `ids: (B, W)`, row `b`'s tokens in

@@ -522,7 +522,7 @@ mod fused {
             };
             let dec = self.model.decoder();
             // A prompt longer than the budget, alone, goes in chunks.
-            if dec.fused_prefill_usable() && width * prompts.len() <= self.prefill_tokens {
+            if dec.fused_prefill_usable()? && width * prompts.len() <= self.prefill_tokens {
                 // Widths in steps of 64, so that a run builds few attention
                 // graphs (one a shape, about 80 ms each on an H100).
                 let wide = width.next_multiple_of(64);
