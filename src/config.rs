@@ -1301,9 +1301,19 @@ pub struct RlConfig {
     /// weighted by `min(exp(old - sampler), tis_cap)`, the trainer's
     /// log-prob over the sampler's for the same token (Yao et al. 2025),
     /// correcting for the sampler's numerics (its kernels, batching and
-    /// dtype) differing from the trainer's. At least 1; 0 turns it off.
-    /// Default 0.
+    /// dtype) differing from the trainer's, and, off-policy, for the
+    /// sampler's weights being one update old. At least 1; 0 turns it off,
+    /// except with `sampler_ranks`, where it means 2. Default 0.
     pub tis_cap: f64,
+    /// One-step off-policy on several GPUs: this many of the run's GPUs
+    /// (the last ones) only sample, making step k+1's completions from the
+    /// weights of step k while the others train on step k's; the new
+    /// weights go to them after each step. Each batch but the first is
+    /// trained on one update after it was sampled, which `tis_cap`
+    /// corrects. Pays where sampling takes as long as training on the GPUs
+    /// given to each. At least one GPU must train. 0: every GPU samples its
+    /// share, then every GPU trains (synchronous). Default 0.
+    pub sampler_ranks: usize,
     /// Value clip range (PPO). Default 0.2.
     pub value_clip: f64,
     /// Weight of the value loss (PPO). Default 0.1.
@@ -1449,6 +1459,7 @@ impl Default for RlConfig {
             clip_low: 0.2,
             clip_high: 0.28,
             tis_cap: 0.0,
+            sampler_ranks: 0,
             value_clip: 0.2,
             vf_coef: 0.1,
             entropy_coef: 0.0,

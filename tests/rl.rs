@@ -637,3 +637,151 @@ fn a_stop_during_the_last_step_still_saves_the_whole_run() {
     );
     assert_eq!(lines_of(&metrics).len(), 3);
 }
+
+/// One-step off-policy (`sampler_ranks`): the last ranks sample step k+1's
+/// batch while the others train on step k's. The first batch is on-policy
+/// (the synchronous run's); later ones are one update old, weighted by
+/// truncated importance ratios; the run still learns. How the ranks split
+/// between sampling and training does not change what is learned: one
+/// sampler and one trainer, one sampler and two trainers, two samplers and
+/// one trainer train as one another.
+#[test]
+fn off_policy_ranks_learn_and_train_as_one_whatever_the_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = tiny_model(dir.path());
+    let (word, temperature) = learnable_word(&base);
+    let mut config = tiny_config("grpo");
+    config.temperature = temperature;
+    config.mini_batch_size = 24;
+    let run = |world: usize, samplers: usize| {
+        let out = dir.path().join(format!("off-{world}-{samplers}"));
+        let job = RlJob {
+            config: RlConfig {
+                sampler_ranks: samplers,
+                ..config.clone()
+            },
+            curriculum: CurriculumConfig::default(),
+            model: ModelConfig::default(),
+            base_dir: base.clone(),
+            output_dir: out.clone(),
+            device: Device::Cpu,
+            env: Arc::new(WordEnv::new(&[&word])),
+            env_description: format!("word:{word}"),
+            resume: false,
+            force: false,
+            max_steps: None,
+        };
+        let summaries = run_ranks(world, |c| ppo::run_with(&job, &c, &NoProgress))?;
+        assert!(summaries.iter().all(|s| s.steps == 20 && !s.interrupted));
+        assert!(out.join("final/adapter_model.safetensors").exists());
+        anyhow::Ok(lines_of(&out.join("metrics.jsonl")))
+    };
+    let sync = run(1, 0).unwrap();
+    let off = run(2, 1).unwrap();
+    assert_eq!(off.len(), 20);
+    let r: Vec<f64> = off.iter().map(|m| m["reward"].as_f64().unwrap()).collect();
+    let last = r[r.len() - 3..].iter().sum::<f64>() / 3.0;
+    assert!(
+        last >= 0.8 && last > r[0] + 0.3,
+        "word `{word}` at T={temperature}: reward {:.3} -> {last:.3}: {r:?}",
+        r[0]
+    );
+    for key in ["reward", "scored", "trained_samples"] {
+        assert_eq!(off[0][key], sync[0][key], "step 0 is on-policy: {key}");
+    }
+    assert!(
+        off.iter()
+            .zip(&sync)
+            .skip(1)
+            .any(|(a, b)| a["reward"] != b["reward"]),
+        "every later batch equals the synchronous run's: were they sampled late?"
+    );
+    // Trained steps weigh their tokens (the cap defaults to 2 off-policy);
+    // the trainer's wait for each batch is logged (`lines_of` leaves out
+    // the times).
+    let trained: Vec<&serde_json::Value> = off
+        .iter()
+        .filter(|m| m["trained_samples"].as_f64() > Some(0.0))
+        .collect();
+    assert!(trained.len() >= 2, "{off:?}");
+    for m in trained {
+        let w = m["tis_weight_mean"].as_f64();
+        assert!(w.is_some_and(|w| w > 0.0 && w <= 2.0), "{m}");
+    }
+    let raw = std::fs::read_to_string(dir.path().join("off-2-1/metrics.jsonl")).unwrap();
+    assert!(raw.lines().all(|l| l.contains("\"time_wait_s\"")), "{raw}");
+    for (world, samplers) in [(3, 1), (3, 2)] {
+        let other = run(world, samplers).unwrap();
+        assert_eq!(other.len(), off.len());
+        for (step, (a, b)) in off.iter().zip(&other).enumerate() {
+            for key in ["reward", "scored", "trained_samples", "task_cursor"] {
+                assert_eq!(
+                    a[key], b[key],
+                    "{world} ranks, {samplers} sampling, step {step}: {key}"
+                );
+            }
+            for key in ["policy_loss", "grad_norm", "kl", "tis_weight_mean"] {
+                let (Some(x), Some(y)) = (a[key].as_f64(), b[key].as_f64()) else {
+                    assert_eq!(a.get(key).is_some(), b.get(key).is_some(), "{key}");
+                    continue;
+                };
+                assert!(
+                    (x - y).abs() <= 1e-4 * (1.0 + x.abs().max(y.abs())),
+                    "{world} ranks, {samplers} sampling, step {step}, {key}: {x} vs {y}"
+                );
+            }
+        }
+    }
+    // Every rank sampling leaves none to train: a clear error.
+    let err = run(1, 1).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("leaves none to train") && format!("{err:#}").contains("hint:"),
+        "{err:#}"
+    );
+}
+
+/// An off-policy run cut after step 3 and resumed continues the same
+/// tasks: its checkpoint holds the samplers' draw state. Its first batch
+/// after the resume is sampled from the resumed weights (one update newer
+/// than the uninterrupted run's), so rewards may differ from there on.
+#[test]
+fn an_off_policy_run_resumes_at_the_samplers_task_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = tiny_model(dir.path());
+    let mut config = tiny_config("grpo");
+    config.sampler_ranks = 1;
+    config.num_train_steps = 6;
+    config.dynamic_sampling = false;
+    config.batch_size = 4;
+    let run = |name: &str, max_steps: Option<u64>, resume: bool| {
+        let out = dir.path().join(name);
+        let job = RlJob {
+            config: config.clone(),
+            curriculum: CurriculumConfig::default(),
+            model: ModelConfig::default(),
+            base_dir: base.clone(),
+            output_dir: out.clone(),
+            device: Device::Cpu,
+            env: Arc::new(WordEnv::new(&["apple", "river", "stone"])),
+            env_description: "word:apple,river,stone".into(),
+            resume,
+            force: false,
+            max_steps,
+        };
+        let s = run_ranks(2, |c| ppo::run_with(&job, &c, &NoProgress)).unwrap();
+        (s[0].clone(), lines_of(&out.join("metrics.jsonl")))
+    };
+    let (_, full) = run("full", None, false);
+    let (first, _) = run("cut", Some(3), false);
+    assert_eq!(first.steps, 3);
+    let (resumed, cut) = run("cut", None, true);
+    assert_eq!((resumed.resumed_from, resumed.steps), (Some(3), 6));
+    assert_eq!(full.len(), 6);
+    assert_eq!(cut.len(), 6);
+    for (step, (a, b)) in full.iter().zip(&cut).enumerate() {
+        assert_eq!(a["task_cursor"], b["task_cursor"], "step {step}");
+        if step < 3 {
+            assert_eq!(a, b, "step {step} was run before the cut");
+        }
+    }
+}

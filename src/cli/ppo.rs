@@ -105,6 +105,11 @@ pub struct PpoArgs {
     /// `auto`); each samples and scores its share of the groups.
     #[arg(long)]
     pub num_gpus: Option<usize>,
+    /// One-step off-policy: GPUs (of --num_gpus) that only sample, the
+    /// next step's completions while the others train (default: the
+    /// config's `ppo.sampler_ranks`; 0: synchronous).
+    #[arg(long)]
+    pub sampler_ranks: Option<usize>,
     /// Continue from the newest valid `step_N/` checkpoint.
     #[arg(long)]
     pub resume: bool,
@@ -242,6 +247,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
     set!(args.abd_dataset, c.abd_dataset);
     set!(args.ded_dataset, c.ded_dataset);
     set!(args.num_workers, c.num_workers);
+    set!(args.sampler_ranks, c.sampler_ranks);
     set!(args.curriculum, s3.curriculum.enabled);
     if let Some(g) = args.group_size {
         c.group_size = Some(g);

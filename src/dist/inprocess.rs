@@ -25,6 +25,9 @@ struct Shared {
     world: usize,
     round: Mutex<Round>,
     done: Condvar,
+    /// The communicators of a split, by world rank, until each rank takes
+    /// its own ([`Communicator::split`]).
+    split: Mutex<Vec<Option<InProcess>>>,
 }
 
 #[derive(Default)]
@@ -50,6 +53,7 @@ impl InProcess {
                 ..Round::default()
             }),
             done: Condvar::new(),
+            split: Mutex::new(Vec::new()),
         });
         (0..world)
             .map(|rank| InProcess {
@@ -160,6 +164,33 @@ impl Communicator for InProcess {
     fn all_gather_f64(&self, values: &[f64]) -> anyhow::Result<Vec<Vec<f64>>> {
         Ok(self.exchange(values.to_vec())?.as_ref().clone())
     }
+
+    /// Rank 0 makes every group's communicators and leaves them by world
+    /// rank; each rank takes its own between two barriers.
+    fn split(&self, groups: &[Vec<usize>]) -> anyhow::Result<Box<dyn Communicator>> {
+        super::place_in(groups, self.rank, self.world())?;
+        let lock = || {
+            self.shared
+                .split
+                .lock()
+                .map_err(|_| anyhow::anyhow!("a rank panicked during a split"))
+        };
+        if self.rank == 0 {
+            let mut made: Vec<Option<InProcess>> = (0..self.world()).map(|_| None).collect();
+            for members in groups {
+                for (c, &r) in InProcess::group(members.len()).into_iter().zip(members) {
+                    made[r] = Some(c);
+                }
+            }
+            *lock()? = made;
+        }
+        self.barrier()?;
+        let mine = lock()?[self.rank].take();
+        self.barrier()?;
+        Ok(Box::new(
+            mine.expect("rank 0 made a communicator for every rank"),
+        ))
+    }
 }
 
 /// Runs `f(rank's communicator)` on `world` threads and returns the
@@ -216,6 +247,26 @@ mod tests {
             assert_eq!(b, [2.0, 20.0]);
             assert_eq!(s, [3.0, 3.0]);
             assert_eq!(g, [[0.0], [1.0], [2.0]]);
+        }
+    }
+
+    #[test]
+    fn a_split_gives_each_group_its_own_collectives() {
+        let groups = vec![vec![2, 0], vec![1], vec![3]];
+        let out = run_ranks(4, |c| {
+            let sub = c.split(&groups)?;
+            // Rank 2 is the first of its group: its values come first.
+            let g = sub.all_gather_f64(&[c.rank() as f64])?;
+            Ok((sub.rank(), sub.world(), g))
+        })
+        .unwrap();
+        assert_eq!(out[0], (1, 2, vec![vec![2.0], vec![0.0]]));
+        assert_eq!(out[2], (0, 2, vec![vec![2.0], vec![0.0]]));
+        assert_eq!(out[1], (0, 1, vec![vec![1.0]]));
+        assert_eq!(out[3], (0, 1, vec![vec![3.0]]));
+        for bad in [vec![vec![0, 1]], vec![vec![0, 1, 2], vec![2, 3]]] {
+            let err = run_ranks(4, |c| c.split(&bad).map(|_| ())).unwrap_err();
+            assert!(format!("{err:#}").contains("ranks"), "{err:#}");
         }
     }
 

@@ -59,6 +59,45 @@ pub trait Communicator {
     fn barrier(&self) -> anyhow::Result<()> {
         self.all_gather_f64(&[0.0]).map(|_| ())
     }
+
+    /// This rank's group of `groups` as a communicator of its own, the
+    /// group's ranks numbered by their place in it. Every rank calls it
+    /// together with the same `groups`: the world's ranks, each in exactly
+    /// one group ([`place_in`] checks it). A group of one rank is
+    /// [`Single`]; larger ones are this implementation's to make.
+    fn split(&self, groups: &[Vec<usize>]) -> anyhow::Result<Box<dyn Communicator>> {
+        let (group, _) = place_in(groups, self.rank(), self.world())?;
+        anyhow::ensure!(
+            groups[group].len() == 1,
+            "this communicator cannot make groups of several ranks"
+        );
+        Ok(Box::new(Single))
+    }
+}
+
+/// The group of `groups` that holds `rank`, and the rank's place in it;
+/// an error unless `groups` holds each of the `world` ranks exactly once.
+pub fn place_in(
+    groups: &[Vec<usize>],
+    rank: usize,
+    world: usize,
+) -> anyhow::Result<(usize, usize)> {
+    let mut seen = vec![false; world];
+    for &r in groups.iter().flatten() {
+        anyhow::ensure!(
+            r < world && !std::mem::replace(&mut seen[r], true),
+            "groups {groups:?} do not part the {world} ranks: rank {r} is out of range or in two groups"
+        );
+    }
+    anyhow::ensure!(
+        seen.iter().all(|&s| s),
+        "groups {groups:?} leave out some of the {world} ranks"
+    );
+    groups
+        .iter()
+        .enumerate()
+        .find_map(|(g, m)| m.iter().position(|&r| r == rank).map(|p| (g, p)))
+        .context("a rank outside every group")
 }
 
 /// GPUs this process can see (0 when built without CUDA or without a

@@ -155,6 +155,44 @@ impl Communicator for Nccl {
         let host = stream.clone_dtoh(&recv)?;
         Ok(host.chunks(n).map(<[f64]>::to_vec).collect())
     }
+
+    /// Rank 0 makes an NCCL id for each group of several ranks and hands
+    /// them to all through this communicator; each rank then joins its
+    /// group's (a group of one is [`super::Single`]).
+    fn split(&self, groups: &[Vec<usize>]) -> anyhow::Result<Box<dyn Communicator>> {
+        let (group, place) = super::place_in(groups, self.rank(), self.world())?;
+        let ids = if self.rank() == 0 {
+            groups
+                .iter()
+                .map(|m| {
+                    if m.len() > 1 {
+                        unique_id_hex()
+                    } else {
+                        Ok(String::new())
+                    }
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?
+                .join(",")
+        } else {
+            String::new()
+        };
+        let all = super::stats::all_gather_bytes(self, ids.as_bytes())?;
+        let ids = String::from_utf8(all[0].clone()).context("the split's NCCL ids")?;
+        let id = ids
+            .split(',')
+            .nth(group)
+            .context("no NCCL id for this rank's group")?;
+        let members = groups[group].len();
+        if members == 1 {
+            return Ok(Box::new(super::Single));
+        }
+        Ok(Box::new(Nccl::new(
+            &Device::Cuda(self.device.clone()),
+            place,
+            members,
+            id,
+        )?))
+    }
 }
 
 #[cfg(test)]

@@ -69,6 +69,10 @@ use super::value::ValueHead;
 /// Checkpoint folders: `step_<N>/`.
 pub const STEP_PREFIX: &str = "step_";
 
+/// The truncated importance weights' cap of an off-policy run whose
+/// `tis_cap` is 0.
+pub const OFF_POLICY_TIS_CAP: f64 = 2.0;
+
 /// One RL run.
 pub struct RlJob {
     pub config: RlConfig,
@@ -137,8 +141,23 @@ pub struct RlState {
     pub value_optimizer_steps: u64,
 }
 
-/// One sampled completion and what training needs of it.
-#[derive(Debug, Clone)]
+impl RlState {
+    /// The draw side of `drawn` (the task cursor, the tasks passed over and
+    /// why, the rows found bad, the prompts' fit) in place of this state's,
+    /// the training side (masked completions, dropped groups, optimizer
+    /// steps) kept: an off-policy trainer takes it from its samplers.
+    fn adopt_draws(&mut self, drawn: RlState) {
+        self.cursor = drawn.cursor;
+        self.skipped_tasks = drawn.skipped_tasks;
+        self.bad_rows = drawn.bad_rows;
+        self.prompt_fit = drawn.prompt_fit;
+    }
+}
+
+/// One sampled completion and what training needs of it (what the sampler
+/// made travels to the trainers of an off-policy run; what they compute
+/// does not).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Sample {
     pub group: usize,
     pub prompt: Vec<u32>,
@@ -152,10 +171,15 @@ pub struct Sample {
     pub episode: Option<usize>,
     /// The sampler's log-probs of the kept tokens (not the stop token).
     pub sampler_logp: Vec<f32>,
+    #[serde(skip)]
     old_logp: Vec<f64>,
+    #[serde(skip)]
     ref_logp: Vec<f64>,
+    #[serde(skip)]
     old_values: Vec<f64>,
+    #[serde(skip)]
     advantages: Vec<f64>,
+    #[serde(skip)]
     returns: Vec<f64>,
 }
 
@@ -876,6 +900,7 @@ fn fingerprinted(cfg: &RlConfig) -> anyhow::Result<serde_json::Value> {
             "turn_discount",
             "max_episode_tokens",
             "tis_cap",
+            "sampler_ranks",
         ] {
             if m.get(k) == defaults.get(k) {
                 m.remove(k);
@@ -901,16 +926,38 @@ pub fn run(job: &RlJob, progress: &dyn Progress) -> anyhow::Result<RlSummary> {
 /// dynamic sampling's rounds, the rewards the curriculum and the metrics
 /// see, PPO's whitening, the minibatches' token weights and the gradients.
 /// Rank 0 alone logs and writes.
+///
+/// With `sampler_ranks` (one-step off-policy), the last ranks sample and the
+/// others train, overlapped ([`offpolicy`]); the trainers run this loop
+/// among themselves, taking each step's batch from the samplers.
 pub fn run_with(
     job: &RlJob,
     comm: &dyn Communicator,
     progress: &dyn Progress,
 ) -> anyhow::Result<RlSummary> {
     let cfg = &job.config;
-    let run = Run::begin("Stage 3", &job.output_dir, comm)?;
+    let off_policy = cfg.sampler_ranks > 0;
+    // The ranks that train: all of them, or the trainers' own group.
+    let own;
+    let train_comm: &dyn Communicator = if off_policy {
+        let groups = offpolicy::groups(comm.world(), cfg.sampler_ranks)?;
+        own = comm.split(&groups)?;
+        if comm.rank() >= groups[0].len() {
+            return offpolicy::sample_ahead(job, comm, &*own);
+        }
+        &*own
+    } else {
+        comm
+    };
+    let run = Run::begin("Stage 3", &job.output_dir, train_comm)?;
 
     // 1. Model, value head, optimizers; fresh start or resume.
     let mut policy = Policy::load(&job.base_dir, cfg, &job.model, &job.device)?;
+    if off_policy && cfg.tis_cap == 0.0 {
+        // Every batch but the first is one update old: its tokens are
+        // weighted by the trainer's probability over the sampler's.
+        policy.cfg.tis_cap = OFF_POLICY_TIS_CAP;
+    }
     let mut total_steps = cfg.num_train_steps as u64;
     if let Some(m) = job.max_steps {
         total_steps = total_steps.min(m);
@@ -943,14 +990,19 @@ pub fn run_with(
     // Every rank starts from rank 0's adapter and value head.
     run.share_lead_weights(&policy.trainable_vars())?;
     let mut log = run.log(resumed_from)?;
-    let mut stream = SharedTasks::start(
-        Arc::clone(&job.env),
-        cfg.seed,
-        rl.cursor,
-        (cfg.batch_size * 2).max(8),
-        &rl.bad_rows,
-        comm,
-    );
+    let mut stream = if off_policy {
+        offpolicy::start_samplers(comm, &policy, state.step, total_steps, &rl, &curriculum)?;
+        None
+    } else {
+        Some(SharedTasks::start(
+            Arc::clone(&job.env),
+            cfg.seed,
+            rl.cursor,
+            (cfg.batch_size * 2).max(8),
+            &rl.bad_rows,
+            comm,
+        ))
+    };
 
     // 2-5. The loop.
     progress.start(Some(total_steps), state.step);
@@ -964,24 +1016,25 @@ pub fn run_with(
         // Each step's peak device memory (weights included) is logged.
         crate::gpu::reset_peak_memory(&job.device)?;
         let t_step = Instant::now();
-        // 2. Tasks, completions, scores.
-        let mut got = collect(
-            job,
-            comm,
-            &policy,
-            &mut stream,
-            &mut rl,
-            &mut curriculum,
-            step,
-        )?;
+        // 2. Tasks, completions, scores: sampled here, or by the samplers
+        // while this step's weights were trained.
+        let (mut got, sampler_votes) = match &mut stream {
+            Some(stream) => {
+                let got = collect(job, comm, &policy, stream, &mut rl, &mut curriculum, step)?;
+                let rewards: Vec<f64> = got.scored.iter().map(|x| x.reward).collect();
+                curriculum.record(&rewards, step + 1);
+                (got, 0.0)
+            }
+            None => offpolicy::receive(comm, train_comm, step, &mut rl, &mut curriculum)?,
+        };
         let rewards: Vec<f64> = got.scored.iter().map(|x| x.reward).collect();
-        curriculum.record(&rewards, step + 1);
         // 3-4. Old log-probs, values, reference, advantages, update.
-        let trained = train(&mut policy, &mut got, step, comm)?;
+        let trained = train(&mut policy, &mut got, step, train_comm)?;
         if got.layout.lens.is_empty() {
             state.skipped_steps += 1;
         }
-        let totals = Totals::over_ranks(comm, &got, &trained, run.stop_vote())?;
+        let votes = run.stop_vote() + sampler_votes;
+        let totals = Totals::over_ranks(train_comm, &got, &trained, votes)?;
         for (why, n) in &totals.masked {
             *rl.masked.entry(why.clone()).or_default() += n;
         }
@@ -999,7 +1052,10 @@ pub fn run_with(
             totals: &totals,
             secs: t_step.elapsed().as_secs_f64(),
         };
-        let s = record.scalars(job, &policy, comm.world(), step, &rl, &curriculum)?;
+        let mut s = record.scalars(job, &policy, comm.world(), step, &rl, &curriculum)?;
+        if off_policy {
+            s.insert("time_wait_s".into(), got.wait_secs);
+        }
         if let Some(log) = &mut log {
             let pairs: Vec<(&str, f64)> = s.iter().map(|(k, v)| (k.as_str(), *v)).collect();
             log.log(state.step, &pairs)?;
@@ -1019,15 +1075,19 @@ pub fn run_with(
 
         let checkpoint_now = || save(job, &mut state, &rl, &curriculum, &policy);
         let vars = policy.trainable_vars();
-        if run.after_step(
+        interrupted = run.after_step(
             step + 1,
             total_steps,
             cfg.save_steps,
             totals.stopping,
             &vars,
             checkpoint_now,
-        )? {
-            interrupted = true;
+        )?;
+        if off_policy {
+            let goes_on = !interrupted && state.step < total_steps;
+            offpolicy::send_weights(comm, &policy, goes_on)?;
+        }
+        if interrupted {
             break;
         }
     }
@@ -1067,9 +1127,10 @@ pub fn run_with(
 
 /// A step's sampling on this rank: its samples, where they sit in the whole
 /// batch, every rank's scores, and this rank's counts.
-#[derive(Default)]
+#[derive(Default, Serialize, Deserialize)]
 struct Collected {
     batch: Vec<Sample>,
+    #[serde(skip)]
     layout: Layout,
     /// Every rank's scored episodes, in batch order.
     scored: Vec<Scored>,
@@ -1087,10 +1148,13 @@ struct Collected {
     rounds: usize,
     env_secs: f64,
     sample_secs: f64,
+    /// Off-policy: how long the trainer waited for the batch.
+    #[serde(default)]
+    wait_secs: f64,
 }
 
 /// One scored episode (a completion, with its retries when multi-turn).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct Scored {
     /// The episode's reward: its last answer's, discounted by turns.
     reward: f64,
@@ -1772,5 +1836,6 @@ fn write_outputs(
     )
 }
 
+mod offpolicy;
 #[cfg(test)]
 mod tests;
