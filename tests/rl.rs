@@ -417,6 +417,24 @@ fn kill_9_then_resume_repeats_the_uninterrupted_run() {
     );
 }
 
+/// A run of `config` on the tiny model at `base` in the word environment
+/// of `words`, writing to `out`: fresh, on the CPU.
+fn word_job(config: &RlConfig, base: &Path, out: &Path, words: &[&str]) -> RlJob {
+    RlJob {
+        config: config.clone(),
+        curriculum: CurriculumConfig::default(),
+        model: ModelConfig::default(),
+        base_dir: base.to_path_buf(),
+        output_dir: out.to_path_buf(),
+        device: Device::Cpu,
+        env: Arc::new(WordEnv::new(words)),
+        env_description: format!("word:{}", words.join(",")),
+        resume: false,
+        force: false,
+        max_steps: None,
+    }
+}
+
 /// One RL run of `config` on `world` in-process ranks (threads); rank 0's
 /// metrics.
 fn run_on_ranks(
@@ -427,19 +445,7 @@ fn run_on_ranks(
     world: usize,
 ) -> Vec<serde_json::Value> {
     let out = dir.join(format!("{}-{world}", config.algorithm));
-    let job = RlJob {
-        config: config.clone(),
-        curriculum: CurriculumConfig::default(),
-        model: ModelConfig::default(),
-        base_dir: base.to_path_buf(),
-        output_dir: out.clone(),
-        device: Device::Cpu,
-        env: Arc::new(WordEnv::new(&[word])),
-        env_description: format!("word:{word}"),
-        resume: false,
-        force: false,
-        max_steps: None,
-    };
+    let job = word_job(config, base, &out, &[word]);
     let summaries = run_ranks(world, |c| ppo::run_with(&job, &c, &NoProgress)).unwrap();
     assert!(
         summaries
@@ -655,22 +661,11 @@ fn off_policy_ranks_learn_and_train_as_one_whatever_the_split() {
     config.mini_batch_size = 24;
     let run = |world: usize, samplers: usize| {
         let out = dir.path().join(format!("off-{world}-{samplers}"));
-        let job = RlJob {
-            config: RlConfig {
-                sampler_ranks: samplers,
-                ..config.clone()
-            },
-            curriculum: CurriculumConfig::default(),
-            model: ModelConfig::default(),
-            base_dir: base.clone(),
-            output_dir: out.clone(),
-            device: Device::Cpu,
-            env: Arc::new(WordEnv::new(&[&word])),
-            env_description: format!("word:{word}"),
-            resume: false,
-            force: false,
-            max_steps: None,
+        let config = RlConfig {
+            sampler_ranks: samplers,
+            ..config.clone()
         };
+        let job = word_job(&config, &base, &out, &[&word]);
         let summaries = run_ranks(world, |c| ppo::run_with(&job, &c, &NoProgress))?;
         assert!(summaries.iter().all(|s| s.steps == 20 && !s.interrupted));
         assert!(out.join("final/adapter_model.safetensors").exists());
@@ -756,17 +751,9 @@ fn an_off_policy_run_resumes_at_the_samplers_task_cursor() {
     let run = |name: &str, max_steps: Option<u64>, resume: bool| {
         let out = dir.path().join(name);
         let job = RlJob {
-            config: config.clone(),
-            curriculum: CurriculumConfig::default(),
-            model: ModelConfig::default(),
-            base_dir: base.clone(),
-            output_dir: out.clone(),
-            device: Device::Cpu,
-            env: Arc::new(WordEnv::new(&["apple", "river", "stone"])),
-            env_description: "word:apple,river,stone".into(),
             resume,
-            force: false,
             max_steps,
+            ..word_job(&config, &base, &out, &["apple", "river", "stone"])
         };
         let s = run_ranks(2, |c| ppo::run_with(&job, &c, &NoProgress)).unwrap();
         (s[0].clone(), lines_of(&out.join("metrics.jsonl")))

@@ -824,6 +824,20 @@ impl Layout {
     }
 }
 
+/// The run's task stream from `rl`'s cursor on, its making shared by
+/// `comm`'s ranks (the rows `rl` knows bad are not run again).
+fn task_stream(job: &RlJob, rl: &RlState, comm: &dyn Communicator) -> SharedTasks {
+    let cfg = &job.config;
+    SharedTasks::start(
+        Arc::clone(&job.env),
+        cfg.seed,
+        rl.cursor,
+        (cfg.batch_size * 2).max(8),
+        &rl.bad_rows,
+        comm,
+    )
+}
+
 /// Prompts of one step, with the tasks they came from.
 struct Drawn {
     tasks: Vec<(Task, Vec<u32>, Option<usize>)>,
@@ -994,14 +1008,7 @@ pub fn run_with(
         offpolicy::start_samplers(comm, &policy, state.step, total_steps, &rl, &curriculum)?;
         None
     } else {
-        Some(SharedTasks::start(
-            Arc::clone(&job.env),
-            cfg.seed,
-            rl.cursor,
-            (cfg.batch_size * 2).max(8),
-            &rl.bad_rows,
-            comm,
-        ))
+        Some(task_stream(job, &rl, comm))
     };
 
     // 2-5. The loop.

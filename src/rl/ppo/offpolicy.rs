@@ -206,14 +206,7 @@ pub(super) fn sample_ahead(
         mut rl,
         mut curriculum,
     } = start;
-    let mut stream = SharedTasks::start(
-        Arc::clone(&job.env),
-        cfg.seed,
-        rl.cursor,
-        (cfg.batch_size * 2).max(8),
-        &rl.bad_rows,
-        samplers,
-    );
+    let mut stream = task_stream(job, &rl, samplers);
     let mut sample = |policy: &mut Policy,
                       rl: &mut RlState,
                       curriculum: &mut Curriculum,
