@@ -73,6 +73,11 @@ pub const STEP_PREFIX: &str = "step_";
 /// `tis_cap` is 0.
 pub const OFF_POLICY_TIS_CAP: f64 = 2.0;
 
+/// Beside the trainable tensors in an off-policy run's checkpoint, under
+/// this prefix: the weights its samplers were making the next batch with,
+/// so a resume makes that batch again.
+const SAMPLER_PREFIX: &str = "sampler.";
+
 /// One RL run.
 pub struct RlJob {
     pub config: RlConfig,
@@ -764,11 +769,27 @@ impl Policy {
     /// The adapter's variables, then the value head's (the order of the
     /// gradients).
     fn trainable_vars(&self) -> Vec<candle_core::Var> {
-        let mut v: Vec<candle_core::Var> = self.opt.vars().iter().map(|(_, v)| v.clone()).collect();
+        self.named_trainables()
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect()
+    }
+
+    /// [`Policy::trainable_vars`] with their names.
+    fn named_trainables(&self) -> Vec<(String, candle_core::Var)> {
+        let mut v = self.opt.vars().to_vec();
         if let Some(o) = &self.value_opt {
-            v.extend(o.vars().iter().map(|(_, v)| v.clone()));
+            v.extend(o.vars().iter().cloned());
         }
         v
+    }
+
+    /// A copy of each trainable variable's values, in their order.
+    fn trainable_values(&self) -> candle_core::Result<Vec<Tensor>> {
+        self.trainable_vars()
+            .iter()
+            .map(|v| v.as_tensor().copy())
+            .collect()
     }
 
     /// The trainable tensors (adapter and value head) by name.
@@ -986,6 +1007,7 @@ pub fn run_with(
     let mut rl = RlState::default();
     let mut curriculum = Curriculum::new(&job.curriculum);
     let mut resumed_from = None;
+    let mut resumed_sampling = None;
     let how = Resume {
         resume: job.resume,
         force: job.force,
@@ -995,6 +1017,13 @@ pub fn run_with(
         rl = serde_json::from_value(ck.state.extra.clone())
             .with_context(|| format!("`{}`: unreadable RL state", ck.dir.display()))?;
         policy.restore(&ck, &rl)?;
+        if off_policy {
+            resumed_sampling = policy
+                .named_trainables()
+                .iter()
+                .map(|(name, _)| ck.params.get(&format!("{SAMPLER_PREFIX}{name}")).cloned())
+                .collect();
+        }
         if let Some(c) = rl.curriculum.take() {
             curriculum = c;
         }
@@ -1004,8 +1033,16 @@ pub fn run_with(
     // Every rank starts from rank 0's adapter and value head.
     run.share_lead_weights(&policy.trainable_vars())?;
     let mut log = run.log(resumed_from)?;
+    // Off-policy: the weights the samplers make the next batch with (a
+    // resumed run's, those they had when it was saved).
+    let mut sampling = match resumed_sampling {
+        Some(w) => w,
+        None if off_policy => policy.trainable_values()?,
+        None => Vec::new(),
+    };
     let mut stream = if off_policy {
-        offpolicy::start_samplers(comm, &policy, state.step, total_steps, &rl, &curriculum)?;
+        let at = (state.step, total_steps);
+        offpolicy::start_samplers(comm, &policy, &sampling, at, &rl, &curriculum)?;
         None
     } else {
         Some(task_stream(job, &rl, comm))
@@ -1035,7 +1072,12 @@ pub fn run_with(
             None => offpolicy::receive(comm, train_comm, step, &mut rl, &mut curriculum)?,
         };
         let rewards: Vec<f64> = got.scored.iter().map(|x| x.reward).collect();
-        // 3-4. Old log-probs, values, reference, advantages, update.
+        // 3-4. Old log-probs, values, reference, advantages, update. The
+        // samplers make the next batch from the weights this step starts
+        // from.
+        if off_policy {
+            sampling = policy.trainable_values()?;
+        }
         let trained = train(&mut policy, &mut got, step, train_comm)?;
         if got.layout.lens.is_empty() {
             state.skipped_steps += 1;
@@ -1080,7 +1122,8 @@ pub fn run_with(
             s["tokens_per_s"]
         ));
 
-        let checkpoint_now = || save(job, &mut state, &rl, &curriculum, &policy);
+        let sampled_with = off_policy.then_some(&sampling[..]);
+        let checkpoint_now = || save(job, &mut state, &rl, &curriculum, &policy, sampled_with);
         let vars = policy.trainable_vars();
         interrupted = run.after_step(
             step + 1,
@@ -1104,7 +1147,8 @@ pub fn run_with(
     let (final_dir, merged_dir) = outputs::dirs(&job.output_dir);
     run.check_in_sync(&policy.trainable_vars())?;
     if !interrupted && run.lead() {
-        save(job, &mut state, &rl, &curriculum, &policy)?;
+        let sampled_with = off_policy.then_some(&sampling[..]);
+        save(job, &mut state, &rl, &curriculum, &policy, sampled_with)?;
         write_outputs(
             job,
             &policy,
@@ -1759,13 +1803,15 @@ impl StepRecord<'_> {
 
 /// A checkpoint `step_N/` of the run: the adapter and value head, both
 /// optimizers, and the RL state (cursor, curriculum, counters) in the
-/// trainer state's `extra`.
+/// trainer state's `extra`; off-policy, the samplers' weights too
+/// (`sampled_with`, in [`Policy::trainable_vars`]'s order).
 fn save(
     job: &RlJob,
     state: &mut TrainerState,
     rl: &RlState,
     curriculum: &Curriculum,
     policy: &Policy,
+    sampled_with: Option<&[Tensor]>,
 ) -> anyhow::Result<()> {
     let mut extra = rl.clone();
     extra.curriculum = Some(curriculum.clone());
@@ -1776,11 +1822,19 @@ fn save(
         0 => usize::MAX,
         k => k,
     };
+    let mut params = policy.params();
+    for ((name, _), t) in policy
+        .named_trainables()
+        .iter()
+        .zip(sampled_with.unwrap_or(&[]))
+    {
+        params.insert(format!("{SAMPLER_PREFIX}{name}"), t.clone());
+    }
     let dir = checkpoint::save_as(
         &job.output_dir,
         STEP_PREFIX,
         state,
-        &policy.params(),
+        &params,
         &policy.optim_state(),
         keep,
     )?;

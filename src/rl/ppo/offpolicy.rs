@@ -16,9 +16,10 @@
 //!
 //! The samplers draw and score tasks among themselves (their own
 //! communicator, as the ranks of a synchronous run do); the trainers train
-//! among theirs. A resumed run samples its first batch from the weights it
-//! resumed, so it is on-policy for one step where the uninterrupted run was
-//! one update old: it continues the same tasks, not the same draws.
+//! among theirs. A checkpoint holds the samplers' weights beside the
+//! trainers' (and the samplers' draw state), so a resumed run makes the
+//! batch that was being made when it was saved again, from the same
+//! weights, and goes on as the uninterrupted run would.
 
 use std::sync::atomic::Ordering;
 
@@ -78,12 +79,16 @@ fn share_weights(world: &dyn Communicator, policy: &Policy) -> anyhow::Result<()
 }
 
 /// The trainers' side of the start (every trainer calls it): where the
-/// draws stand and rank 0's weights, to the samplers.
+/// draws stand, the weights to make the first batch with (`first`, in
+/// [`Policy::trainable_vars`]'s order: rank 0's), then rank 0's weights, to
+/// the samplers. On a fresh start both are the starting weights; on a
+/// resume the first are those the samplers had when the checkpoint was
+/// saved, so the batch they were making is made again.
 pub(super) fn start_samplers(
     world: &dyn Communicator,
     policy: &Policy,
-    step: u64,
-    total: u64,
+    first: &[Tensor],
+    (step, total): (u64, u64),
     rl: &RlState,
     curriculum: &Curriculum,
 ) -> anyhow::Result<()> {
@@ -99,6 +104,7 @@ pub(super) fn start_samplers(
         Vec::new()
     };
     gather_from(world, &bytes, 0)?;
+    crate::dist::broadcast(world, first, 0)?;
     share_weights(world, policy)
 }
 
@@ -199,6 +205,7 @@ pub(super) fn sample_ahead(
     let stop = crate::stop::flag()?;
     let start: Start = serde_json::from_slice(&gather_from(world, &[], 0)?)
         .context("the trainers' start did not decode")?;
+    // The first batch's weights, then the trainers' own.
     share_weights(world, &policy)?;
     let Start {
         mut step,
@@ -223,6 +230,7 @@ pub(super) fn sample_ahead(
     } else {
         None
     };
+    share_weights(world, &policy)?;
     let mut finished = step >= total;
     while let Some(got) = next.take() {
         let ship = Shipment {
