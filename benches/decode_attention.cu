@@ -1,6 +1,6 @@
-// The decode step's attention kernel (decode_attention_keys in
-// src/kernels/decode.cu: one key a lane, W warps a block) at Qwen3-4B's
-// decode shapes, timed and checked on one GPU against the kernel it
+// The decode step's attention kernels (src/kernels/decode.cu:
+// decode_attention_keys, one key a lane, W warps a block, kind 4; and
+// decode_attention_mma on tensor cores, kind 20) at Qwen3-4B's decode shapes, timed and checked on one GPU against the kernel it
 // replaced (decode_attention below: 16 lanes a key) and against a plain
 // coalesced read of the same bytes (`probe`), each attention followed by
 // attention_combine, over a KV
@@ -341,145 +341,15 @@ __global__ void __launch_bounds__(32 * W)
 }
 template <int W> constexpr int staged_smem() { return 2 * 32 * W * ROWB + G * D * 4; }
 
-// Split-KV attention on tensor cores (to be measured): each warp takes
-// tiles of 32 keys of its block's split, copies the tile's keys and values
-// to its own shared memory (cp.async; rows past the split zeroed), and
-// computes S = Q K^T and O += P V with mma.sync m16n8k16: the G query heads
-// are rows 0..G-1 of the 16-row A operand (the rest zero), the keys come
-// as the B operand straight from their rows, the values through
-// ldmatrix.trans, and P stays in registers between the two products (the
-// S accumulators are P's A fragments). Scores are scaled in f32. The warps'
-// online softmaxes are merged through shared memory into the split's
-// partial result, as decode_attention_keys writes it (attention_combine
-// merges the splits).
+// Split-KV attention on tensor cores: decode_attention_mma of decode.cu,
+// which the decode step runs on bf16 models (TRACE_TRAIN_DECODE_ATTENTION).
 template <int W>
 __global__ void __launch_bounds__(32 * W)
     tc_attn(const bf *q, const bf *k, const bf *v, const uint32_t *pos, float *part, int hkv, int cap, int chunk,
             float scale) {
-    constexpr int TK = 32;
-    extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ float s_m[W][G], s_l[W][G];
-    const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    unsigned char *ks = smem + warp * (2 * TK * ROWB), *vs = ks + TK * ROWB;
-    const int len = (int)pos[b] + 1;
-    const int per = (len + splits - 1) / splits;
-    const int c = max(chunk, (per + 63) / 64 * 64);
-    const int start = split * c, end = min(start + c, len);
-    float *o = part + (((size_t)b * hkv + h) * splits + split) * G * (D + 2);
-    if (start >= end) {
-        if (tid < G) o[tid * (D + 2) + 1] = 0.f;
-        return;
-    }
-    // Q's A fragments: a0 = Q[g][16 kk + 2t, +1], a2 = Q[g][16 kk + 8 + 2t, +1].
-    uint32_t qa[D / 16][2];
-    const bf *qb = q + ((size_t)b * hkv * G + (size_t)h * G) * D;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        qa[kk][0] = g < G ? *reinterpret_cast<const uint32_t *>(qb + g * D + kk * 16 + 2 * t) : 0u;
-        qa[kk][1] = g < G ? *reinterpret_cast<const uint32_t *>(qb + g * D + kk * 16 + 8 + 2 * t) : 0u;
-    }
-    const bf *kb = k + ((size_t)b * hkv + h) * cap * D;
-    const bf *vb = v + ((size_t)b * hkv + h) * cap * D;
-    float m_i = -INFINITY, l_i = 0.f;
-    float acc[D / 8][4];
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    for (int t0 = start + warp * TK; t0 < end; t0 += W * TK) {
-        const int n = min(TK, end - t0);
-        for (int i = lane; i < TK * 16; i += 32) {
-            const int row = i >> 4, piece = i & 15;
-            unsigned char *kd = ks + row * ROWB + piece * 16, *vd = vs + row * ROWB + piece * 16;
-            if (row < n) {
-                cp_async16(kd, kb + (size_t)(t0 + row) * D + piece * 8);
-                cp_async16(vd, vb + (size_t)(t0 + row) * D + piece * 8);
-            } else {
-                *reinterpret_cast<uint4 *>(kd) = make_uint4(0, 0, 0, 0);
-                *reinterpret_cast<uint4 *>(vd) = make_uint4(0, 0, 0, 0);
-            }
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncwarp();
-        float s[TK / 8][4];
-#pragma unroll
-        for (int j = 0; j < TK / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t a[4] = {qa[kk][0], 0u, qa[kk][1], 0u};
-#pragma unroll
-            for (int nt = 0; nt < TK / 8; ++nt) {
-                const unsigned char *kr = ks + (nt * 8 + g) * ROWB + kk * 32 + t * 4;
-                mma_bf16(s[nt], a, *reinterpret_cast<const uint32_t *>(kr),
-                         *reinterpret_cast<const uint32_t *>(kr + 16));
-            }
-        }
-        // s[nt][e], e < 2: head g's score of key nt * 8 + 2t + e.
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < TK / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float x = nt * 8 + 2 * t + e < n ? s[nt][e] * scale : -INFINITY;
-                s[nt][e] = x;
-                mx = fmaxf(mx, x);
-            }
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mn = fmaxf(m_i, mx); // finite: the tile has a key
-        const float corr = __expf(m_i - mn);
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < TK / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float p = __expf(s[nt][e] - mn);
-                s[nt][e] = p;
-                sum += p;
-            }
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        l_i = l_i * corr + sum;
-        m_i = mn;
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) acc[j][0] *= corr, acc[j][1] *= corr;
-#pragma unroll
-        for (int kstep = 0; kstep < TK / 16; ++kstep) {
-            __nv_bfloat162 p0 = __floats2bfloat162_rn(s[2 * kstep][0], s[2 * kstep][1]);
-            __nv_bfloat162 p1 = __floats2bfloat162_rn(s[2 * kstep + 1][0], s[2 * kstep + 1][1]);
-            const uint32_t a[4] = {*reinterpret_cast<uint32_t *>(&p0), 0u, *reinterpret_cast<uint32_t *>(&p1), 0u};
-            const int m = lane >> 3;
-            const int row = kstep * 16 + (lane & 7) + (m & 1) * 8;
-#pragma unroll
-            for (int np = 0; np < D / 16; ++np) {
-                const unsigned char *vp = vs + row * ROWB + (np * 16 + (m >> 1) * 8) * 2;
-                uint32_t r0, r1, r2, r3;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                             : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                             : "r"(smem_u32(vp)));
-                mma_bf16(acc[2 * np], a, r0, r1);
-                mma_bf16(acc[2 * np + 1], a, r2, r3);
-            }
-        }
-        __syncwarp(); // the tile's buffers are free
-    }
-    // acc[j][e], e < 2: head g's output at dimension j * 8 + 2t + e.
-    __syncthreads();
-    float(*s_o)[G][D] = reinterpret_cast<float(*)[G][D]>(smem);
-    if (g < G) {
-        if (t == 0) s_m[warp][g] = m_i, s_l[warp][g] = l_i;
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            s_o[warp][g][j * 8 + 2 * t] = acc[j][0];
-            s_o[warp][g][j * 8 + 2 * t + 1] = acc[j][1];
-        }
-    }
-    __syncthreads();
-    merge_warps<G, D, W>(s_m, s_l, s_o, o);
+    decode_attention_mma<D, G, W>(q, k, v, pos, part, hkv, cap, chunk, scale);
 }
-template <int W> constexpr int tc_smem() { return W * 2 * 32 * ROWB; }
+template <int W> constexpr int tc_smem() { return decode_attention_mma_smem(D, W); }
 // Reads the same keys and values as the attention blocks, coalesced, and
 // nothing else: what the card gives this access pattern.
 __global__ void probe(const bf *k, const bf *v, const uint32_t *pos, float *part, int cap, int chunk) {

@@ -1,33 +1,17 @@
 // The tensor-core building blocks of the benches that try decode product
-// kernels (tc_decode_gemm.cu, pdl_decode_layer.cu, stream_decode.cuh):
-// asynchronous copies to shared memory, ldmatrix, mma.sync m16n8k16 on
-// bf16 with f32 sums, and the swizzle of a stage of 128-byte rows.
+// kernels (tc_decode_gemm.cu, pdl_decode_layer.cu, stream_decode.cuh) beyond
+// those of src/kernels/common.cuh (smem_u32, cp_async16, cp_async_commit,
+// cp_async_wait, ldmatrix_x4_trans, mma_bf16): a zero-filling copy,
+// ldmatrix, mma.sync on whole fragments and the swizzle of a stage of
+// 128-byte rows.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <stdint.h>
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes from global to shared memory, asynchronously (through L2 only).
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem));
-}
+#include "../src/kernels/common.cuh"
 
 // As cp_async16, but only `bytes` (0 or 16) are read; the rest of the 16 are
 // zeros (a row beyond the batch).
 __device__ __forceinline__ void cp_async16_zfill(void *smem, const void *gmem, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-// Waits until at most N committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p) {
@@ -38,11 +22,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t &r0, uint32_t &r1, uint32_t
 
 // d += a b: a 16 x 16 bf16 (row), b 16 x 8 bf16 (col), d 16 x 8 f32.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    mma_bf16(d, a[0], a[1], a[2], a[3], b0, b1);
 }
 
 // Byte offset of 16-byte segment `seg` (0..7) of row `row` in a stage of

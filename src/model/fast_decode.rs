@@ -8,7 +8,10 @@
 //! buffers: per layer an add + RMSNorm, one GEMM for q, k and v, one kernel
 //! for the per-head norms, RoPE and the cache write, split-KV attention and
 //! its merge, the o GEMM, add + RMSNorm, one GEMM for gate and up, SiLU-mul,
-//! the down GEMM; then the head and the sampling kernel. What changes from
+//! the down GEMM; then the head and the sampling kernel. The attention is
+//! [`AttentionKernel::Mma`] (tensor cores) on bf16 models where the shape
+//! allows, else [`AttentionKernel::Warp`]; `TRACE_TRAIN_DECODE_ATTENTION`
+//! picks one by name. What changes from
 //! step to step (each row's token, position and random seed) is read from
 //! one small device buffer written before the step, so the step can be
 //! captured once ([`Mode::Graph`]) and replayed: the host then launches one
@@ -53,6 +56,12 @@ const SKINNY_ROWS: usize = 32;
 /// Keys one attention block reads at least (`decode_attention_keys` in
 /// decode.cu: its 4 warps take 32 keys each at a time).
 const CHUNK: usize = 128;
+/// Keys one block of the tensor-core attention (`decode_attention_mma`)
+/// reads at least where the rows' KV heads alone give every multiprocessor
+/// a block ([`AttentionPlan::new`]; else [`CHUNK`]): on an H200 at batch
+/// 32 (Qwen3-4B), attention + combine took 20.1 us at 266 keys and 30.5 at
+/// 511 against 22.5 and 32.6 with 128-key chunks.
+const MMA_CHUNK: usize = 256;
 /// Most splits of a row's keys (blocks a row and KV head).
 const MAX_SPLITS: usize = 16;
 /// Threads of an attention block (`32 * ATTN_WARPS`).
@@ -88,7 +97,7 @@ pub struct Engine<'w> {
     suffix: &'static str,
     rows: usize,
     cap: usize,
-    splits: usize,
+    attention: AttentionPlan,
     /// Per layer, `(rows, H_kv, cap, D)`.
     k: Vec<Tensor>,
     v: Vec<Tensor>,
@@ -127,6 +136,291 @@ pub fn free_memory(device: &Device) -> Result<Option<usize>> {
     crate::gpu::free_memory(device)
         .map(|f| f.map(|b| b as usize))
         .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))
+}
+
+/// The split-KV attention kernel of the decode step. Both write the same
+/// partial results, which `attention_combine` merges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// `decode_attention_mma_*` (decode.cu): `S = Q K^T` and `O += P V` on
+    /// tensor cores (mma.sync, f32 sums), P rounded to bf16; bf16 models
+    /// only ([`AttentionPlan::new`] says which shapes). The default.
+    Mma,
+    /// `decode_attention_*`: one key a lane, everything in f32; every dtype.
+    Warp,
+}
+
+thread_local! {
+    static ATTENTION: std::cell::Cell<Option<AttentionKernel>> = const { std::cell::Cell::new(None) };
+    static LAST_ATTENTION: std::cell::Cell<Option<AttentionKernel>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the engines made on this thread asking for `kernel`,
+/// whatever `TRACE_TRAIN_DECODE_ATTENTION` says (tests compare the
+/// kernels in one process).
+pub fn with_attention_kernel<R>(kernel: AttentionKernel, f: impl FnOnce() -> R) -> R {
+    let old = ATTENTION.with(|k| k.replace(Some(kernel)));
+    let out = f();
+    ATTENTION.with(|k| k.set(old));
+    out
+}
+
+/// The attention kernel of the last engine made on this thread (the one
+/// that runs, after any fallback).
+pub fn last_attention_kernel() -> Option<AttentionKernel> {
+    LAST_ATTENTION.with(|k| k.get())
+}
+
+impl AttentionKernel {
+    /// Its name in `TRACE_TRAIN_DECODE_ATTENTION`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Mma => "mma",
+            Self::Warp => "warp",
+        }
+    }
+
+    /// The kernel asked for: [`with_attention_kernel`]'s on this thread,
+    /// else `TRACE_TRAIN_DECODE_ATTENTION`'s.
+    pub fn wanted() -> Result<Self> {
+        match ATTENTION.with(|k| k.get()) {
+            Some(k) => Ok(k),
+            None => Self::parse(
+                std::env::var("TRACE_TRAIN_DECODE_ATTENTION")
+                    .ok()
+                    .as_deref(),
+            ),
+        }
+    }
+
+    /// `TRACE_TRAIN_DECODE_ATTENTION`'s value: `mma` (also when unset) or
+    /// `warp`; anything else is an error.
+    fn parse(value: Option<&str>) -> Result<Self> {
+        match value {
+            Some("mma") | None => Ok(Self::Mma),
+            Some("warp") => Ok(Self::Warp),
+            Some(other) => bail!("TRACE_TRAIN_DECODE_ATTENTION={other}\nhint: mma or warp"),
+        }
+    }
+}
+
+/// How an engine's attention runs: the kernel, the keys a block reads at
+/// least, and the splits of a row (blocks a row and KV head).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttentionPlan {
+    /// The kernel that runs: the one asked for where it serves the model.
+    pub kernel: AttentionKernel,
+    /// Keys a block reads at least (a multiple of 64; longer rows lengthen
+    /// their chunks, see `split_keys` in decode.cu).
+    pub chunk: usize,
+    /// Splits of a row's keys (blocks a row and KV head).
+    pub splits: usize,
+    groups: usize,
+    head_dim: usize,
+    suffix: &'static str,
+}
+
+/// The device addresses one attention launch reads and writes: queries
+/// `(rows, H_q, D)`, a layer's caches `(rows, H_kv, cap, D)`, each row's
+/// position (u32; row `b` attends to columns `0..=pos[b]`), the split-KV
+/// partial results ([`AttentionPlan::part_len`] f32) and the output
+/// `(rows, H_q, D)`, all of the model's dtype but `pos` and `part`.
+struct AttentionArgs {
+    q: u64,
+    k: u64,
+    v: u64,
+    pos: u64,
+    part: u64,
+    out: u64,
+}
+
+impl AttentionPlan {
+    /// The plan for `rows` rows of `cap` columns of a model of `dtype` with
+    /// `(query heads, KV heads, head dim)`: `wanted` where it serves the
+    /// model, else the warp kernel. The tensor-core kernel takes bf16 only
+    /// (its products are bf16 mma.sync), head sizes of 32, 64 or 128 (the
+    /// sizes both kernels are built for; a multiple of the mma's 16), at
+    /// most 8 query heads a KV head (it puts them in the first 8 rows of
+    /// the mma's 16-row operand) and a GPU that gives a block its shared
+    /// memory (68 KiB at head dim 128); other models, f32 and f16 among
+    /// them, fall back to the warp kernel. Its chunk is [`MMA_CHUNK`] where
+    /// the rows' KV heads alone give every multiprocessor a block, else
+    /// [`CHUNK`] (more, shorter splits for few rows), so its split bounds,
+    /// and with them the last bits of a row's attention, depend on the rows
+    /// of the engine.
+    pub fn new(
+        dev: &CudaDevice,
+        dtype: DType,
+        (heads, kv_heads, head_dim): (usize, usize, usize),
+        rows: usize,
+        cap: usize,
+        wanted: AttentionKernel,
+    ) -> Result<Self> {
+        let suffix = match dtype {
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            DType::F32 => "f32",
+            other => bail!("the decode attention takes bf16, f16 or f32, not {other:?}"),
+        };
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            bail!("the decode attention: {heads} query heads over {kv_heads} KV heads");
+        }
+        let groups = heads / kv_heads;
+        let mma = wanted == AttentionKernel::Mma
+            && dtype == DType::BF16
+            && [32, 64, 128].contains(&head_dim)
+            && (1..=8).contains(&groups)
+            && mma_shared_bytes(head_dim) <= kernels::shared_memory_optin(dev)?;
+        let plan = if mma {
+            let chunk = if rows * kv_heads >= kernels::multiprocessors(dev)? {
+                MMA_CHUNK
+            } else {
+                CHUNK
+            };
+            Self::with(AttentionKernel::Mma, chunk, cap, groups, head_dim, suffix)
+        } else {
+            if wanted == AttentionKernel::Mma {
+                tracing::debug!(
+                    "decode: the warp attention kernel ({dtype:?}, head dim {head_dim}, \
+                     {groups} query heads a KV head: not the tensor-core kernel's)"
+                );
+            }
+            Self::with(AttentionKernel::Warp, CHUNK, cap, groups, head_dim, suffix)
+        };
+        Ok(plan)
+    }
+
+    /// `kernel` with chunks of `chunk` keys over slots of `cap` columns:
+    /// one split a chunk of the slot, up to MAX_SPLITS (longer rows
+    /// lengthen their chunks instead: a slot of 4,096 columns at 64 rows
+    /// would launch 32,768 blocks a layer, most of them idle for rows far
+    /// shorter than the slot).
+    fn with(
+        kernel: AttentionKernel,
+        chunk: usize,
+        cap: usize,
+        groups: usize,
+        head_dim: usize,
+        suffix: &'static str,
+    ) -> Self {
+        Self {
+            kernel,
+            chunk,
+            splits: cap.div_ceil(chunk).clamp(1, MAX_SPLITS),
+            groups,
+            head_dim,
+            suffix,
+        }
+    }
+
+    /// f32 values of the split-KV partial results of `rows` rows:
+    /// `(rows, H_kv, splits, G, D + 2)`.
+    pub fn part_len(&self, rows: usize, kv_heads: usize) -> usize {
+        rows * kv_heads * self.splits * self.groups * (self.head_dim + 2)
+    }
+
+    /// The plan's two kernels, loaded (the attention allowed its shared
+    /// memory).
+    fn load(&self, dev: &CudaDevice) -> Result<AttentionLaunch<'_>> {
+        let (d, groups, suffix) = (self.head_dim, self.groups, self.suffix);
+        let attend = match self.kernel {
+            AttentionKernel::Mma => {
+                let f = kernels::kernel(
+                    dev,
+                    &DECODE,
+                    &format!("decode_attention_mma_{suffix}_d{d}_g{groups}"),
+                )?;
+                f.allow_dynamic_shared(mma_shared_bytes(d) as u32)?;
+                f
+            }
+            AttentionKernel::Warp => kernels::kernel(
+                dev,
+                &DECODE,
+                &format!("decode_attention_{suffix}_d{d}_g{groups}"),
+            )?,
+        };
+        let combine = kernels::kernel(dev, &DECODE, &format!("attention_combine_{suffix}"))?;
+        Ok(AttentionLaunch {
+            plan: self,
+            attend,
+            combine,
+        })
+    }
+}
+
+/// An [`AttentionPlan`]'s kernels, loaded for a step's launches.
+struct AttentionLaunch<'p> {
+    plan: &'p AttentionPlan,
+    attend: Kernel,
+    combine: Kernel,
+}
+
+impl AttentionLaunch<'_> {
+    /// Launches the attention of one token a row over `a`'s addresses and
+    /// the merge of its splits into `a.out`; calls `mark` after each
+    /// kernel (the step's profile).
+    ///
+    /// # Safety
+    ///
+    /// `a`'s addresses hold what [`AttentionArgs`] says for `rows` rows,
+    /// `kv_heads` KV heads and slots of `cap` columns, every position below
+    /// `cap`, and `a.part` at least [`AttentionPlan::part_len`] values.
+    unsafe fn launch(
+        &self,
+        a: &AttentionArgs,
+        rows: usize,
+        kv_heads: usize,
+        cap: usize,
+        mark: &dyn Fn(&'static str) -> Result<()>,
+    ) -> Result<()> {
+        let p = self.plan;
+        let d = p.head_dim;
+        let shared = match p.kernel {
+            AttentionKernel::Mma => mma_shared_bytes(d) as u32,
+            AttentionKernel::Warp => 0,
+        };
+        let (hkv32, cap32, chunk32) = (kv_heads as i32, cap as i32, p.chunk as i32);
+        let scale = 1.0f32 / (d as f32).sqrt();
+        let mut b = self.attend.builder();
+        b.arg(&a.q);
+        b.arg(&a.k);
+        b.arg(&a.v);
+        b.arg(&a.pos);
+        b.arg(&a.part);
+        b.arg(&hkv32);
+        b.arg(&cap32);
+        b.arg(&chunk32);
+        b.arg(&scale);
+        let config = LaunchConfig {
+            grid_dim: (kv_heads as u32, rows as u32, p.splits as u32),
+            block_dim: (ATTN_THREADS, 1, 1),
+            shared_mem_bytes: shared,
+        };
+        // SAFETY: matches `decode_attention_*` and `decode_attention_mma_*`
+        // (the caller vouches for the addresses); `part` holds every (row,
+        // head, split, group).
+        unsafe { b.launch(config) }.w()?;
+        mark("attention")?;
+        let (g32, s32) = (p.groups as i32, p.splits as i32);
+        let mut b = self.combine.builder();
+        b.arg(&a.part);
+        b.arg(&a.out);
+        b.arg(&hkv32);
+        b.arg(&g32);
+        b.arg(&s32);
+        let grid = ((kv_heads * p.groups) as u32, rows as u32, 1);
+        // SAFETY: matches `attention_combine_*`: `part` as written above,
+        // `out` rows x H_q x D.
+        unsafe { b.launch(cfg(grid, d as u32)) }.w()?;
+        mark("combine")
+    }
+}
+
+/// Dynamic shared memory of a `decode_attention_mma` block
+/// (`decode_attention_mma_smem` in decode.cu): its 4 warps' tiles of 32
+/// keys and values, rows padded to `2 D + 16` bytes.
+fn mma_shared_bytes(head_dim: usize) -> usize {
+    (ATTN_THREADS as usize / 32) * 2 * 32 * (2 * head_dim + 16)
 }
 
 impl Drop for Engine<'_> {
@@ -195,15 +489,17 @@ impl<'w> Engine<'w> {
             k.push(zeros()?);
             v.push(zeros()?);
         }
-        // One split a CHUNK of the slot, up to MAX_SPLITS (longer rows
-        // lengthen their chunks instead): a slot of 4,096 columns at 64
-        // rows would launch 32,768 blocks a layer, most of them idle for
-        // rows far shorter than the slot.
-        let splits = cap.div_ceil(CHUNK).clamp(1, MAX_SPLITS);
-        let groups = w.heads / w.kv_heads;
+        let attention = AttentionPlan::new(
+            dev,
+            dtype,
+            (w.heads, w.kv_heads, w.head_dim),
+            rows,
+            cap,
+            AttentionKernel::wanted()?,
+        )?;
+        LAST_ATTENTION.with(|k| k.set(Some(attention.kernel)));
         let io = dev.alloc_zeros::<u32>(7 * rows)?;
-        let part =
-            dev.alloc_zeros::<f32>(rows * w.kv_heads * splits * groups * (w.head_dim + 2))?;
+        let part = dev.alloc_zeros::<f32>(attention.part_len(rows, w.kv_heads))?;
         let all: Vec<&DecodeProj> = w
             .layers
             .iter()
@@ -222,7 +518,7 @@ impl<'w> Engine<'w> {
             suffix,
             rows,
             cap,
-            splits,
+            attention,
             k,
             v,
             io,
@@ -258,6 +554,11 @@ impl<'w> Engine<'w> {
     /// Columns a slot holds.
     pub fn cap(&self) -> usize {
         self.cap
+    }
+
+    /// How the step's attention runs.
+    pub fn attention(&self) -> &AttentionPlan {
+        &self.attention
     }
 
     /// Copies prefilled prompts into slots: row `r` of `cache` (left-padded
@@ -426,7 +727,6 @@ impl<'w> Engine<'w> {
         let w = self.w;
         let b = self.rows;
         let (hq, hkv, d) = (w.heads, w.kv_heads, w.head_dim);
-        let groups = hq / hkv;
         let elt = self.dtype.size_in_bytes() as u64;
         let io = slice_ptr(&self.io, &self.stream);
         let (seeds, ids, pos) = (io, io + 8 * b as u64, io + 12 * b as u64);
@@ -449,13 +749,8 @@ impl<'w> Engine<'w> {
         self.mark("embed")?;
         let (cos, sin) = (ptr(&w.cos)?, ptr(&w.sin)?);
         let qkv_prep = self.kernel(&DECODE, "qkv_prep")?;
-        let attention = kernels::kernel(
-            &self.dev,
-            &DECODE,
-            &format!("decode_attention_{}_d{d}_g{groups}", self.suffix),
-        )?;
-        let combine = self.kernel(&DECODE, "attention_combine")?;
         let silu_mul = self.kernel(&DECODE, "silu_mul")?;
+        let attention = self.attention.load(&self.dev)?;
         let part = slice_ptr(&self.part, &self.stream);
         let mut h: Option<Tensor> = None;
         for (l, lw) in w.layers.iter().enumerate() {
@@ -500,38 +795,19 @@ impl<'w> Engine<'w> {
                 unsafe { a.launch(cfg(((hq + 2 * hkv) as u32, b as u32, 1), d as u32)) }.w()?;
             }
             self.mark("qkv_prep")?;
-            {
-                let chunk = CHUNK as i32;
-                let scale = 1.0f32 / (d as f32).sqrt();
-                let mut a = attention.builder();
-                a.arg(&qo);
-                a.arg(&kc);
-                a.arg(&vc);
-                a.arg(&pos);
-                a.arg(&part);
-                a.arg(&hkv32);
-                a.arg(&cap32);
-                a.arg(&chunk);
-                a.arg(&scale);
-                let grid = (hkv as u32, b as u32, self.splits as u32);
-                // SAFETY: matches `decode_attention_*`; `part` holds every
-                // (row, head, split, group).
-                unsafe { a.launch(cfg(grid, ATTN_THREADS)) }.w()?;
-            }
-            self.mark("attention")?;
             let o = self.empty(b, hq * d)?;
-            {
-                let (op, g32, s32) = (ptr(&o)?, groups as i32, self.splits as i32);
-                let mut a = combine.builder();
-                a.arg(&part);
-                a.arg(&op);
-                a.arg(&hkv32);
-                a.arg(&g32);
-                a.arg(&s32);
-                // SAFETY: matches `attention_combine_*`.
-                unsafe { a.launch(cfg((hq as u32, b as u32, 1), d as u32)) }.w()?;
-            }
-            self.mark("combine")?;
+            let args = AttentionArgs {
+                q: qo,
+                k: kc,
+                v: vc,
+                pos,
+                part,
+                out: ptr(&o)?,
+            };
+            // SAFETY: q_out and o hold b rows of H_q heads, the caches b
+            // slots of cap columns, `pos` b positions below cap (checked in
+            // `step`), `part` was sized for this plan in `new`.
+            unsafe { attention.launch(&args, b, hkv, self.cap, &|n| self.mark(n)) }?;
             let attn = self.products.project(&self.dev, &o, &lw.o)?;
             self.mark("o_gemm")?;
             let n2 = self.empty(b, hidden)?;
@@ -1160,5 +1436,152 @@ pub(super) mod tests {
             .unwrap();
         let got = products.project(&cuda, &x, &folded).unwrap();
         assert!(rel(&got, &want) < 1e-2);
+    }
+
+    /// The tensor-core attention (`decode_attention_mma`, bf16) against an
+    /// f32 reference of the same bf16 values and against the warp kernel,
+    /// attention and combine: Qwen3-4B's shape (head dim 128, 4 query heads
+    /// a KV head), the tiny models' (32, 2) and (64, 8); rows of 1 key (its
+    /// value, exactly), of lengths on both sides of a tile (32) and of a
+    /// chunk (128, 256), of 266 and 511 keys, and rows longer than 16
+    /// splits of either chunk (4,500 keys: lengthened chunks); both chunks
+    /// the engine takes. Within `2e-2 + 2^-8 |want|` of the reference (P
+    /// rounded to bf16: at most 2^-8 of each weight; 2^-8: the output's own
+    /// rounding), the mean error below 2e-3; the warp kernel within
+    /// `2e-3 + 2^-8 |want|`. A second launch gives the same bits. Then the
+    /// fallbacks to the warp kernel, and the variable's values.
+    #[test]
+    fn mma_attention_matches_f32_and_the_warp_kernel() {
+        let Some(cuda) = gpu() else { return };
+        let dev = Device::Cuda(cuda.clone());
+        let stream = cuda.cuda_stream();
+        let lens = [
+            1usize, 2, 31, 33, 127, 128, 129, 255, 257, 266, 511, 1000, 2100, 4500,
+        ];
+        let (rows, cap) = (lens.len(), 4500);
+        let pos: Vec<u32> = lens.iter().map(|&l| l as u32 - 1).collect();
+        let pos = stream.clone_htod(&pos).unwrap();
+        for (d, hq, hkv) in [(128, 32, 8), (32, 4, 2), (64, 16, 2)] {
+            let g = hq / hkv;
+            let bf = |t: Tensor| t.to_dtype(DType::BF16).unwrap();
+            let q = bf(Tensor::randn(0f32, 1.5, (rows, hq, d), &dev).unwrap());
+            let k = bf(Tensor::randn(0f32, 1.0, (rows, hkv, cap, d), &dev).unwrap());
+            let v = bf(Tensor::randn(0f32, 1.0, (rows, hkv, cap, d), &dev).unwrap());
+            let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let (qf, kf, vf) = (f(&q), f(&k), f(&v));
+            let scale = 1.0 / (d as f64).sqrt();
+            let want: Vec<Tensor> = lens
+                .iter()
+                .enumerate()
+                .map(|(b, &len)| {
+                    let qb = qf.get(b).unwrap().reshape((hkv, g, d)).unwrap();
+                    let keys = |c: &Tensor| c.get(b).unwrap().narrow(1, 0, len).unwrap();
+                    let (kb, vb) = (
+                        keys(&kf).contiguous().unwrap(),
+                        keys(&vf).contiguous().unwrap(),
+                    );
+                    let s = (qb.matmul(&kb.t().unwrap()).unwrap() * scale).unwrap();
+                    let p = candle_nn::ops::softmax_last_dim(&s).unwrap();
+                    p.matmul(&vb).unwrap().reshape((hq, d)).unwrap()
+                })
+                .collect();
+            let want = Tensor::stack(&want, 0).unwrap();
+            drop((kf, qf));
+            let run = |plan: &AttentionPlan| {
+                let part = cuda.alloc_zeros::<f32>(plan.part_len(rows, hkv)).unwrap();
+                let out = uninit(&cuda, DType::BF16, rows, hq * d).unwrap();
+                let a = AttentionArgs {
+                    q: ptr(&q).unwrap(),
+                    k: ptr(&k).unwrap(),
+                    v: ptr(&v).unwrap(),
+                    pos: slice_ptr(&pos, &stream),
+                    part: slice_ptr(&part, &stream),
+                    out: ptr(&out).unwrap(),
+                };
+                let loaded = plan.load(&cuda).unwrap();
+                // SAFETY: the tensors hold the shapes `AttentionArgs` says,
+                // every position is below cap, `part` is the plan's.
+                unsafe { loaded.launch(&a, rows, hkv, cap, &|_| Ok(())) }.unwrap();
+                f(&out.reshape((rows, hq, d)).unwrap())
+            };
+            // The largest |got - to| beyond `rel` |to|, and the mean |got - to|.
+            let err = |got: &Tensor, to: &Tensor, rel: f64| {
+                let diff = (got - to).unwrap().abs().unwrap();
+                let e = (&diff - (to.abs().unwrap() * rel).unwrap()).unwrap();
+                let scalar = |t: Tensor| t.to_scalar::<f32>().unwrap();
+                (
+                    scalar(e.max_all().unwrap()),
+                    scalar(diff.mean_all().unwrap()),
+                )
+            };
+            let warp = AttentionPlan::with(AttentionKernel::Warp, CHUNK, cap, g, d, "bf16");
+            let base = run(&warp);
+            let (e, _) = err(&base, &want, 1.0 / 256.0);
+            assert!(e < 2e-3, "d {d} g {g}: the warp kernel off by {e}");
+            for chunk in [CHUNK, MMA_CHUNK] {
+                let mma = AttentionPlan::with(AttentionKernel::Mma, chunk, cap, g, d, "bf16");
+                assert!(
+                    mma.splits == MAX_SPLITS && cap > MAX_SPLITS * chunk,
+                    "the longest row lengthens its chunks"
+                );
+                let got = run(&mma);
+                let (e, mean) = err(&got, &want, 1.0 / 256.0);
+                assert!(e < 2e-2, "d {d} g {g} chunk {chunk}: off by {e}");
+                assert!(mean < 2e-3, "d {d} g {g} chunk {chunk}: mean error {mean}");
+                // Both rounded: 2^-8 |want| each.
+                let (e, _) = err(&got, &base, 2.0 / 256.0);
+                assert!(
+                    e < 2.2e-2,
+                    "d {d} g {g} chunk {chunk}: {e} from the warp kernel"
+                );
+                // The row of one key: that key's value, exactly.
+                let one = got.get(0).unwrap().reshape((hkv, g, d)).unwrap();
+                let v0 = vf.get(0).unwrap().narrow(1, 0, 1).unwrap();
+                let v0 = v0.broadcast_as((hkv, g, d)).unwrap();
+                assert_eq!(
+                    values(&one.flatten_to(1).unwrap()),
+                    values(&v0.contiguous().unwrap().flatten_to(1).unwrap()),
+                    "d {d} g {g}: one key"
+                );
+                let again = run(&mma);
+                assert_eq!(
+                    values(&got.flatten_to(1).unwrap()),
+                    values(&again.flatten_to(1).unwrap()),
+                    "d {d} g {g} chunk {chunk}: the same bits twice"
+                );
+            }
+        }
+        // The fallbacks: another dtype, head size or group.
+        let plan = |dtype, shape, rows, wanted| {
+            AttentionPlan::new(&cuda, dtype, shape, rows, 512, wanted).unwrap()
+        };
+        let (mma, warp) = (AttentionKernel::Mma, AttentionKernel::Warp);
+        let qwen = plan(DType::BF16, (32, 8, 128), 32, mma);
+        assert_eq!((qwen.kernel, qwen.chunk, qwen.splits), (mma, MMA_CHUNK, 2));
+        let few = plan(DType::BF16, (32, 8, 128), 2, mma);
+        assert_eq!((few.kernel, few.chunk, few.splits), (mma, CHUNK, 4));
+        assert_eq!(plan(DType::BF16, (4, 2, 32), 5, mma).kernel, mma);
+        assert_eq!(plan(DType::BF16, (32, 8, 128), 32, warp).kernel, warp);
+        for (dtype, shape) in [
+            (DType::F32, (32, 8, 128)),
+            (DType::F16, (32, 8, 128)),
+            (DType::BF16, (32, 8, 96)),
+            (DType::BF16, (64, 4, 128)),
+        ] {
+            let p = plan(dtype, shape, 32, mma);
+            assert_eq!((p.kernel, p.chunk), (warp, CHUNK), "{dtype:?} {shape:?}");
+        }
+        assert_eq!(AttentionKernel::parse(None).unwrap(), mma);
+        assert_eq!(AttentionKernel::parse(Some("mma")).unwrap(), mma);
+        assert_eq!(AttentionKernel::parse(Some("warp")).unwrap(), warp);
+        let e = AttentionKernel::parse(Some("tc")).unwrap_err().to_string();
+        assert!(
+            e.contains("TRACE_TRAIN_DECODE_ATTENTION=tc") && e.contains("mma or warp"),
+            "{e}"
+        );
+        assert_eq!(
+            with_attention_kernel(warp, AttentionKernel::wanted).unwrap(),
+            warp
+        );
     }
 }

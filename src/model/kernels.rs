@@ -58,6 +58,20 @@ impl Kernel {
     pub fn builder(&self) -> LaunchArgs<'_> {
         self.stream.launch_builder(&self.func)
     }
+
+    /// Lets launches of this kernel ask for up to `bytes` of dynamic
+    /// shared memory (past the 48 KiB a block gets without asking, up to
+    /// [`shared_memory_optin`]). The setting is the function's, in its
+    /// loaded module: every later launch keeps it.
+    pub fn allow_dynamic_shared(&self, bytes: u32) -> Result<()> {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+        self.func
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .w()
+    }
 }
 
 /// Modules loaded so far, by CUDA context and module name. Candle's
@@ -104,6 +118,18 @@ pub fn multiprocessors(dev: &CudaDevice) -> Result<usize> {
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .w()?;
     Ok(n.max(1) as usize)
+}
+
+/// Most shared memory one block of a kernel on `dev`'s GPU can ask for
+/// ([`Kernel::allow_dynamic_shared`]).
+pub fn shared_memory_optin(dev: &CudaDevice) -> Result<usize> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+    let n = dev
+        .cuda_stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .w()?;
+    Ok(n.max(0) as usize)
 }
 
 /// NF4 dequantisation kernels, one an output dtype.

@@ -503,6 +503,11 @@ mod fused {
             self.eng.captured()
         }
 
+        /// How the step's attention runs.
+        pub fn attention(&self) -> &crate::model::fast_decode::AttentionPlan {
+            self.eng.attention()
+        }
+
         /// Prefills `prompts` together with the model's forward: their last
         /// logits `(k, vocab)`, the cache and each row's leading padding.
         /// Right-padded in one pass with fused causal attention where it
