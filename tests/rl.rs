@@ -727,6 +727,34 @@ fn off_policy_ranks_learn_and_train_as_one_whatever_the_split() {
             }
         }
     }
+    // PPO (a value head, advantages whitened over the trainers' tokens):
+    // one trainer and two train as one.
+    let mut ppo_cfg = tiny_config("ppo");
+    ppo_cfg.temperature = temperature;
+    ppo_cfg.sampler_ranks = 1;
+    ppo_cfg.num_train_steps = 4;
+    ppo_cfg.mini_batch_size = 6;
+    ppo_cfg.max_new_tokens = 3;
+    ppo_cfg.learning_rate = 2e-3;
+    ppo_cfg.value_learning_rate = 1e-3;
+    let ppo_run = |world: usize| {
+        let out = dir.path().join(format!("off-ppo-{world}"));
+        let job = word_job(&ppo_cfg, &base, &out, &[&word]);
+        run_ranks(world, |c| ppo::run_with(&job, &c, &NoProgress)).unwrap();
+        lines_of(&out.join("metrics.jsonl"))
+    };
+    let (one, two) = (ppo_run(2), ppo_run(3));
+    assert_eq!((one.len(), two.len()), (4, 4));
+    for (step, (a, b)) in one.iter().zip(&two).enumerate() {
+        assert_eq!(a["reward"], b["reward"], "ppo, step {step}");
+        for key in ["policy_loss", "value_loss", "grad_norm"] {
+            let (x, y) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
+            assert!(
+                (x - y).abs() <= 1e-4 * (1.0 + x.abs().max(y.abs())),
+                "ppo, step {step}, {key}: {x} vs {y}"
+            );
+        }
+    }
     // Every rank sampling leaves none to train: a clear error.
     let err = run(1, 1).unwrap_err();
     assert!(

@@ -459,6 +459,12 @@ fn run_job(
             job.base_dir.display(),
             super::on_gpus(comm.world())
         );
+        if job.config.sampler_ranks > 0 {
+            eprintln!(
+                "stage 3: one-step off-policy: the last {} GPU(s) sample each step's batch while the others train on the one before",
+                job.config.sampler_ranks
+            );
+        }
     }
     let s = ppo::run_with(job, comm, progress).map_err(|e| {
         super::out_of_memory_hint(
