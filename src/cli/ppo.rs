@@ -459,7 +459,7 @@ fn run_job(
             job.base_dir.display(),
             super::on_gpus(comm.world())
         );
-        if job.config.sampler_ranks > 0 {
+        if (1..comm.world()).contains(&job.config.sampler_ranks) {
             eprintln!(
                 "stage 3: one-step off-policy: the last {} GPU(s) sample each step's batch while the others train on the one before",
                 job.config.sampler_ranks
