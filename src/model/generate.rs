@@ -1137,6 +1137,36 @@ mod cuda_tests {
 
     /// Five prompts of 1 to 40 tokens (a row far longer than the others)
     /// and the truncated sampling the fused-step tests decode them with.
+    /// The trainer's forward over `prompt` then `tokens`: its f32 logits
+    /// divided by `temperature`, and each next token's log-prob under them.
+    fn trainer_view(
+        model: &Model,
+        prompt: &[u32],
+        tokens: &[u32],
+        temperature: f64,
+        dev: &Device,
+    ) -> (Tensor, Vec<f32>) {
+        let seq: Vec<u32> = prompt.iter().chain(tokens).copied().collect();
+        let ids = Tensor::new(seq.as_slice(), dev)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let logits = (model
+            .forward(&ids, None, false)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            / temperature)
+            .unwrap();
+        let lp = crate::train::loss::next_token_logprobs(&logits, &ids)
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        (logits, lp)
+    }
+
     fn five_prompts() -> (Vec<Vec<u32>>, Sampling) {
         let prompts = vec![
             (1..10).collect(),
@@ -1203,25 +1233,7 @@ mod cuda_tests {
             // The sampler's log-probs are the trainer's forward's.
             let tol = if dtype == DType::F32 { 1e-4 } else { 0.1 };
             for (p, out) in prompts.iter().zip(&graph) {
-                let seq: Vec<u32> = p.iter().chain(&out.tokens).copied().collect();
-                let ids = Tensor::new(seq.as_slice(), &dev)
-                    .unwrap()
-                    .unsqueeze(0)
-                    .unwrap();
-                let logits = (m
-                    .model
-                    .forward(&ids, None, false)
-                    .unwrap()
-                    .to_dtype(DType::F32)
-                    .unwrap()
-                    / 0.8)
-                    .unwrap();
-                let lp: Vec<f32> = crate::train::loss::next_token_logprobs(&logits, &ids)
-                    .unwrap()
-                    .squeeze(0)
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap();
+                let (_, lp) = trainer_view(&m.model, p, &out.tokens, 0.8, &dev);
                 for (x, y) in out.logprobs.iter().zip(&lp[p.len() - 1..]) {
                     assert!((x - y).abs() < tol, "{dtype:?}: {x} vs {y}");
                 }
@@ -1352,23 +1364,7 @@ mod cuda_tests {
                 assert_eq!(a.tokens[0], c.tokens[0], "{kernel:?}: the same prefill");
             }
             for (p, out) in prompts.iter().zip(&graph) {
-                let seq: Vec<u32> = p.iter().chain(&out.tokens).copied().collect();
-                let ids = Tensor::new(seq.as_slice(), &dev)
-                    .unwrap()
-                    .unsqueeze(0)
-                    .unwrap();
-                let logits = m
-                    .model
-                    .forward(&ids, None, false)
-                    .unwrap()
-                    .to_dtype(DType::F32)
-                    .unwrap();
-                let lp: Vec<f32> = crate::train::loss::next_token_logprobs(&logits, &ids)
-                    .unwrap()
-                    .squeeze(0)
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap();
+                let (logits, lp) = trainer_view(&m.model, p, &out.tokens, 1.0, &dev);
                 let rows = logits.squeeze(0).unwrap().to_vec2::<f32>().unwrap();
                 for (i, (&t, &x)) in out.tokens.iter().zip(&out.logprobs).enumerate() {
                     let at = p.len() - 1 + i;
