@@ -22,7 +22,7 @@ pub mod shard;
 pub mod stats;
 
 use anyhow::Context;
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Tensor, Var};
 use sha2::{Digest, Sha256};
 
 pub use inprocess::InProcess;
@@ -165,6 +165,21 @@ pub fn broadcast(
     }
     bucketed(tensors, BUCKET_ELEMS, |flat| comm.broadcast_f32(flat, root))
         .context("broadcast of the weights")
+}
+
+/// Every rank takes rank 0's values of `vars` ([`broadcast`]; rank 0's
+/// stay as they are).
+pub fn share_lead(comm: &dyn Communicator, vars: &[&Var]) -> anyhow::Result<()> {
+    if comm.world() > 1 {
+        let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+        let shared = broadcast(comm, &ts, 0)?;
+        if comm.rank() != 0 {
+            for (v, t) in vars.iter().zip(shared) {
+                v.set(&t)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Packs consecutive tensors into f32 buckets of at most `limit` elements

@@ -239,14 +239,8 @@ impl<'a> Run<'a> {
         &self,
         vars: impl IntoIterator<Item = &'v Var>,
     ) -> anyhow::Result<()> {
-        if self.comm.world() > 1 {
-            let vars: Vec<&Var> = vars.into_iter().collect();
-            let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
-            for (v, t) in vars.iter().zip(dist::broadcast(self.comm, &ts, 0)?) {
-                v.set(&t)?;
-            }
-        }
-        Ok(())
+        let vars: Vec<&Var> = vars.into_iter().collect();
+        dist::share_lead(self.comm, &vars)
     }
 
     /// Fails unless every rank holds the same values of `vars` (a digest

@@ -68,14 +68,7 @@ fn gather_from(world: &dyn Communicator, mine: &[u8], from: usize) -> anyhow::Re
 /// Rank 0's values of the trainable variables on every rank of `world`.
 fn share_weights(world: &dyn Communicator, policy: &Policy) -> anyhow::Result<()> {
     let vars = policy.trainable_vars();
-    let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
-    let shared = crate::dist::broadcast(world, &ts, 0)?;
-    if world.rank() != 0 {
-        for (v, t) in vars.iter().zip(shared) {
-            v.set(&t)?;
-        }
-    }
-    Ok(())
+    crate::dist::share_lead(world, &vars.iter().collect::<Vec<_>>())
 }
 
 /// The trainers' side of the start (every trainer calls it): where the
