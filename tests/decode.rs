@@ -52,6 +52,10 @@ fn assert_same(a: &Generation, b: &Generation, what: &str) {
     for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
         assert!((x - y).abs() < 1e-5, "{what}: log-prob {x} vs {y}");
     }
+    match (a.stop_logprob, b.stop_logprob) {
+        (Some(x), Some(y)) => assert!((x - y).abs() < 1e-5, "{what}: stop log-prob {x} vs {y}"),
+        (x, y) => assert_eq!(x, y, "{what}: stop log-prob"),
+    }
 }
 
 fn greedy(m: &LoadedModel, prompts: &[Vec<u32>], max_new: usize, stop: &[u32]) -> Vec<Generation> {
@@ -159,6 +163,9 @@ fn cached_decode_follows_the_argmax_of_the_full_forward() {
     }
 }
 
+/// A stop id ends its row; the stop token is not among the tokens, but its
+/// log-prob is kept apart (RL's trainer scores the stop token too): the one
+/// the same token had at that place in the run without stop ids.
 #[test]
 fn stop_ids_end_rows_early_and_are_not_kept() {
     for (arch, write) in ARCHS {
@@ -176,6 +183,7 @@ fn stop_ids_end_rows_early_and_are_not_kept() {
                 tokens: f.tokens[..kept].to_vec(),
                 logprobs: f.logprobs[..kept].to_vec(),
                 stopped: cut.is_some(),
+                stop_logprob: cut.map(|c| f.logprobs[c]),
             };
             assert_same(g, &expected, &format!("{arch}: prompt {i}"));
         }

@@ -99,6 +99,7 @@ fn scripted<'a>(
                 logprobs: vec![0.0; tokens.len()],
                 tokens,
                 stopped: true,
+                stop_logprob: Some(0.0),
             }
         })
         .collect();

@@ -72,6 +72,10 @@ pub struct Generation {
     pub logprobs: Vec<f32>,
     /// Whether a stop id ended it (else `max_new_tokens` did).
     pub stopped: bool,
+    /// The stop token's log-probability where one ended it, as `logprobs`
+    /// has it for the others (the stop token is not in `tokens`). A trainer
+    /// scores the stop token too, so RL needs it beside theirs.
+    pub stop_logprob: Option<f32>,
 }
 
 /// How [`sample`] draws a token.
@@ -316,6 +320,7 @@ fn record(
 ) -> bool {
     if stop_ids.contains(&token) {
         g.stopped = true;
+        g.stop_logprob = Some(logprob);
         true
     } else {
         g.tokens.push(token);
@@ -436,6 +441,7 @@ mod fast {
             tokens: Vec::new(),
             logprobs: Vec::new(),
             stopped: false,
+            stop_logprob: None,
         };
         let mut out = vec![empty; prompts.len()];
         // The prompt each row decodes, and the token it feeds next.
@@ -573,6 +579,7 @@ fn decode(
         tokens: Vec::new(),
         logprobs: Vec::new(),
         stopped: false,
+        stop_logprob: None,
     };
     set_last_path(DecodePath::Ops);
     if prompts.is_empty() || max_new_tokens == 0 {

@@ -138,16 +138,25 @@ pub fn clipped_policy_loss(
 /// log-prob over the sampler's, so that tokens the sampler drew more often
 /// than the trainer's policy would (its kernels, batching and dtype
 /// differ, or it sampled with older weights) count for less, and none
-/// counts more than `cap`. 1 where the sampler's log-probs are missing or
-/// of another length (the op-by-op path keeps none).
-pub fn tis_weights(old: &[f64], sampler: &[f32], cap: f64) -> Vec<f64> {
-    if sampler.len() != old.len() {
-        return vec![1.0; old.len()];
+/// counts more than `cap`. 1 where the sampler kept no log-probs; an error
+/// where it kept another number than the answer has tokens (with the stop
+/// token, which a trainer scores too): weighing by misaligned ratios, or
+/// quietly by none, would train on the wrong tokens' weights.
+pub fn tis_weights(old: &[f64], sampler: &[f32], cap: f64) -> anyhow::Result<Vec<f64>> {
+    if sampler.is_empty() {
+        return Ok(vec![1.0; old.len()]);
     }
-    old.iter()
+    anyhow::ensure!(
+        sampler.len() == old.len(),
+        "TIS: the sampler kept {} log-probs for an answer of {} tokens (the stop token's missing?)",
+        sampler.len(),
+        old.len()
+    );
+    Ok(old
+        .iter()
         .zip(sampler)
         .map(|(&o, &s)| (o - f64::from(s)).exp().min(cap))
-        .collect()
+        .collect())
 }
 
 /// The effective sample size of importance weights as a share of their
@@ -207,12 +216,17 @@ mod tests {
     fn tis_weights_are_truncated_ratios() {
         let old = [-1.0, -2.0, -0.5, -3.0];
         let sampler = [-1.0f32, -1.5, -1.5, -4.0];
-        let w = tis_weights(&old, &sampler, 2.0);
+        let w = tis_weights(&old, &sampler, 2.0).unwrap();
         let want = [1.0, (-0.5f64).exp(), 2.0, 1f64.exp().min(2.0)];
         for (a, b) in w.iter().zip(want) {
             assert!((a - b).abs() < 1e-6, "{w:?}");
         }
-        assert_eq!(tis_weights(&old, &[], 2.0), vec![1.0; 4]);
+        assert_eq!(tis_weights(&old, &[], 2.0).unwrap(), vec![1.0; 4]);
+        let err = tis_weights(&old, &sampler[..3], 2.0).unwrap_err();
+        assert!(
+            err.to_string().contains("3 log-probs for an answer of 4"),
+            "{err}"
+        );
     }
 
     #[test]

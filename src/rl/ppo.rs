@@ -174,7 +174,8 @@ pub struct Sample {
     /// The multi-turn episode this answer is a turn of (its answers share
     /// the episode's reward and GRPO advantage); `None`: an episode alone.
     pub episode: Option<usize>,
-    /// The sampler's log-probs of the kept tokens (not the stop token).
+    /// The sampler's log-probs of the response's tokens, the stop token's
+    /// included (empty where the sampler kept none).
     pub sampler_logp: Vec<f32>,
     #[serde(skip)]
     old_logp: Vec<f64>,
@@ -191,8 +192,15 @@ pub struct Sample {
 impl Sample {
     pub fn new(group: usize, prompt: Vec<u32>, g: &Generation, stop: u32, reward: f64) -> Self {
         let mut response = g.tokens.clone();
+        let mut sampler_logp = g.logprobs.clone();
         if g.stopped {
             response.push(stop);
+            if let Some(lp) = g
+                .stop_logprob
+                .filter(|_| sampler_logp.len() == g.tokens.len())
+            {
+                sampler_logp.push(lp);
+            }
         }
         Self {
             group,
@@ -202,7 +210,7 @@ impl Sample {
             reward,
             bucket: None,
             episode: None,
-            sampler_logp: g.logprobs.clone(),
+            sampler_logp,
             old_logp: Vec::new(),
             ref_logp: Vec::new(),
             old_values: Vec::new(),
@@ -700,11 +708,11 @@ impl Policy {
         // With TIS, the policy-gradient term's token weights carry the
         // truncated ratio of the trainer's to the sampler's probability.
         let w_pg = if c.tis_cap > 0.0 {
-            let tis: Vec<f32> = mb
-                .iter()
-                .flat_map(|s| tis_weights(&s.old_logp, &s.sampler_logp, c.tis_cap))
-                .map(|x| x as f32)
-                .collect();
+            let mut tis: Vec<f32> = Vec::with_capacity(n);
+            for s in mb {
+                let w = tis_weights(&s.old_logp, &s.sampler_logp, c.tis_cap)?;
+                tis.extend(w.into_iter().map(|x| x as f32));
+            }
             (&w * Tensor::from_vec(tis, n, dev)?)?
         } else {
             w.clone()
@@ -1563,8 +1571,8 @@ fn train(
                 t.mm_n += 1;
             }
             let cap = policy.cfg.tis_cap;
-            if cap > 0.0 && smp.sampler_logp.len() == smp.old_logp.len() {
-                for w in tis_weights(&smp.old_logp, &smp.sampler_logp, cap) {
+            if cap > 0.0 && !smp.sampler_logp.is_empty() {
+                for w in tis_weights(&smp.old_logp, &smp.sampler_logp, cap)? {
                     t.tis_sum += w;
                     t.tis_sq += w * w;
                     t.tis_capped += f64::from(u8::from(w >= cap));

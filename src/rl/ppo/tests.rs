@@ -430,6 +430,7 @@ fn grpo_advantages_are_an_episodes_and_its_answers_share_it() {
             tokens: vec![5, 6],
             logprobs: vec![-1.0, -1.0],
             stopped: true,
+            stop_logprob: Some(-0.5),
         };
         let mut s = Sample::new(0, vec![1, 2, 3], &g, 9, reward);
         s.episode = episode;
@@ -454,6 +455,29 @@ fn grpo_advantages_are_an_episodes_and_its_answers_share_it() {
     // Counted by answers instead, episode 0 would weigh twice.
     let by_answer = group_advantages(&[1.0, 1.0, 0.0, 0.0, 1.0], p.cfg.scale_rewards);
     assert!((by_answer[0] - want[0]).abs() > 1e-3);
+}
+
+/// A stopped answer's sampler log-probs cover its stop token, which the
+/// trainer scores too, so TIS weighs every token of it; an answer cut at
+/// the length limit has one log-prob a token.
+#[test]
+fn a_stopped_answers_sampler_logprobs_cover_the_stop_token() {
+    let g = Generation {
+        tokens: vec![5, 6],
+        logprobs: vec![-1.0, -2.0],
+        stopped: true,
+        stop_logprob: Some(-0.5),
+    };
+    let s = Sample::new(0, vec![1], &g, 9, 1.0);
+    assert_eq!(s.response, vec![5, 6, 9]);
+    assert_eq!(s.sampler_logp, vec![-1.0, -2.0, -0.5]);
+    let cut = Generation {
+        stopped: false,
+        stop_logprob: None,
+        ..g
+    };
+    let s = Sample::new(0, vec![1], &cut, 9, 1.0);
+    assert_eq!((s.response.len(), s.sampler_logp.len()), (2, 2));
 }
 
 /// TIS (`tis_cap`): with the sampler's log-probs equal to the old pass's,
