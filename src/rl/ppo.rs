@@ -117,6 +117,10 @@ pub struct RlSummary {
     /// A stop signal came, whether or not it cut the run (one during the
     /// last step does not: the run finishes and says so).
     pub stop_requested: bool,
+    /// Rank 0's mean seconds a step, after the run's first step, spent
+    /// sampling and scoring, and training; `None` with fewer than two steps
+    /// (and on the samplers of an off-policy run).
+    pub split_secs: Option<(f64, f64)>,
 }
 
 /// Where a run stands beyond the optimizer: saved in every checkpoint.
@@ -1059,6 +1063,8 @@ pub fn run_with(
     // 2-5. The loop.
     progress.start(Some(total_steps), state.step);
     let (mut first_reward, mut last_reward) = (None, None);
+    // Sampling and scoring, training, and the steps they add up over.
+    let mut split = (0.0, 0.0, 0usize);
     let mut interrupted = false;
     while state.step < total_steps {
         let step = state.step;
@@ -1101,6 +1107,11 @@ pub fn run_with(
 
         // 5. Metrics, progress, checkpoints.
         let reward_mean = rewards.iter().sum::<f64>() / rewards.len().max(1) as f64;
+        if first_reward.is_some() {
+            split.0 += got.sample_secs + got.env_secs;
+            split.1 += trained.secs;
+            split.2 += 1;
+        }
         first_reward.get_or_insert(reward_mean);
         last_reward = Some(reward_mean);
         let record = StepRecord {
@@ -1181,6 +1192,7 @@ pub fn run_with(
         merged_dir,
         interrupted,
         stop_requested: run.stop_requested(),
+        split_secs: (split.2 > 0).then(|| (split.0 / split.2 as f64, split.1 / split.2 as f64)),
     })
 }
 

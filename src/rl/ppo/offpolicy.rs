@@ -263,5 +263,6 @@ pub(super) fn sample_ahead(
         merged_dir,
         interrupted: !finished,
         stop_requested: stop.load(Ordering::Relaxed),
+        split_secs: None,
     })
 }
