@@ -440,7 +440,7 @@ pub fn run(args: &PpoArgs) -> anyhow::Result<RlSummary> {
 }
 
 /// Where several GPUs ran in step and sampling and scoring (`split`: they,
-/// then training, mean seconds a step) outweighed training: one-step
+/// then training, mean seconds a step) outweighed a training that ran: one-step
 /// off-policy takes them off the trainers' path (at SmolLM2-135M on two
 /// GPUs, 2.39x one GPU where two in step gave 0.95x).
 fn off_policy_hint(
@@ -449,7 +449,9 @@ fn off_policy_hint(
     split: Option<(f64, f64)>,
 ) -> Option<String> {
     let (beside, training) = split?;
-    (world > 1 && sampler_ranks == 0 && beside > training).then(|| {
+    // A run that trained nothing (every group of equal rewards) has no
+    // training to overlap.
+    (world > 1 && sampler_ranks == 0 && training > 0.0 && beside > training).then(|| {
         format!(
             "hint: sampling and scoring took {beside:.2} s a step and training {training:.2} s; with `--sampler_ranks 1` one GPU makes the next step's batch while the others train (one-step off-policy), and a step takes about the longer of the two"
         )
@@ -679,5 +681,6 @@ mod tests {
         assert_eq!(off_policy_hint(1, 0, Some((1.5, 1.0))), None);
         assert_eq!(off_policy_hint(2, 1, Some((1.5, 1.0))), None);
         assert_eq!(off_policy_hint(2, 0, None), None);
+        assert_eq!(off_policy_hint(2, 0, Some((1.5, 0.0))), None);
     }
 }
