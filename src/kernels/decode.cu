@@ -231,6 +231,23 @@ __device__ __forceinline__ void split_keys(int len, int chunk, int split, int sp
     end = min(start + c, len);
 }
 
+// The keys of the block (kv head blockIdx.x, row blockIdx.y, split
+// blockIdx.z) of a split decode attention, [start, end), and its slot of
+// `part` (G query heads of D + 2 values). False where the split has no
+// keys: its slot is marked empty then (l = 0, which the combine skips).
+template <int D, int G>
+__device__ __forceinline__ bool split_slot(const uint32_t *__restrict__ pos, float *__restrict__ part, int hkv,
+                                           int chunk, int &start, int &end, float *&out) {
+    const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    split_keys((int)pos[b] + 1, chunk, split, splits, start, end);
+    out = part + (((size_t)b * hkv + h) * splits + split) * G * (D + 2);
+    if (start >= end) {
+        if (threadIdx.x < G) out[threadIdx.x * (D + 2) + 1] = 0.f;
+        return false;
+    }
+    return true;
+}
+
 // Flash-decoding (split-KV) attention of one token a row over its slot,
 // one key a lane: block (kv head h, row b, split s) reads the row's keys
 // and values of columns [s * c, min((s + 1) * c, pos[b] + 1)) once for the
@@ -267,15 +284,11 @@ __device__ __forceinline__ void decode_attention_keys(const T *__restrict__ q, c
     __shared__ __align__(16) float qs[G][D];
     __shared__ float s_m[W][G], s_l[W][G];
     __shared__ float s_acc[W][G][D];
-    const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    const int h = blockIdx.x, b = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     int start, end;
-    split_keys((int)pos[b] + 1, chunk, split, splits, start, end);
-    float *out = part + (((size_t)b * hkv + h) * splits + split) * G * (D + 2);
-    if (start >= end) {
-        if (tid < G) out[tid * (D + 2) + 1] = 0.f; // l = 0: the combine skips it
-        return;
-    }
+    float *out;
+    if (!split_slot<D, G>(pos, part, hkv, chunk, start, end, out)) return;
     const int hq = hkv * G;
     for (int i = tid; i < G * D; i += 32 * W)
         qs[i / D][i % D] = to_f(q[((size_t)b * hq + h * G) * D + i]) * scale;
@@ -386,16 +399,12 @@ __device__ __forceinline__ void decode_attention_mma(const __nv_bfloat16 *__rest
     constexpr int TK = 32, ROWB = 2 * D + 16, PIECES = D / 8; // keys a tile, bytes a row, 16-byte pieces a row
     extern __shared__ __align__(16) unsigned char attn_smem[];
     __shared__ float s_m[W][G], s_l[W][G];
-    const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    const int h = blockIdx.x, b = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     unsigned char *ks = attn_smem + warp * (2 * TK * ROWB), *vs = ks + TK * ROWB;
     int start, end;
-    split_keys((int)pos[b] + 1, chunk, split, splits, start, end);
-    float *out = part + (((size_t)b * hkv + h) * splits + split) * G * (D + 2);
-    if (start >= end) {
-        if (tid < G) out[tid * (D + 2) + 1] = 0.f; // l = 0: the combine skips it
-        return;
-    }
+    float *out;
+    if (!split_slot<D, G>(pos, part, hkv, chunk, start, end, out)) return;
     // Q's A fragments: qa[kk][0] = Q[g][16 kk + 2t, +1], qa[kk][1] = Q[g][16 kk + 8 + 2t, +1].
     uint32_t qa[D / 16][2];
     const __nv_bfloat16 *qb = q + ((size_t)b * hkv * G + (size_t)h * G) * D;
