@@ -684,6 +684,14 @@ fn off_policy_ranks_learn_and_train_as_one_whatever_the_split() {
     for key in ["reward", "scored", "trained_samples"] {
         assert_eq!(off[0][key], sync[0][key], "step 0 is on-policy: {key}");
     }
+    let stale: Vec<f64> = off
+        .iter()
+        .map(|m| m["staleness"].as_f64().unwrap())
+        .collect();
+    assert!(
+        stale[0] == 0.0 && stale[1..].iter().all(|&x| x == 1.0),
+        "{stale:?}"
+    );
     assert!(
         off.iter()
             .zip(&sync)

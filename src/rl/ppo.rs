@@ -1123,6 +1123,12 @@ pub fn run_with(
         let mut s = record.scalars(job, &policy, comm.world(), step, &rl, &curriculum)?;
         if off_policy {
             s.insert("time_wait_s".into(), got.wait_secs);
+            // Updates between the weights that sampled this batch and the
+            // ones it trains: none for a run's first batch (a resumed run's
+            // first is the one that was in the making, sampled a step
+            // before), one for every later batch.
+            let fresh = state.step == 1;
+            s.insert("staleness".into(), if fresh { 0.0 } else { 1.0 });
         }
         if let Some(log) = &mut log {
             let pairs: Vec<(&str, f64)> = s.iter().map(|(k, v)| (k.as_str(), *v)).collect();
