@@ -94,3 +94,43 @@ fn collectives_and_bucketed_all_reduce_on_the_gpus() {
         }
     }
 }
+
+/// `Communicator::split` on the GPUs: the world of two as one group in the
+/// other order (its own NCCL communicator, each rank at the other place:
+/// the ids handed out over the world's), then as two groups of one. Sums
+/// and a broadcast from the group's first member, against the host's.
+#[test]
+fn split_groups_on_the_gpus() {
+    if dist::visible_gpus() < 2 {
+        eprintln!("SKIPPED: fewer than two CUDA devices");
+        return;
+    }
+    let id = unique_id_hex().unwrap();
+    let results: Vec<(usize, usize, Vec<f32>, Vec<f32>, Vec<f32>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let id = id.clone();
+                s.spawn(move || {
+                    let dev = Device::new_cuda(rank).unwrap();
+                    let world = Nccl::new(&dev, rank, 2, &id).unwrap();
+                    let t = Tensor::new(&[rank as f32 + 1.0, 5.0], &dev).unwrap();
+                    let both = world.split(&[vec![1, 0]]).unwrap();
+                    let sum = both.all_reduce_f32(&t).unwrap().to_vec1::<f32>().unwrap();
+                    let first = both.broadcast_f32(&t, 0).unwrap().to_vec1::<f32>().unwrap();
+                    let alone = world.split(&[vec![0], vec![1]]).unwrap();
+                    assert_eq!((alone.rank(), alone.world()), (0, 1));
+                    let own = alone.all_reduce_f32(&t).unwrap().to_vec1::<f32>().unwrap();
+                    (both.rank(), both.world(), sum, first, own)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, (place, members, sum, first, own)) in results.into_iter().enumerate() {
+        assert_eq!((place, members), (1 - rank, 2), "world rank {rank}");
+        assert_eq!(sum, [3.0, 10.0]);
+        // The group's first member is world rank 1.
+        assert_eq!(first, [2.0, 5.0]);
+        assert_eq!(own, [rank as f32 + 1.0, 5.0]);
+    }
+}
