@@ -95,42 +95,57 @@ fn collectives_and_bucketed_all_reduce_on_the_gpus() {
     }
 }
 
-/// `Communicator::split` on the GPUs: the world of two as one group in the
-/// other order (its own NCCL communicator, each rank at the other place:
-/// the ids handed out over the world's), then as two groups of one. Sums
-/// and a broadcast from the group's first member, against the host's.
+/// One rank's view of a split: its place and group size, the group's sum,
+/// the broadcast from the group's first member, and its own sum alone.
+type SplitResults = (usize, usize, Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// `Communicator::split` on the GPUs (two to four): the world as two groups
+/// when there are four (the odd ranks from the last down, the even ones;
+/// one group in the other order with two), each group its own NCCL
+/// communicator with the ids handed out over the world's; then as groups
+/// of one. Sums and a broadcast from the group's first member, against the
+/// host's.
 #[test]
 fn split_groups_on_the_gpus() {
-    if dist::visible_gpus() < 2 {
+    let world = dist::visible_gpus().min(4);
+    if world < 2 {
         eprintln!("SKIPPED: fewer than two CUDA devices");
         return;
     }
+    let groups: Vec<Vec<usize>> = if world == 4 {
+        vec![vec![3, 1], vec![0, 2]]
+    } else {
+        vec![(0..world).rev().collect()]
+    };
     let id = unique_id_hex().unwrap();
-    let results: Vec<(usize, usize, Vec<f32>, Vec<f32>, Vec<f32>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..2)
+    let results: Vec<SplitResults> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
             .map(|rank| {
-                let id = id.clone();
+                let (id, groups) = (id.clone(), groups.clone());
                 s.spawn(move || {
                     let dev = Device::new_cuda(rank).unwrap();
-                    let world = Nccl::new(&dev, rank, 2, &id).unwrap();
+                    let all = Nccl::new(&dev, rank, world, &id).unwrap();
                     let t = Tensor::new(&[rank as f32 + 1.0, 5.0], &dev).unwrap();
-                    let both = world.split(&[vec![1, 0]]).unwrap();
-                    let sum = both.all_reduce_f32(&t).unwrap().to_vec1::<f32>().unwrap();
-                    let first = both.broadcast_f32(&t, 0).unwrap().to_vec1::<f32>().unwrap();
-                    let alone = world.split(&[vec![0], vec![1]]).unwrap();
+                    let mine = all.split(&groups).unwrap();
+                    let sum = mine.all_reduce_f32(&t).unwrap().to_vec1::<f32>().unwrap();
+                    let first = mine.broadcast_f32(&t, 0).unwrap().to_vec1::<f32>().unwrap();
+                    let ones: Vec<Vec<usize>> = (0..world).map(|r| vec![r]).collect();
+                    let alone = all.split(&ones).unwrap();
                     assert_eq!((alone.rank(), alone.world()), (0, 1));
                     let own = alone.all_reduce_f32(&t).unwrap().to_vec1::<f32>().unwrap();
-                    (both.rank(), both.world(), sum, first, own)
+                    (mine.rank(), mine.world(), sum, first, own)
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (rank, (place, members, sum, first, own)) in results.into_iter().enumerate() {
-        assert_eq!((place, members), (1 - rank, 2), "world rank {rank}");
-        assert_eq!(sum, [3.0, 10.0]);
-        // The group's first member is world rank 1.
-        assert_eq!(first, [2.0, 5.0]);
+        let group = groups.iter().find(|g| g.contains(&rank)).unwrap();
+        let at = group.iter().position(|&r| r == rank).unwrap();
+        assert_eq!((place, members), (at, group.len()), "world rank {rank}");
+        let total: f32 = group.iter().map(|&r| r as f32 + 1.0).sum();
+        assert_eq!(sum, [total, 5.0 * group.len() as f32], "world rank {rank}");
+        assert_eq!(first, [group[0] as f32 + 1.0, 5.0], "world rank {rank}");
         assert_eq!(own, [rank as f32 + 1.0, 5.0]);
     }
 }
