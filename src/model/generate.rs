@@ -1142,8 +1142,6 @@ mod cuda_tests {
         }
     }
 
-    /// Five prompts of 1 to 40 tokens (a row far longer than the others)
-    /// and the truncated sampling the fused-step tests decode them with.
     /// The trainer's forward over `prompt` then `tokens`: its f32 logits
     /// divided by `temperature`, and each next token's log-prob under them.
     fn trainer_view(
@@ -1174,6 +1172,8 @@ mod cuda_tests {
         (logits, lp)
     }
 
+    /// Five prompts of 1 to 40 tokens (a row far longer than the others)
+    /// and the truncated sampling the fused-step tests decode them with.
     fn five_prompts() -> (Vec<Vec<u32>>, Sampling) {
         let prompts = vec![
             (1..10).collect(),
