@@ -20,6 +20,10 @@
 # Environment: STEPS (default 24), EXTRA (more `ppo` flags, e.g.
 # --unsafe-no-sandbox where the sandbox cannot run).
 set -euo pipefail
+if [ $# -lt 4 ]; then
+  echo "usage: bash scripts/grpo-curves.sh TRACE_TRAIN RECIPE POLICY OUT [GPUS] (the header says more)" >&2
+  exit 2
+fi
 T=$1 RECIPE=$2 POLICY=$3 W=$4
 GPUS=${5:-"1 2 2s1"}
 STEPS=${STEPS:-24}
@@ -27,7 +31,9 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 mkdir -p "$W"
 python3 - "$RECIPE" "$STEPS" > "$W/stage3.json" <<'PY'
 import json, sys
-c = json.load(open(sys.argv[1]))["stage3"]
+c = json.load(open(sys.argv[1])).get("stage3")
+if not isinstance(c, dict):
+    sys.exit(f"{sys.argv[1]}: no `stage3` block\nhint: RECIPE is a pipeline config, e.g. config/recipes/smollm2-135m/pipeline_config.json")
 c.setdefault("ppo", {})["num_train_steps"] = int(sys.argv[2])
 print(json.dumps(c, indent=1))
 PY
