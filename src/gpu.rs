@@ -29,13 +29,54 @@ pub fn peak_memory(device: &Device) -> anyhow::Result<Option<u64>> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = device {
         device.synchronize()?;
-        return Ok(Some(pool::get(
-            d,
-            pool::Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-        )?));
+        let high = pool::get(d, pool::Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?;
+        let marked = MARKED_PEAK.load(std::sync::atomic::Ordering::Relaxed);
+        return Ok(Some(high.max(marked)));
     }
     let _ = device;
     Ok(None)
+}
+
+/// Whether `TRACE_TRAIN_MEMORY` is set: [`memory_mark`] then prints the
+/// peak of each phase of a training step.
+fn memory_trace_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TRACE_TRAIN_MEMORY").is_some_and(|v| v != "0"))
+}
+
+/// The highest peak [`memory_mark`] has read since the last
+/// [`reset_peak_memory`]: each mark restarts the pool's own high-water
+/// mark, so [`peak_memory`] takes the larger of the two.
+#[cfg(feature = "cuda")]
+static MARKED_PEAK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// With `TRACE_TRAIN_MEMORY=1`, prints to stderr the peak of the device
+/// pool's memory in use since the previous mark (the phase that ends here,
+/// named by `label`) and what is in use now, then starts the next phase's
+/// peak; without it, does nothing. A diagnostic: it synchronises the device
+/// at every mark. Where a training step's memory peaks, phase by phase
+/// (forward, loss, each layer's recompute and backward, optimizer).
+pub fn memory_mark(device: &Device, label: &str) -> anyhow::Result<()> {
+    if !memory_trace_on() {
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        use std::sync::atomic::Ordering;
+        device.synchronize()?;
+        let high = pool::get(d, pool::Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?;
+        let now = pool::get(d, pool::Attr::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
+        MARKED_PEAK.fetch_max(high, Ordering::Relaxed);
+        pool::set(d, pool::Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0)?;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        eprintln!(
+            "memory {label}: peak {:.3} GiB, in use {:.3} GiB",
+            gib(high),
+            gib(now)
+        );
+    }
+    let _ = (device, label);
+    Ok(())
 }
 
 /// [`peak_memory`] in GiB, to the hundredth: what benchmarks print and
@@ -50,6 +91,7 @@ pub fn reset_peak_memory(device: &Device) -> anyhow::Result<()> {
     if let Device::Cuda(d) = device {
         device.synchronize()?;
         pool::set(d, pool::Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0)?;
+        MARKED_PEAK.store(0, std::sync::atomic::Ordering::Relaxed);
     }
     let _ = device;
     Ok(())

@@ -250,6 +250,21 @@ impl Layer {
     /// needs. Ops take the fused inference kernels (norms, RoPE, and
     /// attention when `ctx.fused`).
     fn forward_saving(&self, x: &Tensor, ctx: &Ctx) -> Result<(Tensor, Acts)> {
+        let acts = self.activations(x, ctx)?;
+        let h = fused::swiglu(&acts.gate, &acts.up)?;
+        let down = self
+            .mlp
+            .down_proj
+            .forward_detached(&h, ctx.train, ctx.dropout_seed)?;
+        drop(h);
+        let y = (&acts.x2 + down)?;
+        Ok((y, acts))
+    }
+
+    /// What [`Self::backward_manual`] reads, without the layer's output: a
+    /// checkpointed layer's forward run again in the backward needs no down
+    /// projection (its product, and its `(B, L, I)` input, are never made).
+    fn activations(&self, x: &Tensor, ctx: &Ctx) -> Result<Acts> {
         let (b, l, _) = x.dims3()?;
         let at = &self.self_attn;
         let (hq, hkv, d) = (at.num_heads, at.num_kv_heads, at.head_dim);
@@ -315,13 +330,7 @@ impl Layer {
             .mlp
             .up_proj
             .forward_detached(&n2, t, ctx.dropout_seed)?;
-        let h = fused::swiglu(&gate, &up)?;
-        let y = (&x2
-            + self
-                .mlp
-                .down_proj
-                .forward_detached(&h, t, ctx.dropout_seed)?)?;
-        let acts = Acts {
+        Ok(Acts {
             x: x.detach(),
             q_pre,
             k_pre,
@@ -333,21 +342,38 @@ impl Layer {
             x2,
             gate,
             up,
-        };
-        Ok((y, acts))
+        })
     }
 
     /// `dL/dx` and every LoRA factor's gradient for `dL/dy = dy`, from the
     /// activations of [`Self::forward_saving`] (same dropout seed).
+    ///
+    /// Takes the activations by value and drops each tensor after its last
+    /// use: at 8,192 tokens a Qwen3-4B layer's MLP temporaries are five
+    /// `(B, L, I)` tensors of 160 MB, which would otherwise stay alive
+    /// through the attention backward, at the step's memory peak.
     fn backward_manual(
         &self,
-        acts: &Acts,
+        acts: Acts,
         dy: &Tensor,
         ctx: &Ctx,
     ) -> Result<(Tensor, Vec<(Var, Tensor)>)> {
         let t = ctx.train;
         let at = &self.self_attn;
-        let (b, l, _) = acts.x.dims3()?;
+        let Acts {
+            x,
+            q_pre,
+            k_pre,
+            q,
+            k,
+            v,
+            o,
+            attn,
+            x2,
+            gate,
+            up,
+        } = acts;
+        let (b, l, _) = x.dims3()?;
         let (hq, hkv, d) = (at.num_heads, at.num_kv_heads, at.head_dim);
         let mut grads = Vec::new();
         let mut keep = |p: &LoraLinear, g: Option<(Tensor, Tensor)>| {
@@ -359,47 +385,57 @@ impl Layer {
         let dy = dy.contiguous()?;
         // MLP: y = x2 + down(silu(gate(n2)) * up(n2)), n2 = norm(x2).
         let mlp = &self.mlp;
-        let h = fused::swiglu(&acts.gate, &acts.up)?;
-        let (dh, g) = mlp.down_proj.backward(&h, &dy, t, ctx.dropout_seed)?;
-        keep(&mlp.down_proj, g);
-        let (dgate, dup) = fused::swiglu_backward(&acts.gate, &acts.up, &dh)?;
-        let n2 = self.post_attention_layernorm.forward_detached(&acts.x2)?;
-        let (dn2, g) = mlp.gate_proj.backward(&n2, &dgate, t, ctx.dropout_seed)?;
-        keep(&mlp.gate_proj, g);
-        let (dn2_up, g) = mlp.up_proj.backward(&n2, &dup, t, ctx.dropout_seed)?;
-        keep(&mlp.up_proj, g);
-        let dx2 = (&dy
-            + self
-                .post_attention_layernorm
-                .backward(&acts.x2, &(dn2 + dn2_up)?)?)?;
-        // Attention: x2 = x + o_proj(attend(rope(q), rope(k), v)).
-        let o_flat = ctx.packed_layout(&acts.o)?.reshape((b, l, hq * d))?;
-        let (do_flat, g) = at.o_proj.backward(&o_flat, &dx2, t, ctx.dropout_seed)?;
-        keep(&at.o_proj, g);
-        let d_o = do_flat.reshape((b, l, hq, d))?;
-        let d_o = match &ctx.segments {
-            _ if ctx.ragged() => d_o, // (1, T, H, D)
-            // cuDNN's backward takes dO contiguous in the (N, H, S, D) order.
-            Some(s) => s.to_attention(&d_o)?.contiguous()?,
-            None => d_o.transpose(1, 2)?, // (B, H, L, D)
+        let dx2 = {
+            let h = fused::swiglu(&gate, &up)?;
+            let (dh, g) = mlp.down_proj.backward(&h, &dy, t, ctx.dropout_seed)?;
+            keep(&mlp.down_proj, g);
+            drop(h);
+            let (dgate, dup) = fused::swiglu_backward(&gate, &up, &dh)?;
+            drop((gate, up, dh));
+            let n2 = self.post_attention_layernorm.forward_detached(&x2)?;
+            let (dn2, g) = mlp.gate_proj.backward(&n2, &dgate, t, ctx.dropout_seed)?;
+            keep(&mlp.gate_proj, g);
+            drop(dgate);
+            let (dn2_up, g) = mlp.up_proj.backward(&n2, &dup, t, ctx.dropout_seed)?;
+            keep(&mlp.up_proj, g);
+            drop((dup, n2));
+            let dn2 = (dn2 + dn2_up)?;
+            (&dy + self.post_attention_layernorm.backward(&x2, &dn2)?)?
         };
-        let (qt, kt, vt) = ctx.attention_layout(&acts.q, &acts.k, &acts.v)?;
-        let (dq, dk, dv) = attention_backward(&acts.attn, &qt, &kt, &vt, &acts.o, &d_o, ctx)?;
+        drop((dy, x2));
+        mark(&dx2, "layer mlp backward")?;
+        // Attention: x2 = x + o_proj(attend(rope(q), rope(k), v)).
+        let (dq, dk, dv) = {
+            let o_flat = ctx.packed_layout(&o)?.reshape((b, l, hq * d))?;
+            let (do_flat, g) = at.o_proj.backward(&o_flat, &dx2, t, ctx.dropout_seed)?;
+            keep(&at.o_proj, g);
+            drop(o_flat);
+            let d_o = do_flat.reshape((b, l, hq, d))?;
+            let d_o = match &ctx.segments {
+                _ if ctx.ragged() => d_o, // (1, T, H, D)
+                // cuDNN's backward takes dO contiguous in the (N, H, S, D) order.
+                Some(s) => s.to_attention(&d_o)?.contiguous()?,
+                None => d_o.transpose(1, 2)?, // (B, H, L, D)
+            };
+            let (qt, kt, vt) = ctx.attention_layout(&q, &k, &v)?;
+            attention_backward(&attn, &qt, &kt, &vt, &o, &d_o, ctx)?
+        };
+        drop((q, k, v, o, attn));
+        mark(&dx2, "layer attention backward")?;
         let dq = ctx.rotation.invert_thd(&ctx.packed_layout(&dq)?)?; // (B, L, H, D)
         let dk = ctx.rotation.invert_thd(&ctx.packed_layout(&dk)?)?;
         let (dq, dk) = match &at.qk_norm {
-            Some((qn, kn)) => (
-                qn.backward(&acts.q_pre, &dq)?,
-                kn.backward(&acts.k_pre, &dk)?,
-            ),
+            Some((qn, kn)) => (qn.backward(&q_pre, &dq)?, kn.backward(&k_pre, &dk)?),
             None => (dq, dk),
         };
+        drop((q_pre, k_pre));
         let dv = ctx.packed_layout(&dv)?.contiguous()?; // (B, L, H_kv, D)
-        let n1 = self.input_layernorm.forward_detached(&acts.x)?;
+        let n1 = self.input_layernorm.forward_detached(&x)?;
         let (dn1, g) =
             at.q_proj
                 .backward(&n1, &dq.reshape((b, l, hq * d))?, t, ctx.dropout_seed)?;
         keep(&at.q_proj, g);
+        drop(dq);
         let (dn1_k, g) =
             at.k_proj
                 .backward(&n1, &dk.reshape((b, l, hkv * d))?, t, ctx.dropout_seed)?;
@@ -408,8 +444,10 @@ impl Layer {
             at.v_proj
                 .backward(&n1, &dv.reshape((b, l, hkv * d))?, t, ctx.dropout_seed)?;
         keep(&at.v_proj, g);
+        drop((dk, dv, n1));
         let dn1 = ((dn1 + dn1_k)? + dn1_v)?;
-        let dx = (dx2 + self.input_layernorm.backward(&acts.x, &dn1)?)?;
+        let dx = (dx2 + self.input_layernorm.backward(&x, &dn1)?)?;
+        mark(&dx, "layer qkv backward")?;
         Ok((dx, grads))
     }
 
@@ -426,6 +464,11 @@ impl Layer {
             &m.down_proj,
         ]
     }
+}
+
+/// [`crate::gpu::memory_mark`] on `t`'s device (a candle error).
+fn mark(t: &Tensor, label: &str) -> Result<()> {
+    crate::gpu::memory_mark(t.device(), label).map_err(candle_core::Error::wrap)
 }
 
 /// What one forward pass shares across layers.
@@ -1384,9 +1427,13 @@ impl CustomOp1 for LayerOp {
         let saved = self.acts.lock().expect("layer op poisoned").take();
         let acts = match saved {
             Some(acts) => acts,
-            None => self.layer.forward_saving(x, &self.ctx)?.1,
+            None => {
+                let acts = self.layer.activations(x, &self.ctx)?;
+                mark(x, "layer recompute")?;
+                acts
+            }
         };
-        let (dx, grads) = self.layer.backward_manual(&acts, g, &self.ctx)?;
+        let (dx, grads) = self.layer.backward_manual(acts, g, &self.ctx)?;
         for (var, grad) in grads {
             self.sink.add(var.as_tensor(), grad)?;
         }

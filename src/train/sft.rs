@@ -336,13 +336,16 @@ pub fn run_with(
                     labels,
                 )
             };
+            crate::gpu::memory_mark(&job.device, "forward")?;
             let head = &loaded.model.lm_head().weight()?;
             let (sum, _) = lm_head_cross_entropy(&hidden, head, &labels)?;
             let loss = (sum / answer_tokens.max(1) as f64)?;
             pass_losses.push(loss.detach());
+            crate::gpu::memory_mark(&job.device, "loss")?;
             let g = loaded.model.backward(&loss)?;
             let step_grads = opt.gradients(&g)?;
             crate::train::optim::accumulate(&mut grads, step_grads)?;
+            crate::gpu::memory_mark(&job.device, "backward end")?;
         }
         state.tokens_seen += step_tokens as u64;
         let grads = summed_over_ranks(comm, grads, &opt)?;
@@ -360,6 +363,7 @@ pub fn run_with(
         if guard.admits(&job.stage, &mut state, loss_sum, norm)? {
             opt.step(&grads, lr, clip_scale(norm, cfg.max_grad_norm))?;
         }
+        crate::gpu::memory_mark(&job.device, "optimizer")?;
         state.step += 1;
         let secs = t0.elapsed().as_secs_f64();
         first_loss.get_or_insert(loss_sum);
