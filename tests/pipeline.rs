@@ -310,6 +310,48 @@ fn the_gate_refuses_before_training_what_it_cannot_read() {
     );
 }
 
+/// Stage 3's dataset is checked before the first stage: a HumanEval file
+/// that is not there stops the pipeline before Stage 0 writes anything,
+/// naming the key and the file with the hint, where it used to stop only
+/// once Stages 0-2 had run.
+#[test]
+fn a_missing_stage3_dataset_stops_the_pipeline_before_stage_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |dataset: &str| {
+        let config = format!(
+            r#"{{"model": {{"load_in_4bit": false}}, "gate": {{"mode": "off"}},
+                "stage0": {{"output_dir": "data"}},
+                "stage3": {{"ppo": {{"dataset": "{dataset}"}}}}}}"#
+        );
+        std::fs::write(dir.path().join("p.json"), config).unwrap();
+        trace_train(
+            dir.path(),
+            &[
+                "pipeline",
+                "--config",
+                "p.json",
+                "--checkpoints",
+                "ck",
+                "--last_stage",
+                "3",
+                "--device",
+                "cpu",
+            ],
+        )
+    };
+    let o = run("builtin+humaneval:HumanEval.jsonl.gz");
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("stage3.ppo.dataset in `p.json`")
+            && e.contains("HumanEval file `HumanEval.jsonl.gz` not found")
+            && e.contains("hint:"),
+        "{e}"
+    );
+    assert!(!e.contains("== stage 0"), "{e}");
+    assert!(!dir.path().join("data").exists());
+}
+
 /// A Stage 3 of multi-turn episodes (`stage3.ppo.max_turns` 2) makes the
 /// pipeline's final evals score episodes of as many answers, with Stage
 /// 3's feedback; the gate's evals stay single-turn.

@@ -372,6 +372,16 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             }
         }
     }
+    if todo(3, &state) {
+        // Stage 3 (or DPO's rollouts) reads its dataset only after Stages
+        // 0-2 have run: a path that is not there stops the pipeline now.
+        super::ppo::check_local_datasets(&cfg.stage3.ppo).map_err(|e| {
+            e.context(format!(
+                "stage3.ppo.dataset in `{}` (checked before the first stage)",
+                args.config.display()
+            ))
+        })?;
+    }
     let stage2_merged = root.join(STAGE2_DIR).join("merged");
     // The model each stage leaves (0: the base model the pipeline starts
     // from), as the gate names it; Stage 3's once it ran.

@@ -410,6 +410,22 @@ pub fn environment(
     })
 }
 
+/// Resolves, without reading them, the local datasets `c`'s environment
+/// reads (the trace part's `dataset`; a hub id is left to the run). A
+/// pipeline calls it before its first stage, so a wrong path in Stage 3's
+/// settings stops the run at once, not after hours of Stages 0-2.
+pub fn check_local_datasets(c: &RlConfig) -> anyhow::Result<()> {
+    let reads_trace = match c.environment.as_str() {
+        "word" => false,
+        "trace" => true,
+        spec => super::envs::parse(spec)?.iter().any(|(n, _)| n == "trace"),
+    };
+    if reads_trace {
+        Source::check_local(&c.dataset, &c.hub_file)?;
+    }
+    Ok(())
+}
+
 /// `ppo` from the command line: on one device, or on several GPUs (this
 /// process starts one child a GPU, each child runs one rank).
 pub fn run_command(args: &PpoArgs) -> anyhow::Result<()> {

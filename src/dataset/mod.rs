@@ -106,6 +106,32 @@ impl Source {
         )
     }
 
+    /// [`Source::resolve`] without the hub: every local part of `dataset`
+    /// (files, `humaneval:PATH`, the corpus, `synthetic:`) is resolved, a
+    /// hub id is left to the run that reads it (no download, no network
+    /// here). What a pipeline checks of its later stages' datasets before
+    /// its first stage.
+    pub fn check_local(dataset: &str, hub_file: &str) -> anyhow::Result<()> {
+        if dataset.contains('+') && !Path::new(dataset).exists() {
+            for part in dataset.split('+') {
+                Source::check_local(part, hub_file)
+                    .map_err(|e| e.context(format!("in dataset `{dataset}`")))?;
+            }
+            return Ok(());
+        }
+        let hub_only = !dataset.is_empty()
+            && dataset != "builtin"
+            && !corpus::is_corpus(dataset)
+            && !dataset.starts_with(synthetic::PREFIX)
+            && !dataset.starts_with("humaneval:")
+            && !Path::new(dataset).exists()
+            && looks_like_hub_id(dataset);
+        if hub_only {
+            return Ok(());
+        }
+        Source::resolve(dataset, hub_file).map(|_| ())
+    }
+
     pub fn describe(&self) -> String {
         match self {
             Source::Builtin => "builtin".into(),
@@ -205,6 +231,32 @@ mod tests {
         assert!(looks_like_hub_id("satpalsr/rl-python"));
         assert!(!looks_like_hub_id("a/b/c"));
         assert!(!looks_like_hub_id("nofile.jsonl"));
+    }
+
+    #[test]
+    fn check_local_resolves_local_parts_and_leaves_hub_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("rows.jsonl");
+        std::fs::write(&file, "").unwrap();
+        let file = file.display().to_string();
+        assert!(Source::check_local("builtin", "x").is_ok());
+        assert!(Source::check_local(&format!("builtin+{file}"), "x").is_ok());
+        // A hub id is the run's to fetch, alone or beside a local part.
+        assert!(Source::check_local("someone/some-dataset", "x").is_ok());
+        assert!(Source::check_local("builtin+someone/some-dataset", "x").is_ok());
+        let missing = dir.path().join("HumanEval.jsonl.gz").display().to_string();
+        let e = Source::check_local(&format!("builtin+humaneval:{missing}"), "x").unwrap_err();
+        let text = format!("{e:#}");
+        assert!(
+            text.contains("HumanEval file") && text.contains("hint:"),
+            "{text}"
+        );
+        let e = Source::check_local("no-such-file.jsonl", "x").unwrap_err();
+        assert!(
+            format!("{e:#}").contains("neither a file nor a hub id"),
+            "{e:#}"
+        );
+        assert!(Source::check_local("builtin++x", "x").is_err());
     }
 
     #[test]
