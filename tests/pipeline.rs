@@ -260,26 +260,20 @@ fn max_steps_and_last_stage_cap_the_run() {
     );
 }
 
+/// `pipeline` on the CPU in `dir` with `config` written to `p.json` there,
+/// checkpoints in `ck`, and `stages` (`--start_stage`, `--last_stage`).
+fn pipeline_with(dir: &std::path::Path, config: &str, stages: &[&str]) -> std::process::Output {
+    std::fs::write(dir.join("p.json"), config).unwrap();
+    let mut args = vec!["pipeline", "--config", "p.json", "--checkpoints", "ck"];
+    args.extend_from_slice(stages);
+    args.extend_from_slice(&["--device", "cpu"]);
+    trace_train(dir, &args)
+}
+
 #[test]
 fn the_gate_refuses_before_training_what_it_cannot_read() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |config: &str| {
-        std::fs::write(dir.path().join("p.json"), config).unwrap();
-        trace_train(
-            dir.path(),
-            &[
-                "pipeline",
-                "--config",
-                "p.json",
-                "--checkpoints",
-                "ck",
-                "--start_stage",
-                "1",
-                "--device",
-                "cpu",
-            ],
-        )
-    };
+    let run = |config: &str| pipeline_with(dir.path(), config, &["--start_stage", "1"]);
     // Stage 0's test splits are not there: the gate says so before Stage 1.
     let o = run(r#"{"model": {"load_in_4bit": false}}"#);
     assert!(!o.status.success());
@@ -317,29 +311,10 @@ fn the_gate_refuses_before_training_what_it_cannot_read() {
 #[test]
 fn a_missing_stage3_dataset_stops_the_pipeline_before_stage_0() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |dataset: &str| {
-        let config = format!(
-            r#"{{"model": {{"load_in_4bit": false}}, "gate": {{"mode": "off"}},
-                "stage0": {{"output_dir": "data"}},
-                "stage3": {{"ppo": {{"dataset": "{dataset}"}}}}}}"#
-        );
-        std::fs::write(dir.path().join("p.json"), config).unwrap();
-        trace_train(
-            dir.path(),
-            &[
-                "pipeline",
-                "--config",
-                "p.json",
-                "--checkpoints",
-                "ck",
-                "--last_stage",
-                "3",
-                "--device",
-                "cpu",
-            ],
-        )
-    };
-    let o = run("builtin+humaneval:HumanEval.jsonl.gz");
+    let config = r#"{"model": {"load_in_4bit": false}, "gate": {"mode": "off"},
+        "stage0": {"output_dir": "data"},
+        "stage3": {"ppo": {"dataset": "builtin+humaneval:HumanEval.jsonl.gz"}}}"#;
+    let o = pipeline_with(dir.path(), config, &["--last_stage", "3"]);
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(

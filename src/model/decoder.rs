@@ -360,20 +360,7 @@ impl Layer {
     ) -> Result<(Tensor, Vec<(Var, Tensor)>)> {
         let t = ctx.train;
         let at = &self.self_attn;
-        let Acts {
-            x,
-            q_pre,
-            k_pre,
-            q,
-            k,
-            v,
-            o,
-            attn,
-            x2,
-            gate,
-            up,
-        } = acts;
-        let (b, l, _) = x.dims3()?;
+        let (b, l, _) = acts.x.dims3()?;
         let (hq, hkv, d) = (at.num_heads, at.num_kv_heads, at.head_dim);
         let mut grads = Vec::new();
         let mut keep = |p: &LoraLinear, g: Option<(Tensor, Tensor)>| {
@@ -386,13 +373,13 @@ impl Layer {
         // MLP: y = x2 + down(silu(gate(n2)) * up(n2)), n2 = norm(x2).
         let mlp = &self.mlp;
         let dx2 = {
-            let h = fused::swiglu(&gate, &up)?;
+            let h = fused::swiglu(&acts.gate, &acts.up)?;
             let (dh, g) = mlp.down_proj.backward(&h, &dy, t, ctx.dropout_seed)?;
             keep(&mlp.down_proj, g);
             drop(h);
-            let (dgate, dup) = fused::swiglu_backward(&gate, &up, &dh)?;
-            drop((gate, up, dh));
-            let n2 = self.post_attention_layernorm.forward_detached(&x2)?;
+            let (dgate, dup) = fused::swiglu_backward(&acts.gate, &acts.up, &dh)?;
+            drop((acts.gate, acts.up, dh));
+            let n2 = self.post_attention_layernorm.forward_detached(&acts.x2)?;
             let (dn2, g) = mlp.gate_proj.backward(&n2, &dgate, t, ctx.dropout_seed)?;
             keep(&mlp.gate_proj, g);
             drop(dgate);
@@ -400,13 +387,13 @@ impl Layer {
             keep(&mlp.up_proj, g);
             drop((dup, n2));
             let dn2 = (dn2 + dn2_up)?;
-            (&dy + self.post_attention_layernorm.backward(&x2, &dn2)?)?
+            (&dy + self.post_attention_layernorm.backward(&acts.x2, &dn2)?)?
         };
-        drop((dy, x2));
+        drop((dy, acts.x2));
         mark(&dx2, "layer mlp backward")?;
         // Attention: x2 = x + o_proj(attend(rope(q), rope(k), v)).
         let (dq, dk, dv) = {
-            let o_flat = ctx.packed_layout(&o)?.reshape((b, l, hq * d))?;
+            let o_flat = ctx.packed_layout(&acts.o)?.reshape((b, l, hq * d))?;
             let (do_flat, g) = at.o_proj.backward(&o_flat, &dx2, t, ctx.dropout_seed)?;
             keep(&at.o_proj, g);
             drop(o_flat);
@@ -417,20 +404,23 @@ impl Layer {
                 Some(s) => s.to_attention(&d_o)?.contiguous()?,
                 None => d_o.transpose(1, 2)?, // (B, H, L, D)
             };
-            let (qt, kt, vt) = ctx.attention_layout(&q, &k, &v)?;
-            attention_backward(&attn, &qt, &kt, &vt, &o, &d_o, ctx)?
+            let (qt, kt, vt) = ctx.attention_layout(&acts.q, &acts.k, &acts.v)?;
+            attention_backward(&acts.attn, &qt, &kt, &vt, &acts.o, &d_o, ctx)?
         };
-        drop((q, k, v, o, attn));
+        drop((acts.q, acts.k, acts.v, acts.o, acts.attn));
         mark(&dx2, "layer attention backward")?;
         let dq = ctx.rotation.invert_thd(&ctx.packed_layout(&dq)?)?; // (B, L, H, D)
         let dk = ctx.rotation.invert_thd(&ctx.packed_layout(&dk)?)?;
         let (dq, dk) = match &at.qk_norm {
-            Some((qn, kn)) => (qn.backward(&q_pre, &dq)?, kn.backward(&k_pre, &dk)?),
+            Some((qn, kn)) => (
+                qn.backward(&acts.q_pre, &dq)?,
+                kn.backward(&acts.k_pre, &dk)?,
+            ),
             None => (dq, dk),
         };
-        drop((q_pre, k_pre));
+        drop((acts.q_pre, acts.k_pre));
         let dv = ctx.packed_layout(&dv)?.contiguous()?; // (B, L, H_kv, D)
-        let n1 = self.input_layernorm.forward_detached(&x)?;
+        let n1 = self.input_layernorm.forward_detached(&acts.x)?;
         let (dn1, g) =
             at.q_proj
                 .backward(&n1, &dq.reshape((b, l, hq * d))?, t, ctx.dropout_seed)?;
@@ -446,7 +436,7 @@ impl Layer {
         keep(&at.v_proj, g);
         drop((dk, dv, n1));
         let dn1 = ((dn1 + dn1_k)? + dn1_v)?;
-        let dx = (dx2 + self.input_layernorm.backward(&x, &dn1)?)?;
+        let dx = (dx2 + self.input_layernorm.backward(&acts.x, &dn1)?)?;
         mark(&dx, "layer qkv backward")?;
         Ok((dx, grads))
     }
