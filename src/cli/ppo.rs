@@ -421,7 +421,7 @@ pub fn check_local_datasets(c: &RlConfig) -> anyhow::Result<()> {
         spec => super::envs::parse(spec)?.iter().any(|(n, _)| n == "trace"),
     };
     if reads_trace {
-        Source::check_local(&c.dataset, &c.hub_file)?;
+        Source::check_local(&c.dataset)?;
     }
     Ok(())
 }

@@ -61,6 +61,26 @@ impl Source {
     /// `humaneval:PATH`, a local path, or a hub dataset id (from the HF cache, or the hub when online);
     /// several joined by `+` are read one after another.
     pub fn resolve(dataset: &str, hub_file: &str) -> anyhow::Result<Source> {
+        Source::resolve_with(dataset, &|id| {
+            hub_file_path(id, hub_file).map(Source::Jsonl)
+        })
+    }
+
+    /// [`Source::resolve`] without the hub: every local part of `dataset`
+    /// (files, `humaneval:PATH`, the corpus, `synthetic:`) is resolved, a
+    /// hub id is left to the run that reads it (no download, no network
+    /// here). What a pipeline checks of its later stages' datasets before
+    /// its first stage.
+    pub fn check_local(dataset: &str) -> anyhow::Result<()> {
+        // A hub id stands for itself: nothing of it is fetched or kept.
+        Source::resolve_with(dataset, &|_| Ok(Source::Many(Vec::new()))).map(|_| ())
+    }
+
+    /// [`Source::resolve`] with `hub` making the source of a hub id.
+    fn resolve_with(
+        dataset: &str,
+        hub: &dyn Fn(&str) -> anyhow::Result<Source>,
+    ) -> anyhow::Result<Source> {
         if dataset.contains('+') && !Path::new(dataset).exists() {
             let parts = dataset
                 .split('+')
@@ -69,7 +89,7 @@ impl Source {
                         !part.is_empty() && !part.contains('+'),
                         "dataset `{dataset}` has an empty part\nhint: join sources with one `+`, as in `builtin+humaneval:HumanEval.jsonl.gz`"
                     );
-                    Source::resolve(part, hub_file)
+                    Source::resolve_with(part, hub)
                         .map_err(|e| e.context(format!("in dataset `{dataset}`")))
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
@@ -99,37 +119,11 @@ impl Source {
             return Ok(Source::Jsonl(p.to_owned()));
         }
         if looks_like_hub_id(dataset) {
-            return hub_file_path(dataset, hub_file).map(Source::Jsonl);
+            return hub(dataset);
         }
         anyhow::bail!(
             "dataset `{dataset}` is neither a file nor a hub id\nhint: pass `builtin`, `corpus`, a JSONL path, `humaneval:PATH`, `synthetic:N`, or an id like `satpalsr/rl-python`"
         )
-    }
-
-    /// [`Source::resolve`] without the hub: every local part of `dataset`
-    /// (files, `humaneval:PATH`, the corpus, `synthetic:`) is resolved, a
-    /// hub id is left to the run that reads it (no download, no network
-    /// here). What a pipeline checks of its later stages' datasets before
-    /// its first stage.
-    pub fn check_local(dataset: &str, hub_file: &str) -> anyhow::Result<()> {
-        if dataset.contains('+') && !Path::new(dataset).exists() {
-            for part in dataset.split('+') {
-                Source::check_local(part, hub_file)
-                    .map_err(|e| e.context(format!("in dataset `{dataset}`")))?;
-            }
-            return Ok(());
-        }
-        let hub_only = !dataset.is_empty()
-            && dataset != "builtin"
-            && !corpus::is_corpus(dataset)
-            && !dataset.starts_with(synthetic::PREFIX)
-            && !dataset.starts_with("humaneval:")
-            && !Path::new(dataset).exists()
-            && looks_like_hub_id(dataset);
-        if hub_only {
-            return Ok(());
-        }
-        Source::resolve(dataset, hub_file).map(|_| ())
     }
 
     pub fn describe(&self) -> String {
@@ -239,24 +233,24 @@ mod tests {
         let file = dir.path().join("rows.jsonl");
         std::fs::write(&file, "").unwrap();
         let file = file.display().to_string();
-        assert!(Source::check_local("builtin", "x").is_ok());
-        assert!(Source::check_local(&format!("builtin+{file}"), "x").is_ok());
+        assert!(Source::check_local("builtin").is_ok());
+        assert!(Source::check_local(&format!("builtin+{file}")).is_ok());
         // A hub id is the run's to fetch, alone or beside a local part.
-        assert!(Source::check_local("someone/some-dataset", "x").is_ok());
-        assert!(Source::check_local("builtin+someone/some-dataset", "x").is_ok());
+        assert!(Source::check_local("someone/some-dataset").is_ok());
+        assert!(Source::check_local("builtin+someone/some-dataset").is_ok());
         let missing = dir.path().join("HumanEval.jsonl.gz").display().to_string();
-        let e = Source::check_local(&format!("builtin+humaneval:{missing}"), "x").unwrap_err();
+        let e = Source::check_local(&format!("builtin+humaneval:{missing}")).unwrap_err();
         let text = format!("{e:#}");
         assert!(
             text.contains("HumanEval file") && text.contains("hint:"),
             "{text}"
         );
-        let e = Source::check_local("no-such-file.jsonl", "x").unwrap_err();
+        let e = Source::check_local("no-such-file.jsonl").unwrap_err();
         assert!(
             format!("{e:#}").contains("neither a file nor a hub id"),
             "{e:#}"
         );
-        assert!(Source::check_local("builtin++x", "x").is_err());
+        assert!(Source::check_local("builtin++x").is_err());
     }
 
     #[test]
