@@ -13,12 +13,13 @@
 #   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import-gguf`)
 # Environment: HUMANEVAL=path/HumanEval.jsonl.gz (needed); the corpus
 # (datasets/corpus, or TRACE_TRAIN_CORPUS); DPO_RUNS:
-# `name:lr:demos[:nll[:beta[:loss[:seed]]]]` separated by spaces, demos empty or 1
+# `name:lr:demos[:nll[:beta[:loss[:seed[:bucket]]]]]` separated by spaces, demos empty or 1
 # for `stage3.dpo.demonstrations`, nll the RPO NLL term
 # `stage3.dpo.train.nll_coef` (default 1.0), beta `stage3.dpo.train.beta`
 # (default 0.1), loss `stage3.dpo.train.loss` (sigmoid, ipo, robust or
 # hinge; default sigmoid), seed `stage3.dpo.train.seed` (the rollouts' and
-# the pairs' order; default 42)
+# the pairs' order; default 42), bucket `stage3.dpo.last_bucket` for this
+# run alone (default DPO_BUCKET)
 # (default "a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1"); DPO_ROUNDS (default 2),
 # DPO_PROMPTS (prompts a round, default 1024), DPO_PAIRS (most pairs a prompt, default 4),
 # DPO_ROWS (rows each run's sampler decodes at once, default 256: several
@@ -83,7 +84,7 @@ dbg() { # dbg MODEL OUT: the held-out short set with `__DBG_`, 4 variants
 }
 dbg "$S2" "$W/dbg.s2.json" &
 for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
-  IFS=: read -r name lr demo nll beta loss seed <<< "$spec"
+  IFS=: read -r name lr demo nll beta loss seed rbucket <<< "$spec"
   d=$W/v/$name
   mkdir -p "$d/ckpt"
   ln -sfn "$W/ckpt/stage1_warmup" "$d/ckpt/stage1_warmup"
@@ -91,8 +92,9 @@ for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
   [ -f "$d/ckpt/gate.json" ] || cp -r "$W/ckpt/gate" "$W/ckpt/gate.json" "$W/ckpt/pipeline_state.json" "$d/ckpt/"
   demos=false
   [ -n "$demo" ] && demos=true
+  rbucket=${rbucket:-${DPO_BUCKET:-}}
   bucket=null
-  [ -n "${DPO_BUCKET:-}" ] && bucket="\"$DPO_BUCKET\""
+  [ -n "$rbucket" ] && bucket="\"$rbucket\""
   same=false
   [ -n "${DPO_SAME_LINES:-}" ] && same=true
   cfg "{\"algorithm\": \"dpo\", \"ppo\": {\"dataset\": \"$P\", \"sample_max_rows\": ${DPO_ROWS:-256}},

@@ -997,3 +997,112 @@ fn pipeline_dpo_gates_every_round() {
     assert_eq!(again["stages"], gate["stages"]);
     assert_eq!(again["comparisons"], gate["comparisons"]);
 }
+
+/// The Trace environment with what it knows of its rows' output hidden, so
+/// that every draw is made: what rollouts drew before the early pass-over.
+struct MakesEveryDraw(trace_train::rl::env::TraceEnv);
+
+impl trace_train::rl::env::Environment for MakesEveryDraw {
+    fn name(&self) -> &'static str {
+        "trace"
+    }
+    fn task(&self, id: u64) -> Result<trace_train::rl::env::Task, String> {
+        self.0.task(id)
+    }
+    fn tasks(&self, ids: &[u64]) -> Vec<Result<trace_train::rl::env::Task, String>> {
+        self.0.tasks(ids)
+    }
+    fn score(
+        &self,
+        task: &trace_train::rl::env::Task,
+        completion: &str,
+    ) -> trace_train::rl::env::Score {
+        self.0.score(task, completion)
+    }
+}
+
+/// Under a cap on output lines, a draw whose row's own program already
+/// prints too many lines is passed over without being made: the same
+/// prompts, in the same order, as making every draw, the same number of
+/// draws passed over, and the sandbox spared most of its runs.
+#[test]
+fn a_cap_on_output_lines_passes_over_long_rows_unmade_with_the_same_prompts() {
+    use trace_train::eval::buckets::UpToBucket;
+    use trace_train::pref::rollout::{ABOVE_LAST_BUCKET, RolloutPlan, RolloutStats, draw_prompts};
+    use trace_train::rl::env::{Environment, TraceEnv};
+    let env = || {
+        // A few rows drawn many times each, as a real run draws its
+        // dataset: 4 that print one line, 12 that print more.
+        let (one, more): (Vec<_>, Vec<_>) = trace_train::dataset::builtin::programs()
+            .into_iter()
+            .partition(|r| {
+                r.output
+                    .as_deref()
+                    .is_some_and(|o| o.trim().lines().count() == 1)
+            });
+        let rows: Vec<_> = one
+            .into_iter()
+            .take(4)
+            .chain(more.into_iter().take(12))
+            .collect();
+        TraceEnv::new(
+            rows,
+            trace_train::sandbox::Executor::new(trace_train::sandbox::ExecutorConfig::new(
+                common::PYTHON,
+                2,
+                false,
+            ))
+            .expect("sandbox executor (needs root)"),
+            3,
+        )
+        .unwrap()
+    };
+    let draw = |env: &dyn Environment| {
+        let plan = RolloutPlan {
+            env,
+            num_prompts: 16,
+            num_samples: 1,
+            task_seed: 5,
+            first_draw: 0,
+            max_prompt_tokens: usize::MAX,
+            up_to: UpToBucket::from_settings("output_lines", Some("1")).unwrap(),
+            sampling: Default::default(),
+            max_rows: 0,
+            model: "none".into(),
+            model_commit: None,
+            adapter: None,
+        };
+        let mut stats = RolloutStats::default();
+        let tasks = draw_prompts(&plan, &mut stats, |t| {
+            Ok(t.bytes().map(u32::from).collect())
+        })
+        .unwrap();
+        let made: Vec<_> = tasks
+            .iter()
+            .map(|(t, _)| (t.task_id, t.prompt.clone(), t.expected.clone()))
+            .collect();
+        (made, stats)
+    };
+    let seeing = env();
+    let (early, early_stats) = draw(&seeing);
+    let blind = MakesEveryDraw(env());
+    let (late, late_stats) = draw(&blind);
+    assert_eq!(early.len(), 16);
+    assert_eq!(early, late, "the same prompts");
+    for (_, _, expected) in &early {
+        assert!(expected.lines().count() <= 1, "{expected}");
+    }
+    assert_eq!(early_stats.next_draw, late_stats.next_draw);
+    let passed = |s: &RolloutStats| s.skipped_tasks.values().sum::<u64>();
+    assert_eq!(passed(&early_stats), passed(&late_stats));
+    assert!(
+        early_stats.skipped_tasks[ABOVE_LAST_BUCKET] > 0,
+        "{early_stats:?}"
+    );
+    let runs = |e: &TraceEnv| e.rows().unwrap().runs().iter().sum::<u64>();
+    let (few, all) = (runs(&seeing), runs(&blind.0));
+    assert!(
+        few * 2 < all,
+        "{few} sandbox runs with the early pass-over, {all} without"
+    );
+}

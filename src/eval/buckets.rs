@@ -150,6 +150,17 @@ impl UpToBucket {
     pub fn admits(&self, d: &Difficulty) -> bool {
         self.feature.index_of(d).is_none_or(|b| b <= self.last)
     }
+
+    /// Whether a task known to print at least `lines` lines is above the
+    /// cap whatever else it prints: only a cap on output lines can say (a
+    /// feature's buckets rise with its value).
+    pub fn rules_out_output_lines(&self, lines: u32) -> bool {
+        self.feature.name == OUTPUT_LINES.name
+            && !self.admits(&Difficulty {
+                output_lines: Some(lines),
+                ..Difficulty::default()
+            })
+    }
 }
 
 /// The bucket of `value` under upper bounds `edges`: its sort key and label
@@ -285,6 +296,17 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(cap.admits(&lines(1)) && !cap.admits(&lines(2)));
+        // A lower bound of output lines rules a task out above the cap.
+        assert!(!cap.rules_out_output_lines(1) && cap.rules_out_output_lines(2));
+        let few = UpToBucket::from_settings("output_lines", Some("2-3"))
+            .unwrap()
+            .unwrap();
+        assert_eq!([3, 4].map(|n| few.rules_out_output_lines(n)), [false, true]);
+        // A cap on another feature rules nothing out by output lines.
+        let flat = UpToBucket::from_settings("loop_depth", Some("0"))
+            .unwrap()
+            .unwrap();
+        assert!(!flat.rules_out_output_lines(1_000));
         for last in [None, Some("1")] {
             let e = UpToBucket::from_settings("colour", last).err().unwrap();
             let e = e.named("feature", "last_bucket");

@@ -13,7 +13,7 @@ use crate::data::{ChatTokenizer, Message, Role};
 use crate::eval::buckets::UpToBucket;
 use crate::model::LoadedModel;
 use crate::model::generate::{self, Sampling};
-use crate::rl::env::{self, Environment, MAX_BARREN_DRAWS, Score};
+use crate::rl::env::{self, Environment, MAX_BARREN_DRAWS, Score, Task};
 
 /// How the answers were sampled (recorded on every line).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -121,50 +121,9 @@ pub fn roll_out(
     plan: &RolloutPlan,
 ) -> anyhow::Result<(Vec<Rollout>, RolloutStats)> {
     let mut stats = RolloutStats::default();
-    // The prompts: draws in order, a chunk at a time (in parallel where
-    // the environment can).
-    let mut tasks = Vec::new();
-    let mut draw = plan.first_draw;
-    let mut barren = 0u64;
-    while tasks.len() < plan.num_prompts {
-        let want = (plan.num_prompts - tasks.len()).max(8);
-        let ids: Vec<u64> = (draw..draw + want as u64)
-            .map(|k| env::task_id(plan.task_seed, k))
-            .collect();
-        for made in plan.env.tasks(&ids) {
-            if tasks.len() == plan.num_prompts {
-                break;
-            }
-            draw += 1;
-            let why = match made {
-                Ok(task) if plan.up_to.is_some_and(|u| !u.admits(&task.difficulty)) => {
-                    "above_last_bucket".to_owned()
-                }
-                Ok(task) => {
-                    let ids =
-                        tok.encode_prompt(&[Message::new(Role::User, task.prompt.clone())])?;
-                    if ids.is_empty() || ids.len() > plan.max_prompt_tokens {
-                        "prompt_too_long".to_owned()
-                    } else {
-                        barren = 0;
-                        tasks.push((task, ids));
-                        continue;
-                    }
-                }
-                Err(why) => why,
-            };
-            *stats.skipped_tasks.entry(why).or_default() += 1;
-            barren += 1;
-            anyhow::ensure!(
-                barren < MAX_BARREN_DRAWS,
-                "{barren} draws in a row of the {} environment gave no usable prompt ({:?})\nhint: check the dataset, raise --max_prompt_tokens, or admit more buckets (--last_bucket)",
-                plan.env.name(),
-                stats.skipped_tasks
-            );
-        }
-    }
-    stats.next_draw = draw;
-    stats.prompts = tasks.len();
+    let tasks = draw_prompts(plan, &mut stats, |text| {
+        Ok(tok.encode_prompt(&[Message::new(Role::User, text.to_owned())])?)
+    })?;
     let k = plan.num_samples;
     let prompts: Vec<Vec<u32>> = tasks
         .iter()
@@ -227,6 +186,90 @@ pub fn roll_out(
     }
     stats.rollouts = out.len();
     Ok((out, stats))
+}
+
+/// Why a draw above `up_to` is passed over (counted in `skipped_tasks`).
+pub const ABOVE_LAST_BUCKET: &str = "above_last_bucket";
+
+/// The prompts of a rollout run: draws in order, a chunk at a time (made in
+/// parallel where the environment can), each task with its prompt's
+/// tokens; the draws that gave none counted in `stats` by why.
+///
+/// Under a cap on output lines, a draw whose environment already knows it
+/// prints too many (Trace: its row's own program does, and a variant only
+/// adds prints) is passed over without being made, as it would have been
+/// once made: the same prompts come out, and the sandbox runs neither the
+/// transform nor the variant. A draw of the one-line bucket keeps about one
+/// task in 27, and the rows' own programs already print more than one line
+/// for most of the rest.
+pub fn draw_prompts(
+    plan: &RolloutPlan,
+    stats: &mut RolloutStats,
+    encode: impl Fn(&str) -> anyhow::Result<Vec<u32>>,
+) -> anyhow::Result<Vec<(Task, Vec<u32>)>> {
+    let mut tasks = Vec::new();
+    let mut draw = plan.first_draw;
+    let mut barren = 0u64;
+    while tasks.len() < plan.num_prompts {
+        let want = (plan.num_prompts - tasks.len()).max(8);
+        let ids: Vec<u64> = (draw..draw + want as u64)
+            .map(|k| env::task_id(plan.task_seed, k))
+            .collect();
+        let ruled_out: Vec<bool> = ids
+            .iter()
+            .map(|&id| {
+                plan.up_to.is_some_and(|u| {
+                    plan.env
+                        .output_lines_at_least(id)
+                        .is_some_and(|n| u.rules_out_output_lines(n))
+                })
+            })
+            .collect();
+        let to_make: Vec<u64> = ids
+            .iter()
+            .zip(&ruled_out)
+            .filter(|&(_, &out)| !out)
+            .map(|(&id, _)| id)
+            .collect();
+        let mut made = plan.env.tasks(&to_make).into_iter();
+        for out in ruled_out {
+            if tasks.len() == plan.num_prompts {
+                break;
+            }
+            draw += 1;
+            let made = match out {
+                true => Err(ABOVE_LAST_BUCKET.to_owned()),
+                false => made.next().expect("the environment makes every task asked"),
+            };
+            let why = match made {
+                Ok(task) if plan.up_to.is_some_and(|u| !u.admits(&task.difficulty)) => {
+                    ABOVE_LAST_BUCKET.to_owned()
+                }
+                Ok(task) => {
+                    let ids = encode(&task.prompt)?;
+                    if ids.is_empty() || ids.len() > plan.max_prompt_tokens {
+                        "prompt_too_long".to_owned()
+                    } else {
+                        barren = 0;
+                        tasks.push((task, ids));
+                        continue;
+                    }
+                }
+                Err(why) => why,
+            };
+            *stats.skipped_tasks.entry(why).or_default() += 1;
+            barren += 1;
+            anyhow::ensure!(
+                barren < MAX_BARREN_DRAWS,
+                "{barren} draws in a row of the {} environment gave no usable prompt ({:?})\nhint: check the dataset, raise --max_prompt_tokens, or admit more buckets (--last_bucket)",
+                plan.env.name(),
+                stats.skipped_tasks
+            );
+        }
+    }
+    stats.next_draw = draw;
+    stats.prompts = tasks.len();
+    Ok(tasks)
 }
 
 /// Writes `rows` as JSON lines at `path`, atomically.

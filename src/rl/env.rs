@@ -147,6 +147,15 @@ pub trait Environment: Send + Sync {
         None
     }
 
+    /// A lower bound on the lines of task `task_id`'s expected answer,
+    /// known without making the task; `None` when none is known. A caller
+    /// that wants only short answers passes over a draw whose bound is too
+    /// high and spares the environment making it (a Trace task costs two
+    /// sandbox runs). It must never exceed what the task would have.
+    fn output_lines_at_least(&self, _task_id: u64) -> Option<u32> {
+        None
+    }
+
     /// The id `trace-train task --task_id` takes for task `task_id`: the
     /// id itself, except behind a view that renumbers (a sibling
     /// environment's training or held-out part).
@@ -159,7 +168,10 @@ pub trait Environment: Send + Sync {
 #[derive(Debug, Clone, PartialEq)]
 enum Verdict {
     Unknown,
-    Usable,
+    /// It runs cleanly, printing this many lines (its stripped stdout's).
+    Usable {
+        output_lines: u32,
+    },
     /// Why it fails (an [`ORIGINAL`] reason).
     Bad(String),
 }
@@ -229,6 +241,16 @@ impl TaskRows {
             .collect()
     }
 
+    /// The lines `row`'s own program prints, once it is known to run
+    /// cleanly; `None` while unknown (or being found right now), or when it
+    /// fails.
+    pub fn own_output_lines(&self, row: u64) -> Option<u32> {
+        match &*self.verdicts.get(row as usize)?.try_lock().ok()? {
+            Verdict::Usable { output_lines } => Some(*output_lines),
+            _ => None,
+        }
+    }
+
     /// Counts one run of `row`'s program.
     fn ran(&self, row: u64) {
         self.runs[row as usize].fetch_add(1, Ordering::Relaxed);
@@ -245,7 +267,7 @@ impl TaskRows {
             *v = find();
         }
         match &*v {
-            Verdict::Usable => Ok(()),
+            Verdict::Usable { .. } => Ok(()),
             Verdict::Bad(why) => Err(why.clone()),
             Verdict::Unknown => Err(Status::SandboxFailure.as_str().to_owned()),
         }
@@ -360,6 +382,11 @@ impl TraceEnv {
     }
 }
 
+/// The lines of a ground truth, as a task's difficulty counts them.
+fn line_count(truth: &str) -> u32 {
+    u32::try_from(truth.lines().count()).unwrap_or(u32::MAX)
+}
+
 /// A run's stripped stdout, or why it cannot be a ground truth.
 fn ground_truth(out: &Outcome) -> Result<String, String> {
     match (out.status, std::str::from_utf8(&out.stdout)) {
@@ -382,7 +409,9 @@ impl Environment for TraceEnv {
             let out = self.run(r, transform::strip_fence(&row.program));
             match ground_truth(&out) {
                 _ if out.status == Status::SandboxFailure => Verdict::Unknown,
-                Ok(_) => Verdict::Usable,
+                Ok(truth) => Verdict::Usable {
+                    output_lines: line_count(&truth),
+                },
                 Err(why) => Verdict::Bad(format!("{ORIGINAL}{why}")),
             }
         })?;
@@ -408,7 +437,7 @@ impl Environment for TraceEnv {
                 loop_depth: Some(t.features.loop_depth),
                 lines: Some(t.features.lines),
                 injections: Some(v.injections),
-                output_lines: u32::try_from(truth.lines().count()).ok(),
+                output_lines: Some(line_count(&truth)),
             },
             expected: truth,
         })
@@ -434,6 +463,13 @@ impl Environment for TraceEnv {
 
     fn rows(&self) -> Option<&TaskRows> {
         Some(&self.rows)
+    }
+
+    /// The lines the row's own program prints, once it has run: a variant
+    /// is that program with prints added (`ast.unparse` keeps its meaning),
+    /// and text added to a stream never lowers its stripped line count.
+    fn output_lines_at_least(&self, task_id: u64) -> Option<u32> {
+        self.rows.own_output_lines(self.rows.row_of(task_id))
     }
 }
 

@@ -132,6 +132,11 @@ impl Environment for Mixture {
         self.envs[i].feedback(&t, completion, kind)
     }
 
+    fn output_lines_at_least(&self, task_id: u64) -> Option<u32> {
+        let (i, inner) = self.route(task_id);
+        self.envs[i].output_lines_at_least(inner)
+    }
+
     fn parts(&self) -> Vec<&'static str> {
         self.envs.iter().map(|e| e.name()).collect()
     }
