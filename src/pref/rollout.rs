@@ -199,7 +199,8 @@ pub const ABOVE_LAST_BUCKET: &str = "above_last_bucket";
 /// prints too many (Trace: its row's own program does, and a variant only
 /// adds prints) is passed over without being made, as it would have been
 /// once made: the same prompts come out, and the sandbox runs neither the
-/// transform nor the variant. A draw of the one-line bucket keeps about one
+/// transform nor the variant. Such a draw counts as above the last bucket
+/// even where its variant would have failed to run. A draw of the one-line bucket keeps about one
 /// task in 27, and the rows' own programs already print more than one line
 /// for most of the rest.
 pub fn draw_prompts(
