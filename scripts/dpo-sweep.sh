@@ -8,20 +8,25 @@
 #
 # DPO's prompts are the corpus rows of Stage 0's training split only: no
 # program of the gate's original_test / transformed_test sets is sampled.
+# With DPO_RESERVE=K, one in K of them is kept out of Stages 1-2 and only
+# those are DPO's prompts.
 #
 # Usage: bash scripts/dpo-sweep.sh TRACE_TRAIN BASE_MODEL OUT
 #   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import-gguf`)
 # Environment: HUMANEVAL=path/HumanEval.jsonl.gz (needed); the corpus
 # (datasets/corpus, or TRACE_TRAIN_CORPUS); DPO_RUNS:
-# `name:lr:demos[:nll[:beta[:loss[:seed[:bucket]]]]]` separated by spaces, demos empty or 1
+# `name:lr:demos[:nll[:beta[:loss[:seed[:bucket[:temp[:greedy]]]]]]]]` separated by spaces, demos empty or 1
 # for `stage3.dpo.demonstrations`, nll the RPO NLL term
 # `stage3.dpo.train.nll_coef` (default 1.0), beta `stage3.dpo.train.beta`
 # (default 0.1), loss `stage3.dpo.train.loss` (sigmoid, ipo, robust or
 # hinge; default sigmoid), seed `stage3.dpo.train.seed` (the rollouts' and
 # the pairs' order; default 42), bucket `stage3.dpo.last_bucket` for this
-# run alone (default DPO_BUCKET)
+# run alone (default DPO_BUCKET), temp the sampling temperature
+# `stage3.dpo.temperature` (default 1.0), greedy 1 for `stage3.dpo.greedy`
+# (one more answer a prompt, decoded greedily as the gate decodes)
 # (default "a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1"); DPO_ROUNDS (default 2),
-# DPO_PROMPTS (prompts a round, default 1024), DPO_PAIRS (most pairs a prompt, default 4),
+# DPO_PROMPTS (prompts a round, default 1024), DPO_RESERVE (K: one training
+# program in K kept from Stages 1-2 for DPO's prompts; default none), DPO_PAIRS (most pairs a prompt, default 4),
 # DPO_ROWS (rows each run's sampler decodes at once, default 256: several
 # runs share the GPU), DPO_BUCKET (`stage3.dpo.last_bucket`, e.g. 1: only
 # programs that print one line; default every prompt), DPO_SAME_LINES (1:
@@ -55,17 +60,53 @@ json.dump(c, sys.stdout, indent=1)
 PY
 }
 cfg "" > "$W/recipe.json"
-"$T" pipeline --config "$W/recipe.json" --checkpoints "$W/ckpt" --last_stage 2 --resume --device "$DEV" $U \
+"$T" pipeline --config "$W/recipe.json" --checkpoints "$W/ckpt" --last_stage 0 --resume --device "$DEV" $U \
   > "$W/logs/recipe.log" 2>&1
-say "recipe stages 0-2 rc=$?"
+say "recipe stage 0 rc=$?"
+# DPO_RESERVE=K: one corpus program in K of the training split (by a hash of
+# its name) is taken out of Stages 1-2's training files before they train,
+# and DPO's prompts are those programs alone: programs the policy never
+# trained on, as the gate's are (no test-split program either way).
+if [ -n "${DPO_RESERVE:-}" ] && [ ! -f "$W/reserved.txt" ]; then
+  python3 - "$W/data" "$TRACE_TRAIN_CORPUS" "$DPO_RESERVE" "$W/reserved.txt" <<'PY' 2>&1 | tee -a "$W/logs/phases"
+import gzip, hashlib, json, os, sys
+data, corpus, k, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+ids = set()
+for part in ("algorithms", "mbpp", "keon", "exercism"):
+    ids |= {json.loads(l)["id"] for l in gzip.open(os.path.join(corpus, part + ".jsonl.gz"), "rt")}
+files = ("stage1_original_train.jsonl", "stage2_transformed_train.jsonl")
+rows = {f: [json.loads(l) for l in open(os.path.join(data, f))] for f in files}
+names = {r["metadata"]["row_name"] for f in files for r in rows[f]}
+pick = lambda n: int(hashlib.sha256(n.encode()).hexdigest(), 16) % k == 0
+reserved = {n for n in names if n in ids and pick(n)}
+# A reserved program whose text a kept row also has was trained on after all.
+kept_text = {r["program"] for r in rows[files[0]] if r["metadata"]["row_name"] not in reserved}
+reserved = {n for n in reserved if not any(r["metadata"]["row_name"] == n and r["program"] in kept_text for r in rows[files[0]])}
+for f in files:
+    keep = [r for r in rows[f] if r["metadata"]["row_name"] not in reserved]
+    tmp = os.path.join(data, f + ".tmp")
+    with open(tmp, "w") as o:
+        o.writelines(json.dumps(r) + "\n" for r in keep)
+    os.replace(tmp, os.path.join(data, f))
+    print(f"reserve: {f}: {len(rows[f])} -> {len(keep)} records")
+open(out + ".tmp", "w").write("".join(n + "\n" for n in sorted(reserved)))
+os.replace(out + ".tmp", out)
+print(f"reserve: {len(reserved)} of {len(names & ids)} corpus programs of the training split kept for DPO")
+PY
+fi
+"$T" pipeline --config "$W/recipe.json" --checkpoints "$W/ckpt" --last_stage 2 --resume --device "$DEV" $U \
+  >> "$W/logs/recipe.log" 2>&1
+say "recipe stages 1-2 rc=$?"
 P=$W/dpo_prompts.jsonl
-[ -s "$P" ] || python3 - "$W/data" "$TRACE_TRAIN_CORPUS" > "$P" <<'PY'
+[ -s "$P" ] || python3 - "$W/data" "$TRACE_TRAIN_CORPUS" "$W/reserved.txt" > "$P" <<'PY'
 import gzip, json, os, sys
-data, corpus = sys.argv[1:]
+data, corpus, reserve = sys.argv[1:]
 def names(f):
     return {json.loads(l)["metadata"]["row_name"] for l in open(os.path.join(data, f))}
 train = names("stage1_original_train.jsonl") | names("stage2_transformed_train.jsonl")
 test = names("stage1_original_test.jsonl") | names("stage2_transformed_test.jsonl")
+if os.path.exists(reserve):
+    train = {l.strip() for l in open(reserve) if l.strip()}
 n = 0
 for part in ("algorithms", "mbpp", "keon", "exercism"):
     for l in gzip.open(os.path.join(corpus, part + ".jsonl.gz"), "rt"):
@@ -73,7 +114,7 @@ for part in ("algorithms", "mbpp", "keon", "exercism"):
         if r["id"] in train and r["id"] not in test:
             print(json.dumps({"id": r["id"], "program": r["program"], "inputs": r["inputs"], "output": r["output"]}))
             n += 1
-print(f"training-split names {len(train)}, test-split names {len(test)}, in both {len(train & test)}, prompts {n}",
+print(f"prompt names {len(train)}, test-split names {len(test)}, in both {len(train & test)}, prompts {n}",
       file=sys.stderr)
 PY
 say "DPO prompts: $(wc -l < "$P")"
@@ -84,7 +125,7 @@ dbg() { # dbg MODEL OUT: the held-out short set with `__DBG_`, 4 variants
 }
 dbg "$S2" "$W/dbg.s2.json" &
 for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
-  IFS=: read -r name lr demo nll beta loss seed rbucket <<< "$spec"
+  IFS=: read -r name lr demo nll beta loss seed rbucket temp greedy <<< "$spec"
   d=$W/v/$name
   mkdir -p "$d/ckpt"
   ln -sfn "$W/ckpt/stage1_warmup" "$d/ckpt/stage1_warmup"
@@ -97,8 +138,10 @@ for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
   [ -n "$rbucket" ] && bucket="\"$rbucket\""
   same=false
   [ -n "${DPO_SAME_LINES:-}" ] && same=true
+  g=false
+  [ -n "$greedy" ] && g=true
   cfg "{\"algorithm\": \"dpo\", \"ppo\": {\"dataset\": \"$P\", \"sample_max_rows\": ${DPO_ROWS:-256}},
-        \"dpo\": {\"rounds\": ${DPO_ROUNDS:-2}, \"num_prompts\": ${DPO_PROMPTS:-1024}, \"num_samples\": 8, \"temperature\": 1.0,
+        \"dpo\": {\"rounds\": ${DPO_ROUNDS:-2}, \"num_prompts\": ${DPO_PROMPTS:-1024}, \"num_samples\": 8, \"temperature\": ${temp:-1.0}, \"greedy\": $g,
                  \"max_new_tokens\": 256, \"max_pairs_per_prompt\": ${DPO_PAIRS:-4}, \"demonstrations\": $demos, \"same_lines\": $same, \"last_bucket\": $bucket,
                  \"train\": {\"learning_rate\": $lr, \"epochs\": 1, \"batch_size\": 8, \"nll_coef\": ${nll:-1.0}, \"beta\": ${beta:-0.1}, \"loss\": \"${loss:-sigmoid}\", \"seed\": ${seed:-42}}}}" \
     > "$d/pipeline_config.json"

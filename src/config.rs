@@ -1664,6 +1664,10 @@ pub struct DpoRounds {
     pub num_samples: usize,
     /// Sampling temperature. Default 1.
     pub temperature: f64,
+    /// Also one greedy answer a prompt, the one the gate's eval gives
+    /// (`rollouts --greedy`); its pairs are kept first under
+    /// `max_pairs_per_prompt`. Default false.
+    pub greedy: bool,
     /// Longest answer in tokens. Default 512.
     pub max_new_tokens: usize,
     /// Also pair correct answers by `shorter` or `fewer_lines`. Default null.
@@ -1700,6 +1704,7 @@ impl Default for DpoRounds {
             num_prompts: 64,
             num_samples: 8,
             temperature: 1.0,
+            greedy: false,
             max_new_tokens: 512,
             among_correct: None,
             min_edit_distance: 0,

@@ -1062,6 +1062,7 @@ fn a_cap_on_output_lines_passes_over_long_rows_unmade_with_the_same_prompts() {
             env,
             num_prompts: 16,
             num_samples: 1,
+            greedy: false,
             task_seed: 5,
             first_draw: 0,
             max_prompt_tokens: usize::MAX,
@@ -1099,10 +1100,98 @@ fn a_cap_on_output_lines_passes_over_long_rows_unmade_with_the_same_prompts() {
         early_stats.skipped_tasks[ABOVE_LAST_BUCKET] > 0,
         "{early_stats:?}"
     );
+    // The unmade draws are counted, among those above the last bucket.
+    assert!(
+        early_stats.unmade > 0
+            && early_stats.unmade <= early_stats.skipped_tasks[ABOVE_LAST_BUCKET],
+        "{early_stats:?}"
+    );
+    assert_eq!(late_stats.unmade, 0);
     let runs = |e: &TraceEnv| e.rows().unwrap().runs().iter().sum::<u64>();
     let (few, all) = (runs(&seeing), runs(&blind.0));
     assert!(
         few * 2 < all,
         "{few} sandbox runs with the early pass-over, {all} without"
     );
+}
+
+/// `greedy`: one more answer a prompt, sample `K`, marked temperature 0,
+/// that is the greedy decode `eval` gives for the prompt alone: the same
+/// under every sampling seed, while the sampled answers change with it.
+#[test]
+fn rollouts_add_the_greedy_answer_eval_would_give() {
+    use candle_core::{DType, Device};
+    use trace_train::pref::rollout::{RolloutPlan, roll_out};
+    use trace_train::rl::env::WordEnv;
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let base = dir.path().join("base");
+    let tok = ChatTokenizer::from_dir(&base).unwrap();
+    let model = trace_train::model::load(&base, None, DType::F32, &Device::Cpu).unwrap();
+    let env = WordEnv::new(&["alpha", "beta", "gamma"]);
+    let run = |seed: u64, greedy: bool| {
+        let plan = RolloutPlan {
+            env: &env,
+            num_prompts: 3,
+            num_samples: 4,
+            greedy,
+            task_seed: 3,
+            first_draw: 0,
+            max_prompt_tokens: usize::MAX,
+            up_to: None,
+            sampling: trace_train::pref::rollout::SamplingSettings {
+                max_new_tokens: 6,
+                seed,
+                ..Default::default()
+            },
+            max_rows: 0,
+            model: "base".into(),
+            model_commit: None,
+            adapter: None,
+        };
+        roll_out(&model, &tok, &plan).unwrap()
+    };
+    let (plain, stats) = run(1, false);
+    assert_eq!((plain.len(), stats.rollouts), (12, 12));
+    assert!(plain.iter().all(|r| !r.is_greedy()));
+    let (a, stats) = run(1, true);
+    let (b, _) = run(2, true);
+    assert_eq!((a.len(), stats.rollouts, stats.prompts), (15, 15, 3));
+    let right =
+        |rs: &[trace_train::pref::rollout::Rollout]| rs.iter().filter(|r| r.correct).count();
+    let greedy_right = a.iter().filter(|r| r.is_greedy() && r.correct).count();
+    assert_eq!(
+        (stats.correct, stats.greedy_correct),
+        (right(&a), greedy_right)
+    );
+    // The sampled answers are the run without greedy's, each prompt's
+    // greedy answer after them.
+    let sampled: Vec<_> = a.iter().filter(|r| !r.is_greedy()).cloned().collect();
+    assert_eq!(sampled, plain);
+    for p in 0..3 {
+        let g = &a[p * 5 + 4];
+        assert!(g.is_greedy(), "{g:?}");
+        assert_eq!(g.sample, 4);
+        assert_eq!((g.sampling.top_p, g.sampling.top_k), (1.0, 0));
+        assert_eq!(g.prompt_id, a[p * 5].prompt_id);
+        assert_eq!(b[p * 5 + 4].completion, g.completion, "seed-free");
+        // What eval decodes for this prompt alone.
+        let ids = tok
+            .encode_prompt(&[Message::new(Role::User, g.prompt.clone())])
+            .unwrap();
+        let alone = trace_train::model::generate::greedy(
+            &model.model,
+            &[ids],
+            6,
+            &tok.stop_ids(),
+            tok.pad().id,
+            0,
+            &Device::Cpu,
+        )
+        .unwrap();
+        assert_eq!(g.completion, tok.decode(&alone[0].tokens, true).unwrap());
+        assert_eq!(g.tokens, alone[0].tokens.len());
+    }
+    let differs = (0..15).any(|i| i % 5 != 4 && a[i].completion != b[i].completion);
+    assert!(differs, "the sampled answers follow the seed");
 }

@@ -778,6 +778,7 @@ fn dpo_rounds(
             model: base.display().to_string(),
             adapter: None,
             num_samples: d.num_samples,
+            greedy: d.greedy,
             num_prompts: d.num_prompts,
             // Each round asks fresh prompts of the stream.
             first_draw: (round * d.num_prompts * 2) as u64,

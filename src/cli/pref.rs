@@ -31,6 +31,11 @@ pub struct RolloutsArgs {
     /// Samples a prompt.
     #[arg(long, default_value_t = 4)]
     pub num_samples: usize,
+    /// Also decode each prompt's answer greedily, as `eval` does: one more
+    /// answer a prompt (sample --num_samples, temperature 0 in its
+    /// `sampling`), whose pairs `prefs` keeps first under its cap.
+    #[arg(long)]
+    pub greedy: bool,
     /// Prompts (draws that give no prompt are passed over and counted).
     #[arg(long, default_value_t = 64)]
     pub num_prompts: usize,
@@ -130,6 +135,7 @@ pub fn rollouts(args: &RolloutsArgs) -> anyhow::Result<RolloutStats> {
         env: &*env,
         num_prompts: args.num_prompts,
         num_samples: args.num_samples,
+        greedy: args.greedy,
         task_seed: args.seed,
         first_draw: args.first_draw,
         max_prompt_tokens: args.max_prompt_tokens,
@@ -151,8 +157,21 @@ pub fn rollouts(args: &RolloutsArgs) -> anyhow::Result<RolloutStats> {
     };
     let (rows, stats) = roll_out(&loaded, &tok, &plan)?;
     write_jsonl(&args.output, &rows)?;
+    let greedy = if args.greedy {
+        format!(
+            " ({} of the {} greedy ones)",
+            stats.greedy_correct, stats.prompts
+        )
+    } else {
+        String::new()
+    };
+    let unmade = if stats.unmade > 0 {
+        format!(" ({} of them before they were made)", stats.unmade)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "rollouts: {} answers to {} prompts, {} correct, into `{}`; prompts passed over: {}; answers not scored: {}",
+        "rollouts: {} answers to {} prompts, {} correct{greedy}, into `{}`; prompts passed over: {}{unmade}; answers not scored: {}",
         stats.rollouts,
         stats.prompts,
         stats.correct,

@@ -5,7 +5,8 @@
 //! closer than a minimum edit distance, teach nothing or push the shared
 //! tokens down (Smaug/DPOP, Pal et al. 2024), and are dropped; ties under a
 //! criterion are dropped; at most `max_pairs_per_prompt` are kept a prompt,
-//! chosen by a seeded hash so a re-run keeps the same ones. Every prompt
+//! chosen by a seeded hash so a re-run keeps the same ones, those with the
+//! prompt's greedy answer (`rollouts --greedy`) first. Every prompt
 //! that gave no pair is counted under why.
 //!
 //! With `same_lines`, a pair of a right answer over a wrong one is kept only
@@ -129,6 +130,9 @@ pub struct PairStats {
     /// Candidate pairs dropped, by why: `identical`, `other_line_count`,
     /// `too_similar`, `tie`, `over_cap`.
     pub dropped: BTreeMap<String, usize>,
+    /// Pairs written that hold the prompt's greedy answer (`rollouts
+    /// --greedy`) as chosen or rejected.
+    pub with_greedy: usize,
 }
 
 /// Levenshtein distance in characters (two rows of the DP table).
@@ -167,10 +171,11 @@ pub fn make_pairs(rollouts: &[Rollout], rules: &PairRules) -> (Vec<Pair>, PairSt
             Some(why) => *stats.prompts_without_pairs.entry(why).or_default() += 1,
             None => stats.prompts_with_pairs += 1,
         }
-        for p in &pairs {
+        for (p, greedy) in pairs {
             *stats.pairs.entry(p.kind.clone()).or_default() += 1;
+            stats.with_greedy += usize::from(greedy);
+            out.push(p);
         }
-        out.extend(pairs);
     }
     (out, stats)
 }
@@ -181,7 +186,7 @@ fn prompt_pairs(
     group: &[&Rollout],
     rules: &PairRules,
     dropped: &mut BTreeMap<String, usize>,
-) -> (Vec<Pair>, Option<String>) {
+) -> (Vec<(Pair, bool)>, Option<String>) {
     if group.len() < 2 {
         return (Vec::new(), Some("single_rollout".into()));
     }
@@ -226,7 +231,13 @@ fn prompt_pairs(
         };
         return (Vec::new(), Some(why.into()));
     }
-    let mut kept = Vec::new();
+    // The kept pairs, each with whether the prompt's greedy answer (its
+    // text) is one of its two sides.
+    let greedy_text = group
+        .iter()
+        .find(|r| r.is_greedy())
+        .map(|r| r.completion.as_str());
+    let mut kept: Vec<(Pair, bool)> = Vec::new();
     let (mut identical, mut other_lines, mut similar) = (0usize, 0usize, 0usize);
     for (chosen, chosen_reward, r, kind) in candidates {
         if chosen == r.completion {
@@ -243,7 +254,7 @@ fn prompt_pairs(
             similar += 1;
             continue;
         }
-        kept.push(Pair {
+        let pair = Pair {
             prompt_id: id,
             prompt: r.prompt.clone(),
             chosen: chosen.to_owned(),
@@ -252,7 +263,9 @@ fn prompt_pairs(
             chosen_reward,
             rejected_reward: r.reward,
             edit_distance: d,
-        });
+        };
+        let greedy = greedy_text.is_some_and(|g| g == chosen || g == r.completion);
+        kept.push((pair, greedy));
     }
     for (why, n) in [
         ("identical", identical),
@@ -275,9 +288,11 @@ fn prompt_pairs(
         return (Vec::new(), Some(why.into()));
     }
     if rules.max_pairs_per_prompt > 0 && kept.len() > rules.max_pairs_per_prompt {
-        // A seeded order, then the original order among the kept ones.
+        // The pairs with a greedy answer first (they are about the answer
+        // the model gives when evaluated), each group in a seeded order;
+        // then the original order among the kept ones.
         let mut order: Vec<usize> = (0..kept.len()).collect();
-        order.sort_by_key(|&i| crate::rng::keyed(rules.seed, id, i as u64));
+        order.sort_by_key(|&i| (!kept[i].1, crate::rng::keyed(rules.seed, id, i as u64)));
         let mut keep: Vec<usize> = order[..rules.max_pairs_per_prompt].to_vec();
         keep.sort_unstable();
         *dropped.entry("over_cap".into()).or_default() += kept.len() - keep.len();
@@ -573,5 +588,65 @@ mod tests {
             })
             .collect();
         assert!(other.iter().any(|o| *o != a), "the seed changes nothing");
+    }
+
+    /// Under the cap, the pairs with the prompt's greedy answer (temperature
+    /// 0 in its `sampling`) are kept before any other, whichever side it is
+    /// on; the rest of the cap is the seeded choice among the others.
+    #[test]
+    fn the_cap_keeps_the_greedy_answers_pairs_first() {
+        let greedy = |r: Rollout| Rollout {
+            sampling: super::super::rollout::SamplingSettings {
+                temperature: 0.0,
+                ..Default::default()
+            },
+            sample: 8,
+            ..r
+        };
+        // Greedy wrong, five sampled right, three sampled wrong: 20
+        // candidates, 5 with the greedy answer, capped at 3.
+        let mut rs: Vec<Rollout> = (0..8)
+            .map(|i| roll(4, &format!("answer {i}"), i < 5, 2))
+            .collect();
+        rs.push(greedy(roll(4, "greedy", false, 2)));
+        assert!(rs[8].is_greedy() && !rs[0].is_greedy());
+        for seed in 0..8 {
+            let rules = PairRules {
+                max_pairs_per_prompt: 3,
+                seed,
+                ..PairRules::default()
+            };
+            let (pairs, st) = make_pairs(&rs, &rules);
+            assert_eq!(pairs.len(), 3);
+            assert!(pairs.iter().all(|p| p.rejected == "greedy"), "{pairs:?}");
+            assert_eq!((st.dropped["over_cap"], st.with_greedy), (17, 3));
+            // A cap above the greedy pairs: all five, then others.
+            let (pairs, st) = make_pairs(
+                &rs,
+                &PairRules {
+                    max_pairs_per_prompt: 7,
+                    ..rules
+                },
+            );
+            assert_eq!(pairs.iter().filter(|p| p.rejected == "greedy").count(), 5);
+            assert_eq!((pairs.len(), st.with_greedy), (7, 5));
+        }
+        // Without a greedy answer nothing counts as one.
+        let (_, st) = make_pairs(&rs[..8], &PairRules::default());
+        assert_eq!(st.with_greedy, 0);
+        // Greedy right: the pairs that hold it up come first.
+        let mut rs: Vec<Rollout> = (0..8)
+            .map(|i| roll(5, &format!("answer {i}"), i < 2, 2))
+            .collect();
+        rs.push(greedy(roll(5, "greedy", true, 2)));
+        let (pairs, _) = make_pairs(
+            &rs,
+            &PairRules {
+                max_pairs_per_prompt: 6,
+                ..PairRules::default()
+            },
+        );
+        assert_eq!(pairs.len(), 6);
+        assert!(pairs.iter().all(|p| p.chosen == "greedy"), "{pairs:?}");
     }
 }

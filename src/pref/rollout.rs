@@ -65,7 +65,8 @@ pub struct Rollout {
     pub reward: f64,
     /// Reward 1: the exact answer.
     pub correct: bool,
-    /// Which of the prompt's `K` samples.
+    /// Which of the prompt's `K` samples (`K`: the greedy answer, where
+    /// one was asked for; its `sampling` says temperature 0).
     pub sample: usize,
     pub sampling: SamplingSettings,
     /// The model folder (or hub id) sampled from.
@@ -76,6 +77,13 @@ pub struct Rollout {
     pub adapter: Option<String>,
 }
 
+impl Rollout {
+    /// Decoded greedily (temperature 0): the answer `eval` would give.
+    pub fn is_greedy(&self) -> bool {
+        self.sampling.temperature == 0.0
+    }
+}
+
 /// What one rollout run asks for.
 pub struct RolloutPlan<'a> {
     pub env: &'a dyn Environment,
@@ -83,6 +91,11 @@ pub struct RolloutPlan<'a> {
     pub num_prompts: usize,
     /// Samples a prompt.
     pub num_samples: usize,
+    /// Also one answer a prompt decoded greedily (temperature 0, as `eval`
+    /// and the gate decode), written as sample `num_samples` with
+    /// temperature 0 in its `sampling`: the answer the model gives when it
+    /// is evaluated, which `prefs` pairs first.
+    pub greedy: bool,
     /// Draw `k` is task `env::task_id(task_seed, first_draw + k)`.
     pub task_seed: u64,
     pub first_draw: u64,
@@ -105,8 +118,15 @@ pub struct RolloutStats {
     pub prompts: usize,
     pub rollouts: usize,
     pub correct: usize,
+    /// Of the `correct`, the greedy answers (with `greedy`): what `eval`
+    /// would score on these prompts.
+    pub greedy_correct: usize,
     /// Draws that gave no prompt, by why.
     pub skipped_tasks: BTreeMap<String, u64>,
+    /// Of the draws above the last bucket, those passed over before they
+    /// were made (their row's own program already prints too many lines):
+    /// the sandbox ran neither their transform nor their variant.
+    pub unmade: u64,
     /// Answers the environment could not score (left out), by why.
     pub masked: BTreeMap<String, u64>,
     /// The next draw, for a later run to continue from.
@@ -146,7 +166,28 @@ pub fn roll_out(
         },
         &model.device,
     )?;
-    let mut out = Vec::with_capacity(gens.len());
+    let greedy_settings = SamplingSettings {
+        temperature: 0.0,
+        top_p: 1.0,
+        top_k: 0,
+        ..s.clone()
+    };
+    let greedy = if plan.greedy {
+        // The decode `eval` runs, one answer a prompt.
+        let once: Vec<Vec<u32>> = tasks.iter().map(|(_, ids)| ids.clone()).collect();
+        generate::greedy(
+            &model.model,
+            &once,
+            s.max_new_tokens,
+            &tok.stop_ids(),
+            tok.pad().id,
+            plan.max_rows,
+            &model.device,
+        )?
+    } else {
+        Vec::new()
+    };
+    let mut out = Vec::with_capacity(gens.len() + greedy.len());
     for (i, (task, _)) in tasks.iter().enumerate() {
         // Kept only where the environment scores it right (a demonstration
         // that fails its own check would teach a wrong answer as chosen).
@@ -154,7 +195,11 @@ pub fn roll_out(
             .env
             .demonstration(task)
             .filter(|d| matches!(plan.env.score(task, d), Score::Reward(r) if r == 1.0));
-        for (j, g) in gens[i * k..(i + 1) * k].iter().enumerate() {
+        let answers = gens[i * k..(i + 1) * k]
+            .iter()
+            .map(|g| (g, s))
+            .chain(greedy.get(i).map(|g| (g, &greedy_settings)));
+        for (j, (g, settings)) in answers.enumerate() {
             let text = tok.decode(&g.tokens, true)?;
             let reward = match plan.env.score(task, &text) {
                 Score::Reward(r) => r,
@@ -165,6 +210,7 @@ pub fn roll_out(
             };
             let correct = reward == 1.0;
             stats.correct += usize::from(correct);
+            stats.greedy_correct += usize::from(correct && settings.temperature == 0.0);
             out.push(Rollout {
                 prompt_id: task.task_id,
                 prompt: task.prompt.clone(),
@@ -177,7 +223,7 @@ pub fn roll_out(
                 reward,
                 correct,
                 sample: j,
-                sampling: s.clone(),
+                sampling: settings.clone(),
                 model: plan.model.clone(),
                 model_commit: plan.model_commit.clone(),
                 adapter: plan.adapter.clone(),
@@ -239,7 +285,10 @@ pub fn draw_prompts(
             }
             draw += 1;
             let made = match out {
-                true => Err(ABOVE_LAST_BUCKET.to_owned()),
+                true => {
+                    stats.unmade += 1;
+                    Err(ABOVE_LAST_BUCKET.to_owned())
+                }
                 false => made.next().expect("the environment makes every task asked"),
             };
             let why = match made {
