@@ -68,6 +68,10 @@ say "recipe stage 0 rc=$?"
 # and DPO's prompts are those programs alone: programs the policy never
 # trained on, as the gate's are (no test-split program either way).
 if [ -n "${DPO_RESERVE:-}" ] && [ ! -f "$W/reserved.txt" ]; then
+  if [ -e "$W/ckpt/stage1_warmup" ]; then
+    echo "DPO_RESERVE: Stage 1 in $W already trained on every program; use a new OUT" >&2
+    exit 2
+  fi
   python3 - "$W/data" "$TRACE_TRAIN_CORPUS" "$DPO_RESERVE" "$W/reserved.txt" <<'PY' 2>&1 | tee -a "$W/logs/phases"
 import gzip, hashlib, json, os, sys
 data, corpus, k, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]

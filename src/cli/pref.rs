@@ -247,8 +247,13 @@ pub fn prefs(args: &PrefsArgs) -> anyhow::Result<trace_train::pref::pairs::PairS
         &stats_path,
         serde_json::to_string_pretty(&stats)?.as_bytes(),
     )?;
+    let greedy = if stats.with_greedy > 0 {
+        format!(" ({} with the greedy answer)", stats.with_greedy)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "prefs: {} pairs from {} of {} prompts into `{}`; prompts without a pair: {}",
+        "prefs: {} pairs{greedy} from {} of {} prompts into `{}`; prompts without a pair: {}",
         pairs.len(),
         stats.prompts_with_pairs,
         stats.prompts,
