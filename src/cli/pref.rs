@@ -158,10 +158,8 @@ pub fn rollouts(args: &RolloutsArgs) -> anyhow::Result<RolloutStats> {
     let (rows, stats) = roll_out(&loaded, &tok, &plan)?;
     write_jsonl(&args.output, &rows)?;
     let greedy = if args.greedy {
-        format!(
-            " ({} of the {} greedy ones)",
-            stats.greedy_correct, stats.prompts
-        )
+        let scored = rows.iter().filter(|r| r.is_greedy()).count();
+        format!(" ({} of the {scored} greedy ones)", stats.greedy_correct)
     } else {
         String::new()
     };
