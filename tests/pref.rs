@@ -629,16 +629,20 @@ fn pipeline_stage3_dpo_runs_rollouts_and_prefs_rounds_from_stage2() {
         r#"{"model": {"load_in_4bit": false}, "gate": {"mode": "off"},
             "stage3": {"algorithm": "dpo", "ppo": {"environment": "word"},
                        "dpo": {"rounds": 2, "num_prompts": 3, "num_samples": 2,
-                               "max_new_tokens": 4}}}"#,
+                               "greedy": true, "max_new_tokens": 4}}}"#,
     );
     let e = pipeline_stage3(dir.path(), false);
     for round in 0..2 {
         let r = dir.path().join(format!("ck/stage3_dpo/round_{round}"));
-        assert_eq!(
-            lines(&r.join("rollouts.jsonl")).len(),
-            6,
-            "round {round}: {e}"
-        );
+        // Two samples and the greedy answer (`stage3.dpo.greedy`) a prompt.
+        let rows = lines(&r.join("rollouts.jsonl"));
+        assert_eq!(rows.len(), 9, "round {round}: {e}");
+        let greedy: Vec<_> = rows
+            .iter()
+            .filter(|r| r["sampling"]["temperature"].as_f64() == Some(0.0))
+            .collect();
+        assert_eq!(greedy.len(), 3, "round {round}");
+        assert!(greedy.iter().all(|r| r["sample"].as_u64() == Some(2)));
         let st: serde_json::Value =
             serde_json::from_slice(&std::fs::read(r.join("pairs.jsonl.stats.json")).unwrap())
                 .unwrap();
