@@ -27,6 +27,13 @@ pub struct SamplingSettings {
     pub seed: u64,
 }
 
+impl SamplingSettings {
+    /// Temperature 0: the greedy decode, the answer `eval` would give.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+}
+
 impl Default for SamplingSettings {
     fn default() -> Self {
         Self {
@@ -80,7 +87,7 @@ pub struct Rollout {
 impl Rollout {
     /// Decoded greedily (temperature 0): the answer `eval` would give.
     pub fn is_greedy(&self) -> bool {
-        self.sampling.temperature == 0.0
+        self.sampling.is_greedy()
     }
 }
 
@@ -210,7 +217,7 @@ pub fn roll_out(
             };
             let correct = reward == 1.0;
             stats.correct += usize::from(correct);
-            stats.greedy_correct += usize::from(correct && settings.temperature == 0.0);
+            stats.greedy_correct += usize::from(correct && settings.is_greedy());
             out.push(Rollout {
                 prompt_id: task.task_id,
                 prompt: task.prompt.clone(),
@@ -246,9 +253,9 @@ pub const ABOVE_LAST_BUCKET: &str = "above_last_bucket";
 /// adds prints) is passed over without being made, as it would have been
 /// once made: the same prompts come out, and the sandbox runs neither the
 /// transform nor the variant. Such a draw counts as above the last bucket
-/// even where its variant would have failed to run. A draw of the one-line bucket keeps about one
-/// task in 27, and the rows' own programs already print more than one line
-/// for most of the rest.
+/// even where its variant would have failed to run. A draw of the one-line
+/// bucket keeps about one task in 27, and the rows' own programs already
+/// print more than one line for most of the rest.
 pub fn draw_prompts(
     plan: &RolloutPlan,
     stats: &mut RolloutStats,
