@@ -57,6 +57,9 @@ def read_pairs(path):
                 continue
             try:
                 p = json.loads(line)
+                if p.get("chosen_open") or p.get("rejected_open"):
+                    fail(f"`{path}` line {i}: an open side (a `first_error` pair): DPOTrainer ends every answer",
+                         "compare on pairs made without `prefs --first_error`")
                 rows.append({
                     "prompt": [{"role": "user", "content": p["prompt"]}],
                     "chosen": [{"role": "assistant", "content": p["chosen"]}],

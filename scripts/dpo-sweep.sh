@@ -15,7 +15,7 @@
 #   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import-gguf`)
 # Environment: HUMANEVAL=path/HumanEval.jsonl.gz (needed); the corpus
 # (datasets/corpus, or TRACE_TRAIN_CORPUS); DPO_RUNS:
-# `name:lr:demos[:nll[:beta[:loss[:seed[:bucket[:temp[:greedy]]]]]]]]` separated by spaces, demos empty or 1
+# `name:lr:demos[:nll[:beta[:loss[:seed[:bucket[:temp[:greedy[:fe]]]]]]]]]` separated by spaces, demos empty or 1
 # for `stage3.dpo.demonstrations`, nll the RPO NLL term
 # `stage3.dpo.train.nll_coef` (default 1.0), beta `stage3.dpo.train.beta`
 # (default 0.1), loss `stage3.dpo.train.loss` (sigmoid, ipo, robust or
@@ -23,7 +23,9 @@
 # the pairs' order; default 42), bucket `stage3.dpo.last_bucket` for this
 # run alone (default DPO_BUCKET), temp the sampling temperature
 # `stage3.dpo.temperature` (default 1.0), greedy 1 for `stage3.dpo.greedy`
-# (one more answer a prompt, decoded greedily as the gate decodes)
+# (one more answer a prompt, decoded greedily as the gate decodes), fe 1
+# for `stage3.dpo.first_error` (each wrong answer also pairs the expected
+# line over its first wrong one)
 # (default "a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1"); DPO_ROUNDS (default 2),
 # DPO_PROMPTS (prompts a round, default 1024), DPO_RESERVE (K: one training
 # program in K kept from Stages 1-2 for DPO's prompts; default none), DPO_PAIRS (most pairs a prompt, default 4),
@@ -129,7 +131,7 @@ dbg() { # dbg MODEL OUT: the held-out short set with `__DBG_`, 4 variants
 }
 dbg "$S2" "$W/dbg.s2.json" &
 for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
-  IFS=: read -r name lr demo nll beta loss seed rbucket temp greedy <<< "$spec"
+  IFS=: read -r name lr demo nll beta loss seed rbucket temp greedy fe <<< "$spec"
   d=$W/v/$name
   mkdir -p "$d/ckpt"
   ln -sfn "$W/ckpt/stage1_warmup" "$d/ckpt/stage1_warmup"
@@ -144,9 +146,11 @@ for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
   [ -n "${DPO_SAME_LINES:-}" ] && same=true
   g=false
   [ -n "$greedy" ] && g=true
+  firsterr=false
+  [ -n "$fe" ] && firsterr=true
   cfg "{\"algorithm\": \"dpo\", \"ppo\": {\"dataset\": \"$P\", \"sample_max_rows\": ${DPO_ROWS:-256}},
         \"dpo\": {\"rounds\": ${DPO_ROUNDS:-2}, \"num_prompts\": ${DPO_PROMPTS:-1024}, \"num_samples\": 8, \"temperature\": ${temp:-1.0}, \"greedy\": $g,
-                 \"max_new_tokens\": 256, \"max_pairs_per_prompt\": ${DPO_PAIRS:-4}, \"demonstrations\": $demos, \"same_lines\": $same, \"last_bucket\": $bucket,
+                 \"max_new_tokens\": 256, \"max_pairs_per_prompt\": ${DPO_PAIRS:-4}, \"demonstrations\": $demos, \"same_lines\": $same, \"first_error\": $firsterr, \"last_bucket\": $bucket,
                  \"train\": {\"learning_rate\": $lr, \"epochs\": 1, \"batch_size\": 8, \"nll_coef\": ${nll:-1.0}, \"beta\": ${beta:-0.1}, \"loss\": \"${loss:-sigmoid}\", \"seed\": ${seed:-42}}}}" \
     > "$d/pipeline_config.json"
   ( "$T" pipeline --config "$d/pipeline_config.json" --checkpoints "$d/ckpt" --start_stage 3 --last_stage 3 \

@@ -1685,6 +1685,10 @@ pub struct DpoRounds {
     /// pairs otherwise teach the model to stop after one line. Default
     /// false.
     pub same_lines: bool,
+    /// Also pair, for each wrong answer, the expected line over its first
+    /// wrong one after the lines it got right (`prefs --first_error`).
+    /// Default false.
+    pub first_error: bool,
     /// Only prompts up to this bucket of `bucket_feature` (`rollouts
     /// --last_bucket`), e.g. `"1"`: programs that print one line, where
     /// the model is right often enough for a prompt to give pairs.
@@ -1711,6 +1715,7 @@ impl Default for DpoRounds {
             max_pairs_per_prompt: 4,
             demonstrations: false,
             same_lines: false,
+            first_error: false,
             last_bucket: None,
             bucket_feature: "output_lines".into(),
             train: DpoConfig::default(),

@@ -12,6 +12,7 @@ use std::path::Path;
 use common::{stderr, trace_train};
 use trace_train::data::{ChatTokenizer, Message, Role};
 use trace_train::pref::dpo::TokenPair;
+use trace_train::pref::pairs::Pair;
 
 fn lines(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
@@ -245,6 +246,33 @@ fn prefs_same_lines_drops_pairs_that_differ_in_line_count() {
         Some(1),
         "{st}"
     );
+    // `--first_error`: each wrong answer also gives the expected line over
+    // its first wrong one; the sides that go on are marked open.
+    let st = prefs(dir.path(), "lines.jsonl", "fe.jsonl", &["--first_error"]);
+    let pairs = lines(&dir.path().join("fe.jsonl"));
+    let fe: Vec<_> = pairs
+        .iter()
+        .filter(|p| p["kind"] == "first_error")
+        .collect();
+    assert_eq!(fe.len(), 3, "{st}");
+    assert_eq!(st["pairs"]["first_error"].as_u64(), Some(3), "{st}");
+    let side = |p: &serde_json::Value| {
+        (
+            p["chosen"].as_str().unwrap().to_owned(),
+            p["chosen_open"] == true,
+            p["rejected"].as_str().unwrap().to_owned(),
+            p["rejected_open"] == true,
+        )
+    };
+    assert_eq!(side(fe[0]), ("apple".into(), true, "pear".into(), true));
+    assert_eq!(
+        side(fe[1]),
+        ("apple".into(), false, "apple\napple".into(), true)
+    );
+    assert_eq!(
+        side(fe[2]),
+        ("apple".into(), false, "apple\npear".into(), true)
+    );
 }
 
 #[test]
@@ -477,33 +505,61 @@ fn dpo_resumed_from_a_checkpoint_repeats_the_run_bit_for_bit() {
 /// conversation: the prompt is the generation prompt's tokens, and the
 /// prompt followed by an answer is the tokens of the conversation (its
 /// trailing newline after the end-of-turn token left out), ending with
-/// that token.
+/// that token. An open answer (a `first_error` pair's side that goes on)
+/// is the same tokens without the end-of-turn token.
 fn boundary_matches_the_template(tok: &ChatTokenizer, what: &str) {
-    for (prompt, chosen, rejected) in [
-        ("Predict the output:\nprint(1 + 1)", "2", "3\n4"),
-        ("x = [1, 2]\nprint(x)", "[1, 2]", ""),
+    for (prompt, chosen, rejected, open) in [
+        (
+            "Predict the output:\nprint(1 + 1)",
+            "2",
+            "3\n4",
+            (false, false),
+        ),
+        ("x = [1, 2]\nprint(x)", "[1, 2]", "", (false, false)),
+        (
+            "for i in range(3):\n    print(i)",
+            "0\n1",
+            "0\n2",
+            (true, true),
+        ),
+        ("print(5)\nprint(6)", "5\n6", "5", (true, false)),
     ] {
-        let t = TokenPair::new(tok, prompt, chosen, rejected).unwrap();
+        let pair = Pair {
+            prompt_id: 0,
+            prompt: prompt.into(),
+            chosen: chosen.into(),
+            rejected: rejected.into(),
+            chosen_open: open.0,
+            rejected_open: open.1,
+            kind: "test".into(),
+            chosen_reward: 1.0,
+            rejected_reward: 0.0,
+            edit_distance: 1,
+        };
+        let t = TokenPair::new(tok, &pair).unwrap();
         let user = Message::new(Role::User, prompt);
         assert_eq!(
             t.prompt,
             tok.encode_prompt(std::slice::from_ref(&user)).unwrap(),
             "{what}"
         );
-        for (answer, ids) in [(chosen, &t.chosen), (rejected, &t.rejected)] {
+        for (answer, ids, open) in [(chosen, &t.chosen, open.0), (rejected, &t.rejected, open.1)] {
             let chat = [user.clone(), Message::new(Role::Assistant, answer)];
             let full = tok.template().render(&chat, false).unwrap();
             let mut got = t.prompt.clone();
             got.extend(ids.iter());
+            if open {
+                got.push(tok.end_of_turn().id);
+            }
             assert_eq!(
                 got,
                 tok.encode(full.trim_end()).unwrap(),
                 "{what}: {answer:?}"
             );
-            assert_eq!(ids.last(), Some(&tok.end_of_turn().id), "{what}");
+            let end = if open { "" } else { &tok.end_of_turn().text };
             assert_eq!(
                 tok.decode(ids, false).unwrap(),
-                format!("{answer}{}", tok.end_of_turn().text),
+                format!("{answer}{end}"),
                 "{what}"
             );
         }
@@ -583,10 +639,24 @@ fn smollm2_pair_boundary_is_the_templates() {
 fn tiny_pair_boundary_is_the_templates() {
     let dir = tempfile::tempdir().unwrap();
     tiny(dir.path());
-    boundary_matches_the_template(
-        &ChatTokenizer::from_dir(&dir.path().join("base")).unwrap(),
-        "tiny",
-    );
+    let tok = ChatTokenizer::from_dir(&dir.path().join("base")).unwrap();
+    boundary_matches_the_template(&tok, "tiny");
+    // An open side with no text has no token to score: refused, not a
+    // division by zero in the NLL term.
+    let pair = Pair {
+        prompt_id: 0,
+        prompt: "print(1)".into(),
+        chosen: "".into(),
+        rejected: "2".into(),
+        chosen_open: true,
+        rejected_open: true,
+        kind: "first_error".into(),
+        chosen_reward: 1.0,
+        rejected_reward: 0.0,
+        edit_distance: 1,
+    };
+    let e = TokenPair::new(&tok, &pair).unwrap_err().to_string();
+    assert!(e.contains("open side with no text"), "{e}");
 }
 
 /// A pipeline folder whose Stage 2 is the tiny model (`ck/stage2_sft`)
@@ -629,7 +699,7 @@ fn pipeline_stage3_dpo_runs_rollouts_and_prefs_rounds_from_stage2() {
         r#"{"model": {"load_in_4bit": false}, "gate": {"mode": "off"},
             "stage3": {"algorithm": "dpo", "ppo": {"environment": "word"},
                        "dpo": {"rounds": 2, "num_prompts": 3, "num_samples": 2,
-                               "greedy": true, "max_new_tokens": 4}}}"#,
+                               "greedy": true, "first_error": true, "max_new_tokens": 4}}}"#,
     );
     let e = pipeline_stage3(dir.path(), false);
     for round in 0..2 {
@@ -647,6 +717,18 @@ fn pipeline_stage3_dpo_runs_rollouts_and_prefs_rounds_from_stage2() {
             serde_json::from_slice(&std::fs::read(r.join("pairs.jsonl.stats.json")).unwrap())
                 .unwrap();
         assert_eq!(st["prompts"].as_u64(), Some(3), "{st}");
+        // `stage3.dpo.first_error`: the tiny model's wrong answers give
+        // pairs at their first wrong line, open sides marked, and the
+        // round trains on them.
+        let pairs = lines(&r.join("pairs.jsonl"));
+        let fe = pairs.iter().filter(|p| p["kind"] == "first_error").count();
+        assert!(fe > 0, "round {round}: {st}");
+        assert_eq!(st["pairs"]["first_error"].as_u64(), Some(fe as u64), "{st}");
+        assert!(
+            pairs.iter().any(|p| p["chosen_open"] == true),
+            "round {round}"
+        );
+        assert!(r.join("merged/config.json").is_file(), "round {round}: {e}");
         // Each round asks other prompts of the stream.
         assert!(e.contains(&format!("dpo round {round}")), "{e}");
     }

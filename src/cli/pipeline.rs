@@ -809,6 +809,7 @@ fn dpo_rounds(
             seed,
             demonstrations: d.demonstrations,
             same_lines: d.same_lines,
+            first_error: d.first_error,
         })?;
         if stats.pairs.values().sum::<usize>() == 0 {
             eprintln!(

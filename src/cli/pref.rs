@@ -213,6 +213,12 @@ pub struct PrefsArgs {
     /// --among_correct are kept as they are).
     #[arg(long)]
     pub same_lines: bool,
+    /// Also pair, for each wrong answer, the expected line over its first
+    /// wrong one after the lines it got right (Step-DPO's pairs): the sides
+    /// that go on are trained without the end-of-turn token. Needs bare
+    /// answers (no fence or reasoning block around the output).
+    #[arg(long)]
+    pub first_error: bool,
 }
 
 /// `prefs`: pairs from rollouts.
@@ -237,6 +243,7 @@ pub fn prefs(args: &PrefsArgs) -> anyhow::Result<trace_train::pref::pairs::PairS
         seed: args.seed,
         demonstrations: args.demonstrations,
         same_lines: args.same_lines,
+        first_error: args.first_error,
     };
     let (pairs, stats) = make_pairs(&rollouts, &rules);
     write_jsonl(&args.output, &pairs)?;

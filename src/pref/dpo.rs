@@ -90,7 +90,8 @@ pub struct DpoSummary {
 }
 
 /// A pair in tokens: the prompt as the template renders it for
-/// generation, each answer with its end-of-turn token.
+/// generation, each answer with its end-of-turn token unless it is open
+/// (the start of an answer: [`Pair::chosen_open`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenPair {
     pub prompt: Vec<u32>,
@@ -102,27 +103,36 @@ impl TokenPair {
     /// Tokenizes `pair` as SFT tokenizes a chat: the whole conversation
     /// rendered by the chat template, split where the generation prompt
     /// ends (an error when the template does not render the prompt as a
-    /// prefix of the conversation).
-    pub fn new(
-        tok: &ChatTokenizer,
-        prompt: &str,
-        chosen: &str,
-        rejected: &str,
-    ) -> crate::data::Result<Self> {
+    /// prefix of the conversation). An open answer is the same tokens
+    /// without the end-of-turn token.
+    pub fn new(tok: &ChatTokenizer, pair: &Pair) -> crate::data::Result<Self> {
+        let prompt = pair.prompt.as_str();
         let chat = |answer: &str| {
             [
                 Message::new(Role::User, prompt.to_owned()),
                 Message::new(Role::Assistant, answer.to_owned()),
             ]
         };
-        let c = Example::new(tok, &chat(chosen))?;
-        let r = Example::new(tok, &chat(rejected))?;
+        let c = Example::new(tok, &chat(&pair.chosen))?;
+        let r = Example::new(tok, &chat(&pair.rejected))?;
         debug_assert_eq!(c.input_ids[..c.prompt_len], r.input_ids[..r.prompt_len]);
-        Ok(Self {
+        // Example ends every answer with the end-of-turn token.
+        let answer = |e: &Example, open: bool| {
+            e.input_ids[e.prompt_len..e.len() - usize::from(open)].to_vec()
+        };
+        let t = Self {
             prompt: c.input_ids[..c.prompt_len].to_vec(),
-            chosen: c.input_ids[c.prompt_len..].to_vec(),
-            rejected: r.input_ids[r.prompt_len..].to_vec(),
-        })
+            chosen: answer(&c, pair.chosen_open),
+            rejected: answer(&r, pair.rejected_open),
+        };
+        if t.chosen.is_empty() || t.rejected.is_empty() {
+            return Err(crate::data::DataError::Example {
+                line: 0,
+                message: "an open side with no text: it has no token to score".into(),
+                hint: "an open side (`chosen_open`, `rejected_open`) is the start of an answer and needs some text; `prefs --first_error` never writes an empty one".into(),
+            });
+        }
+        Ok(t)
     }
 
     /// Prompt + the longer answer: the longest row the pair puts in a batch.
@@ -213,7 +223,7 @@ pub fn read_pairs(
     let mut out = Vec::with_capacity(raw.len());
     let mut too_long = 0;
     for (i, p) in raw.iter().enumerate() {
-        let t = TokenPair::new(tok, &p.prompt, &p.chosen, &p.rejected)
+        let t = TokenPair::new(tok, p)
             .with_context(|| format!("`{}` pair {} (line {})", path.display(), i, i + 1))?;
         if t.longest() > max_length {
             too_long += 1;

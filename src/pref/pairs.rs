@@ -20,12 +20,28 @@
 //! wrong one, as SPIN pairs the data's answer over the model's (Chen et al.
 //! 2024): a weak model whose answers are mostly wrong otherwise leaves most
 //! prompts without a pair.
+//!
+//! With `first_error`, each wrong answer also gives a pair at the line where
+//! it first leaves the expected output, as Step-DPO pairs a right step over a
+//! wrong one after a shared right prefix (Lai et al. 2024): both sides are
+//! the answer's own text up to that line, then the expected line (chosen)
+//! against the answer's line (rejected). Where the answer stopped too soon,
+//! the rejected side is the answer as it ended and the chosen one goes on
+//! with the missing line; where it went on past the output's end, the chosen
+//! side ends there and the rejected one goes on with the extra line. A side
+//! that goes on is *open*: it is trained without the end-of-turn token, so
+//! the pair teaches the line and not a length. Such pairs need the expected
+//! output, which every rollout has, and not a right sample, which most
+//! prompts of a weak model lack.
 
 use std::collections::BTreeMap;
+
+use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
 use super::rollout::Rollout;
+use crate::reward::{extract_answer, normalize, python_strip};
 
 /// How to rank correct answers against each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +98,9 @@ pub struct PairRules {
     /// where both texts have the same number of lines (pairs ranked by a
     /// criterion are about length and are kept as they are).
     pub same_lines: bool,
+    /// Each wrong answer also gives a pair at its first wrong line (pairs
+    /// of kind `first_error`).
+    pub first_error: bool,
 }
 
 impl Default for PairRules {
@@ -93,6 +112,7 @@ impl Default for PairRules {
             seed: 42,
             demonstrations: false,
             same_lines: false,
+            first_error: false,
         }
     }
 }
@@ -106,8 +126,17 @@ pub struct Pair {
     pub prompt: String,
     pub chosen: String,
     pub rejected: String,
+    /// The chosen text is the start of an answer, not a whole one: it is
+    /// trained without the end-of-turn token (`first_error` pairs).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub chosen_open: bool,
+    /// The same for the rejected text.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub rejected_open: bool,
     /// `correctness`, `demonstration` (the environment's answer over a
-    /// wrong one), or the criterion that ranked two correct answers.
+    /// wrong one), `first_error` (the expected line over the answer's first
+    /// wrong one, after the answer's right lines), or the criterion that
+    /// ranked two correct answers.
     pub kind: String,
     pub chosen_reward: f64,
     pub rejected_reward: f64,
@@ -128,17 +157,34 @@ pub struct PairStats {
     /// Pairs written, by kind.
     pub pairs: BTreeMap<String, usize>,
     /// Candidate pairs dropped, by why: `identical`, `other_line_count`,
-    /// `too_similar`, `tie`, `over_cap`.
+    /// `too_similar`, `tie`, `over_cap`, `not_bare` (a wrong answer that is
+    /// not the bare output, e.g. fenced or with a reasoning block, gives no
+    /// `first_error` pair).
     pub dropped: BTreeMap<String, usize>,
     /// Pairs written that hold the prompt's greedy answer (`rollouts
     /// --greedy`) as chosen or rejected.
     pub with_greedy: usize,
 }
 
-/// Levenshtein distance in characters (two rows of the DP table).
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// Levenshtein distance in characters (two rows of the DP table, over what
+/// is left once the common prefix and suffix are cut: they change nothing,
+/// and `first_error` pairs share long prefixes).
 pub fn edit_distance(a: &str, b: &str) -> usize {
     let a: Vec<char> = a.chars().collect();
     let b: Vec<char> = b.chars().collect();
+    let pre = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let (a, b) = (&a[pre..], &b[pre..]);
+    let suf = a
+        .iter()
+        .rev()
+        .zip(b.iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    let (a, b) = (&a[..a.len() - suf], &b[..b.len() - suf]);
     let mut prev: Vec<usize> = (0..=b.len()).collect();
     let mut cur = vec![0; b.len() + 1];
     for (i, ca) in a.iter().enumerate() {
@@ -180,6 +226,42 @@ pub fn make_pairs(rollouts: &[Rollout], rules: &PairRules) -> (Vec<Pair>, PairSt
     (out, stats)
 }
 
+/// A candidate pair before the rules drop or cap it.
+struct Candidate<'a> {
+    chosen: Cow<'a, str>,
+    chosen_open: bool,
+    chosen_reward: f64,
+    rejected: Cow<'a, str>,
+    rejected_open: bool,
+    /// The wrong (or worse) answer the rejected side comes from.
+    from: &'a Rollout,
+    kind: &'static str,
+    /// The prompt's greedy answer is one of the two answers it comes from.
+    greedy: bool,
+}
+
+impl<'a> Candidate<'a> {
+    /// A whole answer over another (`from`).
+    fn whole(
+        chosen: &'a str,
+        chosen_reward: f64,
+        from: &'a Rollout,
+        kind: &'static str,
+        greedy_text: Option<&str>,
+    ) -> Self {
+        Candidate {
+            chosen: Cow::Borrowed(chosen),
+            chosen_open: false,
+            chosen_reward,
+            rejected: Cow::Borrowed(&from.completion),
+            rejected_open: false,
+            from,
+            kind,
+            greedy: greedy_text.is_some_and(|g| g == chosen || g == from.completion),
+        }
+    }
+}
+
 /// One prompt's pairs, or why it gave none.
 fn prompt_pairs(
     id: u64,
@@ -192,17 +274,54 @@ fn prompt_pairs(
     }
     let correct: Vec<&Rollout> = group.iter().copied().filter(|r| r.correct).collect();
     let wrong: Vec<&Rollout> = group.iter().copied().filter(|r| !r.correct).collect();
-    // Candidates: (chosen text, its reward, rejected, kind).
-    let mut candidates: Vec<(&str, f64, &Rollout, &'static str)> = Vec::new();
+    let greedy_text = group
+        .iter()
+        .find(|r| r.is_greedy())
+        .map(|r| r.completion.as_str());
+    let is_greedy = |text: &str| greedy_text == Some(text);
+    let mut candidates: Vec<Candidate> = Vec::new();
     for c in &correct {
         for w in &wrong {
-            candidates.push((&c.completion, c.reward, w, "correctness"));
+            candidates.push(Candidate::whole(
+                &c.completion,
+                c.reward,
+                w,
+                "correctness",
+                greedy_text,
+            ));
         }
     }
     let demonstration = group.iter().find_map(|r| r.demonstration.as_deref());
     if let Some(d) = demonstration.filter(|_| rules.demonstrations && correct.is_empty()) {
         for w in &wrong {
-            candidates.push((d, 1.0, w, "demonstration"));
+            candidates.push(Candidate::whole(d, 1.0, w, "demonstration", greedy_text));
+        }
+    }
+    if rules.first_error {
+        let mut not_bare = 0usize;
+        for w in &wrong {
+            match first_error(w) {
+                Some(FirstError::Split {
+                    chosen,
+                    chosen_open,
+                    rejected,
+                    rejected_open,
+                }) => candidates.push(Candidate {
+                    chosen: Cow::Owned(chosen),
+                    chosen_open,
+                    chosen_reward: 1.0,
+                    rejected: Cow::Owned(rejected),
+                    rejected_open,
+                    from: w,
+                    kind: "first_error",
+                    greedy: is_greedy(&w.completion),
+                }),
+                Some(FirstError::NotBare) => not_bare += 1,
+                None => {}
+            }
+        }
+        if not_bare > 0 {
+            *dropped.entry("not_bare".into()).or_default() += not_bare;
         }
     }
     let mut ties = 0usize;
@@ -211,9 +330,21 @@ fn prompt_pairs(
             for b in &correct[i + 1..] {
                 let (ca, cb) = (crit.cost(a), crit.cost(b));
                 if ca < cb {
-                    candidates.push((&a.completion, a.reward, b, crit.name()));
+                    candidates.push(Candidate::whole(
+                        &a.completion,
+                        a.reward,
+                        b,
+                        crit.name(),
+                        greedy_text,
+                    ));
                 } else if cb < ca {
-                    candidates.push((&b.completion, b.reward, a, crit.name()));
+                    candidates.push(Candidate::whole(
+                        &b.completion,
+                        b.reward,
+                        a,
+                        crit.name(),
+                        greedy_text,
+                    ));
                 } else {
                     ties += 1;
                 }
@@ -231,41 +362,39 @@ fn prompt_pairs(
         };
         return (Vec::new(), Some(why.into()));
     }
-    // The kept pairs, each with whether the prompt's greedy answer (its
-    // text) is one of its two sides.
-    let greedy_text = group
-        .iter()
-        .find(|r| r.is_greedy())
-        .map(|r| r.completion.as_str());
+    // The kept pairs, each with whether the prompt's greedy answer is one
+    // of the answers it comes from.
     let mut kept: Vec<(Pair, bool)> = Vec::new();
     let (mut identical, mut other_lines, mut similar) = (0usize, 0usize, 0usize);
-    for (chosen, chosen_reward, r, kind) in candidates {
-        if chosen == r.completion {
+    for c in candidates {
+        if c.chosen == c.rejected && c.chosen_open == c.rejected_open {
             identical += 1;
             continue;
         }
-        let right_over_wrong = kind == "correctness" || kind == "demonstration";
-        if rules.same_lines && right_over_wrong && line_count(chosen) != line_count(&r.completion) {
+        let right_over_wrong = c.kind == "correctness" || c.kind == "demonstration";
+        if rules.same_lines && right_over_wrong && line_count(&c.chosen) != line_count(&c.rejected)
+        {
             other_lines += 1;
             continue;
         }
-        let d = edit_distance(chosen, &r.completion);
+        let d = edit_distance(&c.chosen, &c.rejected);
         if d < rules.min_edit_distance {
             similar += 1;
             continue;
         }
         let pair = Pair {
             prompt_id: id,
-            prompt: r.prompt.clone(),
-            chosen: chosen.to_owned(),
-            rejected: r.completion.clone(),
-            kind: kind.into(),
-            chosen_reward,
-            rejected_reward: r.reward,
+            prompt: c.from.prompt.clone(),
+            chosen: c.chosen.into_owned(),
+            rejected: c.rejected.into_owned(),
+            chosen_open: c.chosen_open,
+            rejected_open: c.rejected_open,
+            kind: c.kind.into(),
+            chosen_reward: c.chosen_reward,
+            rejected_reward: c.from.reward,
             edit_distance: d,
         };
-        let greedy = greedy_text.is_some_and(|g| g == chosen || g == r.completion);
-        kept.push((pair, greedy));
+        kept.push((pair, c.greedy));
     }
     for (why, n) in [
         ("identical", identical),
@@ -299,6 +428,83 @@ fn prompt_pairs(
         kept = keep.into_iter().map(|i| kept[i].clone()).collect();
     }
     (kept, None)
+}
+
+/// What a wrong answer gives as a `first_error` pair.
+#[derive(Debug, PartialEq)]
+enum FirstError {
+    /// The two sides, sharing the answer's text before its first wrong line.
+    Split {
+        chosen: String,
+        chosen_open: bool,
+        rejected: String,
+        rejected_open: bool,
+    },
+    /// The answer is not the bare output (what scoring reads of it is not
+    /// the whole text, stripped): its lines cannot be lined up with the
+    /// output's.
+    NotBare,
+}
+
+/// The pair at the first line where `r`'s answer leaves the expected
+/// output, lines compared as the environment compares answers (whitespace
+/// removed, lowercased: [`crate::reward::lines_matched`]); `None` where
+/// every line agrees (an answer scored wrong for some other reason).
+fn first_error(r: &Rollout) -> Option<FirstError> {
+    let text = r.completion.as_str();
+    let body = python_strip(text);
+    if extract_answer(text) != body {
+        return Some(FirstError::NotBare);
+    }
+    let start = text.len()
+        - text
+            .trim_start_matches(crate::reward::is_python_space)
+            .len();
+    // The answer's lines with their byte offsets in `text`.
+    let mut got: Vec<(usize, &str)> = Vec::new();
+    if !body.is_empty() {
+        let mut at = start;
+        for line in body.split('\n') {
+            got.push((at, line.strip_suffix('\r').unwrap_or(line)));
+            at += line.len() + 1;
+        }
+    }
+    let expected: Vec<&str> = python_strip(&r.expected).lines().collect();
+    let k = (0..expected.len().max(got.len()))
+        .find(|&k| expected.get(k).map(|e| normalize(e)) != got.get(k).map(|g| normalize(g.1)))?;
+    let split = match (expected.get(k), got.get(k)) {
+        // A wrong line: the expected one over it, both going on.
+        (Some(e), Some(&(at, g))) => FirstError::Split {
+            chosen: format!("{}{e}", &text[..at]),
+            chosen_open: true,
+            rejected: format!("{}{g}", &text[..at]),
+            rejected_open: true,
+        },
+        // Stopped too soon: going on with the missing line over stopping.
+        (Some(e), None) => {
+            let ended = &text[..start + body.len()];
+            let sep = if got.is_empty() { "" } else { "\n" };
+            FirstError::Split {
+                chosen: format!("{ended}{sep}{e}"),
+                chosen_open: true,
+                rejected: ended.to_owned(),
+                rejected_open: false,
+            }
+        }
+        // Went on past the output's end: stopping over the extra line.
+        (None, Some(&(at, g))) => {
+            let ended = if k == 0 { &text[..at] } else { &text[..at - 1] };
+            let ended = ended.strip_suffix('\r').unwrap_or(ended);
+            FirstError::Split {
+                chosen: ended.to_owned(),
+                chosen_open: false,
+                rejected: format!("{}{g}", &text[..at]),
+                rejected_open: true,
+            }
+        }
+        (None, None) => unreachable!("k is below the longer of the two"),
+    };
+    Some(split)
 }
 
 /// Lines of an answer, trailing blank lines and spaces not counted.
@@ -336,6 +542,15 @@ mod tests {
         assert_eq!(edit_distance("", "abc"), 3);
         assert_eq!(edit_distance("same", "same"), 0);
         assert_eq!(edit_distance("1\n2", "1\n3"), 1);
+        // What the two share at either end is cut first: the same counts.
+        assert_eq!(edit_distance("abcXdef", "abcYYdef"), 2);
+        assert_eq!(edit_distance("aaa", "aaaa"), 1);
+        assert_eq!(edit_distance("abab", "ab"), 2);
+        let long = "x = 1\n".repeat(200);
+        assert_eq!(
+            edit_distance(&format!("{long}sitting"), &format!("{long}kitten")),
+            3
+        );
     }
 
     #[test]
@@ -648,5 +863,144 @@ mod tests {
         );
         assert_eq!(pairs.len(), 6);
         assert!(pairs.iter().all(|p| p.chosen == "greedy"), "{pairs:?}");
+    }
+
+    /// `first_error`: the sides share the answer's own text before its
+    /// first wrong line (compared as the environment compares: whitespace
+    /// and case aside), then the expected line over the answer's; an
+    /// answer that stopped too soon or went on too long gives the open side
+    /// that goes on against the closed one that stops.
+    #[test]
+    fn first_error_splits_a_wrong_answer_at_its_first_wrong_line() {
+        let wrong = |text: &str, expected: &str| Rollout {
+            expected: expected.into(),
+            ..roll(1, text, false, 3)
+        };
+        let split = |chosen: &str, chosen_open, rejected: &str, rejected_open| {
+            Some(FirstError::Split {
+                chosen: chosen.into(),
+                chosen_open,
+                rejected: rejected.into(),
+                rejected_open,
+            })
+        };
+        let e = "1\n2\n3";
+        // A wrong middle line.
+        assert_eq!(
+            first_error(&wrong("1\n5\n3", e)),
+            split("1\n2", true, "1\n5", true)
+        );
+        // The first line wrong: nothing shared.
+        assert_eq!(
+            first_error(&wrong("7\n2\n3", e)),
+            split("1", true, "7", true)
+        );
+        // The shared part is the answer's own text (its spacing and case),
+        // leading space and CRLF kept.
+        assert_eq!(
+            first_error(&wrong(" 1\r\nTWO\n3", "1\ntwo\n4")),
+            split(" 1\r\nTWO\n4", true, " 1\r\nTWO\n3", true)
+        );
+        // Stopped too soon: the missing line goes on over stopping.
+        assert_eq!(
+            first_error(&wrong("1\n2\n", e)),
+            split("1\n2\n3", true, "1\n2", false)
+        );
+        assert_eq!(first_error(&wrong("", e)), split("1", true, "", false));
+        // Went on too long: stopping over the extra line.
+        assert_eq!(
+            first_error(&wrong("1\n2\n3\n4", e)),
+            split("1\n2\n3", false, "1\n2\n3\n4", true)
+        );
+        assert_eq!(
+            first_error(&wrong("1\r\n2\r\n3\r\n4", e)),
+            split("1\r\n2\r\n3", false, "1\r\n2\r\n3\r\n4", true)
+        );
+        assert_eq!(first_error(&wrong("x", "")), split("", false, "x", true));
+        // Not the bare output: its lines are not the output's.
+        assert_eq!(
+            first_error(&wrong("```\n9\n```", e)),
+            Some(FirstError::NotBare)
+        );
+        assert_eq!(
+            first_error(&wrong("<think>1</think>9", e)),
+            Some(FirstError::NotBare)
+        );
+        // Every line agrees: no line to pair on.
+        assert_eq!(first_error(&wrong("1\n2\n3", e)), None);
+    }
+
+    /// `first_error` in `make_pairs`: every wrong answer gives its pair,
+    /// on prompts with and without a right answer; answers that are not
+    /// bare are counted; the pairs carry which side is open, and the
+    /// greedy answer's pair is kept first under the cap.
+    #[test]
+    fn first_error_pairs_come_from_every_wrong_answer() {
+        let with = |r: Rollout| Rollout {
+            expected: "1\n2".into(),
+            ..r
+        };
+        let rs = vec![
+            with(roll(1, "1\n3", false, 3)),
+            with(roll(1, "1", false, 1)),
+            with(roll(1, "```\n5\n```", false, 5)),
+            with(roll(2, "1\n2", true, 3)),
+            with(roll(2, "1\n2\n2", false, 5)),
+        ];
+        let (pairs, st) = make_pairs(&rs, &PairRules::default());
+        assert_eq!(pairs.len(), 1);
+        assert_eq!(st.prompts_without_pairs["all_incorrect"], 1);
+        let on = PairRules {
+            first_error: true,
+            ..PairRules::default()
+        };
+        let (pairs, st) = make_pairs(&rs, &on);
+        let fe: Vec<&Pair> = pairs.iter().filter(|p| p.kind == "first_error").collect();
+        assert_eq!(fe.len(), 3, "{pairs:?}");
+        let sides = |p: &Pair| {
+            (
+                p.chosen.clone(),
+                p.chosen_open,
+                p.rejected.clone(),
+                p.rejected_open,
+            )
+        };
+        assert_eq!(sides(fe[0]), ("1\n2".into(), true, "1\n3".into(), true));
+        assert_eq!(sides(fe[1]), ("1\n2".into(), true, "1".into(), false));
+        assert_eq!(sides(fe[2]), ("1\n2".into(), false, "1\n2\n2".into(), true));
+        assert!(
+            fe.iter()
+                .all(|p| p.chosen_reward == 1.0 && p.rejected_reward == 0.0)
+        );
+        assert_eq!(fe[0].edit_distance, 1);
+        assert_eq!(st.pairs["first_error"], 3);
+        assert_eq!(st.pairs["correctness"], 1);
+        assert_eq!(st.dropped["not_bare"], 1);
+        assert_eq!(st.prompts_with_pairs, 2);
+        assert!(st.prompts_without_pairs.is_empty());
+        // The file's lines: open sides are written, closed ones left out.
+        let line = serde_json::to_string(fe[1]).unwrap();
+        assert!(line.contains("\"chosen_open\":true") && !line.contains("rejected_open"));
+        assert_eq!(serde_json::from_str::<Pair>(&line).unwrap(), *fe[1]);
+        // Under a cap of one, prompt 1 keeps its greedy answer's pair.
+        let mut greedy = with(roll(1, "1", false, 1));
+        greedy.sampling.temperature = 0.0;
+        let rs = vec![
+            with(roll(1, "1\n3", false, 3)),
+            with(roll(1, "0", false, 1)),
+            greedy,
+        ];
+        for seed in 0..8 {
+            let (pairs, st) = make_pairs(
+                &rs,
+                &PairRules {
+                    max_pairs_per_prompt: 1,
+                    seed,
+                    ..on.clone()
+                },
+            );
+            assert_eq!(sides(&pairs[0]), ("1\n2".into(), true, "1".into(), false));
+            assert_eq!(st.with_greedy, 1);
+        }
     }
 }
