@@ -876,47 +876,51 @@ mod tests {
             expected: expected.into(),
             ..roll(1, text, false, 3)
         };
-        let split = |chosen: &str, chosen_open, rejected: &str, rejected_open| {
-            Some(FirstError::Split {
+        let e = "1\n2\n3";
+        // (answer, expected output, chosen, open, rejected, open)
+        let cases = [
+            // A wrong middle line.
+            ("1\n5\n3", e, "1\n2", true, "1\n5", true),
+            // The first line wrong: nothing shared.
+            ("7\n2\n3", e, "1", true, "7", true),
+            // The shared part is the answer's own text (its spacing and
+            // case), leading space and CRLF kept.
+            (
+                " 1\r\nTWO\n3",
+                "1\ntwo\n4",
+                " 1\r\nTWO\n4",
+                true,
+                " 1\r\nTWO\n3",
+                true,
+            ),
+            // Stopped too soon: the missing line goes on over stopping.
+            ("1\n2\n", e, "1\n2\n3", true, "1\n2", false),
+            ("", e, "1", true, "", false),
+            // Went on too long: stopping over the extra line.
+            ("1\n2\n3\n4", e, "1\n2\n3", false, "1\n2\n3\n4", true),
+            (
+                "1\r\n2\r\n3\r\n4",
+                e,
+                "1\r\n2\r\n3",
+                false,
+                "1\r\n2\r\n3\r\n4",
+                true,
+            ),
+            ("x", "", "", false, "x", true),
+        ];
+        for (answer, expected, chosen, chosen_open, rejected, rejected_open) in cases {
+            let want = FirstError::Split {
                 chosen: chosen.into(),
                 chosen_open,
                 rejected: rejected.into(),
                 rejected_open,
-            })
-        };
-        let e = "1\n2\n3";
-        // A wrong middle line.
-        assert_eq!(
-            first_error(&wrong("1\n5\n3", e)),
-            split("1\n2", true, "1\n5", true)
-        );
-        // The first line wrong: nothing shared.
-        assert_eq!(
-            first_error(&wrong("7\n2\n3", e)),
-            split("1", true, "7", true)
-        );
-        // The shared part is the answer's own text (its spacing and case),
-        // leading space and CRLF kept.
-        assert_eq!(
-            first_error(&wrong(" 1\r\nTWO\n3", "1\ntwo\n4")),
-            split(" 1\r\nTWO\n4", true, " 1\r\nTWO\n3", true)
-        );
-        // Stopped too soon: the missing line goes on over stopping.
-        assert_eq!(
-            first_error(&wrong("1\n2\n", e)),
-            split("1\n2\n3", true, "1\n2", false)
-        );
-        assert_eq!(first_error(&wrong("", e)), split("1", true, "", false));
-        // Went on too long: stopping over the extra line.
-        assert_eq!(
-            first_error(&wrong("1\n2\n3\n4", e)),
-            split("1\n2\n3", false, "1\n2\n3\n4", true)
-        );
-        assert_eq!(
-            first_error(&wrong("1\r\n2\r\n3\r\n4", e)),
-            split("1\r\n2\r\n3", false, "1\r\n2\r\n3\r\n4", true)
-        );
-        assert_eq!(first_error(&wrong("x", "")), split("", false, "x", true));
+            };
+            assert_eq!(
+                first_error(&wrong(answer, expected)),
+                Some(want),
+                "{answer:?}"
+            );
+        }
         // Not the bare output: its lines are not the output's.
         assert_eq!(
             first_error(&wrong("```\n9\n```", e)),
