@@ -170,7 +170,13 @@ python3 - "$W" <<'PY' | tee "$W/dpo-sweep.txt"
 import glob, json, os, sys
 w = sys.argv[1]
 def beyond(x, y):
-    return "+" if x["interval"]["lo"] > y["interval"]["hi"] else "-" if x["interval"]["hi"] < y["interval"]["lo"] else ""
+    # The gate's rule (src/eval/gate.rs): each point outside the other's interval.
+    xa, ya = x["accuracy"], y["accuracy"]
+    if xa > y["interval"]["hi"] and ya < x["interval"]["lo"]:
+        return "+"
+    if xa < y["interval"]["lo"] and ya > x["interval"]["hi"]:
+        return "-"
+    return ""
 def line(label, d, r):
     marks = [beyond(d, r) + "all"] if beyond(d, r) else []
     for dim, bs in d["by"].items():
@@ -180,8 +186,10 @@ def line(label, d, r):
             if m:
                 marks.append(f"{m}{dim}={b['bucket']} ({rb[b['bucket']]['correct']} -> {b['correct']} of {b['n']})")
     lo, hi = d["interval"]["lo"], d["interval"]["hi"]
-    return f"{label:24} {d['correct']:4} {100 * d['accuracy']:5.1f}% [{100 * lo:.1f}-{100 * hi:.1f}]  " + " ".join(marks)
-print("gate sets: correct, accuracy [80% interval], buckets beyond Stage 2's interval")
+    m = d.get("misses", {})
+    how = f"(misses longer {m.get('longer')}, shorter {m.get('shorter')}, cut {m.get('cut')})"
+    return f"{label:24} {d['correct']:4} {100 * d['accuracy']:5.1f}% [{100 * lo:.1f}-{100 * hi:.1f}] {how}  " + " ".join(marks)
+print("gate sets: correct, accuracy [80% interval], how the misses are made, and what moved beyond Stage 2's interval by the gate's rule")
 for s2 in sorted(glob.glob(os.path.join(w, "ckpt", "gate", "2_sft", "*.json"))):
     name = os.path.basename(s2)
     r = json.load(open(s2))
@@ -192,7 +200,7 @@ for s2 in sorted(glob.glob(os.path.join(w, "ckpt", "gate", "2_sft", "*.json"))):
 ref = os.path.join(w, "dbg.s2.json")
 if os.path.exists(ref):
     r = json.load(open(ref))
-    print("\n`__DBG_` short set (1,200): correct, accuracy [80% interval], buckets beyond Stage 2's interval")
+    print("\n`__DBG_` short set (1,200): the same")
     for f in [ref] + sorted(set(glob.glob(os.path.join(w, "dbg.*.json"))) - {ref}):
         print(line(os.path.basename(f)[4:-5], json.load(open(f)), r))
 PY
