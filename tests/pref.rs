@@ -273,6 +273,29 @@ fn prefs_same_lines_drops_pairs_that_differ_in_line_count() {
         side(fe[2]),
         ("apple".into(), false, "apple\npear".into(), true)
     );
+    // A wrong answer in a fence gives none, and the log says so.
+    write_rollouts(
+        &dir.path().join("fenced.jsonl"),
+        &[(1, "apple", true), (1, "```\npear\n```", false)],
+    );
+    let o = trace_train(
+        dir.path(),
+        &[
+            "prefs",
+            "--rollouts",
+            "fenced.jsonl",
+            "--output",
+            "f.jsonl",
+            "--first_error",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("1 wrong answers of `fenced.jsonl` are not the bare output"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(lines(&dir.path().join("f.jsonl")).len(), 1);
 }
 
 #[test]

@@ -246,6 +246,12 @@ pub fn prefs(args: &PrefsArgs) -> anyhow::Result<trace_train::pref::pairs::PairS
         first_error: args.first_error,
     };
     let (pairs, stats) = make_pairs(&rollouts, &rules);
+    if let Some(&n) = stats.dropped.get("not_bare") {
+        eprintln!(
+            "prefs: warning: --first_error, but {n} wrong answers of `{}` are not the bare output (a fence or a reasoning block around it) and gave no first_error pair\nhint: first_error pairs line the answer's lines up with the output's; train the model to answer with the output alone, or leave --first_error off",
+            args.rollouts.display()
+        );
+    }
     write_jsonl(&args.output, &pairs)?;
     let stats_path = PathBuf::from(format!("{}.stats.json", args.output.display()));
     trace_train::atomic::write(
