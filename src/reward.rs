@@ -75,6 +75,14 @@ pub fn lines_matched(answer: &str, ground_truth: &str) -> (usize, usize) {
     (matched, expected.len())
 }
 
+/// The first line at which `got` leaves `expected`, each line compared as
+/// [`lines_matched`] compares them; a line that only one side has differs.
+/// `None` where every line agrees.
+pub fn first_different_line(got: &[&str], expected: &[&str]) -> Option<usize> {
+    (0..expected.len().max(got.len()))
+        .find(|&i| expected.get(i).map(|e| normalize(e)) != got.get(i).map(|a| normalize(a)))
+}
+
 /// Whether two completions give the same answer as the environment reads
 /// and compares answers ([`extract_answer`], then [`normalize`]): a retry
 /// that changed nothing (multi-turn episodes' `unchanged_retries`).
@@ -110,9 +118,7 @@ pub fn feedback(completion: &str, ground_truth: &str, kind: &str) -> String {
     let answer = extract_answer(completion);
     let expected: Vec<&str> = python_strip(ground_truth).lines().collect();
     let got: Vec<&str> = python_strip(&answer).lines().collect();
-    let first = (0..expected.len().max(got.len()))
-        .find(|&i| expected.get(i).map(|e| normalize(e)) != got.get(i).map(|a| normalize(a)));
-    let Some(i) = first else {
+    let Some(i) = first_different_line(&got, &expected) else {
         // Equal line by line but not as a whole: no line to point at.
         return verdict(AGAIN);
     };

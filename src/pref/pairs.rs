@@ -34,14 +34,13 @@
 //! output, which every rollout has, and not a right sample, which most
 //! prompts of a weak model lack.
 
-use std::collections::BTreeMap;
-
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::rollout::Rollout;
-use crate::reward::{extract_answer, normalize, python_strip};
+use crate::reward::{extract_answer, first_different_line, python_strip};
 
 /// How to rank correct answers against each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -278,7 +277,6 @@ fn prompt_pairs(
         .iter()
         .find(|r| r.is_greedy())
         .map(|r| r.completion.as_str());
-    let is_greedy = |text: &str| greedy_text == Some(text);
     let mut candidates: Vec<Candidate> = Vec::new();
     for c in &correct {
         for w in &wrong {
@@ -314,7 +312,7 @@ fn prompt_pairs(
                     rejected_open,
                     from: w,
                     kind: "first_error",
-                    greedy: is_greedy(&w.completion),
+                    greedy: greedy_text == Some(w.completion.as_str()),
                 }),
                 Some(FirstError::NotBare) => not_bare += 1,
                 None => {}
@@ -448,7 +446,7 @@ enum FirstError {
 
 /// The pair at the first line where `r`'s answer leaves the expected
 /// output, lines compared as the environment compares answers (whitespace
-/// removed, lowercased: [`crate::reward::lines_matched`]); `None` where
+/// removed, lowercased: [`first_different_line`]); `None` where
 /// every line agrees (an answer scored wrong for some other reason).
 fn first_error(r: &Rollout) -> Option<FirstError> {
     let text = r.completion.as_str();
@@ -460,21 +458,18 @@ fn first_error(r: &Rollout) -> Option<FirstError> {
         - text
             .trim_start_matches(crate::reward::is_python_space)
             .len();
-    // The answer's lines with their byte offsets in `text`.
-    let mut got: Vec<(usize, &str)> = Vec::new();
-    if !body.is_empty() {
-        let mut at = start;
-        for line in body.split('\n') {
-            got.push((at, line.strip_suffix('\r').unwrap_or(line)));
-            at += line.len() + 1;
-        }
-    }
+    // The answer's lines (as `str::lines` splits them) and where each
+    // starts in `text`.
+    let got: Vec<&str> = body.lines().collect();
+    let starts: Vec<usize> = got
+        .iter()
+        .map(|line| line.as_ptr() as usize - text.as_ptr() as usize)
+        .collect();
     let expected: Vec<&str> = python_strip(&r.expected).lines().collect();
-    let k = (0..expected.len().max(got.len()))
-        .find(|&k| expected.get(k).map(|e| normalize(e)) != got.get(k).map(|g| normalize(g.1)))?;
-    let split = match (expected.get(k), got.get(k)) {
+    let k = first_different_line(&got, &expected)?;
+    let split = match (expected.get(k), got.get(k).map(|&g| (starts[k], g))) {
         // A wrong line: the expected one over it, both going on.
-        (Some(e), Some(&(at, g))) => FirstError::Split {
+        (Some(e), Some((at, g))) => FirstError::Split {
             chosen: format!("{}{e}", &text[..at]),
             chosen_open: true,
             rejected: format!("{}{g}", &text[..at]),
@@ -492,7 +487,7 @@ fn first_error(r: &Rollout) -> Option<FirstError> {
             }
         }
         // Went on past the output's end: stopping over the extra line.
-        (None, Some(&(at, g))) => {
+        (None, Some((at, g))) => {
             let ended = if k == 0 { &text[..at] } else { &text[..at - 1] };
             let ended = ended.strip_suffix('\r').unwrap_or(ended);
             FirstError::Split {
