@@ -165,10 +165,22 @@ for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
 done
 wait
 # Each round's gate sets against Stage 2 (exact match and its 80% interval,
-# and the buckets beyond Stage 2's interval), then the `__DBG_` set by round.
+# the items gained and lost against Stage 2's with the exact McNemar
+# p-value, and the buckets beyond Stage 2's interval), then the `__DBG_`
+# set by round.
 python3 - "$W" <<'PY' | tee "$W/dpo-sweep.txt"
-import glob, json, os, sys
+import glob, json, math, os, sys
 w = sys.argv[1]
+def paired(d, r):
+    # Item by item against Stage 2, as `eval --compare` pairs them: items
+    # right here only and in Stage 2 only, and the exact McNemar p-value.
+    right = {p["id"]: p["score"] == 1.0 for p in r["predictions"]}
+    mine = [(right[p["id"]], p["score"] == 1.0) for p in d["predictions"] if p["id"] in right]
+    gained = sum(1 for a, b in mine if b and not a)
+    lost = sum(1 for a, b in mine if a and not b)
+    n = gained + lost
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(min(gained, lost) + 1)) / 2**n) if n else 1.0
+    return f"gained {gained}, lost {lost}, p {p:.3f}"
 def beyond(x, y):
     # The gate's rule (src/eval/gate.rs): each point outside the other's interval.
     xa, ya = x["accuracy"], y["accuracy"]
@@ -188,8 +200,10 @@ def line(label, d, r):
     lo, hi = d["interval"]["lo"], d["interval"]["hi"]
     m = d.get("misses", {})
     how = f"(misses longer {m.get('longer')}, shorter {m.get('shorter')}, cut {m.get('cut')})"
-    return f"{label:24} {d['correct']:4} {100 * d['accuracy']:5.1f}% [{100 * lo:.1f}-{100 * hi:.1f}] {how}  " + " ".join(marks)
-print("gate sets: correct, accuracy [80% interval], how the misses are made, and what moved beyond Stage 2's interval by the gate's rule")
+    pair = "" if d is r else f"[{paired(d, r)}] "
+    return f"{label:24} {d['correct']:4} {100 * d['accuracy']:5.1f}% [{100 * lo:.1f}-{100 * hi:.1f}] {how} {pair} " + " ".join(marks)
+print("gate sets: correct, accuracy [80% interval], how the misses are made, item by item against Stage 2")
+print("(exact McNemar p), and what moved beyond Stage 2's interval by the gate's rule")
 for s2 in sorted(glob.glob(os.path.join(w, "ckpt", "gate", "2_sft", "*.json"))):
     name = os.path.basename(s2)
     r = json.load(open(s2))
@@ -201,7 +215,8 @@ ref = os.path.join(w, "dbg.s2.json")
 if os.path.exists(ref):
     r = json.load(open(ref))
     print("\n`__DBG_` short set (1,200): the same")
-    for f in [ref] + sorted(set(glob.glob(os.path.join(w, "dbg.*.json"))) - {ref}):
+    print(line("s2", r, r))
+    for f in sorted(set(glob.glob(os.path.join(w, "dbg.*.json"))) - {ref}):
         print(line(os.path.basename(f)[4:-5], json.load(open(f)), r))
 PY
 say "all done"

@@ -78,6 +78,36 @@ fn compare_rows_carry_each_reports_numbers() {
             assert!(line.contains(&cell(y.n, y.correct)), "{line}");
         }
     }
+    // Item by item: the counts are those of the two reports' predictions,
+    // and the p-value the exact McNemar test of the split.
+    let right = |r: &Report| -> std::collections::HashMap<String, bool> {
+        r.predictions
+            .iter()
+            .map(|p| (p.id.clone(), p.correct()))
+            .collect()
+    };
+    let (ra, rb) = (right(&a), right(&b));
+    let count = |x: bool, y: bool| ra.iter().filter(|(id, r)| **r == x && rb[*id] == y).count();
+    let paired = out.split("\npaired: ").nth(1).expect(&out);
+    for (label, n) in [
+        ("right in both", count(true, true)),
+        ("right in A only", count(true, false)),
+        ("right in B only", count(false, true)),
+        ("right in neither", count(false, false)),
+    ] {
+        let line = paired
+            .lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .unwrap();
+        assert_eq!(
+            line.split_whitespace().last(),
+            Some(n.to_string().as_str()),
+            "{line}"
+        );
+    }
+    let p = trace_train::eval::paired::exact_mcnemar_p(count(true, false), count(false, true));
+    assert!(paired.contains(&format!("{p:.4}")), "{paired}");
+    assert!(p < 1.0 && count(true, false) != count(false, true));
     // The length prior shows: B's single-line misses run on.
     let one = &b.by["output_lines"][0];
     assert_eq!(one.bucket, "1");

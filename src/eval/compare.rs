@@ -3,7 +3,9 @@
 //! interval and the change, then the miss diagnostics, so what a stage did
 //! shows at a glance. When either report is a multi-turn eval's, the
 //! accuracy after each turn and the retries too (a report without turns
-//! answered once: its accuracy is its accuracy after turn 1).
+//! answered once: its accuracy is its accuracy after turn 1). Then the
+//! items both reports scored, item by item, with the exact McNemar test
+//! ([`super::paired`]).
 
 use std::fmt::Write;
 
@@ -64,6 +66,36 @@ fn change(a: &Side, b: &Side) -> String {
 fn row(out: &mut String, label: &str, a: &Side, b: &Side) {
     let line = format!("{label:<16}{}  {}  {}", cell(a), cell(b), change(a, b));
     writeln!(out, "{}", line.trim_end()).expect("a String takes writes");
+}
+
+/// The items both reports scored, item by item ([`super::paired`]): the
+/// test to read when A and B are two models on one eval set.
+fn paired_section(w: &mut String, a: &Report, b: &Report) {
+    match super::paired::paired(a, b) {
+        Ok(p) => {
+            writeln!(
+                w,
+                "\npaired: the {} items both reports scored (of A's {} and B's {}), item by item",
+                p.items, a.n, b.n
+            )
+            .unwrap();
+            for (label, x) in [
+                ("  right in both", p.both),
+                ("  right in A only", p.a_only),
+                ("  right in B only", p.b_only),
+                ("  right in neither", p.neither),
+            ] {
+                writeln!(w, "{label:<34}{x:>8}").unwrap();
+            }
+            writeln!(
+                w,
+                "{:<34}{:>8.4}\n  (the chance of a split of A only : B only this uneven or more if the\n  models were equally good on these items)",
+                "  exact McNemar p, two-sided", p.p_value
+            )
+            .unwrap();
+        }
+        Err(why) => writeln!(w, "\npaired: not computed: {why}").unwrap(),
+    }
 }
 
 /// The side-by-side table of reports `a` and `b`, named `a_name` and
@@ -142,6 +174,7 @@ pub fn compare(a: &Report, b: &Report, a_name: &str, b_name: &str) -> String {
             );
         }
     }
+    paired_section(w, a, b);
     writeln!(w, "\n{:<34}{:>8}{:>8}", "misses", "A", "B").unwrap();
     let (ma, mb) = (&a.misses, &b.misses);
     for (label, x, y) in [

@@ -27,6 +27,7 @@ pub mod exact;
 pub mod gate;
 pub mod heldout;
 pub mod interval;
+pub mod paired;
 pub mod plot;
 mod report;
 pub mod standings;
