@@ -130,6 +130,24 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
         .map(|c| (c["stage"].as_u64().unwrap(), c["against"].as_u64().unwrap()))
         .collect();
     assert_eq!(cmp, [(1, 0), (2, 1), (3, 2)], "{gate}");
+    // Each set of each comparison item by item, from the two reports: the
+    // items gained and lost are at most the set's 4, and the counts agree
+    // with the change in correct answers.
+    for c in gate["comparisons"].as_array().unwrap() {
+        for x in c["sets"].as_array().unwrap() {
+            let items = &x["items"];
+            let (gained, lost) = (items["gained"].as_i64(), items["lost"].as_i64());
+            let (Some(gained), Some(lost)) = (gained, lost) else {
+                panic!("no items: {x}")
+            };
+            assert!(gained + lost <= 4, "{x}");
+            let change =
+                x["after"]["correct"].as_i64().unwrap() - x["before"]["correct"].as_i64().unwrap();
+            assert_eq!(gained - lost, change, "{x}");
+            let p = items["p_value"].as_f64().unwrap();
+            assert!(p > 0.0 && p <= 1.0, "{x}");
+        }
+    }
     assert!(
         root.join("gate/0_base/heldout_short.json").is_file()
             && root.join("gate/3_ppo/transformed_test.json").is_file()

@@ -259,7 +259,8 @@ impl Gate {
     pub fn after(&mut self, before: &Gated, after: &Gated) -> anyhow::Result<()> {
         let b = self.scores(before)?;
         let a = self.scores(after)?;
-        let c = gate::compare(&b, &a)?;
+        let mut c = gate::compare(&b, &a)?;
+        self.add_item_changes(&mut c, before, after);
         let action = gate::decide(self.mode, &c);
         self.report.add_comparison(c);
         self.write()?;
@@ -274,6 +275,31 @@ impl Gate {
                 "{m}\nthe gate's table: `{}`",
                 self.path().display()
             )),
+        }
+    }
+
+    /// Each set of `c` item by item, from the two models' reports under
+    /// `gate/`. A report that cannot be read (removed since an earlier
+    /// run) leaves that set without items, and says so: the verdict does
+    /// not need them.
+    fn add_item_changes(&self, c: &mut gate::Comparison, before: &Gated, after: &Gated) {
+        let dir = self.root.join("gate");
+        for change in &mut c.sets {
+            let Some(set) = self.sets.iter().find(|s| s.name == change.set) else {
+                continue;
+            };
+            let read = |m: &Gated| Report::read(&dir.join(m.folder()).join(&set.file));
+            change.items = match (read(before), read(after)) {
+                (Ok(b), Ok(a)) => gate::ItemChange::of(&b, &a)
+                    .map_err(|why| {
+                        eprintln!("gate: `{}` not compared item by item: {why}", set.name)
+                    })
+                    .ok(),
+                (Err(e), _) | (_, Err(e)) => {
+                    eprintln!("gate: `{}` not compared item by item: {e:#}", set.name);
+                    None
+                }
+            };
         }
     }
 

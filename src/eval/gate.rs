@@ -180,6 +180,32 @@ pub struct SetChange {
     /// After minus before, in points of exact match.
     pub change_points: f64,
     pub verdict: Verdict,
+    /// The set item by item, when both models' reports were read: what
+    /// the verdict does not use but a reader should (two models on one set
+    /// share its items; see [`super::paired`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<ItemChange>,
+}
+
+/// A set's items that only the model after got right (`gained`), that only
+/// the model before got right (`lost`), and the exact McNemar p-value of
+/// that split.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ItemChange {
+    pub gained: usize,
+    pub lost: usize,
+    pub p_value: f64,
+}
+
+impl ItemChange {
+    /// `after` against `before`, item by item.
+    pub fn of(before: &super::Report, after: &super::Report) -> Result<Self, String> {
+        super::paired::paired(before, after).map(|p| ItemChange {
+            gained: p.b_only,
+            lost: p.a_only,
+            p_value: p.p_value,
+        })
+    }
 }
 
 /// A stage's model against the model it started from.
@@ -239,6 +265,7 @@ pub fn compare(before: &StageScores, after: &StageScores) -> anyhow::Result<Comp
             after: *a,
             change_points: 100.0 * (a.accuracy - b.accuracy),
             verdict: verdict(b, a),
+            items: None,
         })
         .collect();
     Ok(Comparison {
@@ -389,7 +416,7 @@ impl GateReport {
             .unwrap_or(super::DEFAULT_LEVEL);
         writeln!(
             w,
-            "gate ({}): exact match with its {:.0}% interval; change from the model before, in points",
+            "gate ({}): exact match with its {:.0}% interval; change from the model before, in points;\nitems: gained and lost against the model before, item by item, with the exact McNemar p",
             serde_json::to_value(self.mode)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_owned))
@@ -407,7 +434,7 @@ impl GateReport {
             let cmp = self.comparisons.iter().find(|c| c.place() == s.place());
             for (i, (set, x)) in s.sets.iter().enumerate() {
                 let change = cmp.and_then(|c| c.sets.iter().find(|c| &c.set == set));
-                let (delta, verdict) = match change {
+                let (delta, verdict, items) = match change {
                     Some(c) => (
                         format!("{:>+8.1}", c.change_points),
                         match c.verdict {
@@ -415,11 +442,14 @@ impl GateReport {
                             Verdict::Rose => "rose",
                             Verdict::Within => "within",
                         },
+                        c.items.map_or_else(String::new, |i| {
+                            format!("items +{} -{}, p {:.3}", i.gained, i.lost, i.p_value)
+                        }),
                     ),
-                    None => (format!("{:>8}", ""), ""),
+                    None => (format!("{:>8}", ""), "", String::new()),
                 };
                 let line = format!(
-                    "{:<18} {:<24} {:>5} {:>6.1}% [{:>5.1}, {:>5.1}] {delta}  {verdict}",
+                    "{:<18} {:<24} {:>5} {:>6.1}% [{:>5.1}, {:>5.1}] {delta}  {verdict:<7} {items}",
                     if i == 0 { s.label() } else { String::new() },
                     set,
                     x.n,
@@ -504,6 +534,23 @@ mod tests {
         assert!((s.accuracy - 0.3).abs() < 1e-12);
         assert_eq!(s, score(30, 100));
         assert!(s.lo < 0.3 && 0.3 < s.hi);
+    }
+
+    /// Items p0..p29 right before; p0..p39 right after: 10 gained, none
+    /// lost; then a model right on p20..p59 instead: 30 gained, 20 lost.
+    #[test]
+    fn item_changes_count_the_items_each_model_alone_got_right() {
+        let before = report(30, 100);
+        let i = ItemChange::of(&before, &report(40, 100)).unwrap();
+        assert_eq!((i.gained, i.lost), (10, 0));
+        assert!((i.p_value - 2.0 / 1024.0).abs() < 1e-12, "{}", i.p_value);
+        let mut shifted = report(40, 100);
+        for (k, p) in shifted.predictions.iter_mut().enumerate() {
+            p.score = if (20..60).contains(&k) { 1.0 } else { 0.0 };
+        }
+        let i = ItemChange::of(&before, &shifted).unwrap();
+        assert_eq!((i.gained, i.lost), (30, 20));
+        assert_eq!(i.p_value, super::super::paired::exact_mcnemar_p(20, 30));
     }
 
     #[test]
@@ -745,7 +792,17 @@ mod tests {
             &[("heldout_short", 25, 100), ("test", 60, 200)],
         );
         let mut g = GateReport::new(Mode::Warn);
-        g.add_comparison(compare(&base, &s1).unwrap());
+        let mut c = compare(&base, &s1).unwrap();
+        assert!(
+            c.sets.iter().all(|x| x.items.is_none()),
+            "scores hold no items"
+        );
+        c.sets[1].items = Some(ItemChange {
+            gained: 45,
+            lost: 5,
+            p_value: 1e-9,
+        });
+        g.add_comparison(c);
         g.add_stage(s1.clone());
         g.add_stage(base);
         // A re-evaluated stage replaces its record.
@@ -762,7 +819,7 @@ mod tests {
             "heldout_short",
             "  25.0% [",
             "-25.0  FELL",
-            "+20.0  rose",
+            "+20.0  rose    items +45 -5, p 0.000",
             "mean over sets",
         ] {
             assert!(t.contains(want), "{want}: {t}");
@@ -772,6 +829,13 @@ mod tests {
         let back: GateReport = serde_json::from_str(&serde_json::to_string(&g).unwrap()).unwrap();
         assert_eq!(back.comparisons[0].sets[0].verdict, Verdict::Fell);
         assert_eq!(back.comparisons[0].sets[1].verdict, Verdict::Rose);
+        assert_eq!(back.comparisons[0].sets[0].items, None);
+        assert_eq!(
+            back.comparisons[0].sets[1]
+                .items
+                .map(|i| (i.gained, i.lost)),
+            Some((45, 5))
+        );
         assert_eq!(back.stages[1].sets[1].1.correct, 60);
         assert!((back.stages[0].sets[0].1.lo - g.stages[0].sets[0].1.lo).abs() < 1e-12);
         assert_eq!(back.table(), t);
