@@ -26,7 +26,10 @@
 # (one more answer a prompt, decoded greedily as the gate decodes), fe 1
 # for `stage3.dpo.first_error` (each wrong answer also pairs the expected
 # line over its first wrong one)
-# (default "a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1"); DPO_ROUNDS (default 2),
+# (default: the setting that raised held-out exact match in session 27,
+# first_error pairs at lr 5e-5, beta 0.5, NLL 1.0, greedy, at seeds 42, 7
+# and 3: "a5:5e-5::1.0:0.5:sigmoid:42::1.0:1:1 a57:5e-5::1.0:0.5:sigmoid:7::1.0:1:1
+# a53:5e-5::1.0:0.5:sigmoid:3::1.0:1:1"); DPO_ROUNDS (default 2),
 # DPO_PROMPTS (prompts a round, default 1024), DPO_RESERVE (K: one training
 # program in K kept from Stages 1-2 for DPO's prompts; default none), DPO_PAIRS (most pairs a prompt, default 4),
 # DPO_ROWS (rows each run's sampler decodes at once, default 256: several
@@ -130,7 +133,7 @@ dbg() { # dbg MODEL OUT: the held-out short set with `__DBG_`, 4 variants
     --max_new_tokens 256 --batch_size 256 --device "$DEV" $U --output "$2" >> "$W/logs/evals.log" 2>&1
 }
 dbg "$S2" "$W/dbg.s2.json" &
-for spec in ${DPO_RUNS:-a:1e-4: b:2e-4: c:1e-4:1 d:2e-4:1}; do
+for spec in ${DPO_RUNS:-a5:5e-5::1.0:0.5:sigmoid:42::1.0:1:1 a57:5e-5::1.0:0.5:sigmoid:7::1.0:1:1 a53:5e-5::1.0:0.5:sigmoid:3::1.0:1:1}; do
   IFS=: read -r name lr demo nll beta loss seed rbucket temp greedy fe <<< "$spec"
   d=$W/v/$name
   mkdir -p "$d/ckpt"
