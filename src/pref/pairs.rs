@@ -458,16 +458,15 @@ fn first_error(r: &Rollout) -> Option<FirstError> {
         - text
             .trim_start_matches(crate::reward::is_python_space)
             .len();
-    // The answer's lines (as `str::lines` splits them) and where each
-    // starts in `text`.
+    // The answer's lines, as `str::lines` splits them: slices of `text`.
     let got: Vec<&str> = body.lines().collect();
-    let starts: Vec<usize> = got
-        .iter()
-        .map(|line| line.as_ptr() as usize - text.as_ptr() as usize)
-        .collect();
     let expected: Vec<&str> = python_strip(&r.expected).lines().collect();
     let k = first_different_line(&got, &expected)?;
-    let split = match (expected.get(k), got.get(k).map(|&g| (starts[k], g))) {
+    // The answer's line k, with where it starts in `text`.
+    let at_k = got
+        .get(k)
+        .map(|&g| (g.as_ptr() as usize - text.as_ptr() as usize, g));
+    let split = match (expected.get(k), at_k) {
         // A wrong line: the expected one over it, both going on.
         (Some(e), Some((at, g))) => FirstError::Split {
             chosen: format!("{}{e}", &text[..at]),
