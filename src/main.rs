@@ -431,15 +431,28 @@ struct ConfigArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
-    match run(cli.command) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e}");
-            for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
-            }
-            ExitCode::FAILURE
+    let result = run(cli.command);
+    if let Err(e) = &result {
+        eprintln!("error: {e}");
+        for cause in e.chain().skip(1) {
+            eprintln!("  caused by: {cause}");
         }
+    }
+    // A run a stop signal cut short (it checkpointed and returned) is
+    // neither finished nor failed: 128 + the signal, as the shell reports.
+    if trace_train::stop::was_cut_short() {
+        let sig = trace_train::stop::received().unwrap_or(signal_hook::consts::SIGTERM);
+        if result.is_ok() {
+            eprintln!(
+                "stopped by {}: the last checkpoint is kept; continue with --resume",
+                trace_train::stop::name(sig)
+            );
+        }
+        return ExitCode::from(trace_train::stop::exit_status(sig));
+    }
+    match result {
+        Ok(code) => code,
+        Err(_) => ExitCode::FAILURE,
     }
 }
 

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{stderr, trace_train};
+use common::{signal, start, stderr, trace_train, wait_for_steps};
 
 #[test]
 fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
@@ -89,6 +89,18 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("pipeline_state.json")).unwrap()).unwrap();
     assert_eq!(state["finished"], serde_json::json!([0, 1, 2, 3, 4]));
+    // The folder is marked as the quick test's, and no run's lock is left.
+    assert!(root.join(".trace-train-quick-test").is_file());
+    let mut stack = vec![root.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            assert_ne!(p.file_name().unwrap(), ".lock", "left: {}", p.display());
+            if p.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
     // The gate (default `warn`) scored the base model and every stage's on
     // its three sets and compared each stage with the model before it.
     let gate: serde_json::Value =
@@ -369,6 +381,8 @@ fn final_evals_take_stage3_turns() {
         text.push_str(&format!("{rec}\n"));
     }
     std::fs::write(root.join("data/stage2_transformed_test.jsonl"), text).unwrap();
+    // As a quick test marks the folder it makes.
+    std::fs::write(root.join(".trace-train-quick-test"), b"").unwrap();
     std::fs::write(
         dir.path().join("p.json"),
         r#"{"gate": {"mode": "off"},
@@ -433,4 +447,70 @@ fn pipeline_under_a_launcher_refuses_with_the_steps_to_run() {
         "{err}"
     );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+/// Regression: `--quick_test --checkpoints DIR` removed DIR whatever it
+/// held. A folder the quick test did not make is refused and left intact.
+#[test]
+fn the_quick_test_refuses_a_folder_it_did_not_make() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("runs/stage1_warmup/checkpoint-5000");
+    std::fs::create_dir_all(&real).unwrap();
+    std::fs::write(real.join("model.safetensors"), b"weights").unwrap();
+    for extra in [&[][..], &["--resume"][..]] {
+        let mut args = vec!["pipeline", "--quick_test", "--checkpoints", "runs"];
+        args.extend_from_slice(extra);
+        let o = trace_train(dir.path(), &args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("is not a quick-test folder") && err.contains("hint:"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read(real.join("model.safetensors")).unwrap(),
+            b"weights"
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("runs"))
+            .unwrap()
+            .collect();
+        assert_eq!(names.len(), 1, "nothing added");
+    }
+    // A file in its place is refused too.
+    std::fs::write(dir.path().join("file"), b"x").unwrap();
+    let o = trace_train(
+        dir.path(),
+        &["pipeline", "--quick_test", "--checkpoints", "file"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(std::fs::read(dir.path().join("file")).unwrap(), b"x");
+}
+
+/// Regression: a second quick test emptied the first's folder while it ran,
+/// and a SIGTERM to a pipeline exited 0. The second is refused while the
+/// first holds the folder; the first, stopped, exits 143.
+#[test]
+fn a_second_quick_test_is_refused_and_a_stopped_one_exits_143() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = start(
+        dir.path(),
+        &["pipeline", "--quick_test", "--device", "cpu"],
+        std::process::Stdio::piped(),
+    );
+    let root = dir.path().join("checkpoints/quick");
+    wait_for_steps(
+        &root.join("stage1_warmup/metrics.jsonl"),
+        1,
+        std::time::Duration::from_secs(300),
+    );
+    let o = trace_train(dir.path(), &["pipeline", "--quick_test", "--device", "cpu"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("another quick test is using"), "{err}");
+    assert!(root.join("base-model/config.json").is_file(), "left alone");
+    signal(&first, nix::sys::signal::Signal::SIGTERM);
+    let o = first.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(143), "{err}");
+    assert!(err.contains("continue with --resume"), "{err}");
 }

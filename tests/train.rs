@@ -586,3 +586,36 @@ fn a_stop_during_the_last_step_still_saves_the_whole_run() {
     );
     assert_eq!(losses(&metrics).len(), 4);
 }
+
+/// Regression: a run SIGTERM stopped mid-way exited 0, so `warmup && sft`
+/// or a scheduler took a preemption for a finished run. It now exits 143
+/// (128 + SIGTERM) after its checkpoint, leaves no `.lock`, and resumes.
+#[test]
+fn a_run_stopped_by_sigterm_exits_143_after_its_checkpoint() {
+    let dir = setup(Base::Tiny, "").unwrap();
+    let child = start(
+        dir.path(),
+        &warmup_args("run", "40", &["--save_steps", "0"]),
+        Stdio::piped(),
+    );
+    let metrics = dir.path().join("run/metrics.jsonl");
+    wait_for_steps(&metrics, 2, Duration::from_secs(300));
+    common::signal(&child, nix::sys::signal::Signal::SIGTERM);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(143), "{err}");
+    assert!(err.contains("stopped by SIGTERM"), "{err}");
+    let run = dir.path().join("run");
+    let steps = losses(&metrics).len();
+    assert!(steps < 40, "stopped early");
+    assert!(run.join(format!("checkpoint-{steps}")).is_dir(), "{err}");
+    assert!(!run.join("final").exists());
+    assert!(!run.join(".lock").exists(), "the lock goes with the run");
+    let o = trace_train(
+        dir.path(),
+        &warmup_args("run", "40", &["--save_steps", "0", "--resume"]),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(run.join("final/adapter_model.safetensors").is_file());
+    assert!(!run.join(".lock").exists(), "no lock after success");
+}

@@ -358,7 +358,13 @@ fn supervise(commands: Vec<Command>, interrupted: &AtomicBool) -> anyhow::Result
                 && let Some(s) = r.child.try_wait().context("cannot wait for a rank")?
             {
                 r.status = Some(s);
-                if !s.success() && failed.is_none() {
+                // A rank a stop signal cut short checkpointed with the
+                // others: the run was interrupted, not failed.
+                let stopped = s.code().is_some_and(trace_train::stop::is_stop_status);
+                if stopped {
+                    trace_train::stop::cut_short();
+                }
+                if !s.success() && !stopped && failed.is_none() {
                     failed = Some(rank);
                 }
             }

@@ -308,12 +308,11 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         ..
     } = &plan;
     let (max_steps, eval_limit, max_new_tokens) = (*max_steps, *eval_limit, *max_new_tokens);
-    if args.quick_test && !args.resume && root.exists() {
-        // The quick test's folder is scratch: a new quick test starts afresh.
-        eprintln!("removing the previous quick test in `{}`", root.display());
-        std::fs::remove_dir_all(root)
-            .with_context(|| format!("cannot remove `{}`", root.display()))?;
-    }
+    // The quick test's folder is its own scratch space, held for the run.
+    let _quick = match args.quick_test {
+        true => Some(claim_quick_folder(root, args.resume)?),
+        false => None,
+    };
     std::fs::create_dir_all(root).with_context(|| format!("cannot create `{}`", root.display()))?;
     if args.quick_test {
         trace_train::model::tiny::write_tiny_chat_model(Path::new(&cfg.model.name), 7)?;
@@ -702,14 +701,71 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The file that marks a folder as the quick test's own: the quick test
+/// writes only into a folder that holds it (or that it creates), and holds
+/// a lock on it while it runs.
+pub const QUICK_MARK: &str = ".trace-train-quick-test";
+
+/// Takes `root` for a quick test: a missing or empty folder is marked as
+/// the quick test's; a marked one is locked and, unless `resume`, emptied
+/// of the last quick test's files; any other folder is refused untouched,
+/// as is one another quick test is using.
+pub fn claim_quick_folder(
+    root: &Path,
+    resume: bool,
+) -> anyhow::Result<trace_train::kit::checkpoint::RunLock> {
+    let mark = root.join(QUICK_MARK);
+    if root.exists() && !mark.is_file() {
+        let empty = std::fs::read_dir(root)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
+        anyhow::ensure!(
+            root.is_dir() && empty,
+            "`{}` is not a quick-test folder: it has no `{QUICK_MARK}`, and the quick test writes only into a folder it made\nhint: pass --checkpoints with a new or empty folder, or remove `{}` yourself if it is scratch",
+            root.display(),
+            root.display()
+        );
+    }
+    std::fs::create_dir_all(root).with_context(|| format!("cannot create `{}`", root.display()))?;
+    if !mark.is_file() {
+        trace_train::atomic::write(
+            &mark,
+            b"This folder is the scratch space of `trace-train pipeline --quick_test`,\nwhich empties it at its next run.\n",
+        )?;
+    }
+    let lock = trace_train::kit::checkpoint::RunLock::on_file(&mark, false).map_err(|e| {
+        e.context(format!(
+            "another quick test is using `{}`\nhint: wait for it to finish, or pass --checkpoints with another folder",
+            root.display()
+        ))
+    })?;
+    if !resume {
+        let entries: Vec<_> = std::fs::read_dir(root)
+            .with_context(|| format!("cannot list `{}`", root.display()))?
+            .collect::<Result<_, _>>()?;
+        if entries.len() > 1 {
+            eprintln!("emptying the last quick test's folder `{}`", root.display());
+        }
+        for e in entries.into_iter().filter(|e| e.file_name() != QUICK_MARK) {
+            let path = e.path();
+            let gone = match e.file_type()?.is_dir() {
+                true => std::fs::remove_dir_all(&path),
+                false => std::fs::remove_file(&path),
+            };
+            gone.with_context(|| format!("cannot remove `{}`", path.display()))?;
+        }
+    }
+    Ok(lock)
+}
+
 /// Fails if a stop signal came since the process's flag was installed (by
 /// an earlier stage, also one the signal reached in its last step, which
 /// finished and was marked done): the pipeline starts nothing more.
 fn stop_before(next: &str) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !trace_train::stop::requested(),
-        "pipeline stopped before {next} by a signal; continue with --resume"
-    );
+    if trace_train::stop::requested() {
+        trace_train::stop::cut_short();
+        anyhow::bail!("pipeline stopped before {next} by a signal; continue with --resume");
+    }
     Ok(())
 }
 

@@ -31,10 +31,10 @@ pub fn greedy_batches(
     let stop = tok.stop_ids();
     let mut out: Vec<Option<Generation>> = vec![None; prompts.len()];
     for chunk in order.chunks(batch_size.max(1)) {
-        anyhow::ensure!(
-            !(stop_on_signal && crate::stop::requested()),
-            "eval stopped by a signal before its report was written"
-        );
+        if stop_on_signal && crate::stop::requested() {
+            crate::stop::cut_short();
+            anyhow::bail!("eval stopped by a signal before its report was written");
+        }
         let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| prompts[i].clone()).collect();
         let gens = generate::greedy(
             model,

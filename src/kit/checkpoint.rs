@@ -353,23 +353,64 @@ pub fn latest_as(out_dir: &Path, prefix: &str, device: &Device) -> anyhow::Resul
     Ok(None)
 }
 
-/// An exclusive hold on a stage's output folder for one run.
-pub struct RunLock(#[allow(dead_code)] nix::fcntl::Flock<File>);
+/// An exclusive hold on a stage's output folder for one run: `.lock` in
+/// the folder, flocked, and removed again when the run lets go (a run that
+/// ended leaves no `.lock` behind; one killed outright leaves a stale file
+/// that holds no lock, which the next run takes over).
+pub struct RunLock {
+    lock: nix::fcntl::Flock<File>,
+    path: PathBuf,
+    remove: bool,
+}
 
 impl RunLock {
     pub fn acquire(out_dir: &Path) -> anyhow::Result<Self> {
         std::fs::create_dir_all(out_dir)
             .with_context(|| format!("cannot create `{}`", out_dir.display()))?;
-        let path = out_dir.join(".lock");
-        let f =
-            File::create(&path).with_context(|| format!("cannot create `{}`", path.display()))?;
-        match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            Ok(l) => Ok(RunLock(l)),
-            Err(_) => bail!(
+        Self::on_file(&out_dir.join(".lock"), true).map_err(|busy| {
+            busy.context(format!(
                 "another run is using `{}`\nhint: wait for it to finish, or choose another output folder",
                 out_dir.display()
-            ),
+            ))
+        })
+    }
+
+    /// Holds `path` (created if missing) exclusively; `remove` deletes it
+    /// when the hold ends. Fails at once when another process holds it.
+    pub fn on_file(path: &Path, remove: bool) -> anyhow::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        // Another run may remove the file between our open and our lock;
+        // a lock on a removed file holds nothing, so check and retry.
+        for _ in 0..3 {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(path)
+                .with_context(|| format!("cannot create `{}`", path.display()))?;
+            let lock = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
+                .map_err(|(_, e)| anyhow::anyhow!("`{}` is locked ({e})", path.display()))?;
+            let held = lock.metadata()?.ino();
+            if std::fs::metadata(path).is_ok_and(|m| m.ino() == held) {
+                return Ok(RunLock {
+                    lock,
+                    path: path.to_owned(),
+                    remove,
+                });
+            }
         }
+        bail!("`{}` keeps being replaced", path.display())
+    }
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        // Removed while still held, so no other run can lock the old file
+        // and believe it owns the folder.
+        if self.remove {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        let _ = &self.lock;
     }
 }
 

@@ -193,6 +193,9 @@ impl<'a> Run<'a> {
         if stopping {
             self.stop_seen.set(true);
         }
+        if stopping && step < total {
+            crate::stop::cut_short();
+        }
         Ok(stopping && step < total)
     }
 

@@ -122,6 +122,12 @@ def write_frames(fd, *frames):
     write_all(fd, b"".join(parts))
 
 
+# The executor ends a worker by closing its pipes, and a stop signal is the
+# executor's to handle: Ctrl-C reaching the whole process group must not end
+# the zygote with a KeyboardInterrupt traceback in the user's terminal. P
+# gets the interpreter's own handlers back (`program_main`).
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+
 CONFIG = json.loads(read_frame(0))
 SANDBOXED = CONFIG["mode"] == "sandbox"
 UID = CONFIG.get("uid", 0)
@@ -160,6 +166,7 @@ def program_main(limits, program, work):
     # speaks raw fds), so those objects are still as the interpreter built
     # them for fds 0-2: after the dup2s they are a fresh run's streams, with
     # its encoding, error handlers and buffering.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.argv = ["main.py"]
     sys.path[0] = work
     # `random` was imported warm, but its own at-fork hook reseeded it from
@@ -394,14 +401,19 @@ def serve_one(limits, program, stdin_data):
 while True:
     try:
         header = read_frame(0)
-    except EOFError:
+        program = read_frame(0)
+        stdin_data = read_frame(0)
+    except (EOFError, OSError):
+        # The executor closed the pipe or went away (a stopped run): leave
+        # quietly, there is nobody to answer.
         os._exit(0)
     limits = json.loads(header)
-    program = read_frame(0)
-    stdin_data = read_frame(0)
     try:
         report, out, err = serve_one(limits, program, stdin_data)
     except BaseException as e:  # a zygote fault is a sandbox failure, not a program failure
         report, out, err = {"zygote_error": repr(e)}, b"", b""
     del program, stdin_data
-    write_frames(1, json.dumps(report).encode(), out, err)
+    try:
+        write_frames(1, json.dumps(report).encode(), out, err)
+    except OSError:  # BrokenPipeError: the executor stopped reading
+        os._exit(0)
