@@ -193,6 +193,40 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
         before,
         std::fs::read(root.join("stage2_sft/final/adapter_model.safetensors")).unwrap()
     );
+
+    // Regression: with Stage 3 changed (PPO to DPO, on a dataset with no
+    // rows), a resume skipped it as finished and exited 0 naming Stage 2's
+    // model as final. Its record's settings differ: it runs again, fails,
+    // and the pipeline fails with it.
+    let mut user: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/user_pipeline_config.json")).unwrap();
+    user["stage3"]["algorithm"] = "dpo".into();
+    user["stage3"]["ppo"]["dataset"] = "empty.jsonl".into();
+    user["gate"] = serde_json::json!({"mode": "keep_best"});
+    std::fs::write(dir.path().join("dpo.json"), user.to_string()).unwrap();
+    std::fs::write(dir.path().join("empty.jsonl"), b"").unwrap();
+    let o = trace_train(
+        dir.path(),
+        &[
+            "pipeline",
+            "--quick_test",
+            "--resume",
+            "--config",
+            "dpo.json",
+            "--start_stage",
+            "3",
+            "--device",
+            "cpu",
+        ],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("stage 3 (dpo) runs again: its settings changed"),
+        "{err}"
+    );
+    assert!(err.contains("the trace environment has no rows"), "{err}");
+    assert!(!err.contains("the final model is"), "{err}");
 }
 
 #[test]

@@ -72,9 +72,71 @@ pub struct PipelineArgs {
     pub unsafe_flag: crate::UnsafeFlag,
 }
 
+/// `pipeline_state.json`: the stages a run finished, and for each what it
+/// ran with and what it left, which `--resume` checks before it skips one.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct PipelineState {
     finished: Vec<u8>,
+    /// A finished stage's record (absent in files of earlier versions).
+    #[serde(default)]
+    stages: std::collections::BTreeMap<u8, StageRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct StageRecord {
+    /// The hash of the stage's settings and of every earlier stage's.
+    settings: String,
+    /// What it wrote that later stages read.
+    outputs: Vec<PathBuf>,
+}
+
+impl PipelineState {
+    /// Drops from `finished` the first stage whose settings changed since
+    /// it finished or whose outputs are gone, and every stage after it
+    /// (they were made from it); says why. A stage an earlier version
+    /// recorded without settings is checked for its outputs alone.
+    fn recheck(&mut self, expected: &dyn Fn(u8) -> StageRecord, names: [&str; 5]) -> Vec<String> {
+        let mut said = Vec::new();
+        let mut finished = self.finished.clone();
+        finished.sort_unstable();
+        let stale = finished.iter().copied().find_map(|stage| {
+            let now = expected(stage);
+            let why = match self.stages.get(&stage) {
+                Some(r) if r.settings != now.settings => {
+                    Some("its settings changed since it finished".to_owned())
+                }
+                Some(r) => r
+                    .outputs
+                    .iter()
+                    .find(|p| !p.exists())
+                    .map(|p| format!("its output `{}` is gone", p.display())),
+                None => now
+                    .outputs
+                    .iter()
+                    .find(|p| !p.exists())
+                    .map(|p| format!("its output `{}` is gone", p.display())),
+            };
+            why.map(|w| (stage, w))
+        });
+        if let Some((from, why)) = stale {
+            said.push(format!(
+                "stage {from} ({}) runs again: {why}",
+                names[from as usize]
+            ));
+            let later: Vec<u8> = self
+                .finished
+                .iter()
+                .copied()
+                .filter(|&s| s > from)
+                .collect();
+            if !later.is_empty() {
+                said.push(format!("so do the finished stages after it: {later:?}"));
+            }
+            self.finished.retain(|&s| s < from);
+            self.stages.retain(|&s, _| s < from);
+        }
+        said
+    }
 }
 
 /// The folders of the stages under the checkpoints root: the Python
@@ -103,6 +165,56 @@ impl Plan {
     /// The settings as JSON, each with its value and source.
     pub fn resolved(&self) -> anyhow::Result<serde_json::Value> {
         Ok(self.sources.to_json(&serde_json::to_value(&self.cfg)?))
+    }
+
+    /// A hash of what `stage` trains or writes from: its own settings and,
+    /// through the chain, every earlier stage's (the hardware section is
+    /// left out: a run may move to another device and still resume).
+    fn stage_settings(&self, stage: u8) -> String {
+        use sha2::Digest;
+        let c = &self.cfg;
+        let before = match stage {
+            0 => String::new(),
+            s => self.stage_settings(s - 1),
+        };
+        let own = match stage {
+            0 => serde_json::json!({ "stage0": c.stage0 }),
+            1 => {
+                serde_json::json!({ "model": c.model, "stage1": c.stage1, "max_steps": self.max_steps })
+            }
+            2 => serde_json::json!({ "stage2": c.stage2, "max_steps": self.max_steps }),
+            3 => serde_json::json!({ "stage3": c.stage3, "max_steps": self.max_steps }),
+            _ => serde_json::json!({
+                "gate": c.gate, "eval_limit": self.eval_limit, "max_new_tokens": self.max_new_tokens
+            }),
+        };
+        let mut h = sha2::Sha256::new();
+        h.update(before.as_bytes());
+        h.update(own.to_string().as_bytes());
+        trace_train::hex(&h.finalize())
+    }
+
+    /// What `stage` leaves that later stages read.
+    fn stage_outputs(&self, stage: u8) -> Vec<PathBuf> {
+        match stage {
+            0 => [
+                "stage1_original_train.jsonl",
+                "stage2_transformed_train.jsonl",
+            ]
+            .map(|f| self.data_dir.join(f))
+            .to_vec(),
+            1 => vec![self.root.join(STAGE1_DIR).join("merged")],
+            2 => vec![self.root.join(STAGE2_DIR).join("merged")],
+            // Every round writes its pairs, also one that has none to train.
+            3 if self.cfg.stage3.is_dpo() => vec![
+                self.root
+                    .join(STAGE3_DPO_DIR)
+                    .join(format!("round_{}", self.cfg.stage3.dpo.rounds.max(1) - 1))
+                    .join("pairs.jsonl"),
+            ],
+            3 => vec![self.root.join(STAGE3_DIR).join("merged")],
+            _ => vec![self.root.join("eval/report.json")],
+        }
     }
 }
 
@@ -324,16 +436,28 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     )?;
 
     let state_path = root.join("pipeline_state.json");
-    let mut state: PipelineState = if args.resume {
-        std::fs::read(&state_path)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default()
-    } else {
-        PipelineState::default()
+    let expected = |stage: u8| StageRecord {
+        settings: plan.stage_settings(stage),
+        outputs: plan.stage_outputs(stage),
     };
+    let mut state: PipelineState = match std::fs::read(&state_path) {
+        Ok(bytes) if args.resume => serde_json::from_slice(&bytes).with_context(|| {
+            format!(
+                "`{}` is not a pipeline state\nhint: remove it to run every stage again",
+                state_path.display()
+            )
+        })?,
+        _ => PipelineState::default(),
+    };
+    let stage3 = if cfg.stage3.is_dpo() { "dpo" } else { "ppo" };
+    let names = ["generate", "warmup", "sft", stage3, "eval"];
+    for line in state.recheck(&expected, names) {
+        eprintln!("resume: {line}");
+    }
     let finish = |stage: u8, state: &mut PipelineState| -> anyhow::Result<()> {
+        state.finished.retain(|&s| s != stage);
         state.finished.push(stage);
+        state.stages.insert(stage, expected(stage));
         trace_train::atomic::write(&state_path, &serde_json::to_vec_pretty(state)?)
     };
     let in_range = |stage: u8| (args.start_stage..=args.last_stage).contains(&stage);
@@ -891,4 +1015,74 @@ fn dpo_rounds(
         on_round(round)?;
     }
     Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NAMES: [&str; 5] = ["generate", "warmup", "sft", "ppo", "eval"];
+
+    fn record(settings: &str, outputs: &[&Path]) -> StageRecord {
+        StageRecord {
+            settings: settings.into(),
+            outputs: outputs.iter().map(|p| p.to_path_buf()).collect(),
+        }
+    }
+
+    #[test]
+    fn resume_runs_again_a_stage_whose_settings_or_outputs_changed_and_all_after_it() {
+        let d = tempfile::tempdir().unwrap();
+        let out = |s: u8| d.path().join(format!("out{s}"));
+        for s in 0..5 {
+            std::fs::write(out(s), b"").unwrap();
+        }
+        let now = |s: u8| record(if s == 3 { "dpo" } else { "same" }, &[&out(s)]);
+        let was = |s: u8| record(if s == 3 { "ppo" } else { "same" }, &[&out(s)]);
+        let full = || PipelineState {
+            finished: vec![0, 1, 2, 3, 4],
+            stages: (0..5).map(|s| (s, was(s))).collect(),
+        };
+
+        // Stage 3's settings changed: 3 and 4 run again.
+        let mut st = full();
+        let said = st.recheck(&now, NAMES);
+        assert_eq!(st.finished, vec![0, 1, 2]);
+        assert!(
+            said[0].contains("stage 3") && said[0].contains("settings changed"),
+            "{said:?}"
+        );
+        assert!(said[1].contains("[4]"), "{said:?}");
+        assert_eq!(st.stages.keys().copied().collect::<Vec<_>>(), vec![0, 1, 2]);
+
+        // Unchanged: nothing runs again.
+        let mut st = full();
+        assert!(st.recheck(&was, NAMES).is_empty());
+        assert_eq!(st.finished, vec![0, 1, 2, 3, 4]);
+
+        // Stage 1's output gone: 1 onwards run again.
+        std::fs::remove_file(out(1)).unwrap();
+        let mut st = full();
+        let said = st.recheck(&was, NAMES);
+        assert_eq!(st.finished, vec![0]);
+        assert!(
+            said[0].contains("stage 1 (warmup)") && said[0].contains("is gone"),
+            "{said:?}"
+        );
+
+        // A state file of an earlier version (no records): outputs only.
+        let mut st = PipelineState {
+            finished: vec![0, 1, 2],
+            stages: Default::default(),
+        };
+        st.recheck(&now, NAMES);
+        assert_eq!(st.finished, vec![0]);
+    }
+
+    #[test]
+    fn a_state_file_of_an_earlier_version_still_loads() {
+        let st: PipelineState = serde_json::from_str(r#"{"finished": [0, 1]}"#).unwrap();
+        assert_eq!(st.finished, vec![0, 1]);
+        assert!(st.stages.is_empty());
+    }
 }
