@@ -619,3 +619,52 @@ fn a_run_stopped_by_sigterm_exits_143_after_its_checkpoint() {
     assert!(run.join("final/adapter_model.safetensors").is_file());
     assert!(!run.join(".lock").exists(), "no lock after success");
 }
+
+/// Regression: at learning rate 1e6 the loss sat at ln(vocabulary) with a
+/// zero gradient for 29 steps and the run exited 0 with a final model of
+/// diverged weights. The guard stops it, writes no final model, and sets
+/// aside the checkpoints saved from the diverged weights.
+#[test]
+fn a_diverged_run_stops_and_keeps_only_good_checkpoints() {
+    let dir = setup(Base::Tiny, "").unwrap();
+    let o = trace_train(
+        dir.path(),
+        &warmup_args(
+            "run",
+            "30",
+            &["--learning_rate", "1e6", "--save_steps", "1"],
+        ),
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("diverged") || err.contains("non-finite"),
+        "{err}"
+    );
+    assert!(err.contains("hint: lower the learning rate"), "{err}");
+    let run = dir.path().join("run");
+    assert!(!run.join("final").exists() && !run.join("merged").exists());
+    let names: Vec<String> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("diverged-checkpoint-")),
+        "{names:?}"
+    );
+    let steps = losses(&run.join("metrics.jsonl")).len();
+    assert!(steps < 30, "stopped at step {steps}");
+    // What resume would pick is from before the divergence.
+    let left: Vec<u64> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix("checkpoint-")?.parse().ok())
+        .collect();
+    let aside: Vec<u64> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix("diverged-checkpoint-")?.parse().ok())
+        .collect();
+    assert!(
+        left.iter().all(|l| aside.iter().all(|a| l < a)),
+        "{left:?} {aside:?}"
+    );
+}

@@ -258,6 +258,41 @@ fn list(out_dir: &Path, prefix: &str) -> anyhow::Result<Vec<(u64, PathBuf)>> {
     Ok(v)
 }
 
+/// Prefix a checkpoint folder gets when it is set aside as diverged: no
+/// resume picks it (it no longer starts with the stage's prefix), and
+/// nothing is deleted.
+pub const DIVERGED_PREFIX: &str = "diverged-";
+
+/// Renames every `<prefix><step>` checkpoint at or after `from` to
+/// `diverged-<prefix><step>`. Returns the newest checkpoint left, if any.
+pub fn set_aside_from(
+    out_dir: &Path,
+    prefix: &str,
+    from: u64,
+) -> anyhow::Result<(Vec<PathBuf>, Option<PathBuf>)> {
+    let mut aside = Vec::new();
+    let mut kept = None;
+    for (step, path) in list(out_dir, prefix)? {
+        if step < from {
+            kept.get_or_insert(path);
+            continue;
+        }
+        let name = path.file_name().expect("listed entries have names");
+        let to = out_dir.join(format!("{DIVERGED_PREFIX}{}", name.to_string_lossy()));
+        if to.exists() {
+            // An earlier divergence's copy of the same step: keep the older.
+            std::fs::remove_dir_all(&path)
+                .with_context(|| format!("cannot remove `{}`", path.display()))?;
+        } else {
+            std::fs::rename(&path, &to)
+                .with_context(|| format!("cannot rename `{}`", path.display()))?;
+        }
+        aside.push(to);
+    }
+    aside.reverse();
+    Ok((aside, kept))
+}
+
 fn rotate(out_dir: &Path, prefix: &str, keep: usize) -> anyhow::Result<()> {
     for (_, path) in list(out_dir, prefix)?.into_iter().skip(keep.max(1)) {
         std::fs::remove_dir_all(&path)

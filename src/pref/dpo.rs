@@ -370,7 +370,10 @@ pub fn run_with(
     // 3-4. The loop.
     progress.start(Some(total_steps), state.step);
     let (mut first_loss, mut last_loss, mut last_accuracy) = (None, None, None);
-    let mut guard = Guard::default();
+    let mut guard = Guard::new(
+        run.lead().then_some(job.run.output_dir.as_path()),
+        crate::kit::checkpoint::SFT_PREFIX,
+    );
     let mut interrupted = false;
     let mut plan = plan_of(state.epoch as u64);
     while state.step < total_steps {
@@ -464,7 +467,14 @@ pub fn run_with(
             "loss {loss:.4} margin {:.3} acc {:.2}",
             rewards.margins, rewards.accuracies
         ));
-        if run.after_optimizer_step(&state, total_steps, cfg.save_steps, keep, stopping, &opt)? {
+        if run.after_optimizer_step(
+            &state,
+            total_steps,
+            cfg.save_steps,
+            guard.keep(keep),
+            stopping,
+            &opt,
+        )? {
             interrupted = true;
             break;
         }
@@ -473,6 +483,9 @@ pub fn run_with(
 
     // 5. Outputs.
     let (final_dir, merged_dir) = outputs::dirs(&job.run.output_dir);
+    if !interrupted {
+        guard.finish("dpo")?;
+    }
     if run.finish_optimizer(&state, keep, interrupted, &opt)? {
         let info = card::CardInfo {
             base_model: job.base_dir.display().to_string(),

@@ -276,7 +276,13 @@ pub fn run_with(
         progress.start(Some(total_steps), state.step);
     }
     let (mut first_loss, mut last_loss, mut eval_loss) = (None, None, None);
-    let mut guard = Guard::default();
+    // The loss is the token cross-entropy over the head's vocabulary.
+    let vocab = loaded.model.lm_head().weight()?.dim(0)?;
+    let mut guard = Guard::new(
+        lead.then_some(job.output_dir.as_path()),
+        crate::kit::checkpoint::SFT_PREFIX,
+    )
+    .with_vocab(vocab);
     let mut interrupted = false;
     let started = Instant::now();
     let tokens_at_start = state.tokens_seen;
@@ -465,7 +471,14 @@ pub fn run_with(
             ));
         }
 
-        if run.after_optimizer_step(&state, total_steps, cfg.save_steps, keep, stopping, &opt)? {
+        if run.after_optimizer_step(
+            &state,
+            total_steps,
+            cfg.save_steps,
+            guard.keep(keep),
+            stopping,
+            &opt,
+        )? {
             interrupted = true;
             break;
         }
@@ -477,6 +490,9 @@ pub fn run_with(
     // 5. Outputs of the stage.
     let (final_dir, merged_dir) = outputs::dirs(&job.output_dir);
     let mut selected = None;
+    if !interrupted {
+        guard.finish(&job.stage)?;
+    }
     if run.finish_optimizer(&state, keep, interrupted, &opt)? {
         if let (Some(metric), Some(sc)) = (select_metric, &cfg.select) {
             let step = selection.chosen(metric, state.step);
