@@ -1,10 +1,10 @@
-"""Writes src/affine/py_unicode.rs: the code point ranges of Python's
+"""Writes src/env/affine/py_unicode.rs: the code point ranges of Python's
 str.isspace, str.isalnum, str.isdecimal and str.isdigit (minus the
 decimals), so the affine scorers match CPython's `re` classes (\\s, \\w, \\d)
 and string methods character for character.
 
 Run with the CPython whose Unicode tables to copy:
-    python3 scripts/gen_py_unicode.py > src/affine/py_unicode.rs && cargo fmt
+    python3 scripts/gen_py_unicode.py > src/env/affine/py_unicode.rs && cargo fmt
 """
 import sys
 import unicodedata

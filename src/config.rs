@@ -410,6 +410,36 @@ impl PipelineConfig {
     }
 }
 
+/// What the gate does when a set fell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GateMode {
+    /// No gate: no model is evaluated between stages.
+    Off,
+    /// Print the table and a warning naming the set; go on.
+    Warn,
+    /// Print the table, write the report and stop the pipeline.
+    Stop,
+    /// Go on; the pipeline's final model is the best gated model
+    /// (`eval::gate::GateReport::best`).
+    KeepBest,
+}
+
+impl GateMode {
+    /// The config's spelling.
+    pub const NAMES: [&'static str; 4] = ["off", "warn", "stop", "keep_best"];
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "off" => Some(Self::Off),
+            "warn" => Some(Self::Warn),
+            "stop" => Some(Self::Stop),
+            "keep_best" => Some(Self::KeepBest),
+            _ => None,
+        }
+    }
+}
+
 /// The pipeline's gate between stages (`eval::gate`): after Stages 1, 2
 /// and 3 the stage's merged model is evaluated on the held-out sets below
 /// and compared with the model it started from (the base model before
@@ -460,19 +490,19 @@ impl Default for GateConfig {
 
 impl GateConfig {
     /// The mode (valid once [`Validate::problems`] found nothing).
-    pub fn mode(&self) -> crate::eval::gate::Mode {
-        crate::eval::gate::Mode::parse(&self.mode).unwrap_or(crate::eval::gate::Mode::Warn)
+    pub fn mode(&self) -> GateMode {
+        GateMode::parse(&self.mode).unwrap_or(GateMode::Warn)
     }
 }
 
 impl Validate for GateConfig {
     fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
-        if crate::eval::gate::Mode::parse(&self.mode).is_none() {
+        if GateMode::parse(&self.mode).is_none() {
             p.push(format!(
                 "mode: `{}` is not one of {} (hint: `warn` prints a warning and goes on, `stop` stops the pipeline, `keep_best` keeps the best stage's model, `off` skips the gate)",
                 self.mode,
-                crate::eval::gate::Mode::NAMES.join(", ")
+                GateMode::NAMES.join(", ")
             ));
         }
         for (i, set) in self.sets.iter().enumerate() {
@@ -1748,7 +1778,7 @@ impl Validate for DpoRounds {
                 "among_correct: `{c}` is not shorter or fewer_lines"
             ));
         }
-        if let Err(e) = crate::eval::buckets::UpToBucket::from_settings(
+        if let Err(e) = crate::data::buckets::UpToBucket::from_settings(
             &self.bucket_feature,
             self.last_bucket.as_deref(),
         ) {
@@ -1951,7 +1981,7 @@ impl Validate for CurriculumConfig {
         if self.window == 0 {
             p.push("window: must be at least 1".into());
         }
-        if let Err(e) = crate::eval::buckets::UpToBucket::from_settings(
+        if let Err(e) = crate::data::buckets::UpToBucket::from_settings(
             &self.feature,
             self.last_bucket.as_deref(),
         ) {
@@ -2353,7 +2383,7 @@ mod tests {
     fn the_gate_section_loads_with_defaults_and_bad_values_name_the_key() {
         let d = PipelineConfig::default().gate;
         assert_eq!(d.mode, "warn");
-        assert_eq!(d.mode(), crate::eval::gate::Mode::Warn);
+        assert_eq!(d.mode(), GateMode::Warn);
         assert_eq!(d.sets, GATE_SETS.map(String::from).to_vec());
         assert_eq!((d.limit, d.max_new_tokens), (Some(200), 512));
         let p: PipelineConfig = parse(
@@ -2361,7 +2391,7 @@ mod tests {
             Path::new("p.json"),
         )
         .unwrap();
-        assert_eq!(p.gate.mode(), crate::eval::gate::Mode::KeepBest);
+        assert_eq!(p.gate.mode(), GateMode::KeepBest);
         assert_eq!(p.gate.files, [PathBuf::from("extra.jsonl")]);
         assert_eq!(p.gate.limit, None);
         let off: PipelineConfig = parse(
@@ -2369,7 +2399,7 @@ mod tests {
             Path::new("p.json"),
         )
         .unwrap();
-        assert_eq!(off.gate.mode(), crate::eval::gate::Mode::Off);
+        assert_eq!(off.gate.mode(), GateMode::Off);
         let err = parse::<PipelineConfig>(
             r#"{"gate": {"mode": "halt", "sets": ["heldout_short", "cruxeval", "heldout_short"], "limit": 0, "batch_size": 0}}"#,
             Path::new("p.json"),

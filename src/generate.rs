@@ -24,9 +24,9 @@ use sha2::{Digest, Sha256};
 
 use crate::atomic::{self, AtomicFile};
 use crate::config::{Filters, GenerateConfig};
+use crate::data::buckets::Difficulty;
+use crate::data::buckets::{self, BucketCount, Tally};
 use crate::dataset::{Source, SourceRow};
-use crate::eval::Difficulty;
-use crate::eval::buckets::{self, BucketCount, Tally};
 use crate::prompt;
 use crate::reward::python_strip;
 use crate::sandbox::{Executor, ExecutorConfig, Outcome, Request, Status};

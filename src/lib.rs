@@ -1,18 +1,20 @@
-//! trace-train: post-training language models on the Trace task.
+//! trace-train: post-training language models on verifiable tasks, first
+//! the Trace task.
 //!
-//! Data flows one way: the binary's `main` (command line) → stages
-//! (`generate`, `eval`; training stages join them) → parts (`sandbox`,
-//! `transform`, `reward`, `prompt`, `dataset`, `config`, `atomic`, `model`,
-//! `affine`: the sibling tasks SAT, ABD and DED).
-//! See ARCHITECTURE.md.
+//! Data flows one way: the binary's command line and stages (`generate`,
+//! the pipeline) → [`recipes`] (one training loop a method) → [`kit`] (what
+//! every recipe's run is built from) → [`env`] (the tasks and their scores)
+//! → parts (`eval`, `rl`, `pref`, `train`, `model`, `data`, `sandbox`, ...).
+//! `tests/layers.rs` holds the layers and refuses an import that runs back
+//! up. See ARCHITECTURE.md.
 
-pub mod affine;
 pub mod atomic;
 pub mod bench;
 pub mod config;
 pub mod data;
 pub mod dataset;
 pub mod dist;
+pub mod env;
 pub mod eval;
 pub mod generate;
 pub mod gpu;
@@ -21,6 +23,7 @@ pub mod model;
 pub mod pref;
 pub mod progress;
 pub mod prompt;
+pub mod recipes;
 pub mod reward;
 pub mod rl;
 pub mod rng;

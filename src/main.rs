@@ -600,11 +600,11 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::SUCCESS);
                 }
                 cli::launch::Role::Alone => {
-                    let device = cli::train::pick_device(&device)?;
+                    let device = cli::pick_device(&device)?;
                     trace_train::bench::train::train(&bench, &device)?
                 }
                 cli::launch::Role::Child(child) => {
-                    let device = cli::train::pick_device(&child.device())?;
+                    let device = cli::pick_device(&child.device())?;
                     let comm = child.communicator(&device)?;
                     let r = trace_train::bench::train::train_with(&bench, &device, &*comm)?;
                     if child.rank != 0 {
@@ -628,7 +628,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             cancel_share,
             device,
         }) => {
-            let device = cli::train::pick_device(&device)?;
+            let device = cli::pick_device(&device)?;
             let bench = trace_train::bench::serve::ServeBench {
                 model_dir: trace_train::model::resolve(&model)?,
                 clients,
@@ -662,7 +662,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             path,
             device,
         }) => {
-            let device = cli::train::pick_device(&device)?;
+            let device = cli::pick_device(&device)?;
             let bench = trace_train::bench::train::GenBench {
                 model,
                 batch,
@@ -689,7 +689,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             four_bit,
             device,
         }) => {
-            let device = cli::train::pick_device(&device)?;
+            let device = cli::pick_device(&device)?;
             let bench = trace_train::bench::rl::RlBench {
                 model,
                 algorithm,

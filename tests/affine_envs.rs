@@ -11,12 +11,12 @@ mod common;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use trace_train::affine::OUT_OF_RANGE;
-use trace_train::affine::abd::AbdEnv;
-use trace_train::affine::ded::DedEnv;
-use trace_train::affine::rows::{self, TaskRow};
-use trace_train::affine::sat::SatEnv;
-use trace_train::rl::env::{Environment, Score};
+use trace_train::env::affine::OUT_OF_RANGE;
+use trace_train::env::affine::abd::AbdEnv;
+use trace_train::env::affine::ded::DedEnv;
+use trace_train::env::affine::rows::{self, TaskRow};
+use trace_train::env::affine::sat::SatEnv;
+use trace_train::env::{Environment, Score};
 use trace_train::sandbox::{Executor, ExecutorConfig};
 
 fn exec() -> Arc<Executor> {

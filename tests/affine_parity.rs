@@ -13,7 +13,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
-use trace_train::affine::{abd, ded, run::PyRun, sat};
+use trace_train::env::affine::{abd, ded, run::PyRun, sat};
 use trace_train::rng::SplitMix64;
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -197,7 +197,7 @@ fn scores_match_the_python_reference() {
         let program = pick(&mut r, PROGRAMS);
         // Right answers: the expected output is what the echo prints.
         let expected = if r.chance(0.4) {
-            match abd::extract(trace_train::affine::py::strip(&reply), program) {
+            match abd::extract(trace_train::env::affine::py::strip(&reply), program) {
                 Ok(stdin) => stdin,
                 Err(_) => pick(&mut r, &expected_outputs).to_owned(),
             }
@@ -213,7 +213,9 @@ fn scores_match_the_python_reference() {
     }
     for _ in 0..PER_ENV {
         let reply = ded_reply(&mut r);
-        let code = ded::strip_fences(trace_train::affine::py::strip(&reply));
+        let code = trace_train::env::affine::run::strip_fences(
+            trace_train::env::affine::py::strip(&reply),
+        );
         let n = r.below(4);
         let cases: Vec<Value> = (0..n)
             .map(|_| match r.below(4) {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 use trace_train::config::{ModelConfig, SftConfig};
 use trace_train::dist::inprocess::run_ranks;
-use trace_train::train::sft::{self, NoProgress, SftJob, SftSummary};
+use trace_train::recipes::sft::{self, NoProgress, SftJob, SftSummary};
 
 struct Setup {
     _dir: tempfile::TempDir,

@@ -14,9 +14,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{repo, stderr, trace_train};
-use trace_train::eval::{
-    Attempt, DEFAULT_LEVEL, Difficulty, EvalItem, Prediction, Report, jeffreys_interval,
-};
+use trace_train::data::buckets::Difficulty;
+use trace_train::eval::{Attempt, DEFAULT_LEVEL, EvalItem, Prediction, Report, jeffreys_interval};
 
 fn fixture(name: &str) -> PathBuf {
     repo().join("tests/fixtures").join(name)

@@ -300,23 +300,19 @@ fn later_turns_hold_the_feedback_and_are_decoded_together() {
 /// got, and it cannot give feedback on task `c` (as a sandbox failure).
 struct Wants;
 
-impl trace_train::rl::env::Environment for Wants {
+impl trace_train::env::Environment for Wants {
     fn name(&self) -> &'static str {
         "wants"
     }
-    fn task(&self, _: u64) -> Result<trace_train::rl::env::Task, String> {
+    fn task(&self, _: u64) -> Result<trace_train::env::Task, String> {
         Err("scripted".into())
     }
-    fn score(
-        &self,
-        task: &trace_train::rl::env::Task,
-        completion: &str,
-    ) -> trace_train::rl::env::Score {
-        trace_train::rl::env::Score::Reward(f64::from(u8::from(completion.trim() == task.expected)))
+    fn score(&self, task: &trace_train::env::Task, completion: &str) -> trace_train::env::Score {
+        trace_train::env::Score::Reward(f64::from(u8::from(completion.trim() == task.expected)))
     }
     fn feedback(
         &self,
-        task: &trace_train::rl::env::Task,
+        task: &trace_train::env::Task,
         completion: &str,
         kind: &str,
     ) -> Result<String, String> {
@@ -334,9 +330,9 @@ impl trace_train::rl::env::Environment for Wants {
 /// cannot give feedback; the report's accuracy after each turn.
 #[test]
 fn environment_episodes_take_the_environments_feedback() {
+    use trace_train::env::{Environment, Task};
     use trace_train::eval::envs::EnvsReport;
     use trace_train::eval::turns::run_env_episodes;
-    use trace_train::rl::env::{Environment, Task};
     let dir = tempfile::tempdir().unwrap();
     trace_train::model::tiny::write_tiny_chat_model(dir.path(), 7).unwrap();
     let tok = ChatTokenizer::from_dir(dir.path()).unwrap();

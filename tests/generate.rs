@@ -484,9 +484,9 @@ fn stats_count_each_split_by_line_and_difficulty_bucket_and_originals_keep_one_l
             let mut want = std::collections::BTreeMap::<String, u64>::new();
             for r in &recs {
                 let n = r["expected_output"].as_str().unwrap().lines().count() as u32;
-                let (_, label) = trace_train::eval::buckets::bucket(
+                let (_, label) = trace_train::data::buckets::bucket(
                     Some(n),
-                    trace_train::eval::buckets::OUTPUT_LINES.edges,
+                    trace_train::data::buckets::OUTPUT_LINES.edges,
                 );
                 *want.entry(label).or_default() += 1;
             }

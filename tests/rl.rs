@@ -17,11 +17,11 @@ use common::{
 use trace_train::config::{CurriculumConfig, ModelConfig, RlConfig};
 use trace_train::dataset::SourceRow;
 use trace_train::dist::inprocess::run_ranks;
+use trace_train::env::{Environment, TraceEnv, WordEnv};
 use trace_train::model::generate::Generation;
-use trace_train::rl::env::{Environment, TraceEnv, WordEnv};
-use trace_train::rl::ppo::{self, Policy, RlJob, Sample};
+use trace_train::recipes::ppo::{self, Policy, RlJob, Sample};
+use trace_train::recipes::sft::NoProgress;
 use trace_train::sandbox::Executor;
-use trace_train::train::sft::NoProgress;
 
 /// Settings for the tiny model: one new token, so a completion is the word
 /// or not, and a high learning rate (the tiny model's LoRA is small).

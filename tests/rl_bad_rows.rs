@@ -17,10 +17,10 @@ use trace_train::config::{CurriculumConfig, ModelConfig, RlConfig};
 use trace_train::dataset::SourceRow;
 use trace_train::dist::inprocess::run_ranks;
 use trace_train::dist::{Communicator, Single};
-use trace_train::rl::env::{BAD_ROW, Barren, Environment, MAX_BARREN_DRAWS, SharedTasks, TraceEnv};
-use trace_train::rl::ppo::{self, RlJob, RlState};
+use trace_train::env::{BAD_ROW, Barren, Environment, MAX_BARREN_DRAWS, SharedTasks, TraceEnv};
+use trace_train::recipes::ppo::{self, RlJob, RlState};
+use trace_train::recipes::sft::NoProgress;
 use trace_train::sandbox::{Executor, ExecutorConfig, Limits};
-use trace_train::train::sft::NoProgress;
 
 /// A row that runs cleanly: `n` squares.
 const GOOD: &str = "n = int(input())\nfor i in range(n):\n    print(i * i)\n";

@@ -31,7 +31,7 @@ use crate::config::{RlConfig, Validate};
 use crate::data::ChatTokenizer;
 use crate::kit::load;
 use crate::model;
-use crate::rl::ppo::{Policy, Sample, UpdateStats};
+use crate::recipes::ppo::{Policy, Sample, UpdateStats};
 
 /// What `bench rl` measures.
 #[derive(Debug, Clone)]

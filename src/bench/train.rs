@@ -463,7 +463,7 @@ pub fn sample(bench: &GenBench, device: &Device) -> anyhow::Result<GenResult> {
     let ids = Tensor::new(seq.as_slice(), device)?.unsqueeze(0)?;
     let logits =
         (m.model.forward(&ids, None, false)?.to_dtype(DType::F32)? / sampling.temperature)?;
-    let trainer: Vec<f32> = loss::next_token_logprobs(&logits, &ids)?
+    let trainer: Vec<f32> = crate::model::ops::next_token_logprobs(&logits, &ids)?
         .squeeze(0)?
         .to_vec1()?;
     let logprob_mismatch = out[0]

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
-use trace_train::affine::split::{Part, Split};
-use trace_train::affine::{abd::AbdEnv, ded::DedEnv, rows, sat::SatEnv};
 use trace_train::dataset::Source;
-use trace_train::rl::env::{Environment, TraceEnv};
+use trace_train::env::affine::split::{Part, Split};
+use trace_train::env::affine::{abd::AbdEnv, ded::DedEnv, rows, sat::SatEnv};
+use trace_train::env::{Environment, TraceEnv};
 use trace_train::sandbox::{self, Executor, ExecutorConfig};
 
 /// The environments there are.
@@ -198,7 +198,7 @@ pub fn run_generate(g: &SiblingData) -> anyhow::Result<()> {
             let end = env.task_count().map_or(g.tasks, |n| g.tasks.min(n));
             let ids: Vec<u64> = (0..end).collect();
             let p = g.output_dir.join(format!("{name}_sft.jsonl"));
-            let counts = trace_train::affine::sft::write_records(&**env, &ids, &p)?;
+            let counts = trace_train::env::affine::sft::write_records(&**env, &ids, &p)?;
             eprintln!(
                 "{name}: {} records of {} tasks (dropped: {}) -> {}",
                 counts.written,
@@ -213,7 +213,7 @@ pub fn run_generate(g: &SiblingData) -> anyhow::Result<()> {
     }
     let mixture = g.output_dir.join("mixture_sft.jsonl");
     let refs: Vec<(&std::path::Path, f64)> = files.iter().map(|(p, w)| (p.as_path(), *w)).collect();
-    let n = trace_train::affine::sft::write_mixture(&refs, &mixture, g.seed)?;
+    let n = trace_train::env::affine::sft::write_mixture(&refs, &mixture, g.seed)?;
     eprintln!("mixture: {n} records -> {}", mixture.display());
     trace_train::atomic::write(
         &g.output_dir.join("sibling_stats.json"),

@@ -16,13 +16,13 @@ use candle_core::DType;
 use clap::Args;
 
 use trace_train::data::ChatTokenizer;
+use trace_train::env::{Environment, Task};
 use trace_train::eval::envs::{EnvPrediction, EnvsReport};
 use trace_train::eval::heldout::{self, PromptKind};
 use trace_train::eval::{DEFAULT_LEVEL, EvalItem, Report, turns};
 use trace_train::model;
 use trace_train::model::generate::Generation;
 use trace_train::reward;
-use trace_train::rl::env::{Environment, Task};
 use trace_train::sandbox::{Executor, ExecutorConfig};
 
 #[derive(Args, Clone)]
@@ -294,7 +294,7 @@ struct Sampler {
 
 impl Sampler {
     fn load(args: &EvalArgs, model_dir: &std::path::Path) -> anyhow::Result<Self> {
-        let device = super::train::pick_device(args.device.as_deref().unwrap_or("auto"))?;
+        let device = super::pick_device(args.device.as_deref().unwrap_or("auto"))?;
         let dtype = if device.is_cpu() {
             DType::F32
         } else {
@@ -345,8 +345,9 @@ pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> 
         .any(|(_, w)| *w != 1.0)
         .then(|| named.iter().map(|(_, w)| *w).collect());
     let resolved = resolve_model(args)?;
-    let part =
-        trace_train::affine::split::Part::parse(args.envs.split.as_deref().unwrap_or("heldout"))?;
+    let part = trace_train::env::affine::split::Part::parse(
+        args.envs.split.as_deref().unwrap_or("heldout"),
+    )?;
     let envs = super::envs::build(&names, &args.envs.data, args.unsafe_no_sandbox, part)?;
     let mut tasks = Vec::new();
     for env in &envs {

@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use trace_train::config::GateConfig;
-use trace_train::eval::gate::{self, Action, GateReport, Mode, Score, StageScores};
+use trace_train::config::GateMode;
+use trace_train::eval::gate::{self, Action, GateReport, Score, StageScores};
 use trace_train::eval::{EvalItem, Report};
 
 use super::eval::{EvalArgs, eval_items, run_eval_on};
@@ -59,7 +60,7 @@ struct Set {
 
 pub struct Gate {
     cfg: GateConfig,
-    mode: Mode,
+    mode: GateMode,
     /// `<checkpoints>`: `gate.json` and `gate/` go there.
     root: PathBuf,
     device: String,
@@ -86,7 +87,7 @@ impl Gate {
         resume: bool,
     ) -> anyhow::Result<Option<Self>> {
         let mode = cfg.mode();
-        if mode == Mode::Off {
+        if mode == GateMode::Off {
             return Ok(None);
         }
         let reports = root.join("gate");
@@ -306,7 +307,7 @@ impl Gate {
     /// The pipeline's final model: with `keep_best`, the best gated model
     /// ([`gate::best`]), recorded in `gate.json` and said; else `default`.
     pub fn final_model(&mut self, default: Gated) -> anyhow::Result<Gated> {
-        if self.mode != Mode::KeepBest {
+        if self.mode != GateMode::KeepBest {
             return Ok(default);
         }
         let Some(best) = self.report.best().cloned() else {

@@ -16,6 +16,14 @@ pub mod report;
 pub mod serve;
 pub mod train;
 
+/// The device a command runs on: `cpu`, `cuda`, `cuda:N` or `auto`.
+pub fn pick_device(name: &str) -> anyhow::Result<candle_core::Device> {
+    use anyhow::Context;
+    trace_train::config::DeviceSpec::parse(name)
+        .with_context(|| format!("device `{name}` is not cpu, cuda, cuda:N or auto"))?
+        .open()
+}
+
 /// Named counts for a summary line (`error_exit 6, timeout 1`), or `none`.
 pub fn counts(m: &std::collections::BTreeMap<String, u64>) -> String {
     if m.is_empty() {

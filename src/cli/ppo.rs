@@ -13,10 +13,10 @@ use trace_train::config::{
 };
 use trace_train::dataset::Source;
 use trace_train::dist::{Communicator, Single};
+use trace_train::env::mixture::Mixture;
+use trace_train::env::{Environment, TraceEnv, WordEnv};
 use trace_train::progress::Progress;
-use trace_train::rl::env::{Environment, TraceEnv, WordEnv};
-use trace_train::rl::mixture::Mixture;
-use trace_train::rl::ppo::{self, RlJob, RlSummary};
+use trace_train::recipes::ppo::{self, RlJob, RlSummary};
 use trace_train::sandbox::{self, Executor, ExecutorConfig};
 
 /// The words the `word` environment asks for.
@@ -297,7 +297,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
     let base_dir = trace_train::model::resolve::resolve(&model_spec).with_context(|| {
         format!("no policy model at `{model_spec}`\nhint: run Stage 2 (`trace-train sft`) first, or pass --model")
     })?;
-    let device = super::train::pick_device(args.device.as_deref().unwrap_or("auto"))?;
+    let device = super::pick_device(args.device.as_deref().unwrap_or("auto"))?;
     // As SFT: the pipeline's `hardware.gradient_checkpointing` (on by
     // default) means "on a GPU"; the stage's key and the flag apply anywhere.
     s3.ppo.gradient_checkpointing = Some(
@@ -354,7 +354,7 @@ pub fn environment(
                 &names,
                 &data,
                 unsafe_no_sandbox,
-                trace_train::affine::split::Part::Train,
+                trace_train::env::affine::split::Part::Train,
             )?;
             let mixture = Mixture::new(
                 envs.into_iter()

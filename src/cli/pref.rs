@@ -9,15 +9,15 @@ use clap::Args;
 
 use trace_train::config::{self, DpoConfig, ModelConfig, PipelineConfig, RlConfig};
 use trace_train::data::ChatTokenizer;
+use trace_train::data::buckets::UpToBucket;
 use trace_train::dist::Single;
-use trace_train::eval::buckets::UpToBucket;
 use trace_train::kit::RunOptions;
 use trace_train::model;
-use trace_train::pref::dpo::{self, DpoJob, DpoSummary};
 use trace_train::pref::pairs::{Criterion, PairRules, make_pairs};
 use trace_train::pref::rollout::{
     Rollout, RolloutPlan, RolloutStats, SamplingSettings, read_jsonl, roll_out, write_jsonl,
 };
+use trace_train::recipes::dpo::{self, DpoJob, DpoSummary};
 
 #[derive(Args, Clone, Debug)]
 #[command(rename_all = "snake_case")]
@@ -105,7 +105,7 @@ pub fn rollouts(args: &RolloutsArgs) -> anyhow::Result<RolloutStats> {
     anyhow::ensure!(args.num_prompts > 0, "--num_prompts: must be at least 1");
     let up_to = UpToBucket::from_settings(&args.bucket_feature, args.last_bucket.as_deref())
         .map_err(|e| anyhow::anyhow!(e.named("--bucket_feature", "--last_bucket")))?;
-    let device = super::train::pick_device(args.device.as_deref().unwrap_or("auto"))?;
+    let device = super::pick_device(args.device.as_deref().unwrap_or("auto"))?;
     let dtype = if device.is_cpu() {
         DType::F32
     } else {
@@ -447,7 +447,7 @@ pub fn resolve_dpo(args: &DpoArgs) -> anyhow::Result<DpoJob> {
     let resolved = model::resolve::resolve_revision(&model_spec, None).with_context(|| {
         format!("no policy model at `{model_spec}`\nhint: run Stage 2 (`trace-train sft`) first, or pass --model")
     })?;
-    let device = super::train::pick_device(args.device.as_deref().unwrap_or("auto"))?;
+    let device = super::pick_device(args.device.as_deref().unwrap_or("auto"))?;
     Ok(DpoJob {
         run: RunOptions {
             output_dir: c

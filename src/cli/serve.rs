@@ -57,7 +57,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
-    let device = super::train::pick_device(&args.device)?;
+    let device = super::pick_device(&args.device)?;
     let model_dir = trace_train::model::resolve(&args.model)?;
     let api_key = args
         .api_key

@@ -11,7 +11,7 @@ use trace_train::config::{
 };
 use trace_train::dist::{Communicator, Single};
 use trace_train::progress::Progress;
-use trace_train::train::sft::{self, SftJob, SftSummary};
+use trace_train::recipes::sft::{self, SftJob, SftSummary};
 
 #[derive(Args, Clone, Debug, Default)]
 #[command(rename_all = "snake_case")]
@@ -488,7 +488,7 @@ pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
                 format!("base model `{}` not found", s.base_model)
             }
         })?;
-    let device = pick_device(&s.hardware.device)?;
+    let device = super::pick_device(&s.hardware.device)?;
     // On (the default) means "on a GPU"; an explicit flag applies anywhere.
     let gradient_checkpointing = args
         .gradient_checkpointing
@@ -561,12 +561,6 @@ fn select_items(
     };
     super::eval::eval_items(&args)
         .with_context(|| format!("select.set: cannot read the set `{}`", sc.set))
-}
-
-pub fn pick_device(name: &str) -> anyhow::Result<candle_core::Device> {
-    trace_train::config::DeviceSpec::parse(name)
-        .with_context(|| format!("device `{name}` is not cpu, cuda, cuda:N or auto"))?
-        .open()
 }
 
 /// The `hardware` section of the pipeline config the stage reads.

@@ -10,12 +10,15 @@
 //!   thinking disabled for Qwen3;
 //! - [`example`]: one record → token ids with the answer (and the
 //!   end-of-turn token that teaches the model to stop) as the only labels;
-//! - [`batch`]: a deterministic, resumable, length-bucketed batcher.
+//! - [`batch`]: a deterministic, resumable, length-bucketed batcher;
+//! - [`buckets`]: a record's difficulty and the buckets that stats, eval
+//!   and the curriculum count by.
 //!
 //! Nothing here knows about tensors or devices: batches are `Vec`s in
 //! row-major `(B, L)` layout.
 
 pub mod batch;
+pub mod buckets;
 pub mod example;
 pub mod records;
 pub mod template;

@@ -9,8 +9,8 @@
 
 use std::fmt::Write;
 
-use super::buckets::FEATURES;
 use super::{Bucket, Interval, Report, Turns};
+use crate::data::buckets::FEATURES;
 
 /// One side of a row: n, correct, interval, and the misses with more
 /// lines than expected (none in a row of turns).

@@ -14,8 +14,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use super::turns::TurnAccuracy;
-use super::{Interval, jeffreys_interval};
+use super::{Interval, TurnAccuracy, jeffreys_interval};
 use crate::atomic;
 
 /// The layout this code writes.

@@ -19,7 +19,7 @@
 //! one's wider interval decides). With one condition a change half the
 //! width of the smaller side's interval could be called.
 //!
-//! What the gate does with the verdicts is its [`Mode`]; everything here is
+//! What the gate does with the verdicts is its [`GateMode`]; everything here is
 //! pure (scores in, verdicts, a decision and a table out), so it is tested
 //! on fixed numbers; `cli::pipeline` evaluates the models and acts.
 
@@ -28,36 +28,7 @@ use std::fmt::Write;
 use serde::{Deserialize, Serialize};
 
 use super::{Report, jeffreys_interval};
-
-/// What the gate does when a set fell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// No gate: no model is evaluated between stages.
-    Off,
-    /// Print the table and a warning naming the set; go on.
-    Warn,
-    /// Print the table, write the report and stop the pipeline.
-    Stop,
-    /// Go on; the pipeline's final model is the best gated model
-    /// ([`GateReport::best`]).
-    KeepBest,
-}
-
-impl Mode {
-    /// The config's spelling.
-    pub const NAMES: [&'static str; 4] = ["off", "warn", "stop", "keep_best"];
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "off" => Some(Self::Off),
-            "warn" => Some(Self::Warn),
-            "stop" => Some(Self::Stop),
-            "keep_best" => Some(Self::KeepBest),
-            _ => None,
-        }
-    }
-}
+use crate::config::GateMode;
 
 /// One model's exact match on one set.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -292,7 +263,7 @@ pub enum Action {
 
 /// The action `mode` takes on `c`. The messages name the stage, every set
 /// that fell and its numbers; the stop message ends with a hint.
-pub fn decide(mode: Mode, c: &Comparison) -> Action {
+pub fn decide(mode: GateMode, c: &Comparison) -> Action {
     let fell = c.fell();
     if fell.is_empty() {
         return Action::Continue;
@@ -325,9 +296,9 @@ pub fn decide(mode: Mode, c: &Comparison) -> Action {
         label(c.stage, &c.name, c.round)
     );
     match mode {
-        Mode::Off | Mode::KeepBest => Action::Continue,
-        Mode::Warn => Action::Warn(format!("warning: {head}")),
-        Mode::Stop => Action::Stop(format!(
+        GateMode::Off | GateMode::KeepBest => Action::Continue,
+        GateMode::Warn => Action::Warn(format!("warning: {head}")),
+        GateMode::Stop => Action::Stop(format!(
             "{head}; the pipeline stopped (gate.mode `stop`)\nhint: to go on with this model, set gate.mode to `warn` and run again with --resume (finished stages are kept); or change the stage's recipe (learning rate, epochs, data) and rerun it with --start_stage {}",
             c.stage
         )),
@@ -355,7 +326,7 @@ pub fn best(stages: &[StageScores]) -> Option<&StageScores> {
 /// the model the pipeline kept.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GateReport {
-    pub mode: Mode,
+    pub mode: GateMode,
     pub rule: String,
     pub stages: Vec<StageScores>,
     pub comparisons: Vec<Comparison>,
@@ -371,7 +342,7 @@ pub struct GateReport {
 pub const RULE: &str = "a set fell when the new exact match is below the lower end of the previous model's interval and the previous exact match is above the upper end of the new one's; rose in the mirror case; otherwise within";
 
 impl GateReport {
-    pub fn new(mode: Mode) -> Self {
+    pub fn new(mode: GateMode) -> Self {
         Self {
             mode,
             rule: RULE.to_owned(),
@@ -490,7 +461,8 @@ impl GateReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eval::{DEFAULT_LEVEL, Difficulty, EvalItem, Prediction};
+    use crate::data::buckets::Difficulty;
+    use crate::eval::{DEFAULT_LEVEL, EvalItem, Prediction};
 
     fn score(correct: usize, n: usize) -> Score {
         Score::new(correct, n, DEFAULT_LEVEL)
@@ -627,7 +599,7 @@ mod tests {
             ),
         )
         .unwrap();
-        let Action::Warn(m) = decide(Mode::Warn, &c) else {
+        let Action::Warn(m) = decide(GateMode::Warn, &c) else {
             panic!("warn mode warns")
         };
         for want in [
@@ -650,7 +622,7 @@ mod tests {
             &stage(2, "sft", &[("heldout_short", 30, 100)]),
         )
         .unwrap();
-        let Action::Stop(m) = decide(Mode::Stop, &c) else {
+        let Action::Stop(m) = decide(GateMode::Stop, &c) else {
             panic!("stop mode stops")
         };
         for want in [
@@ -674,7 +646,12 @@ mod tests {
         )
         .unwrap();
         assert!(c.fell().is_empty());
-        for mode in [Mode::Off, Mode::Warn, Mode::Stop, Mode::KeepBest] {
+        for mode in [
+            GateMode::Off,
+            GateMode::Warn,
+            GateMode::Stop,
+            GateMode::KeepBest,
+        ] {
             assert_eq!(decide(mode, &c), Action::Continue, "{mode:?}");
         }
         // keep_best and off never stop, even when a set fell.
@@ -683,8 +660,8 @@ mod tests {
             &stage(1, "warmup", &[("a", 10, 100)]),
         )
         .unwrap();
-        assert_eq!(decide(Mode::KeepBest, &fell), Action::Continue);
-        assert_eq!(decide(Mode::Off, &fell), Action::Continue);
+        assert_eq!(decide(GateMode::KeepBest, &fell), Action::Continue);
+        assert_eq!(decide(GateMode::Off, &fell), Action::Continue);
     }
 
     #[test]
@@ -711,7 +688,7 @@ mod tests {
         assert_eq!(best(&sized).unwrap().stage, 1);
         assert!(best(&[]).is_none());
 
-        let mut g = GateReport::new(Mode::KeepBest);
+        let mut g = GateReport::new(GateMode::KeepBest);
         for s in stages {
             g.add_stage(s);
         }
@@ -733,7 +710,7 @@ mod tests {
             ..stage(3, "dpo", &[("a", correct, 100)])
         };
         let s2 = stage(2, "sft", &[("a", 30, 100)]);
-        let mut g = GateReport::new(Mode::Stop);
+        let mut g = GateReport::new(GateMode::Stop);
         // Recorded out of order: kept in the pipeline's order, and a round
         // does not replace another.
         for s in [round(1, 10), s2.clone(), round(0, 45)] {
@@ -747,7 +724,7 @@ mod tests {
             (c.place(), c.against, c.against_round),
             ((3, Some(1)), 3, Some(0))
         );
-        let Action::Stop(m) = decide(Mode::Stop, &c) else {
+        let Action::Stop(m) = decide(GateMode::Stop, &c) else {
             panic!("stop mode stops")
         };
         assert!(
@@ -791,7 +768,7 @@ mod tests {
             "warmup",
             &[("heldout_short", 25, 100), ("test", 60, 200)],
         );
-        let mut g = GateReport::new(Mode::Warn);
+        let mut g = GateReport::new(GateMode::Warn);
         let mut c = compare(&base, &s1).unwrap();
         assert!(
             c.sets.iter().all(|x| x.items.is_none()),
@@ -843,10 +820,10 @@ mod tests {
 
     #[test]
     fn modes_parse_from_the_configs_spelling() {
-        for name in Mode::NAMES {
-            let m = Mode::parse(name).unwrap();
+        for name in GateMode::NAMES {
+            let m = GateMode::parse(name).unwrap();
             assert_eq!(serde_json::to_value(m).unwrap(), name);
         }
-        assert_eq!(Mode::parse("halt"), None);
+        assert_eq!(GateMode::parse("halt"), None);
     }
 }

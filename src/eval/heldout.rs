@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 
 use rayon::prelude::*;
 
-use super::{Difficulty, EvalItem};
+use super::EvalItem;
 use crate::config::SeedScheme;
+use crate::data::buckets::Difficulty;
 use crate::dataset::builtin;
 use crate::prompt;
 use crate::reward::python_strip;

@@ -19,7 +19,6 @@
 //! models: the stage that runs eval hands the driver a function that
 //! decodes a batch of prompts with [`crate::model::generate::greedy`].
 
-pub mod buckets;
 mod compare;
 pub mod dominance;
 pub mod envs;
@@ -36,11 +35,24 @@ pub mod turns;
 pub use compare::compare;
 pub use interval::{DEFAULT_LEVEL, jeffreys_interval};
 pub use report::{Bucket, Interval, Misses, REPORT_VERSION, Report, line_diff};
-pub use turns::{Attempt, TurnAccuracy, Turns};
+pub use turns::{Attempt, Turns};
 
 use serde::{Deserialize, Serialize};
 
+use crate::data::buckets::Difficulty;
 use crate::reward;
+
+/// The accuracy after a turn: items with a right answer among their first
+/// `turn` answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnAccuracy {
+    /// 1 for the first answer.
+    pub turn: usize,
+    pub correct: usize,
+    /// `correct / n` (0 when there are no items).
+    pub accuracy: f64,
+    pub interval: Interval,
+}
 
 /// A record `generate` wrote could not be read as an eval item.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,20 +61,6 @@ pub enum RecordError {
         "the record has no `{field}`\nhint: eval reads the JSONL records that `generate` writes"
     )]
     Missing { field: &'static str },
-}
-
-/// How hard an item is, from its record's metadata; `None` where the
-/// record does not say.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Difficulty {
-    /// Deepest loop nesting of the program.
-    pub loop_depth: Option<u32>,
-    /// Lines of the program (after `ast.unparse`).
-    pub lines: Option<u32>,
-    /// Debug prints injected (absent for original programs).
-    pub injections: Option<u32>,
-    /// Lines of the expected output.
-    pub output_lines: Option<u32>,
 }
 
 /// One item to evaluate: a prompt and the stdout the program printed.

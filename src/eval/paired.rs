@@ -88,7 +88,8 @@ pub fn paired(a: &Report, b: &Report) -> Result<Paired, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eval::{DEFAULT_LEVEL, Difficulty, EvalItem, Prediction};
+    use crate::data::buckets::Difficulty;
+    use crate::eval::{DEFAULT_LEVEL, EvalItem, Prediction};
 
     /// `(a_only, b_only, p)`, p computed exactly with Python's integers:
     /// `min(1, 2 * sum(comb(n, i) for i in range(min(b, c) + 1)) / 2**n)`.

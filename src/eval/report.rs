@@ -11,9 +11,9 @@ use std::path::Path;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use super::buckets::{self, BucketCount, FEATURES};
-use super::{Difficulty, Prediction, Turns, jeffreys_interval};
+use super::{Prediction, Turns, jeffreys_interval};
 use crate::atomic;
+use crate::data::buckets::{self, BucketCount, Difficulty, FEATURES};
 use crate::reward::{normalize, python_strip};
 
 /// The report layout this code writes. Reports without the field (version

@@ -21,11 +21,11 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::envs::{EnvAttempt, EnvPrediction};
-use super::{EvalItem, Interval, Prediction, jeffreys_interval};
+use super::{EvalItem, Interval, Prediction, TurnAccuracy, jeffreys_interval};
 use crate::data::{ChatTokenizer, Message, Role};
+use crate::env::{Environment, Score, Task};
 use crate::model::generate::Generation;
 use crate::reward;
-use crate::rl::env::{Environment, Score, Task};
 
 /// An earlier answer of an episode: wrong (an episode ends at a right
 /// one), and the feedback turn that followed it.
@@ -39,18 +39,6 @@ pub struct Attempt {
     pub stopped: bool,
     /// The environment's reply, the next turn's user message.
     pub feedback: String,
-}
-
-/// The accuracy after a turn: items with a right answer among their first
-/// `turn` answers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TurnAccuracy {
-    /// 1 for the first answer.
-    pub turn: usize,
-    pub correct: usize,
-    /// `correct / n` (0 when there are no items).
-    pub accuracy: f64,
-    pub interval: Interval,
 }
 
 /// A multi-turn eval's numbers (in the report when `K` is above 1).
@@ -426,7 +414,8 @@ pub fn run_env_episodes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eval::{DEFAULT_LEVEL, Difficulty};
+    use crate::data::buckets::Difficulty;
+    use crate::eval::DEFAULT_LEVEL;
 
     fn item(id: &str, expected: &str) -> EvalItem {
         EvalItem {

@@ -1,6 +1,6 @@
 //! The kit every recipe builds its run from: the SFT recipe
-//! ([`crate::train::sft`]), PPO/GRPO ([`crate::rl::ppo`]) and DPO
-//! ([`crate::pref::dpo`]) each are one loop over their own steps, and take
+//! ([`crate::recipes::sft`]), PPO/GRPO ([`crate::recipes::ppo`]) and DPO
+//! ([`crate::recipes::dpo`]) each are one loop over their own steps, and take
 //! everything around that loop from here, never from each other:
 //!
 //! - [`Run`]: the output folder's lock, the stop flag, the resume decision

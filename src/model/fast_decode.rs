@@ -44,7 +44,7 @@ use super::attention::Cache;
 use super::decoder::{DecodeBase, DecodeProj, DecodeWeights};
 use super::draw;
 pub use super::draw::Draw;
-use super::kernels::{self, DECODE, Kernel, Module, SAMPLE, SKINNY};
+use super::kernels::{self, DECODE, Kernel, Module, SAMPLE, SKINNY, ptr, uninit};
 use super::lt_products::{self, LtProducts};
 
 /// Weight rows one block of the decode product owns (`SK_TILE` in skinny.cu).
@@ -936,26 +936,6 @@ impl<'w> Engine<'w> {
     }
 }
 
-/// An uninitialised `(rows, cols)` tensor of `dtype` (bf16, f16, else f32)
-/// on `dev`: every caller's kernel writes it whole before any read.
-pub(super) fn uninit(dev: &CudaDevice, dtype: DType, rows: usize, cols: usize) -> Result<Tensor> {
-    let n = rows * cols;
-    // SAFETY: each caller's kernel writes every element before a read.
-    let storage = unsafe {
-        match dtype {
-            DType::BF16 => CudaStorage::wrap_cuda_slice(dev.alloc::<bf16>(n)?, dev.clone()),
-            DType::F16 => CudaStorage::wrap_cuda_slice(dev.alloc::<f16>(n)?, dev.clone()),
-            _ => CudaStorage::wrap_cuda_slice(dev.alloc::<f32>(n)?, dev.clone()),
-        }
-    };
-    Ok(Tensor::from_storage(
-        Storage::Cuda(storage),
-        (rows, cols),
-        BackpropOp::none(),
-        false,
-    ))
-}
-
 /// The decode step's products `x W^T` (a few rows of x, all of W) and
 /// their scratch: cuBLAS on a folded copy, or the decode kernel
 /// (`skinny.cu`) on the bases in place.
@@ -1241,32 +1221,6 @@ fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
 
 fn slice_ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     s.device_ptr(stream).0
-}
-
-/// The device address of a contiguous CUDA tensor's first element. The
-/// tensor must outlive every launch that reads the address (frees are
-/// stream-ordered, so dropping it after the launch call is enough).
-pub(super) fn ptr(t: &Tensor) -> Result<u64> {
-    let (s, l) = t.storage_and_layout();
-    let Storage::Cuda(c) = &*s else {
-        bail!("decode step: expected a CUDA tensor");
-    };
-    if !l.is_contiguous() {
-        bail!(
-            "decode step: expected a contiguous tensor, got strides {:?}",
-            l.stride()
-        );
-    }
-    let stream = c.device.cuda_stream();
-    let (base, size) = match &c.slice {
-        CudaStorageSlice::BF16(x) => (x.device_ptr(&stream).0, 2),
-        CudaStorageSlice::F16(x) => (x.device_ptr(&stream).0, 2),
-        CudaStorageSlice::F32(x) => (x.device_ptr(&stream).0, 4),
-        CudaStorageSlice::U32(x) => (x.device_ptr(&stream).0, 4),
-        CudaStorageSlice::U8(x) => (x.device_ptr(&stream).0, 1),
-        _ => bail!("decode step: unexpected dtype {:?}", t.dtype()),
-    };
-    Ok(base + (l.start_offset() * size) as u64)
 }
 
 #[cfg(test)]

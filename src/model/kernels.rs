@@ -11,13 +11,18 @@
 
 use std::sync::{Arc, Mutex};
 
+use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::WrapErr;
+use candle_core::cuda_backend::cudarc::driver::DevicePtr;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaModule, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchArgs,
     LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
-use candle_core::{CudaDevice, Result, bail};
+use candle_core::cuda_backend::{CudaStorage, CudaStorageSlice};
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, DType, Result, Storage, Tensor, bail};
+use half::{bf16, f16};
 
 /// One compiled `src/kernels/*.cu`: its fat binary.
 pub struct Module {
@@ -206,4 +211,50 @@ pub fn nf4_dequantize<T: DeviceRepr>(
     // `src/kernels/nf4.cu`, and the sizes were checked above.
     unsafe { builder.launch(cfg) }.w()?;
     Ok(())
+}
+
+/// An uninitialised `(rows, cols)` tensor of `dtype` (bf16, f16, else f32)
+/// on `dev`: every caller's kernel writes it whole before any read.
+pub fn uninit(dev: &CudaDevice, dtype: DType, rows: usize, cols: usize) -> Result<Tensor> {
+    let n = rows * cols;
+    // SAFETY: each caller's kernel writes every element before a read.
+    let storage = unsafe {
+        match dtype {
+            DType::BF16 => CudaStorage::wrap_cuda_slice(dev.alloc::<bf16>(n)?, dev.clone()),
+            DType::F16 => CudaStorage::wrap_cuda_slice(dev.alloc::<f16>(n)?, dev.clone()),
+            _ => CudaStorage::wrap_cuda_slice(dev.alloc::<f32>(n)?, dev.clone()),
+        }
+    };
+    Ok(Tensor::from_storage(
+        Storage::Cuda(storage),
+        (rows, cols),
+        BackpropOp::none(),
+        false,
+    ))
+}
+
+/// The device address of a contiguous CUDA tensor's first element. The
+/// tensor must outlive every launch that reads the address (frees are
+/// stream-ordered, so dropping it after the launch call is enough).
+pub fn ptr(t: &Tensor) -> Result<u64> {
+    let (s, l) = t.storage_and_layout();
+    let Storage::Cuda(c) = &*s else {
+        bail!("decode step: expected a CUDA tensor");
+    };
+    if !l.is_contiguous() {
+        bail!(
+            "decode step: expected a contiguous tensor, got strides {:?}",
+            l.stride()
+        );
+    }
+    let stream = c.device.cuda_stream();
+    let (base, size) = match &c.slice {
+        CudaStorageSlice::BF16(x) => (x.device_ptr(&stream).0, 2),
+        CudaStorageSlice::F16(x) => (x.device_ptr(&stream).0, 2),
+        CudaStorageSlice::F32(x) => (x.device_ptr(&stream).0, 4),
+        CudaStorageSlice::U32(x) => (x.device_ptr(&stream).0, 4),
+        CudaStorageSlice::U8(x) => (x.device_ptr(&stream).0, 1),
+        _ => bail!("decode step: unexpected dtype {:?}", t.dtype()),
+    };
+    Ok(base + (l.start_offset() * size) as u64)
 }

@@ -29,7 +29,7 @@ use candle_core::cuda_backend::cudarc::cublaslt::{result, sys};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use candle_core::{CudaDevice, DType, Device, Result, Tensor, bail};
 
-use super::fast_decode::{ptr, uninit};
+use super::kernels::{ptr, uninit};
 
 /// Workspace for split-K algorithms (what cuBLASLt's documentation asks
 /// for on Hopper).

@@ -36,6 +36,7 @@ pub mod lt_products;
 pub mod nf4;
 pub mod norm;
 pub mod ops;
+pub mod prefill;
 pub mod qwen3;
 pub mod resolve;
 pub mod rope;

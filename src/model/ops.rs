@@ -19,7 +19,7 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
-    CpuStorage, CudaStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Storage, Tensor,
+    CpuStorage, CudaStorage, CustomOp1, CustomOp3, D, DType, Layout, Result, Shape, Storage, Tensor,
 };
 
 /// The dense frozen weight `(out, in)` an op multiplies by: a tensor as
@@ -62,6 +62,21 @@ fn with_cuda<R>(t: &Tensor, f: impl FnOnce(&CudaStorage, &Layout) -> Result<R>) 
         Storage::Cuda(s) => f(s, l),
         _ => candle_core::bail!("expected a CUDA tensor"),
     }
+}
+
+/// Log-probabilities of the given next tokens: (B, L-1) from logits (B, L, V)
+/// and ids (B, L). The RL objectives and the sampler's
+/// log-probabilities build on this.
+pub fn next_token_logprobs(logits: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let (b, l, v) = logits.dims3()?;
+    let logp = candle_nn::ops::log_softmax(
+        &logits.narrow(1, 0, l - 1)?.to_dtype(DType::F32)?,
+        D::Minus1,
+    )?;
+    let next = ids.narrow(1, 1, l - 1)?.to_dtype(DType::U32)?;
+    logp.reshape((b * (l - 1), v))?
+        .gather(&next.reshape((b * (l - 1), 1))?, 1)?
+        .reshape((b, l - 1))
 }
 
 /// A copy of the CPU storage of `t` and its shape: the forward of a custom

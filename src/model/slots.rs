@@ -142,7 +142,7 @@ impl<'m> HostSlots<'m> {
 
     /// `(k, width)` ids: each prompt left-padded to `width`.
     fn padded(&self, prompts: &[&[u32]], width: usize) -> Result<Tensor> {
-        super::generate::left_padded(prompts, width, self.pad_id, &self.device)
+        super::prefill::left_padded(prompts, width, self.pad_id, &self.device)
     }
 
     /// Prefills `joins` into a fresh cache of their rows; their last logits.
@@ -157,12 +157,12 @@ impl<'m> HostSlots<'m> {
             .new_cache()
             .with_capacity(width + budget)
             .with_left_padding(pads);
-        let logits = super::generate::prefill(
+        let logits = super::prefill::prefill(
             self.model,
             &ids,
             0,
             &mut cache,
-            super::generate::PREFILL_CHUNK,
+            super::prefill::PREFILL_CHUNK,
         )?;
         self.cache = Some(cache);
         self.of = joins.iter().map(|j| Some(j.row)).collect();
@@ -205,12 +205,12 @@ impl<'m> HostSlots<'m> {
             .starting_at(start);
         let prompts: Vec<&[u32]> = joins.iter().map(|j| j.prompt).collect();
         let ids = self.padded(&prompts, longest)?;
-        let logits = super::generate::prefill(
+        let logits = super::prefill::prefill(
             self.model,
             &ids,
             start,
             &mut fresh,
-            super::generate::PREFILL_CHUNK,
+            super::prefill::PREFILL_CHUNK,
         )?;
         let free: Vec<usize> = (0..self.of.len())
             .filter(|&c| self.of[c].is_none())
@@ -537,12 +537,8 @@ mod fused {
                     width
                 };
                 let lens: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
-                let ids = super::super::generate::right_padded(
-                    prompts,
-                    width,
-                    self.pad_id,
-                    &self.device,
-                )?;
+                let ids =
+                    super::super::prefill::right_padded(prompts, width, self.pad_id, &self.device)?;
                 let mut cache = self.model.new_cache().with_capacity(width);
                 let logits = dec.prefill_right_padded(&ids, &lens, &mut cache)?;
                 if profiling.is_some() {
@@ -552,13 +548,13 @@ mod fused {
             }
             let pads: Vec<usize> = prompts.iter().map(|p| width - p.len()).collect();
             let ids =
-                super::super::generate::left_padded(prompts, width, self.pad_id, &self.device)?;
+                super::super::prefill::left_padded(prompts, width, self.pad_id, &self.device)?;
             let mut cache = self
                 .model
                 .new_cache()
                 .with_capacity(width)
                 .with_left_padding(pads.clone());
-            let logits = super::super::generate::prefill(
+            let logits = super::super::prefill::prefill(
                 self.model,
                 &ids,
                 0,

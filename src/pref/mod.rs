@@ -3,7 +3,6 @@
 //! and train on the pairs with DPO ([`dpo`], the recipe; its losses and
 //! metrics in [`loss`]). Nothing here knows about the command line.
 
-pub mod dpo;
 pub mod loss;
 pub mod pairs;
 pub mod rollout;

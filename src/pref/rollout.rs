@@ -9,11 +9,11 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::data::buckets::UpToBucket;
 use crate::data::{ChatTokenizer, Message, Role};
-use crate::eval::buckets::UpToBucket;
+use crate::env::{self, Environment, MAX_BARREN_DRAWS, Score, Task};
 use crate::model::LoadedModel;
 use crate::model::generate::{self, Sampling};
-use crate::rl::env::{self, Environment, MAX_BARREN_DRAWS, Score, Task};
 
 /// How the answers were sampled (recorded on every line).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 //! `promotion_threshold`.
 //!
 //! Buckets are those of one feature `generate` records and the eval report
-//! counts by ([`crate::eval::buckets::FEATURES`]: output lines 1, 2-3,
+//! counts by ([`crate::data::buckets::FEATURES`]: output lines 1, 2-3,
 //! 4-10, 11+; loop depth; program lines; injected prints). Start: the
 //! easiest bucket that has tasks at all. The curriculum counts the buckets
 //! of every draw; once [`PROBE`] draws have been seen and none fell in the
@@ -20,8 +20,8 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 use crate::config::CurriculumConfig;
-use crate::eval::Difficulty;
-use crate::eval::buckets::{FEATURES, Feature};
+use crate::data::buckets::Difficulty;
+use crate::data::buckets::{FEATURES, Feature};
 
 /// Draws seen before a bucket none of them fell in is taken as empty.
 pub const PROBE: u64 = 64;

@@ -213,7 +213,7 @@ fn serve_rows(
         match fused {
             Ok(Ok((p, w))) => {
                 let pad = tok.pad().id;
-                let chunk = crate::model::generate::PREFILL_CHUNK;
+                let chunk = crate::model::prefill::PREFILL_CHUNK;
                 match FusedSlots::new(
                     &model.model,
                     &w,

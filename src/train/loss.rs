@@ -314,20 +314,6 @@ impl CustomOp1 for Linearised {
     }
 }
 
-/// Log-probabilities of the given next tokens: (B, L-1) from logits (B, L, V)
-/// and ids (B, L). The RL objectives build on this.
-pub fn next_token_logprobs(logits: &Tensor, ids: &Tensor) -> Result<Tensor> {
-    let (b, l, v) = logits.dims3()?;
-    let logp = candle_nn::ops::log_softmax(
-        &logits.narrow(1, 0, l - 1)?.to_dtype(DType::F32)?,
-        D::Minus1,
-    )?;
-    let next = ids.narrow(1, 1, l - 1)?.to_dtype(DType::U32)?;
-    logp.reshape((b * (l - 1), v))?
-        .gather(&next.reshape((b * (l - 1), 1))?, 1)?
-        .reshape((b, l - 1))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

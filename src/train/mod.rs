@@ -8,4 +8,3 @@ pub mod loss;
 pub mod optim;
 pub mod schedule;
 pub mod select;
-pub mod sft;

@@ -30,6 +30,9 @@ const TRAINABLE: &str = "trainable.safetensors";
 const RECORD: &str = "select.json";
 const TMP_PREFIX: &str = ".tmp-best-";
 
+/// The folder of the best-scoring adapter under a run's output folder.
+pub const BEST_DIR: &str = "best";
+
 /// What chooses the stage's `final/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -175,7 +178,7 @@ pub fn write_best(
             out_dir.display()
         )
     })?;
-    let dest = out_dir.join(crate::train::sft::BEST_DIR);
+    let dest = out_dir.join(BEST_DIR);
     if dest.exists() {
         std::fs::remove_dir_all(&dest)
             .with_context(|| format!("cannot replace `{}`", dest.display()))?;
@@ -190,7 +193,7 @@ pub fn write_best(
 
 /// The step `best/` under `out_dir` holds, if any.
 pub fn best_step(out_dir: &Path) -> anyhow::Result<Option<u64>> {
-    let p = out_dir.join(crate::train::sft::BEST_DIR).join(RECORD);
+    let p = out_dir.join(BEST_DIR).join(RECORD);
     if !p.is_file() {
         return Ok(None);
     }
@@ -201,7 +204,7 @@ pub fn best_step(out_dir: &Path) -> anyhow::Result<Option<u64>> {
 
 /// Sets `vars` to the weights `best/` holds, which must be `step`'s.
 pub fn restore_best(out_dir: &Path, step: u64, vars: &[(String, Var)]) -> anyhow::Result<()> {
-    let dir = out_dir.join(crate::train::sft::BEST_DIR);
+    let dir = out_dir.join(BEST_DIR);
     let held = best_step(out_dir)?;
     if held != Some(step) {
         bail!(

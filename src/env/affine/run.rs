@@ -3,7 +3,7 @@
 //!
 //! - limits: 30 s wall, 10 s CPU (hard 11), 512 MiB address space, 1,000,000
 //!   bytes a stream;
-//! - the code is fence-stripped first ([`super::ded::strip_fences`]: the
+//! - the code is fence-stripped first ([`strip_fences`]: the
 //!   executor applies it to whatever it runs);
 //! - the exit status is never looked at: a run "fails" only through
 //!   stderr. A CPU-limit kill or `os._exit(3)` leaves stderr empty, so the
@@ -22,7 +22,7 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-use super::{ded, py};
+use super::py;
 use crate::sandbox::{Executor, Limits, Outcome, Request, Status};
 
 /// Bytes kept of a stream before the run is cut.
@@ -91,7 +91,7 @@ pub fn streams(out: &Outcome) -> Result<PyRun, String> {
 /// Runs `code` on `stdin` as the executor would (fence-stripped, its
 /// limits, the auto-run). `Err` only for a sandbox failure.
 pub fn run(exec: &Executor, code: &str, stdin: &str) -> Result<PyRun, String> {
-    let code = ded::strip_fences(code);
+    let code = strip_fences(code);
     let once = |program: &str| {
         streams(&exec.run(&Request {
             program: program.as_bytes().to_vec(),
@@ -104,6 +104,42 @@ pub fn run(exec: &Executor, code: &str, stdin: &str) -> Result<PyRun, String> {
         return once(&format!("{code}{SOLVE_MAIN}"));
     }
     Ok(first)
+}
+
+static PYTHON_BLOCK: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(&format!(r"(?s)```python{}*\n(.*?)```", py::re_space())).expect("valid")
+});
+static ANY_BLOCK: LazyLock<Regex> = LazyLock::new(|| {
+    let s = py::re_space();
+    Regex::new(&format!(r"(?s)```(?:{}*){s}*\n(.*?)```", py::re_word())).expect("valid")
+});
+static LOOSE_BLOCK: LazyLock<Regex> = LazyLock::new(|| {
+    let s = py::re_space();
+    // `[\s\S]` is any character; `(?i)` only on the tag, as in Python the
+    // flag touches nothing else of the pattern.
+    Regex::new(&format!(r"(?s)```(?i:python)?{s}*(.*?)```")).expect("valid")
+});
+
+/// The code the original reads out of a reply (`_strip_fences`).
+pub fn strip_fences(reply: &str) -> String {
+    fenced_code(reply).unwrap_or_else(|| py::strip(reply).to_owned())
+}
+
+/// The code of the first of [`strip_fences`]'s fence rules that finds a
+/// block; `None` when none does (the whole reply is then the code).
+pub fn fenced_code(reply: &str) -> Option<String> {
+    let last = |re: &Regex| {
+        re.captures_iter(reply)
+            .last()
+            .map(|c| py::strip(c.get(1).map_or("", |m| m.as_str())).to_owned())
+    };
+    last(&PYTHON_BLOCK)
+        .or_else(|| last(&ANY_BLOCK))
+        .or_else(|| {
+            LOOSE_BLOCK
+                .captures(reply)
+                .map(|c| py::strip(c.get(1).map_or("", |m| m.as_str())).to_owned())
+        })
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@
 //!    AdamW;
 //!
 //!    every pass of 3 and 4 runs in micro-batches of at most a token budget
-//!    ([`super::memory`]); a minibatch's micro-batches keep its token
+//!    ([`crate::rl::memory`]); a minibatch's micro-batches keep its token
 //!    weights and their gradients are summed before the non-finite guard,
 //!    clipping and its one optimizer step, so the budget changes memory,
 //!    not the update (up to the order of additions);
@@ -56,15 +56,15 @@ use crate::rng::keyed;
 use crate::train::completion::{self, Packed};
 use crate::train::optim::AdamW;
 
-use super::advantage::{gae, group_advantages, informative, token_rewards, whiten_with};
-use super::curriculum::Curriculum;
-use super::env::{Barren, Environment, Score, SharedTasks, Task};
-use super::loss::{
+use crate::env::{Barren, Environment, Score, SharedTasks, Task};
+use crate::rl::advantage::{gae, group_advantages, informative, token_rewards, whiten_with};
+use crate::rl::curriculum::Curriculum;
+use crate::rl::loss::{
     Aggregation, KlEstimator, clipped_policy_loss, clipped_value_loss, completion_weights,
     effective_sample_share, tis_weights,
 };
-use super::memory::{self, micro_batches};
-use super::value::ValueHead;
+use crate::rl::memory::{self, micro_batches};
+use crate::rl::value::ValueHead;
 
 /// Checkpoint folders: `step_<N>/`.
 pub const STEP_PREFIX: &str = "step_";
@@ -141,7 +141,7 @@ pub struct RlState {
     /// How each environment's prompts fit `max_prompt_tokens`. Absent from
     /// checkpoints written before it was kept.
     #[serde(default)]
-    pub prompt_fit: BTreeMap<String, crate::rl::env::PromptFit>,
+    pub prompt_fit: BTreeMap<String, crate::env::PromptFit>,
     /// GRPO groups dropped for equal rewards.
     pub dropped_groups: u64,
     /// Updates each optimizer made (one a minibatch): AdamW's bias
@@ -907,11 +907,9 @@ fn draw(
             continue;
         }
         let ids = policy.encode(&task.prompt)?;
-        let part = crate::rl::env::part_name(stream.env(), id);
+        let part = crate::env::part_name(stream.env(), id);
         let limit = policy.cfg.max_prompt_tokens;
-        if ids.is_empty()
-            || !crate::rl::env::prompt_fits(&mut rl.prompt_fit, part, ids.len(), limit)?
-        {
+        if ids.is_empty() || !crate::env::prompt_fits(&mut rl.prompt_fit, part, ids.len(), limit)? {
             let (env, why) = (stream.env(), "prompt_too_long".to_owned());
             barren.skip(env, id, why, &mut rl.bad_rows, &mut rl.skipped_tasks)?;
             continue;

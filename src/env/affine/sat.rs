@@ -31,8 +31,8 @@ use crate::reward::verdict;
 const AGAIN: &str = "Try again: give an assignment like `x1=True, x2=False, ...`.";
 use super::py;
 use super::pyrandom::PyRandom;
-use crate::eval::Difficulty;
-use crate::rl::env::{Environment, Score, Task};
+use crate::data::buckets::Difficulty;
+use crate::env::{Environment, Score, Task};
 
 /// Variables.
 pub const N: usize = 15;

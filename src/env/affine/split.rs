@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use crate::rl::env::{Environment, Score, Task};
+use crate::env::{Environment, Score, Task};
 
 /// Which of a sibling environment's tasks a command sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,7 +181,7 @@ impl Environment for Split {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::affine::sat::SatEnv;
+    use crate::env::affine::sat::SatEnv;
 
     /// Row-indexed tasks: task `i` says which row it is, and, as ABD and
     /// DED do, scoring and demonstrating look the row up by the task's id.

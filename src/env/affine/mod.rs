@@ -1,6 +1,6 @@
 //! The sibling tasks of Trace, as Affine's `affine` environment defines
 //! them (docs: /work/shared/docs/affine-envs.md): SAT ([`sat`]), ABD
-//! ([`abd`]) and DED ([`ded`]), each an [`crate::rl::env::Environment`],
+//! ([`abd`]) and DED ([`ded`]), each an [`crate::env::Environment`],
 //! with their prompts byte for byte, their extraction and scoring with
 //! every quirk, and their programs run in our sandbox with the original
 //! executor's semantics ([`run`]). Python's string rules where the scorers

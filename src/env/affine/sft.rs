@@ -13,7 +13,7 @@ use anyhow::Context;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::rl::env::{Environment, Score};
+use crate::env::{Environment, Score};
 use crate::rng::SplitMix64;
 
 /// What one environment's file holds.
@@ -112,7 +112,7 @@ pub fn write_mixture(files: &[(&Path, f64)], out: &Path, seed: u64) -> anyhow::R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::affine::sat::SatEnv;
+    use crate::env::affine::sat::SatEnv;
 
     #[test]
     fn sat_records_are_right_answers_and_mixtures_follow_weights() {

@@ -2,7 +2,7 @@
 //! task id and scores a completion of it. The trace environment
 //! ([`TraceEnv`]) is the Trace task; [`WordEnv`] ("answer with the given
 //! word") is a verifiable reward without a sandbox, for tests. The sibling
-//! tasks (SAT, ABD, DED) implement the same trait in [`crate::affine`].
+//! tasks (SAT, ABD, DED) implement the same trait in [`crate::env::affine`].
 //!
 //! Task ids are drawn as the Trace environment draws them: `task_id` in
 //! `[0, 10^6)`, row `task_id mod N`, transform seed `task_id`. The run's
@@ -24,6 +24,9 @@
 //! agree on it; the run stops with an error naming the dataset when every
 //! row is bad, or when [`MAX_BARREN_DRAWS`] draws in a row made no task.
 
+pub mod affine;
+pub mod mixture;
+
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,9 +37,9 @@ use std::thread::JoinHandle;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::data::buckets::Difficulty;
 use crate::dataset::SourceRow;
 use crate::dist::{Communicator, stats};
-use crate::eval::Difficulty;
 use crate::reward::{self, python_strip};
 use crate::sandbox::{Executor, Limits, Outcome, Request, Status};
 use crate::{prompt, transform};

@@ -255,7 +255,7 @@ pub fn run_with(
         run.start_optimizer(job.resume, job.force, &fingerprint, &job.device, &mut opt)?;
     let keep = cfg.save_total_limit;
     let mut selection = Selection::from_extra(&state.extra)?;
-    let best_dir = job.output_dir.join(BEST_DIR);
+    let best_dir = job.output_dir.join(select::BEST_DIR);
     if lead && select_metric.is_some() {
         select::remove_interrupted(&job.output_dir)?;
         if resumed_from.is_none() && best_dir.exists() {
@@ -569,9 +569,6 @@ pub fn run_with(
         selected,
     })
 }
-
-/// The folder of the best-scoring adapter under a run's output folder.
-pub const BEST_DIR: &str = "best";
 
 /// Input ids, attention mask and labels of a batch, as (B, L) tensors.
 fn tensors(b: &Batch, dev: &Device) -> candle_core::Result<(Tensor, Tensor, Tensor)> {

@@ -36,8 +36,8 @@ use crate::reward::verdict;
 const AGAIN: &str = "Try again: give the program's input between <INPUT> and </INPUT> tags.";
 use super::rows::TaskRow;
 use super::{py, run};
-use crate::eval::Difficulty;
-use crate::rl::env::{Environment, Score, Task};
+use crate::data::buckets::Difficulty;
+use crate::env::{Environment, Score, Task};
 use crate::sandbox::Executor;
 
 /// The prompt template (1021 characters; the requirement line `2.` ends in

@@ -32,9 +32,8 @@
 //! stderr's last line; `line` quotes the whole case: input, expected
 //! output, what was printed and any stderr.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
-use regex::Regex;
 use serde::{Deserialize, Serialize};
 
 use super::feedback::{Keep, cut, first_diff, last_line, lines, quote};
@@ -43,9 +42,10 @@ use crate::reward::verdict;
 /// What this environment asks a retry for, closing every feedback.
 const AGAIN: &str = "Try again: give the whole program in a single ```python block.";
 use super::rows::TaskRow;
+use super::run::{fenced_code, strip_fences};
 use super::{py, run};
-use crate::eval::Difficulty;
-use crate::rl::env::{Environment, Score, Task};
+use crate::data::buckets::Difficulty;
+use crate::env::{Environment, Score, Task};
 use crate::sandbox::{Executor, Limits, Request};
 
 /// Appended to every problem statement (316 characters).
@@ -54,42 +54,6 @@ pub const HINT: &str = "\n\n---\n\u{26a0}\u{fe0f} **Instructions** \u{26a0}\u{fe
 /// The user message of a row's statement.
 pub fn prompt(statement: &str) -> String {
     format!("{}{HINT}", statement.trim_end_matches(py::is_space))
-}
-
-static PYTHON_BLOCK: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(&format!(r"(?s)```python{}*\n(.*?)```", py::re_space())).expect("valid")
-});
-static ANY_BLOCK: LazyLock<Regex> = LazyLock::new(|| {
-    let s = py::re_space();
-    Regex::new(&format!(r"(?s)```(?:{}*){s}*\n(.*?)```", py::re_word())).expect("valid")
-});
-static LOOSE_BLOCK: LazyLock<Regex> = LazyLock::new(|| {
-    let s = py::re_space();
-    // `[\s\S]` is any character; `(?i)` only on the tag, as in Python the
-    // flag touches nothing else of the pattern.
-    Regex::new(&format!(r"(?s)```(?i:python)?{s}*(.*?)```")).expect("valid")
-});
-
-/// The code the original reads out of a reply (`_strip_fences`).
-pub fn strip_fences(reply: &str) -> String {
-    fenced_code(reply).unwrap_or_else(|| py::strip(reply).to_owned())
-}
-
-/// The code of the first of [`strip_fences`]'s fence rules that finds a
-/// block; `None` when none does (the whole reply is then the code).
-pub fn fenced_code(reply: &str) -> Option<String> {
-    let last = |re: &Regex| {
-        re.captures_iter(reply)
-            .last()
-            .map(|c| py::strip(c.get(1).map_or("", |m| m.as_str())).to_owned())
-    };
-    last(&PYTHON_BLOCK)
-        .or_else(|| last(&ANY_BLOCK))
-        .or_else(|| {
-            LOOSE_BLOCK
-                .captures(reply)
-                .map(|c| py::strip(c.get(1).map_or("", |m| m.as_str())).to_owned())
-        })
 }
 
 /// `"\n".join(line.rstrip() for line in t.rstrip().splitlines())`.

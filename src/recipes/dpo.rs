@@ -11,7 +11,7 @@
 //!    checkpoint when asked;
 //! 3. each optimizer step: `accum` micro-batches of `batch_size` pairs in a
 //!    seeded order, each pair's chosen and rejected rows in one forward;
-//!    the pair losses of [`super::loss`] (sigmoid, ipo, robust, hinge, +
+//!    the pair losses of [`crate::pref::loss`] (sigmoid, ipo, robust, hinge, +
 //!    RPO's NLL) averaged over the step's pairs; the non-finite guard,
 //!    clipping, AdamW at the cosine rate;
 //! 4. metrics (`loss`, `rewards/chosen`, `rewards/rejected`,
@@ -33,9 +33,6 @@ use anyhow::{Context, bail};
 use candle_core::{Tensor, Var};
 use serde::Serialize;
 
-use super::loss::{LossKind, Objective, PairLogps, RewardStats};
-use super::pairs::Pair;
-use super::rollout::read_jsonl;
 use crate::config::{DpoConfig, ModelConfig};
 use crate::data::{ChatTokenizer, Example, Message, Role};
 use crate::dist::{Communicator, shard};
@@ -46,6 +43,9 @@ use crate::kit::{
 };
 use crate::model::LoadedModel;
 use crate::model::lora::{LoraConfig, set_dropout_seed, without_adapters};
+use crate::pref::loss::{LossKind, Objective, PairLogps, RewardStats};
+use crate::pref::pairs::Pair;
+use crate::pref::rollout::read_jsonl;
 use crate::progress::Progress;
 use crate::rng::keyed;
 use crate::train::completion;

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use super::env::{Environment, Score, Task};
+use super::{Environment, Score, Task};
 use crate::rng;
 
 /// Weighted environments behind one [`Environment`].
@@ -149,8 +149,8 @@ impl Environment for Mixture {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::affine::sat::SatEnv;
-    use crate::rl::env::WordEnv;
+    use crate::env::WordEnv;
+    use crate::env::affine::sat::SatEnv;
 
     #[test]
     fn routes_by_weight_and_scores_with_the_right_environment() {

@@ -1,13 +1,26 @@
 //! The buckets that `generate`'s stats and the eval report count by, so a
 //! training mix and an accuracy table speak of the same groups: output
 //! lines (1, 2-3, 4-10, 11+) and the difficulty features every record
-//! carries (loop depth, program lines, injected prints).
+//! carries (loop depth, program lines, injected prints), and the
+//! [`Difficulty`] a record's metadata gives.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::Difficulty;
+/// How hard an item is, from its record's metadata; `None` where the
+/// record does not say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Difficulty {
+    /// Deepest loop nesting of the program.
+    pub loop_depth: Option<u32>,
+    /// Lines of the program (after `ast.unparse`).
+    pub lines: Option<u32>,
+    /// Debug prints injected (absent for original programs).
+    pub injections: Option<u32>,
+    /// Lines of the expected output.
+    pub output_lines: Option<u32>,
+}
 
 /// The label of items whose record does not give the feature (an original
 /// program has no injection count). It sorts after every range.

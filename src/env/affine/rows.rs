@@ -34,7 +34,7 @@ pub struct TaskRow {
     pub test_cases: Option<Value>,
 }
 
-static DED_BUILTIN: &str = include_str!("../../datasets/ded_builtin/tasks.jsonl");
+static DED_BUILTIN: &str = include_str!("../../../datasets/ded_builtin/tasks.jsonl");
 
 /// Reads the rows of a dataset setting (see the module's documentation).
 pub fn load(spec: &str, hub_file: &str) -> anyhow::Result<Vec<TaskRow>> {
