@@ -1244,7 +1244,7 @@ impl TemperatureSchedule {
 #[serde(deny_unknown_fields, default)]
 pub struct Stage3Config {
     /// The pipeline's Stage 3 recipe: `ppo` (the RL recipe, `ppo.algorithm`
-    /// choosing PPO or GRPO) or `dpo` (rounds of rollouts -> prefs -> dpo,
+    /// choosing PPO, GRPO, Dr. GRPO or GSPO) or `dpo` (rounds of rollouts -> prefs -> dpo,
     /// `dpo` below). Default `ppo`.
     pub algorithm: String,
     pub ppo: RlConfig,
@@ -1285,7 +1285,7 @@ impl Validate for Stage3Config {
             .collect();
         if !matches!(self.algorithm.as_str(), "ppo" | "dpo") {
             p.push(format!(
-                "algorithm: `{}` is not ppo or dpo (ppo.algorithm chooses PPO or GRPO)",
+                "algorithm: `{}` is not ppo or dpo (ppo.algorithm chooses the RL algorithm)",
                 self.algorithm
             ));
         }
@@ -1300,18 +1300,21 @@ impl Validate for Stage3Config {
     }
 }
 
-/// Stage 3: online RL (PPO or GRPO) against an environment. The user's
+/// Stage 3: online RL (PPO, GRPO, Dr. GRPO or GSPO) against an environment. The user's
 /// keys are `batch_size`, `learning_rate` and `num_train_steps`; the rest
-/// are ours, with the peers' defaults (docs in `src/rl/`).
+/// are ours, with the peers' defaults (docs in `src/rl/` and `src/recipes/ppo/`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RlConfig {
-    /// `ppo` (value head, GAE, KL in the reward) or `grpo` (group-relative
-    /// advantages, KL in the loss). Default `ppo`.
+    /// `ppo` (value head, GAE, KL in the reward), `grpo` (group-relative
+    /// advantages, KL in the loss), `dr_grpo` (GRPO without the std and
+    /// length normalisations) or `gspo` (GRPO with a sequence-level
+    /// importance ratio; its paper clips at 3e-4 / 4e-4). Default `ppo`.
     pub algorithm: String,
     /// Prompts a step. Default 16.
     pub batch_size: usize,
-    /// Completions a prompt (null: 1 for PPO, 8 for GRPO).
+    /// Completions a prompt (null: 1 for PPO, 8 for the group-relative
+    /// algorithms).
     pub group_size: Option<usize>,
     /// Peak learning rate of the LoRA factors. Default 5e-7.
     pub learning_rate: f64,
@@ -1538,35 +1541,106 @@ impl Default for RlConfig {
     }
 }
 
-impl RlConfig {
-    pub fn is_grpo(&self) -> bool {
-        self.algorithm == "grpo"
+/// The RL algorithm `ppo.algorithm` names: what it is and its defaults.
+/// How each turns rewards into advantages and ratios into a loss is
+/// `rl::algorithm`'s (the seam the recipe calls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// PPO: a value head, GAE, the KL penalty in the reward.
+    Ppo,
+    /// GRPO: group-relative advantages, the KL term in the loss.
+    Grpo,
+    /// Dr. GRPO: GRPO without the std and length normalisations.
+    DrGrpo,
+    /// GSPO: GRPO's advantages, a sequence-level importance ratio.
+    Gspo,
+}
+
+impl Algorithm {
+    /// The settings' spellings, in [`Algorithm::parse`]'s order.
+    pub const NAMES: [&'static str; 4] = ["ppo", "grpo", "dr_grpo", "gspo"];
+
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "ppo" => Some(Self::Ppo),
+            "grpo" => Some(Self::Grpo),
+            "dr_grpo" => Some(Self::DrGrpo),
+            "gspo" => Some(Self::Gspo),
+            _ => None,
+        }
     }
 
-    /// Completions a prompt: the setting, else 1 (PPO) or 8 (GRPO).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ppo => "ppo",
+            Self::Grpo => "grpo",
+            Self::DrGrpo => "dr_grpo",
+            Self::Gspo => "gspo",
+        }
+    }
+
+    /// Whether a value head learns beside the policy and advantages come
+    /// from GAE over its values (PPO); otherwise they are group-relative,
+    /// over the completions of one prompt.
+    pub fn has_critic(self) -> bool {
+        self == Self::Ppo
+    }
+
+    /// Whether advantages compare the completions of one prompt (a group
+    /// whose rewards are all equal then teaches nothing).
+    pub fn group_relative(self) -> bool {
+        !self.has_critic()
+    }
+
+    /// Completions a prompt when the settings do not say.
+    pub fn default_group_size(self) -> usize {
+        if self.has_critic() { 1 } else { 8 }
+    }
+
+    /// The KL coefficient when the settings do not say: PPO pays it in the
+    /// reward, the group-relative methods as a loss term.
+    pub fn default_kl_coef(self) -> f64 {
+        if self.has_critic() { 0.05 } else { 0.001 }
+    }
+}
+
+impl RlConfig {
+    /// The algorithm the settings name (`ppo` when the name is unknown,
+    /// which validation refuses).
+    pub fn rl_algorithm(&self) -> Algorithm {
+        Algorithm::parse(&self.algorithm).unwrap_or(Algorithm::Ppo)
+    }
+
+    /// Completions a prompt: the setting, else the algorithm's default (1
+    /// for PPO, 8 for the group-relative ones).
     pub fn group_size(&self) -> usize {
         self.group_size
-            .unwrap_or(if self.is_grpo() { 8 } else { 1 })
+            .unwrap_or(self.rl_algorithm().default_group_size())
     }
 
-    /// The KL coefficient: the setting, else 0.05 (PPO) or 0.001 (GRPO).
+    /// The KL coefficient: the setting, else the algorithm's default (0.05
+    /// for PPO, 0.001 for the group-relative ones).
     pub fn kl_coef(&self) -> f64 {
         self.kl_coef
-            .unwrap_or(if self.is_grpo() { 0.001 } else { 0.05 })
+            .unwrap_or(self.rl_algorithm().default_kl_coef())
     }
 }
 
 impl Validate for RlConfig {
     fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
-        if !matches!(self.algorithm.as_str(), "ppo" | "grpo") {
+        if Algorithm::parse(&self.algorithm).is_none() {
             p.push(format!(
-                "algorithm: `{}` is not ppo or grpo",
-                self.algorithm
+                "algorithm: `{}` is not one of {}",
+                self.algorithm,
+                Algorithm::NAMES.join(", ")
             ));
         }
-        if self.is_grpo() && self.group_size() < 2 {
-            p.push("group_size: GRPO needs at least 2 completions a prompt".into());
+        if self.rl_algorithm().group_relative() && self.group_size() < 2 {
+            p.push(format!(
+                "group_size: {} needs at least 2 completions a prompt",
+                self.algorithm
+            ));
         }
         for (name, v) in [
             ("batch_size", self.batch_size),

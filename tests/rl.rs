@@ -29,8 +29,8 @@ fn tiny_config(algorithm: &str) -> RlConfig {
     RlConfig {
         algorithm: algorithm.into(),
         batch_size: 16,
-        group_size: Some(if algorithm == "grpo" { 4 } else { 1 }),
-        learning_rate: if algorithm == "grpo" { 1e-2 } else { 2e-2 },
+        group_size: Some(if algorithm == "ppo" { 1 } else { 4 }),
+        learning_rate: if algorithm == "ppo" { 2e-2 } else { 1e-2 },
         value_learning_rate: 1e-2,
         num_train_steps: 20,
         ppo_epochs: 2,
@@ -177,6 +177,89 @@ fn ppo_raises_the_reward_of_answering_with_the_given_word() {
 #[test]
 fn grpo_raises_the_reward_of_answering_with_the_given_word() {
     learns("grpo");
+}
+
+#[test]
+fn dr_grpo_raises_the_reward_of_answering_with_the_given_word() {
+    learns("dr_grpo");
+}
+
+#[test]
+fn gspo_raises_the_reward_of_answering_with_the_given_word() {
+    learns("gspo");
+}
+
+/// Every algorithm through the command line (`ppo --algorithm`, over the
+/// config file's) and through the pipeline's Stage 3 (`stage3.ppo.algorithm`),
+/// on the word environment: two steps, finite losses, the run's outputs.
+#[test]
+fn each_algorithm_runs_through_ppo_and_the_pipeline() {
+    for algorithm in ["dr_grpo", "gspo"] {
+        let dir = tempfile::tempdir().unwrap();
+        word_grpo(dir.path(), 2, 2, 4);
+        let out = format!("run_{algorithm}");
+        let o = trace_train(dir.path(), &ppo_args(&out, &["--algorithm", algorithm]));
+        let err = stderr(&o);
+        assert!(o.status.success(), "{algorithm}: {err}");
+        assert!(
+            err.contains(&format!("stage 3: {algorithm} on the word environment")),
+            "{err}"
+        );
+        let lines = lines_of(&dir.path().join(&out).join("metrics.jsonl"));
+        assert_eq!(lines.len(), 2, "{algorithm}");
+        assert!(
+            lines
+                .iter()
+                .all(|l| l["policy_loss"].as_f64().is_some_and(f64::is_finite)),
+            "{lines:?}"
+        );
+        assert!(
+            dir.path()
+                .join(&out)
+                .join("merged/model.safetensors")
+                .is_file()
+        );
+        let record: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.path().join(&out).join("train_config.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(record["ppo"]["algorithm"], algorithm, "{record}");
+
+        // The pipeline's Stage 3 from a Stage 2 model already there.
+        let root = dir.path().join("ck");
+        std::fs::create_dir_all(root.join("stage2_sft")).unwrap();
+        std::fs::rename(dir.path().join("base"), root.join("stage2_sft/merged")).unwrap();
+        let config = format!(
+            r#"{{"model": {{"load_in_4bit": false}}, "gate": {{"mode": "off"}},
+                "stage3": {{"ppo": {{"algorithm": "{algorithm}", "environment": "word",
+                  "group_size": 2, "batch_size": 2, "num_train_steps": 2, "max_new_tokens": 4,
+                  "mini_batch_size": 2, "save_steps": 0, "learning_rate": 0.001}}}}}}"#
+        );
+        std::fs::write(dir.path().join("p.json"), config).unwrap();
+        let o = trace_train(
+            dir.path(),
+            &[
+                "pipeline",
+                "--config",
+                "p.json",
+                "--checkpoints",
+                "ck",
+                "--start_stage",
+                "3",
+                "--last_stage",
+                "3",
+                "--device",
+                "cpu",
+            ],
+        );
+        let err = stderr(&o);
+        assert!(o.status.success(), "{algorithm}: {err}");
+        assert!(
+            err.contains(&format!("stage 3: {algorithm} on the word environment")),
+            "{err}"
+        );
+        assert!(root.join("stage3_ppo/merged/model.safetensors").is_file());
+    }
 }
 
 #[test]

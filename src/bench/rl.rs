@@ -39,7 +39,7 @@ pub struct RlBench {
     /// A shape of [`super::train::SHAPES`] (random weights), or a model
     /// folder with its tokenizer.
     pub model: String,
-    /// `ppo` or `grpo`.
+    /// `ppo`, `grpo`, `dr_grpo` or `gspo`.
     pub algorithm: String,
     /// Prompts a step.
     pub batch: usize,
@@ -150,7 +150,7 @@ pub fn rl_config(b: &RlBench) -> anyhow::Result<RlConfig> {
         gradient_checkpointing: Some(b.gradient_checkpointing),
         ..RlConfig::default()
     };
-    if cfg.is_grpo() && cfg.group_size() < 2 {
+    if cfg.rl_algorithm().group_relative() && cfg.group_size() < 2 {
         return Err(flag(
             &format!(
                 "--group {}: GRPO needs at least 2 completions a prompt",

@@ -37,7 +37,9 @@ pub struct PpoArgs {
     /// checkpoints/stage2_sft/merged).
     #[arg(long)]
     pub model: Option<String>,
-    /// `ppo` (value head, GAE) or `grpo` (group-relative advantages).
+    /// `ppo` (value head, GAE), `grpo` (group-relative advantages),
+    /// `dr_grpo` (GRPO without std or length normalisation) or `gspo`
+    /// (a sequence-level ratio).
     #[arg(long)]
     pub algorithm: Option<String>,
     /// Where checkpoints (`step_N/`), `final/`, `merged/` and
@@ -277,7 +279,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
         c.save_steps = 2;
         c.max_prompt_tokens = 1500;
         c.learning_rate = 1e-3;
-        if c.is_grpo() {
+        if c.rl_algorithm().group_relative() {
             c.group_size = Some(2);
         }
         if model_spec.is_none() {

@@ -106,24 +106,24 @@ impl KlEstimator {
 
 /// PPO's clipped surrogate (Schulman et al. 2017, "Proximal Policy
 /// Optimization Algorithms", eq. 7) with DAPO's decoupled clip (Yu et al.
-/// 2025, sec. 3.1, "clip-higher", eq. 10): with `ratio = exp(logp -
-/// old_logp)`, the loss is `-sum(w * min(ratio A, clip(ratio, 1 - low,
-/// 1 + high) A))`. Also the clip fraction: the share of tokens whose
+/// 2025, sec. 3.1, "clip-higher", eq. 10): with `ratio = exp(log_ratio)`
+/// (each token's `logp - old_logp`, or its completion's mean for GSPO:
+/// `rl::algorithm`), the loss is `-sum(w * min(ratio A, clip(ratio, 1 -
+/// low, 1 + high) A))`. Also the clip fraction: the share of tokens whose
 /// clipped term is the smaller (their gradient is zero).
 pub fn clipped_policy_loss(
-    logp: &Tensor,
-    old_logp: &Tensor,
+    log_ratio: &Tensor,
     advantages: &Tensor,
     w: &Tensor,
     clip_low: f64,
     clip_high: f64,
 ) -> Result<(Tensor, f64)> {
-    let ratio = (logp - old_logp)?.exp()?;
+    let ratio = log_ratio.exp()?;
     let unclipped = (&ratio * advantages)?;
     let clipped = (ratio.clamp(1.0 - clip_low, 1.0 + clip_high)? * advantages)?;
     let objective = unclipped.minimum(&clipped)?;
     let loss = (objective * w)?.sum_all()?.neg()?;
-    let n = logp.elem_count().max(1) as f64;
+    let n = log_ratio.elem_count().max(1) as f64;
     let hits = clipped
         .lt(&unclipped)?
         .to_dtype(DType::F32)?
@@ -281,7 +281,7 @@ mod tests {
         let adv = t(&[1.0, 1.0, -1.0, -2.0]);
         let w = t(&[0.25; 4]);
         let (loss, frac) =
-            clipped_policy_loss(logp.as_tensor(), &old, &adv, &w, 0.2, 0.28).unwrap();
+            clipped_policy_loss(&(logp.as_tensor() - &old).unwrap(), &adv, &w, 0.2, 0.28).unwrap();
         let want = -(1.28 + 0.5 - 0.8 - 2.2) / 4.0;
         assert!(
             (scalar(&loss) - want).abs() < 1e-6,

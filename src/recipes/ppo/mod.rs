@@ -57,11 +57,11 @@ use crate::train::completion::{self, Packed};
 use crate::train::optim::AdamW;
 
 use crate::env::{Barren, Environment, Score, SharedTasks, Task};
-use crate::rl::advantage::{gae, group_advantages, informative, token_rewards, whiten_with};
+use crate::rl::advantage::{gae, informative, token_rewards, whiten_with};
 use crate::rl::curriculum::Curriculum;
 use crate::rl::loss::{
-    Aggregation, KlEstimator, clipped_policy_loss, clipped_value_loss, completion_weights,
-    effective_sample_share, tis_weights,
+    Aggregation, KlEstimator, clipped_value_loss, completion_weights, effective_sample_share,
+    tis_weights,
 };
 use crate::rl::memory::{self, micro_batches};
 use crate::rl::value::ValueHead;
@@ -295,7 +295,9 @@ impl Policy {
         loaded.model.set_gradient_checkpointing(checkpointing);
         tok.check_against_vocab(loaded.model.vocab_size())?;
         let hidden = loaded.model.lm_head().dims()?.1;
-        let value = (!cfg.is_grpo())
+        let value = cfg
+            .rl_algorithm()
+            .has_critic()
             .then(|| ValueHead::new(hidden, cfg.value_hidden, cfg.seed, &loaded.device))
             .transpose()?;
         let opt = AdamW::new(loaded.named_trainable_vars(), cfg.weight_decay)?;
@@ -314,8 +316,11 @@ impl Policy {
             if checkpointing { "on" } else { "off" }
         );
         Ok(Self {
-            agg: Aggregation::parse(&cfg.loss_aggregation, cfg.max_new_tokens)
-                .context("loss_aggregation")?,
+            agg: cfg.rl_algorithm().aggregation(
+                Aggregation::parse(&cfg.loss_aggregation, cfg.max_new_tokens)
+                    .context("loss_aggregation")?,
+                cfg.max_new_tokens,
+            ),
             kl: KlEstimator::parse(&cfg.kl_estimator).context("kl_estimator")?,
             loaded,
             tok,
@@ -478,7 +483,7 @@ impl Policy {
         comm: &dyn Communicator,
     ) -> anyhow::Result<()> {
         let c = &self.cfg;
-        if c.is_grpo() {
+        if c.rl_algorithm().group_relative() {
             let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
             for (i, s) in samples.iter().enumerate() {
                 groups.entry(s.group).or_default().push(i);
@@ -500,7 +505,7 @@ impl Policy {
                     of.push(at);
                 }
                 let r: Vec<f64> = episodes.iter().map(|x| x.1).collect();
-                let adv = group_advantages(&r, c.scale_rewards);
+                let adv = c.rl_algorithm().group_advantages(&r, c.scale_rewards);
                 for (&i, &e) in idx.iter().zip(&of) {
                     let n = samples[i].response.len();
                     samples[i].advantages = vec![adv[e]; n];
@@ -721,14 +726,22 @@ impl Policy {
         } else {
             w.clone()
         };
-        let (pg, clip) = clipped_policy_loss(&logp, &old, &adv, &w_pg, c.clip_low, c.clip_high)?;
+        let (pg, clip) = c.rl_algorithm().policy_loss(
+            &logp,
+            &old,
+            &adv,
+            &w_pg,
+            &p.lens,
+            c.clip_low,
+            c.clip_high,
+        )?;
         let ent_mean = (&ent * &w)?.sum_all()?;
         let mut loss = pg.clone();
         if c.entropy_coef > 0.0 {
             loss = (loss - (&ent_mean * c.entropy_coef)?)?;
         }
         let mut kl_val = 0.0;
-        if c.is_grpo() && c.kl_coef() > 0.0 {
+        if c.rl_algorithm().group_relative() && c.kl_coef() > 0.0 {
             let rf = cat(&|s| &s.ref_logp)?;
             let kl = (self.kl.tensor(&logp, &rf)? * &w)?.sum_all()?;
             kl_val = kl.to_scalar::<f32>()? as f64;
@@ -1485,7 +1498,7 @@ fn collect(
             }
             if group > 1 && !informative(&rewards) {
                 c.zero_var += 1;
-                if cfg.is_grpo() && cfg.dynamic_sampling {
+                if cfg.rl_algorithm().group_relative() && cfg.dynamic_sampling {
                     c.dropped += 1;
                     continue;
                 }
@@ -1531,7 +1544,10 @@ fn collect(
         c.env_secs += t1.elapsed().as_secs_f64();
         c.rounds += 1;
         let short = kept_groups < cfg.batch_size;
-        if !(cfg.is_grpo() && cfg.dynamic_sampling && short && c.rounds <= cfg.max_resample_rounds)
+        if !(cfg.rl_algorithm().group_relative()
+            && cfg.dynamic_sampling
+            && short
+            && c.rounds <= cfg.max_resample_rounds)
         {
             return Ok(c);
         }
@@ -1777,7 +1793,7 @@ impl StepRecord<'_> {
             put("tis_capped_fraction", capped);
             put("tis_effective_sample_share", ess);
         }
-        if cfg.is_grpo() {
+        if cfg.rl_algorithm().group_relative() {
             put("dropped_groups_total", rl.dropped_groups as f64);
         }
         if curriculum.enabled {

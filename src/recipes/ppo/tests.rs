@@ -446,14 +446,20 @@ fn grpo_advantages_are_an_episodes_and_its_answers_share_it() {
         answer(Some(2), 1.0),
     ];
     p.advantages_with(&mut samples, &Single).unwrap();
-    let want = group_advantages(&[1.0, 0.0, 1.0], p.cfg.scale_rewards);
+    let want = p
+        .cfg
+        .rl_algorithm()
+        .group_advantages(&[1.0, 0.0, 1.0], p.cfg.scale_rewards);
     let got: Vec<f64> = samples.iter().map(|s| s.advantages[0]).collect();
     let expect = [want[0], want[0], want[1], want[1], want[2]];
     for (g, w) in got.iter().zip(expect) {
         assert!((g - w).abs() < 1e-12, "{got:?} against {expect:?}");
     }
     // Counted by answers instead, episode 0 would weigh twice.
-    let by_answer = group_advantages(&[1.0, 1.0, 0.0, 0.0, 1.0], p.cfg.scale_rewards);
+    let by_answer = p
+        .cfg
+        .rl_algorithm()
+        .group_advantages(&[1.0, 1.0, 0.0, 0.0, 1.0], p.cfg.scale_rewards);
     assert!((by_answer[0] - want[0]).abs() > 1e-3);
 }
 
