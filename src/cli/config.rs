@@ -1,18 +1,104 @@
 //! `config`: what the settings of a run would be, each with where it came
 //! from (default, a file and its key as written, a preset, a flag), for the
 //! pipeline and for each stage (Stage 3's from its file and the pipeline's
-//! preset). Checking the files themselves stays in
-//! `main.rs`.
+//! preset), and the check of the files themselves.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
-use clap::Subcommand;
+use anyhow::Context;
+use clap::{Args, Subcommand};
 use serde_json::Value;
 
 use trace_train::config::{self, GenerateConfig, PipelineConfig, Source, Sources, Stage3Config};
 
 use super::pipeline::{self, PipelineArgs};
 use super::train::{self, TrainArgs};
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct ConfigArgs {
+    #[command(subcommand)]
+    pub show: Option<Show>,
+    /// Config files to check (default: every file in config/, then the
+    /// resolved settings are shown).
+    pub files: Vec<PathBuf>,
+    /// Show the resolved settings as JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// `config`: checks the files named (or every file in `config/`), then
+/// shows the resolved settings; `config pipeline|warmup|sft` shows one.
+pub fn run(args: ConfigArgs) -> anyhow::Result<ExitCode> {
+    match args {
+        ConfigArgs {
+            show: Some(show),
+            json,
+            ..
+        } => {
+            let (title, settings) = resolved(&show)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&settings)?);
+            } else {
+                print!("{}", table(&title, &settings));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ConfigArgs {
+            show: None,
+            files,
+            json,
+        } => {
+            let show_all = files.is_empty();
+            let files = if files.is_empty() {
+                let mut v: Vec<PathBuf> = std::fs::read_dir("config")
+                    .context("cannot list `config/`")?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|e| e == "json"))
+                    .collect();
+                v.sort();
+                v
+            } else {
+                files
+            };
+            for f in files {
+                check_config_file(&f)?;
+                if !json {
+                    println!("ok  {}", f.display());
+                }
+            }
+            if show_all {
+                let all = resolved_all()?;
+                if json {
+                    let map: serde_json::Map<_, _> = all.into_iter().collect();
+                    println!("{}", serde_json::to_string_pretty(&map)?);
+                } else {
+                    for (title, settings) in &all {
+                        print!("{}", table(title, settings));
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Parses a config file with the type its name says it holds.
+fn check_config_file(path: &Path) -> anyhow::Result<()> {
+    let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    match name {
+        "pipeline_config" => config::load::<PipelineConfig>(path).map(|_| ())?,
+        "generate" => config::load::<GenerateConfig>(path).map(|_| ())?,
+        "warmup" | "sft" => config::load::<config::SftConfig>(path).map(|_| ())?,
+        "stage3_ppo_config" => config::load::<config::Stage3Config>(path).map(|_| ())?,
+        _ => anyhow::bail!(
+            "`{}`: unknown config file name\nhint: expected pipeline_config, generate, warmup, sft or stage3_ppo_config",
+            path.display()
+        ),
+    }
+    Ok(())
+}
 
 /// `config pipeline|warmup|sft [FLAGS]`: the settings with these flags.
 #[derive(Subcommand)]

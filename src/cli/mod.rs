@@ -1,18 +1,22 @@
 //! Subcommands whose settings need more than a few lines of glue, one
 //! module each (the binary's own; the library knows nothing of them).
 
+pub mod bench;
 pub mod compare;
 pub mod config;
 pub mod env;
 pub mod envs;
 pub mod eval;
 pub mod gate;
+pub mod generate;
 pub mod launch;
+pub mod model;
 pub mod pipeline;
 pub mod ppo;
 pub mod pref;
 pub mod progress;
 pub mod report;
+pub mod sandbox;
 pub mod serve;
 pub mod train;
 
