@@ -153,7 +153,7 @@ pub enum BenchCommand {
         #[arg(long, default_value = "smollm2-135m")]
         model: String,
         /// `ppo` (value head, GAE) or `grpo` (group-relative advantages).
-        #[arg(long, default_value = "ppo", value_parser = ["ppo", "grpo"])]
+        #[arg(long, default_value = "ppo", value_parser = trace_train::config::Algorithm::NAMES)]
         algorithm: String,
         /// Prompts a step.
         #[arg(long, default_value_t = 16)]

@@ -32,13 +32,11 @@
 
 use std::sync::Arc;
 
+use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, sys,
 };
-use candle_core::cuda_backend::{CudaStorage, CudaStorageSlice, WrapErr};
-use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, DType, Device, Result, Storage, Tensor, bail};
-use half::{bf16, f16};
+use candle_core::{CudaDevice, DType, Device, Result, Tensor, bail};
 
 use super::attention::Cache;
 use super::decoder::{DecodeBase, DecodeProj, DecodeWeights};

@@ -839,8 +839,6 @@ pub(crate) fn draw(logits: &[f32], s: &Sampling, rng: &mut Rng) -> (u32, f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[cfg(feature = "cuda")]
-    use crate::model::prefill::right_padded;
     use crate::model::{load, tiny};
 
     #[test]
@@ -958,6 +956,7 @@ mod tests {
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_tests {
     use super::*;
+    use crate::model::prefill::right_padded;
     use crate::model::{load, tiny};
 
     fn gpu() -> Option<Device> {
@@ -1089,7 +1088,7 @@ mod cuda_tests {
             .unwrap()
             / temperature)
             .unwrap();
-        let lp = super::ops::next_token_logprobs(&logits, &ids)
+        let lp = crate::model::ops::next_token_logprobs(&logits, &ids)
             .unwrap()
             .squeeze(0)
             .unwrap()
@@ -1360,7 +1359,7 @@ mod cuda_tests {
                     .unsqueeze(0)
                     .unwrap();
                 let logits = (m.model.forward(&ids, None, false).unwrap() / t).unwrap();
-                let lp: Vec<f32> = super::ops::next_token_logprobs(&logits, &ids)
+                let lp: Vec<f32> = crate::model::ops::next_token_logprobs(&logits, &ids)
                     .unwrap()
                     .squeeze(0)
                     .unwrap()

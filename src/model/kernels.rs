@@ -11,7 +11,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::DevicePtr;
 use candle_core::cuda_backend::cudarc::driver::{
