@@ -158,8 +158,13 @@ pub struct BuildStats {
     pub examples: usize,
     /// Examples longer than `max_length` tokens, left out.
     pub dropped_too_long: usize,
-    /// Length of the longest dropped example (0 when none).
+    /// Length of the longest dropped example that was tokenised (0 when
+    /// none).
     pub longest_dropped: usize,
+    /// Of `dropped_too_long`, records whose text alone is longer than
+    /// `max_length` tokens could hold, dropped without tokenising (a huge
+    /// record costs no memory to refuse).
+    pub dropped_unread: usize,
     pub longest_kept: usize,
     pub prompt_tokens: u64,
     pub answer_tokens: u64,
@@ -173,11 +178,31 @@ pub fn build_examples(
     records: &[Record],
     max_length: usize,
 ) -> Result<(Vec<Example>, BuildStats)> {
+    // A record with one message that alone encodes to more than
+    // `max_length` tokens is left out unread: tokenising a record of tens
+    // of MB takes gigabytes only to drop it. Earlier assistant turns are
+    // not counted: a template may shorten them (Qwen3 drops their
+    // reasoning), so only what it renders whole bounds the length.
+    let surely_too_long = |r: &Record| {
+        let last = r.messages.len().saturating_sub(1);
+        let bytes = r
+            .messages
+            .iter()
+            .enumerate()
+            .filter(|(i, m)| *i == last || m.role != crate::data::Role::Assistant)
+            .map(|(_, m)| m.content.len())
+            .max()
+            .unwrap_or(0);
+        tok.fewest_tokens(bytes) > max_length
+    };
     let built: Vec<_> = records
         .par_iter()
         .map(|r| {
+            if surely_too_long(r) {
+                return Ok(None);
+            }
             Example::build(tok, &r.messages)
-                .map(|e| Example { line: r.line, ..e })
+                .map(|e| Some(Example { line: r.line, ..e }))
                 .map_err(|(message, hint)| DataError::Example {
                     line: r.line,
                     message,
@@ -191,7 +216,11 @@ pub fn build_examples(
     };
     let mut examples = Vec::with_capacity(built.len());
     for e in built {
-        let e = e?;
+        let Some(e) = e? else {
+            stats.dropped_too_long += 1;
+            stats.dropped_unread += 1;
+            continue;
+        };
         if e.len() > max_length {
             stats.dropped_too_long += 1;
             stats.longest_dropped = stats.longest_dropped.max(e.len());
@@ -217,6 +246,45 @@ mod tests {
             Message::new(Role::User, "hello"),
             Message::new(Role::Assistant, answer),
         ]
+    }
+
+    /// Regression: a 40 MB record was tokenised whole (6 GB of memory)
+    /// only to be dropped as too long. A record whose one message is
+    /// surely longer than `max_length` tokens is dropped unread; one that
+    /// might fit is still tokenised and measured.
+    #[test]
+    fn a_record_surely_too_long_is_dropped_before_tokenising() {
+        let tok = testing::tokenizer();
+        let max_length = 64;
+        let huge = "x".repeat((max_length + 1) * tok.longest_token_bytes());
+        let record = |line, answer: &str| Record {
+            line,
+            messages: chat(answer),
+            expected_output: None,
+            metadata: serde_json::Value::Null,
+        };
+        let records = vec![
+            record(1, "short"),
+            record(2, &huge),
+            // Long in characters but within the bound: tokenised, then
+            // dropped by its real length.
+            record(3, &"y".repeat(max_length * 2)),
+        ];
+        let (examples, stats) = build_examples(&tok, &records, max_length).unwrap();
+        assert_eq!(examples.len(), 1);
+        assert_eq!(examples[0].line, 1);
+        assert_eq!(
+            (stats.dropped_too_long, stats.dropped_unread),
+            (2, 1),
+            "{stats:?}"
+        );
+        assert!(
+            stats.longest_dropped > max_length,
+            "the third was measured: {stats:?}"
+        );
+        // The bound never drops what fits: each token stands for at most
+        // that many bytes.
+        assert!(tok.encode(&huge).unwrap().len() > max_length);
     }
 
     #[test]

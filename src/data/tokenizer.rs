@@ -47,6 +47,9 @@ pub struct ChatTokenizer {
     end_of_turn: SpecialToken,
     /// One past the largest id the tokenizer can produce.
     id_bound: usize,
+    /// The most bytes any one token stands for (an upper bound: a token's
+    /// spelling in the vocabulary is never shorter than its text).
+    longest_token_bytes: usize,
     dir: PathBuf,
 }
 
@@ -59,6 +62,7 @@ impl std::fmt::Debug for ChatTokenizer {
             .field("bos", &self.bos)
             .field("end_of_turn", &self.end_of_turn)
             .field("id_bound", &self.id_bound)
+            .field("longest_token_bytes", &self.longest_token_bytes)
             .finish()
     }
 }
@@ -137,12 +141,9 @@ impl ChatTokenizer {
             &eos.text,
             &pad.text,
         )?;
-        let id_bound = tokenizer
-            .get_vocab(true)
-            .values()
-            .map(|&id| id as usize + 1)
-            .max()
-            .unwrap_or(0);
+        let vocab = tokenizer.get_vocab(true);
+        let id_bound = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
+        let longest_token_bytes = vocab.keys().map(String::len).max().unwrap_or(1).max(1);
         let end_of_turn = find_end_of_turn(&tokenizer, &template)?;
         Ok(ChatTokenizer {
             tokenizer,
@@ -152,6 +153,7 @@ impl ChatTokenizer {
             bos,
             end_of_turn,
             id_bound,
+            longest_token_bytes,
             dir: dir.to_owned(),
         })
     }
@@ -172,6 +174,21 @@ impl ChatTokenizer {
     /// One past the largest id the tokenizer produces.
     pub fn vocab_size(&self) -> usize {
         self.id_bound
+    }
+
+    /// At least how many tokens a text of `bytes` bytes encodes to: each
+    /// token stands for at most [`longest_token_bytes`] of them. Lets a
+    /// record that is surely too long be dropped before it is tokenised.
+    ///
+    /// [`longest_token_bytes`]: ChatTokenizer::longest_token_bytes
+    pub fn fewest_tokens(&self, bytes: usize) -> usize {
+        bytes.div_ceil(self.longest_token_bytes)
+    }
+
+    /// The most bytes one token of this vocabulary stands for (bounded
+    /// by its spelling's length).
+    pub fn longest_token_bytes(&self) -> usize {
+        self.longest_token_bytes
     }
 
     /// Token ids of `text`; special-token strings in it become their ids,

@@ -631,11 +631,15 @@ fn too_long_warning(
     stats: &crate::data::example::BuildStats,
     max_length: usize,
 ) -> String {
+    let longest = match (stats.longest_dropped, stats.dropped_unread) {
+        (0, n) => format!("{n} of them too long to tokenise"),
+        (l, 0) => format!("the longest has {l} tokens"),
+        (l, n) => format!("the longest tokenised has {l} tokens; {n} were too long to tokenise"),
+    };
     format!(
-        "{stage}: warning: {} of {} records in `{}` are longer than max_length {max_length} and are left out (the longest has {} tokens)\nhint: raise --max_length (model.max_length) to train on them",
+        "{stage}: warning: {} of {} records in `{}` are longer than max_length {max_length} and are left out ({longest})\nhint: raise --max_length (model.max_length) to train on them",
         stats.dropped_too_long,
         stats.records,
         file.display(),
-        stats.longest_dropped
     )
 }
