@@ -1557,26 +1557,29 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    /// The settings' spellings, in [`Algorithm::parse`]'s order.
-    pub const NAMES: [&'static str; 4] = ["ppo", "grpo", "dr_grpo", "gspo"];
+    /// Every algorithm, in the order the settings' docs list them.
+    pub const ALL: [Self; 4] = [Self::Ppo, Self::Grpo, Self::DrGrpo, Self::Gspo];
 
-    pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "ppo" => Some(Self::Ppo),
-            "grpo" => Some(Self::Grpo),
-            "dr_grpo" => Some(Self::DrGrpo),
-            "gspo" => Some(Self::Gspo),
-            _ => None,
-        }
-    }
+    /// The settings' spellings, [`Algorithm::ALL`]'s names.
+    pub const NAMES: [&'static str; 4] = [
+        Self::ALL[0].name(),
+        Self::ALL[1].name(),
+        Self::ALL[2].name(),
+        Self::ALL[3].name(),
+    ];
 
-    pub fn name(self) -> &'static str {
+    /// The name the settings and the command line use: the one spelling.
+    pub const fn name(self) -> &'static str {
         match self {
             Self::Ppo => "ppo",
             Self::Grpo => "grpo",
             Self::DrGrpo => "dr_grpo",
             Self::Gspo => "gspo",
         }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == name)
     }
 
     /// Whether a value head learns beside the policy and advantages come

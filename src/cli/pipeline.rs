@@ -101,22 +101,15 @@ impl PipelineState {
         finished.sort_unstable();
         let stale = finished.iter().copied().find_map(|stage| {
             let now = expected(stage);
-            let why = match self.stages.get(&stage) {
+            let outputs = match self.stages.get(&stage) {
                 Some(r) if r.settings != now.settings => {
-                    Some("its settings changed since it finished".to_owned())
+                    return Some((stage, "its settings changed since it finished".to_owned()));
                 }
-                Some(r) => r
-                    .outputs
-                    .iter()
-                    .find(|p| !p.exists())
-                    .map(|p| format!("its output `{}` is gone", p.display())),
-                None => now
-                    .outputs
-                    .iter()
-                    .find(|p| !p.exists())
-                    .map(|p| format!("its output `{}` is gone", p.display())),
+                Some(r) => &r.outputs,
+                None => &now.outputs,
             };
-            why.map(|w| (stage, w))
+            let gone = outputs.iter().find(|p| !p.exists())?;
+            Some((stage, format!("its output `{}` is gone", gone.display())))
         });
         if let Some((from, why)) = stale {
             said.push(format!(

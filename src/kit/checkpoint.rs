@@ -393,7 +393,8 @@ pub fn latest_as(out_dir: &Path, prefix: &str, device: &Device) -> anyhow::Resul
 /// ended leaves no `.lock` behind; one killed outright leaves a stale file
 /// that holds no lock, which the next run takes over).
 pub struct RunLock {
-    lock: nix::fcntl::Flock<File>,
+    /// Held for as long as the value lives.
+    _lock: nix::fcntl::Flock<File>,
     path: PathBuf,
     remove: bool,
 }
@@ -428,7 +429,7 @@ impl RunLock {
             let held = lock.metadata()?.ino();
             if std::fs::metadata(path).is_ok_and(|m| m.ino() == held) {
                 return Ok(RunLock {
-                    lock,
+                    _lock: lock,
                     path: path.to_owned(),
                     remove,
                 });
@@ -445,7 +446,6 @@ impl Drop for RunLock {
         if self.remove {
             let _ = std::fs::remove_file(&self.path);
         }
-        let _ = &self.lock;
     }
 }
 
