@@ -8,7 +8,6 @@
 //! `tests/layers.rs` holds the layers and refuses an import that runs back
 //! up. See ARCHITECTURE.md.
 
-pub mod atomic;
 pub mod bench;
 pub mod config;
 pub mod data;
@@ -17,24 +16,19 @@ pub mod dist;
 pub mod env;
 pub mod eval;
 pub mod generate;
-pub mod gpu;
 pub mod kit;
-pub mod model;
 pub mod pref;
-pub mod progress;
 pub mod prompt;
 pub mod recipes;
 pub mod reward;
 pub mod rl;
-pub mod rng;
 pub mod runlog;
-pub mod sandbox;
 pub mod serve;
-pub mod stop;
 pub mod train;
 pub mod transform;
 
-/// Lowercase hex of `bytes` (digests, ids, raw bytes in reports).
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+// The crates below this one, under the names the rest of the library and
+// its users have always used (`crate::model::...`, `trace_train::sandbox`).
+pub use trace_train_base::{atomic, gpu, hex, progress, rng, stop};
+pub use trace_train_model as model;
+pub use trace_train_sandbox as sandbox;

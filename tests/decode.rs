@@ -11,8 +11,8 @@ use std::path::Path;
 
 use candle_core::{D, DType, Device, Tensor};
 use tempfile::TempDir;
-use trace_train::model::ops::next_token_logprobs;
-use trace_train::model::{self, Generation, LoadedModel, Sampling, generate, tiny};
+use trace_train::model::layers::ops::next_token_logprobs;
+use trace_train::model::{self, Generation, LoadedModel, Sampling, arch::tiny, decode::generate};
 
 type Writer = fn(&Path, u64) -> model::Result<()>;
 const ARCHS: [(&str, Writer); 2] = [

@@ -20,7 +20,7 @@ struct Setup {
 fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
-    trace_train::model::tiny::write_tiny_chat_model(&root.join("base"), 3).unwrap();
+    trace_train::model::arch::tiny::write_tiny_chat_model(&root.join("base"), 3).unwrap();
     common::train::write_records(&root.join("train.jsonl"), 24);
     common::train::write_records(&root.join("eval.jsonl"), 5);
     Setup { _dir: dir, root }
@@ -51,7 +51,7 @@ fn job(root: &Path, out: &str, batch: usize, accum: usize, dropout: f64, steps: 
             max_length: 256,
         },
         base_dir: root.join("base"),
-        base: trace_train::model::resolve::Resolved {
+        base: trace_train::model::io::resolve::Resolved {
             spec: root.join("base").display().to_string(),
             dir: root.join("base"),
             repo: None,

@@ -19,7 +19,7 @@ use common::{stderr, trace_train};
 use trace_train::data::{ChatTokenizer, Message, Role};
 use trace_train::eval::turns::run_episodes;
 use trace_train::eval::{DEFAULT_LEVEL, EvalItem, Prediction, Report};
-use trace_train::model::generate::Generation;
+use trace_train::model::decode::generate::Generation;
 use trace_train::reward;
 
 /// Records in `generate`'s layout: prompts `print({i} * 3)`, answers their
@@ -154,7 +154,7 @@ fn one_turn_is_the_single_turn_report() {
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by_key(|&i| prompts[i].len());
     let batch: Vec<Vec<u32>> = order.iter().map(|&i| prompts[i].clone()).collect();
-    let gens = trace_train::model::generate::greedy(
+    let gens = trace_train::model::decode::generate::greedy(
         &loaded.model,
         &batch,
         6,
@@ -197,7 +197,7 @@ fn one_turn_is_the_single_turn_report() {
 #[test]
 fn later_turns_hold_the_feedback_and_are_decoded_together() {
     let dir = tempfile::tempdir().unwrap();
-    trace_train::model::tiny::write_tiny_chat_model(dir.path(), 7).unwrap();
+    trace_train::model::arch::tiny::write_tiny_chat_model(dir.path(), 7).unwrap();
     let tok = ChatTokenizer::from_dir(dir.path()).unwrap();
     let item = |id: &str, expected: &str| EvalItem {
         id: id.into(),
@@ -334,7 +334,7 @@ fn environment_episodes_take_the_environments_feedback() {
     use trace_train::eval::envs::EnvsReport;
     use trace_train::eval::turns::run_env_episodes;
     let dir = tempfile::tempdir().unwrap();
-    trace_train::model::tiny::write_tiny_chat_model(dir.path(), 7).unwrap();
+    trace_train::model::arch::tiny::write_tiny_chat_model(dir.path(), 7).unwrap();
     let tok = ChatTokenizer::from_dir(dir.path()).unwrap();
     let task = |id: u64, name: &str, expected: &str| Task {
         task_id: id,

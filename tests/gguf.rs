@@ -19,8 +19,8 @@ use candle_core::{DType, Device, IndexOp, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use tempfile::TempDir;
 use tokenizers::Tokenizer;
-use trace_train::model::gguf::{self, GgufError};
-use trace_train::model::{self, LoadedModel, tiny};
+use trace_train::model::io::gguf::{self, GgufError};
+use trace_train::model::{self, LoadedModel, arch::tiny};
 
 const SMOLLM2: &str = "target/fixtures/SmolLM2-135M-Instruct.Q4_1.gguf";
 

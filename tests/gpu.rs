@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
-use trace_train::model::{self, LoadedModel, LoraConfig, TargetModule, ops, tiny};
+use trace_train::model::{self, LoadedModel, LoraConfig, TargetModule, arch::tiny, layers::ops};
 use trace_train::train::loss;
 
 fn cuda() -> Option<Device> {
@@ -305,7 +305,7 @@ fn fused_adamw_matches_the_cpu_step() {
 /// intermediate 9728, 4 x 1024 tokens).
 #[test]
 fn fused_norm_and_swiglu_kernels_match_the_cpu_formulas() {
-    use trace_train::model::fused;
+    use trace_train::model::layers::fused;
     let Some(dev) = cuda() else { return };
     let cpu = |t: &Tensor| {
         t.to_dtype(DType::F32)

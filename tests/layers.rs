@@ -1,7 +1,9 @@
 //! The library's layers, read from its own imports: a module takes only
 //! from its own layer or the ones below, and a recipe never from another
-//! recipe. Until the crates split along these lines, this test is what
-//! refuses an import that runs back up.
+//! recipe. The crates under `crates/` (base, model, sandbox) are kept below
+//! by Cargo itself, which refuses a dependency cycle; this test keeps the
+//! order among the modules of the `trace-train` crate, which sit above
+//! them.
 
 mod common;
 
@@ -10,7 +12,7 @@ use std::path::Path;
 
 /// Each top-level module of `src/` and its layer, from the ground up.
 const LAYERS: &[(&str, u8)] = &[
-    // Ground: leaves every part may use.
+    // Ground: leaves every part may use (`crates/base`, re-exported).
     ("atomic", 0),
     ("rng", 0),
     ("stop", 0),
@@ -19,13 +21,13 @@ const LAYERS: &[(&str, u8)] = &[
     ("hex", 0),
     ("prompt", 0),
     ("reward", 0),
-    // Parts that know nothing of models.
+    // Parts that know nothing of models (`sandbox` is `crates/sandbox`).
     ("sandbox", 1),
     ("transform", 1),
     ("runlog", 1),
     ("dist", 1),
     ("data", 1),
-    // The model, and what sits on it.
+    // The model (`crates/model`), and what sits on it.
     ("model", 2),
     ("train", 3),
     ("config", 3),

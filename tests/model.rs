@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::Optimizer;
 use tempfile::TempDir;
-use trace_train::model::{self, LoadedModel, LoraConfig, TargetModule, adapter, tiny};
+use trace_train::model::{self, LoadedModel, LoraConfig, TargetModule, arch::tiny, io::adapter};
 
 type Writer = fn(&Path, u64) -> model::Result<()>;
 const ARCHS: [(&str, Writer); 2] = [
@@ -570,7 +570,7 @@ fn gradient_checkpointing_gives_the_same_gradients() {
         let ids = ids();
         let labels = ids.to_dtype(DType::I64).unwrap();
         let run = |m: &LoadedModel| {
-            model::lora::set_dropout_seed(99);
+            model::layers::lora::set_dropout_seed(99);
             let hidden = m.model.forward_hidden(&ids, None, true).unwrap();
             let (sum, n) = trace_train::train::loss::lm_head_cross_entropy(
                 &hidden,
@@ -635,7 +635,7 @@ fn gradient_checkpointing_gives_the_same_gradients() {
 fn packed_rows_give_the_unpacked_loss_and_gradients() {
     use trace_train::data::batch::Batcher;
     use trace_train::data::example::Example;
-    use trace_train::model::segments::Segments;
+    use trace_train::model::layers::segments::Segments;
     // Lengths with a prompt of at least one token; one as long as the
     // longest so that packing adds an attention row of padding.
     let lens = [(7, 3), (12, 5), (4, 1), (12, 9)];

@@ -1236,7 +1236,7 @@ fn rollouts_add_the_greedy_answer_eval_would_give() {
         let ids = tok
             .encode_prompt(&[Message::new(Role::User, g.prompt.clone())])
             .unwrap();
-        let alone = trace_train::model::generate::greedy(
+        let alone = trace_train::model::decode::generate::greedy(
             &model.model,
             &[ids],
             6,

@@ -18,7 +18,7 @@ use trace_train::config::{CurriculumConfig, ModelConfig, RlConfig};
 use trace_train::dataset::SourceRow;
 use trace_train::dist::inprocess::run_ranks;
 use trace_train::env::{Environment, TraceEnv, WordEnv};
-use trace_train::model::generate::Generation;
+use trace_train::model::decode::generate::Generation;
 use trace_train::recipes::ppo::{self, Policy, RlJob, Sample};
 use trace_train::recipes::sft::NoProgress;
 use trace_train::sandbox::Executor;
@@ -47,7 +47,7 @@ fn tiny_config(algorithm: &str) -> RlConfig {
 
 fn tiny_model(dir: &Path) -> std::path::PathBuf {
     let base = dir.join("base");
-    trace_train::model::tiny::write_tiny_chat_model(&base, 7).unwrap();
+    trace_train::model::arch::tiny::write_tiny_chat_model(&base, 7).unwrap();
     base
 }
 

@@ -280,7 +280,7 @@ fn trainer_extra(run: &Path, step: u64) -> serde_json::Value {
 fn a_resumed_run_keeps_its_bad_rows_and_repeats_the_uninterrupted_one() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("base");
-    trace_train::model::tiny::write_tiny_chat_model(&base, 7).unwrap();
+    trace_train::model::arch::tiny::write_tiny_chat_model(&base, 7).unwrap();
     let (rows, why) = rows(&[0, 5], false);
     let config = RlConfig {
         algorithm: "grpo".into(),

@@ -1,4 +1,4 @@
-//! cuDNN's fused causal attention (`model::sdpa_cudnn`) against plain candle
+//! cuDNN's fused causal attention (`model::cuda::sdpa_cudnn`) against plain candle
 //! ops in f32, forward and backward, on the GPU. Without a CUDA device (or
 //! without libcudnn.so.9 on the library path) each test prints a SKIPPED
 //! line and passes.
@@ -24,7 +24,12 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use candle_core::{D, DType, Device, Result, Tensor, Var};
-use trace_train::model::sdpa_cudnn::{causal_sdpa, cudnn_version};
+use trace_train::data::batch::Batcher;
+use trace_train::data::example::Example;
+use trace_train::model::arch::tiny;
+use trace_train::model::cuda::sdpa_cudnn::{causal_sdpa, cudnn_version};
+use trace_train::model::layers::segments::Segments;
+use trace_train::model::{self, LoraConfig};
 
 const OUT_TOL: f32 = 1e-2;
 const GRAD_TOL: f32 = 2e-2;
@@ -316,4 +321,146 @@ fn ragged_length_mha_bf16() {
             dtype: DType::BF16,
         },
     );
+}
+
+// Attention over packed rows (`model::layers::segments`) through cuDNN.
+/// On the GPU in bf16, with cuDNN's fused attention: a packed row's
+/// loss and LoRA gradients against the same examples right-padded,
+/// within bf16 rounding: through the hand-written layer backward (cuDNN's
+/// packed sequences), plain and checkpointed, and through autograd (the
+/// gathered layout).
+#[test]
+fn packed_rows_match_padded_rows_with_fused_attention() {
+    let dev = match Device::new_cuda(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("SKIPPED: no CUDA device ({e})");
+            return;
+        }
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    tiny::write_tiny_qwen3(tmp.path(), 5).unwrap();
+    let lora = LoraConfig {
+        r: 8,
+        alpha: 16.0,
+        dropout: 0.0,
+        target_modules: model::TargetModule::ALL.to_vec(),
+        seed: 3,
+    };
+    let mut m = model::load(tmp.path(), Some(&lora), DType::BF16, &dev).unwrap();
+    assert!(
+        m.model.decoder().fused_attention(),
+        "the cudnn build on a GPU"
+    );
+    for (name, var) in m.named_trainable_vars() {
+        if name.contains("lora_B") {
+            let t = (var.as_tensor().ones_like().unwrap() * 0.02).unwrap();
+            var.set(&t).unwrap();
+        }
+    }
+    let lens = [(70usize, 20usize), (130, 60), (33, 10), (130, 100), (9, 4)];
+    let examples: Vec<Example> = lens
+        .iter()
+        .enumerate()
+        .map(|(k, &(n, prompt))| Example {
+            input_ids: (0..n as u32)
+                .map(|t| (t * 53 + 97 * k as u32 + 5) % 511 + 1)
+                .collect(),
+            prompt_len: prompt,
+            line: k as u64 + 1,
+        })
+        .collect();
+    let batcher = Batcher::new(&examples, 5, 0, 0)
+        .unwrap()
+        .with_length_buckets(true);
+    let rows = [2usize, 0, 4, 3, 1];
+    let (padded, packed) = (batcher.batch(&rows), batcher.pack(&rows));
+    let run = |m: &model::LoadedModel, pack: bool| {
+        let (hidden, labels) = if pack {
+            let shape = (1, packed.len);
+            let ids = Tensor::from_slice(&packed.input_ids, shape, &dev).unwrap();
+            let pos = Tensor::from_slice(&packed.positions, shape, &dev).unwrap();
+            let segs = Segments::new(
+                &packed.gather,
+                &packed.scatter,
+                packed.seq_len,
+                &packed.lens,
+                &dev,
+            )
+            .unwrap();
+            let labels = Tensor::from_slice(&packed.labels, shape, &dev).unwrap();
+            let h = m.model.forward_hidden_packed(&ids, &pos, &segs, true);
+            (h.unwrap(), labels)
+        } else {
+            let shape = (padded.batch, padded.seq_len);
+            let ids = Tensor::from_slice(&padded.input_ids, shape, &dev).unwrap();
+            let mask = Tensor::from_slice(&padded.attention_mask, shape, &dev).unwrap();
+            let labels = Tensor::from_slice(&padded.labels, shape, &dev).unwrap();
+            let h = m.model.forward_hidden(&ids, Some(&mask), true);
+            (h.unwrap(), labels)
+        };
+        let head = m.model.lm_head().weight().unwrap();
+        let (sum, _) =
+            trace_train::train::loss::lm_head_cross_entropy(&hidden, &head, &labels).unwrap();
+        let loss = (sum / packed.answer_tokens as f64).unwrap();
+        let grads = m.model.backward(&loss).unwrap();
+        let g: Vec<Tensor> = m
+            .named_trainable_vars()
+            .iter()
+            .map(|(_, v)| {
+                grads
+                    .get(v.as_tensor())
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+            })
+            .collect();
+        (
+            loss.to_dtype(DType::F32)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap(),
+            g,
+        )
+    };
+    let (want_loss, want) = run(&m, false);
+    // Manual backward on cuDNN's packed sequences (plain, checkpointed)
+    // and on the gathered layout; autograd.
+    for (ckpt, manual, packed) in [
+        (false, true, true),
+        (true, true, true),
+        (false, true, false),
+        (false, false, true),
+    ] {
+        m.model.set_gradient_checkpointing(ckpt);
+        m.model.decoder_mut().set_manual_backward(manual);
+        super::set_packed_attention(packed);
+        let (loss, got) = run(&m, true);
+        super::set_packed_attention(true);
+        m.model.set_gradient_checkpointing(false);
+        m.model.decoder_mut().set_manual_backward(true);
+        assert!(
+            (loss - want_loss).abs() <= 1e-2 * want_loss.abs(),
+            "checkpointing {ckpt}, manual {manual}, packed {packed}: loss {loss} vs {want_loss}"
+        );
+        let norm = |t: &Tensor| {
+            t.sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+                .sqrt()
+        };
+        for ((name, _), (g, r)) in m.named_trainable_vars().iter().zip(got.iter().zip(&want)) {
+            let err = norm(&(g - r).unwrap()) / norm(r).max(1e-12);
+            assert!(
+                err < 3e-2,
+                "checkpointing {ckpt}, manual {manual}, packed {packed}: {name}: relative error {err}"
+            );
+        }
+        eprintln!(
+            "checkpointing {ckpt}, manual {manual}, packed {packed}: loss {loss}, padded {want_loss}"
+        );
+    }
 }

@@ -44,7 +44,7 @@ fn server() -> &'static TestServer {
     S.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let model_dir = dir.path().join("tiny");
-        model::tiny::write_tiny_chat_model(&model_dir, 7).unwrap();
+        model::arch::tiny::write_tiny_chat_model(&model_dir, 7).unwrap();
         let state = AppState::load(&ServeOptions {
             model_dir: model_dir.clone(),
             adapter: None,
@@ -113,7 +113,7 @@ fn greedy(prompt: &str, max_tokens: usize) -> (String, usize, bool) {
     let ids = tok
         .encode_prompt(&[Message::new(Role::User, prompt)])
         .unwrap();
-    let g = model::generate::greedy(
+    let g = model::decode::generate::greedy(
         &m.model,
         &[ids],
         max_tokens,
@@ -400,7 +400,7 @@ fn the_python_openai_package_talks_to_the_binary() {
     }
     let dir = tempfile::tempdir().unwrap();
     let model_dir = dir.path().join("tiny");
-    model::tiny::write_tiny_chat_model(&model_dir, 7).unwrap();
+    model::arch::tiny::write_tiny_chat_model(&model_dir, 7).unwrap();
     let (mut child, url) = start_binary(&model_dir, &["--api_key", KEY]);
     let o = Command::new(&python)
         .args(["-c", PYTHON_CLIENT, &url, KEY])
@@ -445,7 +445,7 @@ fn rss_kib(pid: u32) -> u64 {
 async fn soak_200_concurrent_clients_for_30_seconds() {
     let dir = tempfile::tempdir().unwrap();
     let model_dir = dir.path().join("tiny");
-    model::tiny::write_tiny_chat_model(&model_dir, 7).unwrap();
+    model::arch::tiny::write_tiny_chat_model(&model_dir, 7).unwrap();
     let (mut child, url) = start_binary(&model_dir, &["--max_batch", "32"]);
     let pid = child.id();
     let http = reqwest::Client::builder()
@@ -639,7 +639,7 @@ async fn metrics_are_prometheus_text_with_the_requests_counted() {
 fn bench_serve_soaks_the_server_with_hang_ups_and_finds_every_answer_whole() {
     let dir = tempfile::tempdir().unwrap();
     let model_dir = dir.path().join("tiny");
-    model::tiny::write_tiny_chat_model(&model_dir, 7).unwrap();
+    model::arch::tiny::write_tiny_chat_model(&model_dir, 7).unwrap();
     let r = trace_train::bench::serve::run(
         &trace_train::bench::serve::ServeBench {
             model_dir,

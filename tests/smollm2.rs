@@ -6,7 +6,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::train::smollm2_gguf;
 use common::{max_diff, stderr, trace_train};
-use trace_train::model::{self, adapter};
+use trace_train::model::{self, io::adapter};
 
 #[test]
 fn smollm2_learns_a_small_set_to_full_exact_match() {

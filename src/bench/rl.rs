@@ -187,7 +187,7 @@ fn policy(b: &RlBench, cfg: &RlConfig, device: &Device) -> anyhow::Result<Policy
     } else {
         let loaded = super::train::random_model_with(&b.model, Some(&lora), dtype, device)?;
         let dir = tempfile::tempdir()?;
-        model::tiny::write_tiny_chat_model(dir.path(), 7)?;
+        model::arch::tiny::write_tiny_chat_model(dir.path(), 7)?;
         (loaded, ChatTokenizer::from_dir(dir.path())?)
     };
     // Policy::new turns checkpointing on or off from the config.

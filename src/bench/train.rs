@@ -17,8 +17,9 @@ use candle_nn::var_builder::SimpleBackend;
 use serde::Serialize;
 
 use crate::kit::load;
-use crate::model::init::Rng;
-use crate::model::{self, LoadedModel, LoraConfig, TargetModule, generate};
+use crate::model::decode::generate;
+use crate::model::layers::init::Rng;
+use crate::model::{self, LoadedModel, LoraConfig, TargetModule};
 use crate::train::{loss, optim::AdamW};
 
 /// Model shapes, by the peer scripts' names; and `tiny` (the shape of
@@ -463,7 +464,7 @@ pub fn sample(bench: &GenBench, device: &Device) -> anyhow::Result<GenResult> {
     let ids = Tensor::new(seq.as_slice(), device)?.unsqueeze(0)?;
     let logits =
         (m.model.forward(&ids, None, false)?.to_dtype(DType::F32)? / sampling.temperature)?;
-    let trainer: Vec<f32> = crate::model::ops::next_token_logprobs(&logits, &ids)?
+    let trainer: Vec<f32> = crate::model::layers::ops::next_token_logprobs(&logits, &ids)?
         .squeeze(0)?
         .to_vec1()?;
     let logprob_mismatch = out[0]

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde::Serialize;
 
-use trace_train::model::resolve::HubSettings;
+use trace_train::model::io::resolve::HubSettings;
 use trace_train::sandbox::{self, Executor, ExecutorConfig, ProtectionReport};
 
 #[derive(Args)]

@@ -21,7 +21,7 @@ use trace_train::eval::envs::{EnvPrediction, EnvsReport};
 use trace_train::eval::heldout::{self, PromptKind};
 use trace_train::eval::{DEFAULT_LEVEL, EvalItem, Report, turns};
 use trace_train::model;
-use trace_train::model::generate::Generation;
+use trace_train::model::decode::generate::Generation;
 use trace_train::reward;
 use trace_train::sandbox::{Executor, ExecutorConfig};
 
@@ -239,13 +239,13 @@ pub fn eval_items(args: &EvalArgs) -> anyhow::Result<Vec<EvalItem>> {
 
 /// `--model` (with `--revision`) resolved to a folder; a hub model's
 /// commit is printed.
-fn resolve_model(args: &EvalArgs) -> anyhow::Result<model::resolve::Resolved> {
+fn resolve_model(args: &EvalArgs) -> anyhow::Result<model::io::resolve::Resolved> {
     let spec = args
         .model
         .clone()
         .context("--model is required\nhint: pass the model folder to evaluate")?;
     let resolved =
-        model::resolve::resolve_revision(&spec.to_string_lossy(), args.revision.as_deref())?;
+        model::io::resolve::resolve_revision(&spec.to_string_lossy(), args.revision.as_deref())?;
     if let Some(commit) = &resolved.commit {
         eprintln!("model `{}` at commit {commit}", resolved.spec);
     }
@@ -302,7 +302,7 @@ impl Sampler {
         };
         let tok = ChatTokenizer::from_dir(model_dir)?;
         let loaded = match &args.adapter {
-            Some(a) => model::adapter::load(model_dir, a, dtype, &device)?,
+            Some(a) => model::io::adapter::load(model_dir, a, dtype, &device)?,
             None => model::load(model_dir, None, dtype, &device)?,
         };
         tok.check_against_vocab(loaded.model.vocab_size())?;

@@ -32,12 +32,12 @@ pub enum ModelCommand {
 pub fn run(cmd: ModelCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         ModelCommand::Tiny { out, seed } => {
-            trace_train::model::tiny::write_tiny_chat_model(&out, seed)?;
+            trace_train::model::arch::tiny::write_tiny_chat_model(&out, seed)?;
             println!("{}", out.display());
             Ok(ExitCode::SUCCESS)
         }
         ModelCommand::ImportGguf { file, out } => {
-            let report = trace_train::model::gguf::import_gguf(&file, &out)?;
+            let report = trace_train::model::io::gguf::import_gguf(&file, &out)?;
             for note in &report.notes {
                 eprintln!("note: {note}");
             }

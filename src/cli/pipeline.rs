@@ -420,7 +420,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     };
     std::fs::create_dir_all(root).with_context(|| format!("cannot create `{}`", root.display()))?;
     if args.quick_test {
-        trace_train::model::tiny::write_tiny_chat_model(Path::new(&cfg.model.name), 7)?;
+        trace_train::model::arch::tiny::write_tiny_chat_model(Path::new(&cfg.model.name), 7)?;
     }
     // The run's settings, each with where it came from.
     trace_train::atomic::write(

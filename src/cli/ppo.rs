@@ -284,7 +284,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
         }
         if model_spec.is_none() {
             let base = output_dir.join("base-model");
-            trace_train::model::tiny::write_tiny_chat_model(&base, 7)?;
+            trace_train::model::arch::tiny::write_tiny_chat_model(&base, 7)?;
             model_spec = Some(base.display().to_string());
         }
         model.load_in_4bit = false;
@@ -296,7 +296,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
         problems.join("\n  - ")
     );
     let model_spec = model_spec.unwrap_or_else(|| "checkpoints/stage2_sft/merged".into());
-    let base_dir = trace_train::model::resolve::resolve(&model_spec).with_context(|| {
+    let base_dir = trace_train::model::io::resolve::resolve(&model_spec).with_context(|| {
         format!("no policy model at `{model_spec}`\nhint: run Stage 2 (`trace-train sft`) first, or pass --model")
     })?;
     let device = super::pick_device(args.device.as_deref().unwrap_or("auto"))?;
@@ -564,7 +564,7 @@ mod tests {
     fn a_rank_reads_the_pipeline_settings_back_from_its_command_line() {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().join("base model");
-        trace_train::model::tiny::write_tiny_chat_model(&base, 7).unwrap();
+        trace_train::model::arch::tiny::write_tiny_chat_model(&base, 7).unwrap();
         let mut settings = Stage3Config::default();
         settings.ppo.algorithm = "grpo".into();
         settings.ppo.batch_size = 3;
@@ -610,7 +610,7 @@ mod tests {
     fn checkpointing_and_the_micro_batch_budget_resolve_as_sfts() {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().join("base");
-        trace_train::model::tiny::write_tiny_chat_model(&base, 7).unwrap();
+        trace_train::model::arch::tiny::write_tiny_chat_model(&base, 7).unwrap();
         let stage3 = |ppo: serde_json::Value| {
             let f = dir
                 .path()

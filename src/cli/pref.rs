@@ -111,10 +111,10 @@ pub fn rollouts(args: &RolloutsArgs) -> anyhow::Result<RolloutStats> {
     } else {
         DType::BF16
     };
-    let resolved = model::resolve::resolve_revision(&args.model, args.revision.as_deref())?;
+    let resolved = model::io::resolve::resolve_revision(&args.model, args.revision.as_deref())?;
     let tok = ChatTokenizer::from_dir(&resolved.dir)?;
     let loaded = match &args.adapter {
-        Some(a) => model::adapter::load(&resolved.dir, a, dtype, &device)?,
+        Some(a) => model::io::adapter::load(&resolved.dir, a, dtype, &device)?,
         None => model::load(&resolved.dir, None, dtype, &device)?,
     };
     tok.check_against_vocab(loaded.model.vocab_size())?;
@@ -444,7 +444,7 @@ pub fn resolve_dpo(args: &DpoArgs) -> anyhow::Result<DpoJob> {
         .model
         .clone()
         .unwrap_or_else(|| "checkpoints/stage2_sft/merged".into());
-    let resolved = model::resolve::resolve_revision(&model_spec, None).with_context(|| {
+    let resolved = model::io::resolve::resolve_revision(&model_spec, None).with_context(|| {
         format!("no policy model at `{model_spec}`\nhint: run Stage 2 (`trace-train sft`) first, or pass --model")
     })?;
     let device = super::pick_device(args.device.as_deref().unwrap_or("auto"))?;

@@ -480,7 +480,7 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
 /// The settings, then the base model found and the device opened.
 pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
     let s = settings(stage, args)?;
-    let base = trace_train::model::resolve::resolve_revision(&s.base_model, s.revision.as_deref())
+    let base = trace_train::model::io::resolve::resolve_revision(&s.base_model, s.revision.as_deref())
         .with_context(|| {
             if stage == "sft" {
                 format!("no base model for Stage 2 at `{}`\nhint: run `trace-train warmup` first, or pass --model", s.base_model)

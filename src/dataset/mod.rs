@@ -193,7 +193,7 @@ fn looks_like_hub_id(s: &str) -> bool {
 /// A hub dataset file: the HF cache first (offline works when it is there),
 /// then the hub unless `HF_HUB_OFFLINE` is set.
 fn hub_file_path(id: &str, file: &str) -> anyhow::Result<PathBuf> {
-    let settings = crate::model::resolve::HubSettings::from_env();
+    let settings = crate::model::io::resolve::HubSettings::from_env();
     let repo = hf_hub::Repo::new(id.to_owned(), hf_hub::RepoType::Dataset);
     if let Some(p) = hf_hub::Cache::new(settings.cache.clone())
         .repo(repo.clone())

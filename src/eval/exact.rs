@@ -10,7 +10,7 @@ use candle_core::Device;
 use super::{DEFAULT_LEVEL, EvalItem, Report, turns};
 use crate::data::ChatTokenizer;
 use crate::model::Model;
-use crate::model::generate::{self, Generation};
+use crate::model::decode::generate::{self, Generation};
 
 /// Greedy generations of `prompts`, in order: `batch_size` at a time,
 /// prompts of similar length together. With `stop_on_signal`, a stop

@@ -17,7 +17,7 @@
 //! episodes' driver ([`turns::run_episodes`], which builds each turn's
 //! prompt with the chat tokenizer), it knows nothing of tokenizers or
 //! models: the stage that runs eval hands the driver a function that
-//! decodes a batch of prompts with [`crate::model::generate::greedy`].
+//! decodes a batch of prompts with [`crate::model::decode::generate::greedy`].
 
 mod compare;
 pub mod dominance;

@@ -24,7 +24,7 @@ use super::envs::{EnvAttempt, EnvPrediction};
 use super::{EvalItem, Interval, Prediction, TurnAccuracy, jeffreys_interval};
 use crate::data::{ChatTokenizer, Message, Role};
 use crate::env::{Environment, Score, Task};
-use crate::model::generate::Generation;
+use crate::model::decode::generate::Generation;
 use crate::reward;
 
 /// An earlier answer of an episode: wrong (an episode ends at a right

@@ -234,7 +234,7 @@ mod tests {
     #[test]
     fn generation_config_has_the_end_of_turn_among_eos() {
         let dir = tempfile::tempdir().unwrap();
-        crate::model::tiny::write_tiny_chat_model(dir.path(), 1).unwrap();
+        crate::model::arch::tiny::write_tiny_chat_model(dir.path(), 1).unwrap();
         // A base model whose eos is not the end of turn (as Qwen3 base's
         // `<|endoftext|>`), and a generation config with a sampling default.
         let tc = dir.path().join("tokenizer_config.json");

@@ -10,7 +10,7 @@ use candle_core::{DType, Device};
 
 use crate::config::ModelConfig;
 use crate::data::tokenizer::ChatTokenizer;
-use crate::model::lora::{LoraConfig, TargetModule};
+use crate::model::layers::lora::{LoraConfig, TargetModule};
 use crate::model::{self, LoadedModel};
 
 /// The adapter a run trains.
@@ -37,7 +37,7 @@ pub fn trainee(
     let dtype = train_dtype(&model_cfg.dtype, device);
     let mut loaded = match adapter {
         Adapter::Fresh(lora) => model::load(base_dir, Some(lora), dtype, device)?,
-        Adapter::Trained(dir) => model::adapter::load(base_dir, dir, dtype, device)?,
+        Adapter::Trained(dir) => model::io::adapter::load(base_dir, dir, dtype, device)?,
     };
     if four_bit(model_cfg, device) {
         loaded.model.quantize_base()?;

@@ -39,8 +39,8 @@ pub fn write_adapter_and_merged(
     final_dir: &Path,
     merged_dir: &Path,
 ) -> anyhow::Result<()> {
-    model::adapter::save(loaded, final_dir, &info.base_model)?;
-    model::adapter::merge(loaded, merged_dir)?;
+    model::io::adapter::save(loaded, final_dir, &info.base_model)?;
+    model::io::adapter::merge(loaded, merged_dir)?;
     for f in [
         "tokenizer.json",
         "tokenizer_config.json",

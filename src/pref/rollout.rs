@@ -13,7 +13,7 @@ use crate::data::buckets::UpToBucket;
 use crate::data::{ChatTokenizer, Message, Role};
 use crate::env::{self, Environment, MAX_BARREN_DRAWS, Score, Task};
 use crate::model::LoadedModel;
-use crate::model::generate::{self, Sampling};
+use crate::model::decode::generate::{self, Sampling};
 
 /// How the answers were sampled (recorded on every line).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -42,7 +42,7 @@ use crate::kit::{
     planned_steps, summed_over_ranks,
 };
 use crate::model::LoadedModel;
-use crate::model::lora::{LoraConfig, set_dropout_seed, without_adapters};
+use crate::model::layers::lora::{LoraConfig, set_dropout_seed, without_adapters};
 use crate::pref::loss::{LossKind, Objective, PairLogps, RewardStats};
 use crate::pref::pairs::Pair;
 use crate::pref::rollout::read_jsonl;

@@ -59,8 +59,8 @@ use crate::kit::{
     summed_over_ranks,
 };
 use crate::model::LoadedModel;
-use crate::model::lora::{LoraConfig, set_dropout_seed};
-use crate::model::segments::Segments;
+use crate::model::layers::lora::{LoraConfig, set_dropout_seed};
+use crate::model::layers::segments::Segments;
 use crate::rng::keyed;
 use crate::train::loss::lm_head_cross_entropy;
 use crate::train::optim::AdamW;
@@ -79,7 +79,7 @@ pub struct SftJob {
     pub base_dir: PathBuf,
     /// How the base model was found (name, revision, commit), for the
     /// record and the model cards.
-    pub base: crate::model::resolve::Resolved,
+    pub base: crate::model::io::resolve::Resolved,
     pub train_file: PathBuf,
     pub eval_file: Option<PathBuf>,
     pub output_dir: PathBuf,

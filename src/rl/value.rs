@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 
-use crate::model::init::Rng;
+use crate::model::layers::init::Rng;
 
 pub struct ValueHead {
     w1: Var,

@@ -1,5 +1,5 @@
 //! The model's thread: the requests share a fixed number of decoding rows
-//! ([`model::slots`]) with continuous batching. A request takes a free row
+//! ([`model::decode::slots`]) with continuous batching. A request takes a free row
 //! at the next step (newcomers are prefilled together), a row whose answer
 //! ended or whose client went away is freed at once, and one step draws a
 //! token for every live row. On CUDA the rows are the fused decode step's
@@ -26,9 +26,9 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::{Metrics, Outcome};
 use crate::data::ChatTokenizer;
-use crate::model::draw::Draw;
-use crate::model::init::Rng;
-use crate::model::slots::{Feed, HostSlots, Join, Slots};
+use crate::model::decode::draw::Draw;
+use crate::model::decode::slots::{Feed, HostSlots, Join, Slots};
+use crate::model::layers::init::Rng;
 use crate::model::{self, LoadedModel};
 
 /// Why an answer ended, as the API names it.
@@ -195,10 +195,10 @@ fn serve_rows(
     let cap = opts.max_model_len.max(1);
     #[cfg(feature = "cuda")]
     if device.is_cuda() {
-        use crate::model::fast_decode::Mode;
-        use crate::model::slots::{FusedSlots, plan, read_in_place};
+        use crate::model::decode::fast_decode::Mode;
+        use crate::model::decode::slots::{FusedSlots, plan, read_in_place};
         // Newcomers are prefilled in groups of this many tokens at most.
-        let prefill = cap.max(crate::model::slots::PREFILL_TOKENS);
+        let prefill = cap.max(crate::model::decode::slots::PREFILL_TOKENS);
         let fused = (|| -> candle_core::Result<Result<_, String>> {
             let in_place = |free, bytes| read_in_place(&model.model, None, free, bytes);
             let p = match plan(&model.model, device, rows, cap, prefill, &in_place)? {
@@ -213,7 +213,7 @@ fn serve_rows(
         match fused {
             Ok(Ok((p, w))) => {
                 let pad = tok.pad().id;
-                let chunk = crate::model::prefill::PREFILL_CHUNK;
+                let chunk = crate::model::decode::prefill::PREFILL_CHUNK;
                 match FusedSlots::new(
                     &model.model,
                     &w,
@@ -621,7 +621,7 @@ pub fn load_model(
         DType::BF16
     };
     Ok(match adapter {
-        Some(a) => model::adapter::load(model_dir, a, dtype, device)?,
+        Some(a) => model::io::adapter::load(model_dir, a, dtype, device)?,
         None => model::load(model_dir, None, dtype, device)?,
     })
 }
@@ -635,7 +635,7 @@ mod tests {
             std::sync::OnceLock::new();
         &TOK.get_or_init(|| {
             let dir = tempfile::tempdir().unwrap();
-            crate::model::tiny::write_tiny_chat_model(dir.path(), 1).unwrap();
+            crate::model::arch::tiny::write_tiny_chat_model(dir.path(), 1).unwrap();
             let tok = ChatTokenizer::from_dir(dir.path()).unwrap();
             (dir, tok)
         })

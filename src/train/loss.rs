@@ -109,7 +109,7 @@ fn chunked_cross_entropy(
         let tgt = targets.narrow(0, start, len)?; // (c,)
         let logits = x.matmul(&head.t()?)?; // (c, V)
         // Per-row loss and softmax - onehot(target), in one fused pass.
-        let (rows_loss, dlogits) = crate::model::fused::cross_entropy_rows(logits, &tgt)?;
+        let (rows_loss, dlogits) = crate::model::layers::fused::cross_entropy_rows(logits, &tgt)?;
         loss = (loss + rows_loss.sum_all()?)?;
         if want_grad {
             grads.push(dlogits.to_dtype(hidden.dtype())?.matmul(head)?); // (c, H)
@@ -150,11 +150,11 @@ impl CustomOp1 for Precomputed {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        crate::model::ops::cpu_storage_copy(&self.take()?)
+        crate::model::layers::ops::cpu_storage_copy(&self.take()?)
     }
 
     fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
-        crate::model::ops::cuda_storage_copy(&self.take()?)
+        crate::model::layers::ops::cuda_storage_copy(&self.take()?)
     }
 
     fn bwd(&self, _: &Tensor, _: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
@@ -291,11 +291,11 @@ impl CustomOp1 for Linearised {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        crate::model::ops::cpu_storage_copy(&self.take()?)
+        crate::model::layers::ops::cpu_storage_copy(&self.take()?)
     }
 
     fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
-        crate::model::ops::cuda_storage_copy(&self.take()?)
+        crate::model::layers::ops::cuda_storage_copy(&self.take()?)
     }
 
     fn bwd(&self, arg: &Tensor, _: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
@@ -321,7 +321,7 @@ mod tests {
 
     #[test]
     fn chunked_lm_head_loss_matches_the_full_logits_forward_and_backward() {
-        use crate::model::init::Rng;
+        use crate::model::layers::init::Rng;
         let dev = Device::Cpu;
         let (b, l, h, v) = (2, 7, 16, 1000);
         let rand = |n: usize, name: &str| Rng::for_tensor(5, name).uniform(n, -1.0, 1.0);
@@ -367,7 +367,7 @@ mod tests {
 
     #[test]
     fn chunked_logprobs_and_entropy_match_the_full_logits_forward_and_backward() {
-        use crate::model::init::Rng;
+        use crate::model::layers::init::Rng;
         let dev = Device::Cpu;
         let (r, h, v, temp) = (9, 16, 700, 0.7);
         let rand = |n: usize, name: &str| Rng::for_tensor(8, name).uniform(n, -1.0, 1.0);

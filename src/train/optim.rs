@@ -104,7 +104,7 @@ impl AdamW {
                 self.vars.len()
             );
         }
-        let fused = crate::model::fused::AdamWStep {
+        let fused = crate::model::layers::fused::AdamWStep {
             lr,
             beta1: b1,
             beta2: b2,
@@ -116,7 +116,7 @@ impl AdamW {
         };
         for (i, (_, var)) in self.vars.iter().enumerate() {
             if var.dtype() == DType::F32
-                && let Some((p, m, v)) = crate::model::fused::adamw_step(
+                && let Some((p, m, v)) = crate::model::layers::fused::adamw_step(
                     var.as_tensor(),
                     &grads[i],
                     &self.m[i],

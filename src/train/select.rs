@@ -153,7 +153,7 @@ pub fn write_best(
         .tempdir_in(out_dir)
         .with_context(|| format!("cannot create a temp folder in `{}`", out_dir.display()))?;
     let write = || -> anyhow::Result<()> {
-        crate::model::adapter::save(loaded, tmp.path(), base_name)?;
+        crate::model::io::adapter::save(loaded, tmp.path(), base_name)?;
         let tensors: HashMap<String, Tensor> = vars
             .iter()
             .map(|(k, v)| (k.clone(), v.as_tensor().clone()))

@@ -47,8 +47,8 @@ use crate::data::{ChatTokenizer, Message, Role};
 use crate::dist::{self, Communicator, Single, stats};
 use crate::kit::checkpoint::{self, TrainerState};
 use crate::kit::{Resume, Run, card, clip_scale, fingerprint, load, outputs};
-use crate::model::generate::{self, Generation, Sampling};
-use crate::model::lora::{LoraConfig, set_dropout_seed, without_adapters};
+use crate::model::decode::generate::{self, Generation, Sampling};
+use crate::model::layers::lora::{LoraConfig, set_dropout_seed, without_adapters};
 use crate::model::{self, LoadedModel};
 use crate::progress::Progress;
 use crate::reward;
@@ -1880,7 +1880,7 @@ fn save(
     )?;
     // The adapter of this step in PEFT's layout beside the resume state,
     // for `eval --adapter` (resuming does not need it).
-    model::adapter::save(
+    model::io::adapter::save(
         &policy.loaded,
         &dir.join("adapter"),
         &job.base_dir.display().to_string(),

@@ -7,7 +7,7 @@
 use super::*;
 use crate::config::ModelConfig;
 use crate::dist::inprocess::run_ranks;
-use crate::model::init::Rng;
+use crate::model::layers::init::Rng;
 
 /// The tiny chat model with a policy for `algorithm` and `aggregation`;
 /// the LoRA `B` factors and the value head's output weights made non-zero
@@ -17,7 +17,7 @@ use crate::model::init::Rng;
 fn policy(dir: &Path, algorithm: &str, aggregation: &str) -> Policy {
     let base = dir.join("base");
     if !base.exists() {
-        crate::model::tiny::write_tiny_chat_model(&base, 7).unwrap();
+        crate::model::arch::tiny::write_tiny_chat_model(&base, 7).unwrap();
     }
     let grpo = algorithm == "grpo";
     let cfg = RlConfig {
@@ -359,7 +359,7 @@ fn updates_with_micro_batches_on_one_or_two_ranks_match_one_pass() {
 fn gradient_checkpointing_follows_the_setting() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("base");
-    crate::model::tiny::write_tiny_chat_model(&base, 7).unwrap();
+    crate::model::arch::tiny::write_tiny_chat_model(&base, 7).unwrap();
     for (setting, want) in [(None, false), (Some(true), true), (Some(false), false)] {
         let cfg = RlConfig {
             gradient_checkpointing: setting,

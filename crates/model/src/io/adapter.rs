@@ -1,0 +1,445 @@
+//! LoRA adapters on disk in PEFT's format, and merging them into the base.
+//!
+//! An adapter folder holds `adapter_config.json` (PEFT's `LoraConfig`:
+//! `peft_type` LORA, `r`, `lora_alpha`, `lora_dropout`, `target_modules`,
+//! ...) and `adapter_model.safetensors` with PEFT's tensor names,
+//! `base_model.model.<module>.lora_A.weight` / `.lora_B.weight`, so that
+//! PEFT's `PeftModel.from_pretrained` reads what [`save`] writes and [`load`]
+//! reads what PEFT writes (for the options implemented here).
+//!
+//! [`merge`] writes a plain model folder with `W + (alpha / r) B A` in place
+//! of each adapted weight, in the checkpoint's own dtype, loadable by
+//! [`crate::load`] and by transformers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    CONFIG_FILE, LoadedModel, LoraConfig, ModelError, Result, TargetModule, Unsupported,
+    WEIGHTS_FILE,
+};
+
+pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
+pub const ADAPTER_WEIGHTS_FILE: &str = "adapter_model.safetensors";
+/// PEFT's prefix in front of the base model's module paths.
+const PEFT_PREFIX: &str = "base_model.model.";
+/// Files besides the weights that a merged folder keeps, when present.
+const COPIED_FILES: [&str; 7] = [
+    CONFIG_FILE,
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+];
+
+/// PEFT's `adapter_config.json`: the fields written, and the ones that must
+/// keep their defaults for [`load`] to read the adapter. Others are ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AdapterConfig {
+    pub peft_type: String,
+    #[serde(default)]
+    pub task_type: Option<String>,
+    #[serde(default)]
+    pub base_model_name_or_path: Option<String>,
+    pub r: usize,
+    pub lora_alpha: f64,
+    #[serde(default)]
+    pub lora_dropout: f32,
+    pub target_modules: Vec<String>,
+    #[serde(default = "bias_none")]
+    pub bias: String,
+    #[serde(default)]
+    pub fan_in_fan_out: bool,
+    #[serde(default)]
+    pub use_rslora: bool,
+    #[serde(default)]
+    pub use_dora: bool,
+    #[serde(default)]
+    pub lora_bias: bool,
+    #[serde(default)]
+    pub modules_to_save: Option<Vec<String>>,
+    #[serde(default)]
+    pub layers_to_transform: Option<serde_json::Value>,
+    #[serde(default)]
+    pub rank_pattern: BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    pub alpha_pattern: BTreeMap<String, serde_json::Value>,
+    #[serde(default = "yes")]
+    pub inference_mode: bool,
+}
+
+fn bias_none() -> String {
+    "none".to_owned()
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl AdapterConfig {
+    /// The config PEFT would write for `lora` on the base `base_model`.
+    pub fn from_lora(lora: &LoraConfig, base_model: &str) -> Self {
+        let mut targets: Vec<TargetModule> = lora.target_modules.clone();
+        targets.sort();
+        targets.dedup();
+        Self {
+            peft_type: "LORA".to_owned(),
+            task_type: Some("CAUSAL_LM".to_owned()),
+            base_model_name_or_path: Some(base_model.to_owned()),
+            r: lora.r,
+            lora_alpha: lora.alpha,
+            lora_dropout: lora.dropout,
+            target_modules: targets.iter().map(|t| t.as_str().to_owned()).collect(),
+            bias: bias_none(),
+            fan_in_fan_out: false,
+            use_rslora: false,
+            use_dora: false,
+            lora_bias: false,
+            modules_to_save: None,
+            layers_to_transform: None,
+            rank_pattern: BTreeMap::new(),
+            alpha_pattern: BTreeMap::new(),
+            inference_mode: true,
+        }
+    }
+
+    /// The LoRA config this adapter needs, or every option it uses that is
+    /// not implemented.
+    pub fn to_lora(&self) -> std::result::Result<LoraConfig, Vec<Unsupported>> {
+        let mut problems = Vec::new();
+        let mut unsupported = |field: &str, value: String, hint: &str| {
+            problems.push(Unsupported::new(field, value, hint))
+        };
+        if self.peft_type != "LORA" {
+            unsupported(
+                "peft_type",
+                format!("`{}`", self.peft_type),
+                "only LORA adapters load",
+            );
+        }
+        if self.bias != "none" {
+            unsupported(
+                "bias",
+                format!("`{}`", self.bias),
+                "only `none` is implemented",
+            );
+        }
+        for (field, on) in [
+            ("fan_in_fan_out", self.fan_in_fan_out),
+            ("use_rslora", self.use_rslora),
+            ("use_dora", self.use_dora),
+            ("lora_bias", self.lora_bias),
+        ] {
+            if on {
+                unsupported(
+                    field,
+                    "true".to_owned(),
+                    "not implemented; train the adapter without it",
+                );
+            }
+        }
+        if self.modules_to_save.as_ref().is_some_and(|m| !m.is_empty()) {
+            unsupported(
+                "modules_to_save",
+                format!("{:?}", self.modules_to_save),
+                "fully trained modules are not implemented",
+            );
+        }
+        if self
+            .layers_to_transform
+            .as_ref()
+            .is_some_and(|l| !l.is_null())
+        {
+            unsupported(
+                "layers_to_transform",
+                format!("{:?}", self.layers_to_transform),
+                "adapters must cover every layer",
+            );
+        }
+        if !self.rank_pattern.is_empty() || !self.alpha_pattern.is_empty() {
+            unsupported(
+                "rank_pattern",
+                "non-empty".to_owned(),
+                "per-module ranks and alphas are not implemented",
+            );
+        }
+        let mut targets = Vec::new();
+        for name in &self.target_modules {
+            match TargetModule::parse(name) {
+                Some(t) => targets.push(t),
+                None => unsupported(
+                    "target_modules",
+                    format!("`{name}`"),
+                    "only q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj and down_proj can be adapted",
+                ),
+            }
+        }
+        if problems.is_empty() {
+            Ok(LoraConfig {
+                r: self.r,
+                alpha: self.lora_alpha,
+                dropout: self.lora_dropout,
+                target_modules: targets,
+                seed: 0,
+            })
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+/// Writes `model`'s adapter into `dir` (created if needed);
+/// `base_model` goes into `base_model_name_or_path`.
+pub fn save(model: &LoadedModel, dir: &Path, base_model: &str) -> Result<()> {
+    let Some(lora) = &model.lora else {
+        return Err(ModelError::NoAdapter);
+    };
+    let mut tensors = HashMap::new();
+    for proj in model.model.projections() {
+        if let Some(ad) = proj.adapter() {
+            let name = format!("{PEFT_PREFIX}{}", proj.name());
+            tensors.insert(
+                format!("{name}.lora_A.weight"),
+                to_cpu(ad.a.as_detached_tensor())?,
+            );
+            tensors.insert(
+                format!("{name}.lora_B.weight"),
+                to_cpu(ad.b.as_detached_tensor())?,
+            );
+        }
+    }
+    create_dir(dir)?;
+    let config = AdapterConfig::from_lora(lora, base_model);
+    write_file(
+        &dir.join(ADAPTER_CONFIG_FILE),
+        serde_json::to_string_pretty(&config).expect("serialises"),
+    )?;
+    save_tensors(&tensors, &dir.join(ADAPTER_WEIGHTS_FILE))
+}
+
+/// Loads the base model in `base_dir` with the adapter in `adapter_dir`.
+pub fn load(
+    base_dir: &Path,
+    adapter_dir: &Path,
+    dtype: DType,
+    device: &Device,
+) -> Result<LoadedModel> {
+    let config_path = adapter_dir.join(ADAPTER_CONFIG_FILE);
+    let value = crate::read_json(
+        &config_path,
+        "an adapter folder holds `adapter_config.json` and `adapter_model.safetensors`",
+    )?;
+    let config: AdapterConfig = serde_json::from_value(value).map_err(|e| ModelError::Parse {
+        path: config_path.clone(),
+        message: e.to_string(),
+        hint: "expected PEFT's LoraConfig fields; `target_modules` must be a list of names"
+            .to_owned(),
+    })?;
+    let lora = config
+        .to_lora()
+        .map_err(|problems| ModelError::Unsupported {
+            path: config_path,
+            problems,
+        })?;
+    let model = crate::load(base_dir, Some(&lora), dtype, device)?;
+    let weights_path = adapter_dir.join(ADAPTER_WEIGHTS_FILE);
+    if !weights_path.exists() {
+        return Err(ModelError::Missing {
+            path: weights_path,
+            hint: "an adapter folder holds `adapter_config.json` and `adapter_model.safetensors`"
+                .to_owned(),
+        });
+    }
+    let mut stored = candle_core::safetensors::load(&weights_path, device).map_err(|source| {
+        ModelError::Tensor {
+            context: format!("cannot read `{}`", weights_path.display()),
+            source,
+        }
+    })?;
+    let mut problems = Vec::new();
+    for proj in model.model.projections() {
+        let Some(ad) = proj.adapter() else { continue };
+        for (suffix, var) in [("lora_A", &ad.a), ("lora_B", &ad.b)] {
+            let name = format!("{PEFT_PREFIX}{}.{suffix}.weight", proj.name());
+            match stored.remove(&name) {
+                None => problems.push(format!("tensor `{name}` is missing")),
+                Some(t) if t.dims() != var.dims() => problems.push(format!(
+                    "tensor `{name}` has shape {:?}, the model needs {:?}",
+                    t.dims(),
+                    var.dims()
+                )),
+                Some(t) => t
+                    .to_dtype(DType::F32)
+                    .and_then(|t| var.set(&t))
+                    .map_err(|source| ModelError::Tensor {
+                        context: format!("cannot set `{name}`"),
+                        source,
+                    })?,
+            }
+        }
+    }
+    let mut unexpected: Vec<_> = stored.into_keys().collect();
+    unexpected.sort();
+    problems.extend(
+        unexpected
+            .into_iter()
+            .map(|n| format!("tensor `{n}` matches no adapted module")),
+    );
+    if problems.is_empty() {
+        Ok(model)
+    } else {
+        Err(ModelError::AdapterMismatch {
+            path: weights_path,
+            problems,
+        })
+    }
+}
+
+/// Writes `model` with its adapter merged into `out_dir`: every tensor of
+/// the base checkpoint, adapted weights replaced by `W + scale B A` (summed
+/// in f32, stored in the checkpoint's dtype), plus `config.json` and the
+/// tokenizer files. Holds the whole model in host memory while writing.
+pub fn merge(model: &LoadedModel, out_dir: &Path) -> Result<()> {
+    if same_dir(&model.dir, out_dir) {
+        return Err(ModelError::Write {
+            path: out_dir.to_owned(),
+            source: std::io::Error::other(
+                "the merged model cannot overwrite its base; choose another folder",
+            ),
+        });
+    }
+    let mut deltas = HashMap::new();
+    for proj in model.model.projections() {
+        let delta = proj.delta_weight().map_err(|source| ModelError::Tensor {
+            context: format!("cannot compute the update of `{}`", proj.name()),
+            source,
+        })?;
+        if let Some(delta) = delta {
+            deltas.insert(format!("{}.weight", proj.name()), delta);
+        }
+    }
+    let files = crate::weight_files(&model.dir)?;
+    let tensor_err = |context: String| move |source| ModelError::Tensor { context, source };
+    // SAFETY: read-only mapping of files that must not change meanwhile.
+    let source = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }.map_err(
+        tensor_err(format!(
+            "cannot map the weights in `{}`",
+            model.dir.display()
+        )),
+    )?;
+    let mut merged = HashMap::new();
+    for (name, _) in source.tensors() {
+        let w = source
+            .load(&name, &Device::Cpu)
+            .map_err(tensor_err(format!("cannot read `{name}`")))?;
+        let w = match deltas.remove(&name) {
+            Some(delta) => delta
+                .to_device(&Device::Cpu)
+                .and_then(|d| w.to_dtype(DType::F32)? + d)
+                .and_then(|m| m.to_dtype(w.dtype()))
+                .map_err(tensor_err(format!("cannot merge `{name}`")))?,
+            None => w,
+        };
+        merged.insert(name, w);
+    }
+    if let Some(name) = deltas.keys().next() {
+        return Err(ModelError::Tensor {
+            context: format!("cannot merge into `{}`", model.dir.display()),
+            source: candle_core::Error::Msg(format!("no tensor `{name}` in the base checkpoint")),
+        });
+    }
+    create_dir(out_dir)?;
+    save_tensors(&merged, &out_dir.join(WEIGHTS_FILE))?;
+    for file in COPIED_FILES {
+        let from = model.dir.join(file);
+        if from.exists() {
+            let to = out_dir.join(file);
+            std::fs::copy(&from, &to).map_err(|source| ModelError::Write { path: to, source })?;
+        }
+    }
+    Ok(())
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn to_cpu(t: Tensor) -> Result<Tensor> {
+    t.to_device(&Device::Cpu)
+        .map_err(|source| ModelError::Tensor {
+            context: "cannot copy an adapter to the host".to_owned(),
+            source,
+        })
+}
+
+fn create_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| ModelError::Write {
+        path: dir.to_owned(),
+        source,
+    })
+}
+
+fn write_file(path: &Path, text: String) -> Result<()> {
+    std::fs::write(path, text).map_err(|source| ModelError::Write {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn save_tensors(tensors: &HashMap<String, Tensor>, path: &PathBuf) -> Result<()> {
+    candle_core::safetensors::save(tensors, path).map_err(|source| ModelError::Tensor {
+        context: format!("cannot write `{}`", path.display()),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_config_has_peft_fields_and_reads_back() {
+        let lora = LoraConfig {
+            r: 8,
+            alpha: 16.0,
+            dropout: 0.05,
+            target_modules: vec![TargetModule::VProj, TargetModule::QProj],
+            seed: 0,
+        };
+        let config = AdapterConfig::from_lora(&lora, "Qwen/Qwen3-4B");
+        let json = serde_json::to_value(&config).unwrap();
+        assert_eq!(json["peft_type"], "LORA");
+        assert_eq!(json["task_type"], "CAUSAL_LM");
+        assert_eq!(json["bias"], "none");
+        assert_eq!(json["lora_alpha"], 16.0);
+        assert_eq!(
+            json["target_modules"],
+            serde_json::json!(["q_proj", "v_proj"])
+        );
+        assert_eq!(json["base_model_name_or_path"], "Qwen/Qwen3-4B");
+        let back = config.to_lora().unwrap();
+        assert_eq!((back.r, back.alpha, back.dropout), (8, 16.0, 0.05));
+    }
+
+    #[test]
+    fn unimplemented_peft_options_are_all_reported() {
+        let text = r#"{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "lm_head"],
+                       "use_dora": true, "bias": "all", "unknown_field": 1}"#;
+        let config: AdapterConfig = serde_json::from_str(text).unwrap();
+        let fields: Vec<_> = config
+            .to_lora()
+            .unwrap_err()
+            .into_iter()
+            .map(|p| p.field)
+            .collect();
+        assert_eq!(fields, ["bias", "use_dora", "target_modules"]);
+    }
+}
