@@ -434,9 +434,9 @@ fn packed_rows_match_padded_rows_with_fused_attention() {
     ] {
         m.model.set_gradient_checkpointing(ckpt);
         m.model.decoder_mut().set_manual_backward(manual);
-        super::set_packed_attention(packed);
+        trace_train::model::layers::segments::set_packed_attention(packed);
         let (loss, got) = run(&m, true);
-        super::set_packed_attention(true);
+        trace_train::model::layers::segments::set_packed_attention(true);
         m.model.set_gradient_checkpointing(false);
         m.model.decoder_mut().set_manual_backward(true);
         assert!(

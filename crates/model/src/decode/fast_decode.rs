@@ -1227,7 +1227,7 @@ pub(super) mod tests {
     use crate::layers::decoder::DecodeLora;
     use crate::layers::nf4::Nf4Weight;
 
-    pub(in crate::model) fn gpu() -> Option<CudaDevice> {
+    pub(crate) fn gpu() -> Option<CudaDevice> {
         match Device::new_cuda(0) {
             Ok(Device::Cuda(d)) => Some(d),
             _ => {
@@ -1242,12 +1242,12 @@ pub(super) mod tests {
     }
 
     /// A matrix's values as f32 (bf16 converts exactly), to compare bits.
-    pub(in crate::model) fn values(t: &Tensor) -> Vec<Vec<f32>> {
+    pub(crate) fn values(t: &Tensor) -> Vec<Vec<f32>> {
         t.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap()
     }
 
     /// Largest difference over the largest reference value.
-    pub(in crate::model) fn rel(got: &Tensor, want: &Tensor) -> f32 {
+    pub(crate) fn rel(got: &Tensor, want: &Tensor) -> f32 {
         let d = (got.to_dtype(DType::F32).unwrap() - want)
             .unwrap()
             .abs()

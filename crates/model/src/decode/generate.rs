@@ -333,14 +333,14 @@ mod fast {
 
     use candle_core::{Device, Result};
 
-    use crate::super::Model;
-    use crate::super::draw::Draw;
-    use crate::super::fast_decode::Mode;
-    use crate::super::slots::{self, Feed, FusedSlots, Join, Slots};
-    use crate::{
+    use super::{
         DECODE_PATH, DecodePath, Generation, IN_PLACE, PREFILL_CHUNK, decode_path, record,
         set_last_path,
     };
+    use crate::Model;
+    use crate::decode::draw::Draw;
+    use crate::decode::fast_decode::Mode;
+    use crate::decode::slots::{self, Feed, FusedSlots, Join, Slots};
 
     pub(super) struct Args<'a> {
         pub model: &'a Model,
@@ -356,7 +356,7 @@ mod fast {
     static SAID: AtomicBool = AtomicBool::new(false);
 
     /// Decoding op by op instead: said once a process; an error when the
-    /// fused step was asked for by name ([`crate::with_decode_path`]).
+    /// fused step was asked for by name ([`super::with_decode_path`]).
     fn fall_back(why: &str) -> Result<Option<Vec<Generation>>> {
         if DECODE_PATH.with(|p| p.get()) != DecodePath::Auto {
             candle_core::bail!("the fused decode step cannot run: {why}");

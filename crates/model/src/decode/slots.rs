@@ -367,12 +367,12 @@ mod fused {
     use candle_core::cuda_backend::{WrapErr, cudarc};
     use candle_core::{Device, Result, Tensor, bail};
 
-    use crate::super::Model;
-    use crate::super::attention::Cache;
-    use crate::super::decoder::DecodeWeights;
-    use crate::super::draw::{Draw, sample_rows};
-    use crate::super::fast_decode::{self, Engine, Mode};
-    use crate::{Feed, Join, Slots, check_joins};
+    use super::{Feed, Join, Slots, check_joins};
+    use crate::Model;
+    use crate::decode::draw::{Draw, sample_rows};
+    use crate::decode::fast_decode::{self, Engine, Mode};
+    use crate::layers::attention::Cache;
+    use crate::layers::decoder::DecodeWeights;
 
     /// Memory kept free beside the decode weights and the cache slots:
     /// prefill's activations and scores, cuBLAS's workspace, the logits.
@@ -515,7 +515,7 @@ mod fused {
         /// matrix); otherwise left-padded to the longest, a chunk of
         /// columns a pass, with a mask.
         ///
-        /// [`Decoder::prefill_right_padded`]: crate::super::decoder::Decoder::prefill_right_padded
+        /// [`Decoder::prefill_right_padded`]: crate::layers::decoder::Decoder::prefill_right_padded
         fn prefill(&self, prompts: &[&[u32]]) -> Result<(Tensor, Cache, Vec<usize>)> {
             let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
             // `TRACE_TRAIN_DECODE_NCU_PREFILL=1`: the prefills run inside
@@ -537,8 +537,12 @@ mod fused {
                     width
                 };
                 let lens: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
-                let ids =
-                    crate::super::prefill::right_padded(prompts, width, self.pad_id, &self.device)?;
+                let ids = crate::decode::prefill::right_padded(
+                    prompts,
+                    width,
+                    self.pad_id,
+                    &self.device,
+                )?;
                 let mut cache = self.model.new_cache().with_capacity(width);
                 let logits = dec.prefill_right_padded(&ids, &lens, &mut cache)?;
                 if profiling.is_some() {
@@ -548,13 +552,13 @@ mod fused {
             }
             let pads: Vec<usize> = prompts.iter().map(|p| width - p.len()).collect();
             let ids =
-                crate::super::prefill::left_padded(prompts, width, self.pad_id, &self.device)?;
+                crate::decode::prefill::left_padded(prompts, width, self.pad_id, &self.device)?;
             let mut cache = self
                 .model
                 .new_cache()
                 .with_capacity(width)
                 .with_left_padding(pads.clone());
-            let logits = crate::super::prefill::prefill(
+            let logits = crate::decode::prefill::prefill(
                 self.model,
                 &ids,
                 0,

@@ -367,7 +367,7 @@ mod cuda {
         Ok(tensor(out, &dev, x.shape().clone()))
     }
 
-    /// [`crate::rms_norm`] on the GPU; `None` where `rmsnorm_rows` does not
+    /// [`super::rms_norm`] on the GPU; `None` where `rmsnorm_rows` does not
     /// serve the shape (the caller takes candle's kernel).
     pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Option<Tensor>> {
         let n = x.dim(candle_core::D::Minus1)?;
@@ -510,7 +510,7 @@ mod cuda {
         grad: &Tensor,
         m: &Tensor,
         v: &Tensor,
-        h: &crate::AdamWStep,
+        h: &super::AdamWStep,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let n = param.elem_count();
         let f = |t: &Tensor| -> Result<Tensor> { t.to_dtype(DType::F32)?.contiguous() };

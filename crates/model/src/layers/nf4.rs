@@ -595,7 +595,7 @@ mod cuda {
     use candle_core::op::BackpropOp;
     use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Storage, Tensor, bail};
 
-    use crate::Nf4Weight;
+    use super::Nf4Weight;
     use crate::cuda::kernels;
 
     /// A contiguous view of a CUDA tensor's data.

@@ -75,7 +75,7 @@ pub struct Segments {
     /// Each attention row's example length, the examples end to end.
     lens: Vec<usize>,
     #[cfg(feature = "cudnn")]
-    ragged: std::sync::OnceLock<super::sdpa_cudnn::RaggedLayout>,
+    ragged: std::sync::OnceLock<crate::cuda::sdpa_cudnn::RaggedLayout>,
 }
 
 impl Segments {
@@ -123,7 +123,7 @@ impl Segments {
         &self,
         heads: (usize, usize, usize),
         device: &Device,
-    ) -> Result<&super::sdpa_cudnn::RaggedLayout> {
+    ) -> Result<&crate::cuda::sdpa_cudnn::RaggedLayout> {
         if let Some(r) = self.ragged.get() {
             return Ok(r);
         }
@@ -132,8 +132,13 @@ impl Segments {
         // bucket): bounds of powers of two would build fewer graphs, but
         // cost about 2% a step and 2 GiB at the Qwen3-4B shape on an H100,
         // and a run builds each graph once.
-        let r =
-            super::sdpa_cudnn::RaggedLayout::new(&self.lens, self.seq_len, tokens, heads, device)?;
+        let r = crate::cuda::sdpa_cudnn::RaggedLayout::new(
+            &self.lens,
+            self.seq_len,
+            tokens,
+            heads,
+            device,
+        )?;
         Ok(self.ragged.get_or_init(|| r))
     }
 
