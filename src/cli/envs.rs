@@ -1,161 +1,15 @@
-//! The environments a command names (`--environment sat+abd+ded`, each
-//! optionally weighted, `trace:2+abd`), built from their data settings,
-//! and `trace-train task`, which prints one task of one environment as
-//! JSON.
+//! The flags of the environments' data (`env::registry::EnvData`),
+//! `generate --environment` (the sibling environments' SFT records) and
+//! `trace-train task`, which prints one task of one environment as JSON.
+//! Which environments there are is `env::registry`'s.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
 
-use trace_train::dataset::Source;
-use trace_train::env::affine::split::{Part, Split};
-use trace_train::env::affine::{abd::AbdEnv, ded::DedEnv, rows, sat::SatEnv};
-use trace_train::env::{Environment, TraceEnv};
-use trace_train::sandbox::{self, Executor, ExecutorConfig};
-
-/// The environments there are.
-pub const NAMES: [&str; 4] = ["trace", "sat", "abd", "ded"];
-
-/// Where the environments' data comes from, and how their programs run.
-#[derive(Args, Clone, Debug)]
-#[command(rename_all = "snake_case")]
-pub struct EnvData {
-    /// Rows of the trace environment: `builtin`, a JSONL path, a hub id
-    /// (as `generate`'s --dataset).
-    #[arg(long, default_value = "builtin")]
-    pub trace_dataset: String,
-    /// Rows of ABD (`program`, `inputs`, `output`): `builtin`, a JSONL path
-    /// or a hub id; several joined by `+`.
-    #[arg(long, default_value = "builtin")]
-    pub abd_dataset: String,
-    /// Rows of DED (`prompt`, `test_cases` or `verification_info`):
-    /// `ded-builtin`, `humaneval:PATH`, a JSONL path or a hub id; several
-    /// joined by `+`.
-    #[arg(long, default_value = "ded-builtin")]
-    pub ded_dataset: String,
-    /// The file to read inside a hub dataset.
-    #[arg(long, default_value = "python_dataset.jsonl")]
-    pub hub_file: String,
-    /// Interpreter every uid can run.
-    #[arg(long, default_value = "/usr/bin/python3")]
-    pub python: PathBuf,
-    /// Sandbox worker slots (default: two a core).
-    #[arg(long)]
-    pub num_workers: Option<usize>,
-    /// Trace: most `__DBG_` prints injected into a program.
-    #[arg(long, default_value_t = 6)]
-    pub max_injections: usize,
-}
-
-impl Default for EnvData {
-    fn default() -> Self {
-        Self {
-            trace_dataset: "builtin".into(),
-            abd_dataset: "builtin".into(),
-            ded_dataset: "ded-builtin".into(),
-            hub_file: "python_dataset.jsonl".into(),
-            python: PathBuf::from("/usr/bin/python3"),
-            num_workers: None,
-            max_injections: 6,
-        }
-    }
-}
-
-/// `sat+abd:2+ded` (or commas) → names and weights (1 when not given).
-pub fn parse(spec: &str) -> anyhow::Result<Vec<(String, f64)>> {
-    let mut out: Vec<(String, f64)> = Vec::new();
-    for part in spec.split(['+', ',']) {
-        let (name, weight) = match part.split_once(':') {
-            Some((n, w)) => {
-                let w: f64 = w
-                    .parse()
-                    .ok()
-                    .filter(|w: &f64| w.is_finite() && *w > 0.0)
-                    .with_context(|| {
-                        format!(
-                            "--environment `{spec}`: weight `{w}` of `{n}` is not a number above 0"
-                        )
-                    })?;
-                (n, w)
-            }
-            None => (part, 1.0),
-        };
-        anyhow::ensure!(
-            NAMES.contains(&name),
-            "--environment `{spec}`: unknown environment `{name}`\nhint: choose from {}, joined by `+`, each optionally weighted as `abd:2`",
-            NAMES.join(", ")
-        );
-        anyhow::ensure!(
-            !out.iter().any(|(n, _)| n == name),
-            "--environment `{spec}`: `{name}` is named twice"
-        );
-        out.push((name.to_owned(), weight));
-    }
-    Ok(out)
-}
-
-/// Builds the environments `names` (one executor for ABD and DED; none
-/// when only SAT is named); SAT, ABD and DED seen through `part` (their
-/// training or held-out tasks, `affine::split`; Trace has its own held-out
-/// sets).
-pub fn build(
-    names: &[String],
-    data: &EnvData,
-    unsafe_no_sandbox: bool,
-    part: Part,
-) -> anyhow::Result<Vec<Arc<dyn Environment>>> {
-    let workers = data.num_workers.unwrap_or_else(sandbox::default_workers);
-    let executor = || {
-        Executor::new(ExecutorConfig::new(&data.python, workers, unsafe_no_sandbox))
-            .context("ABD, DED and trace run programs in the sandbox\nhint: run as root, or pass --unsafe-no-sandbox on a machine you trust")
-    };
-    let mut shared: Option<Arc<Executor>> = None;
-    let mut exec = || -> anyhow::Result<Arc<Executor>> {
-        if let Some(e) = &shared {
-            return Ok(Arc::clone(e));
-        }
-        let e = Arc::new(executor()?);
-        shared = Some(Arc::clone(&e));
-        Ok(e)
-    };
-    let mut envs: Vec<Arc<dyn Environment>> = Vec::new();
-    for name in names {
-        let env: Arc<dyn Environment> = match name.as_str() {
-            "sat" => Arc::new(SatEnv),
-            "abd" => {
-                let rows = rows::load(&data.abd_dataset, &data.hub_file)
-                    .with_context(|| format!("reading ABD's rows from `{}`", data.abd_dataset))?;
-                Arc::new(AbdEnv::new(Arc::new(rows), exec()?)?)
-            }
-            "ded" => {
-                let rows = rows::load(&data.ded_dataset, &data.hub_file)
-                    .with_context(|| format!("reading DED's rows from `{}`", data.ded_dataset))?;
-                Arc::new(DedEnv::new(Arc::new(rows), exec()?)?)
-            }
-            "trace" => {
-                let source = Source::resolve(&data.trace_dataset, &data.hub_file)?;
-                let rows = source
-                    .rows()?
-                    .collect::<Result<Vec<_>, _>>()
-                    .with_context(|| format!("reading the rows of `{}`", source.describe()))?;
-                Arc::new(
-                    TraceEnv::new(rows, executor()?, data.max_injections)?
-                        .with_dataset(source.describe()),
-                )
-            }
-            other => anyhow::bail!("unknown environment `{other}`"),
-        };
-        let env: Arc<dyn Environment> = if name == "trace" || part == Part::All {
-            env
-        } else {
-            Arc::new(Split::new(env, part))
-        };
-        envs.push(env);
-    }
-    Ok(envs)
-}
+use trace_train::env::affine::split::Part;
+use trace_train::env::registry::{EnvData, build, parse};
 
 /// `generate --environment`: what to write where.
 pub struct SiblingData {
@@ -231,7 +85,7 @@ pub fn run_generate(g: &SiblingData) -> anyhow::Result<()> {
 #[derive(Args, Clone, Debug)]
 #[command(rename_all = "snake_case")]
 pub struct TaskArgs {
-    /// One of trace, sat, abd, ded.
+    /// One of the environments (`trace`, `sat`, `abd`, `ded`, `word`).
     #[arg(long)]
     pub environment: String,
     /// The task id (SAT: any integer seed; ABD, DED: a row index; trace:
@@ -279,25 +133,4 @@ pub fn run_task(args: &TaskArgs) -> anyhow::Result<()> {
     });
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn environment_lists_parse_with_weights() {
-        assert_eq!(
-            parse("trace+abd:2,ded").unwrap(),
-            [
-                ("trace".into(), 1.0),
-                ("abd".into(), 2.0),
-                ("ded".into(), 1.0)
-            ]
-        );
-        for bad in ["sat+", "foo", "abd:0", "abd:x", "sat+sat"] {
-            assert!(parse(bad).is_err(), "{bad}");
-        }
-        assert!(format!("{:#}", parse("foo").unwrap_err()).contains("hint:"));
-    }
 }

@@ -120,7 +120,7 @@ pub struct EnvEvalArgs {
     #[arg(long, value_parser = ["heldout", "train", "all"])]
     pub split: Option<String>,
     #[command(flatten)]
-    pub data: super::envs::EnvData,
+    pub data: trace_train::env::registry::EnvData,
 }
 
 /// `eval --compare A B`: the side-by-side table on stdout.
@@ -338,7 +338,7 @@ impl Sampler {
 /// [`EnvsReport`] (default `eval_report_envs.json` beside the model).
 pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> {
     let feedback = feedback_kind(args)?;
-    let named = super::envs::parse(spec)?;
+    let named = trace_train::env::registry::parse(spec)?;
     let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
     let weights: Option<Vec<f64>> = named
         .iter()
@@ -348,7 +348,8 @@ pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> 
     let part = trace_train::env::affine::split::Part::parse(
         args.envs.split.as_deref().unwrap_or("heldout"),
     )?;
-    let envs = super::envs::build(&names, &args.envs.data, args.unsafe_no_sandbox, part)?;
+    let envs =
+        trace_train::env::registry::build(&names, &args.envs.data, args.unsafe_no_sandbox, part)?;
     let mut tasks = Vec::new();
     for env in &envs {
         let end = args.envs.task_offset.saturating_add(args.envs.tasks);

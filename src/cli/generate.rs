@@ -179,13 +179,13 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
             tasks: args.tasks,
             output_dir: cfg.output_dir.clone(),
             seed: cfg.seed,
-            data: super::envs::EnvData {
+            data: trace_train::env::registry::EnvData {
                 abd_dataset: args.abd_dataset.clone(),
                 ded_dataset: args.ded_dataset.clone(),
                 hub_file: cfg.hub_file.clone(),
                 python: cfg.python.clone(),
                 num_workers: (cfg.num_workers > 0).then_some(cfg.num_workers),
-                ..super::envs::EnvData::default()
+                ..Default::default()
             },
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
         })?;

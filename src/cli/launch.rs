@@ -18,7 +18,7 @@
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -253,6 +253,32 @@ pub fn dispatch(
         Role::Child(child) if child.rank == 0 => rank(&child, &super::progress::Bar::new("step")),
         Role::Child(child) => rank(&child, &trace_train::progress::NoProgress),
     }
+}
+
+/// The command line of a rank that reads what the pipeline resolved for
+/// `command` from `file` (`--resolved`): the settings travel as a file,
+/// not as flags, so a rank runs with exactly what was resolved.
+pub fn resolved_argv(command: &str, file: &Path) -> Vec<OsString> {
+    vec![command.into(), "--resolved".into(), file.into()]
+}
+
+/// Writes `value` to `file` and runs `command` on `world` ranks, each
+/// reading it back ([`read_resolved`]).
+pub fn run_resolved_children<T: serde::Serialize>(
+    world: usize,
+    command: &str,
+    value: &T,
+    file: &Path,
+) -> anyhow::Result<()> {
+    trace_train::atomic::write(file, serde_json::to_string_pretty(value)?.as_bytes())?;
+    run_children_with(world, resolved_argv(command, file))
+}
+
+/// What [`run_resolved_children`] wrote to `file`.
+pub fn read_resolved<T: serde::de::DeserializeOwned>(file: &Path) -> anyhow::Result<T> {
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read `{}`", file.display()))?;
+    serde_json::from_slice(&bytes)
+        .with_context(|| format!("`{}` is not a stage's resolved settings", file.display()))
 }
 
 /// A running child and what it last said.

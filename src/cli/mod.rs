@@ -20,6 +20,44 @@ pub mod sandbox;
 pub mod serve;
 pub mod train;
 
+/// The flags every training command (`warmup`, `sft`, `ppo`, `dpo`)
+/// takes: where the run goes, for how long, and whether it goes on from a
+/// checkpoint. They are not the method's settings (no config file holds
+/// them), and each is declared here once.
+#[derive(clap::Args, Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[command(rename_all = "snake_case")]
+pub struct RunFlags {
+    /// `cpu`, `cuda`, `cuda:N` or `auto`.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// GPUs to train on, one process each, data parallel over NCCL
+    /// (default: the pipeline config's `hardware.num_gpus`, else every
+    /// visible GPU when the device is CUDA, 1 on the CPU). The ranks share
+    /// each step's work, so the global batch is the same for any number.
+    #[arg(long)]
+    pub num_gpus: Option<usize>,
+    /// Continue from the newest valid checkpoint in the output folder.
+    #[arg(long)]
+    pub resume: bool,
+    /// Resume even though the settings, the model or the data changed.
+    #[arg(long)]
+    pub force: bool,
+    /// Stop after this many optimizer steps (with a checkpoint; `--resume`
+    /// goes on from it).
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    /// Keep the frozen base weights in 16 bits (default on a GPU: 4-bit NF4
+    /// as the pipeline config's `model.load_in_4bit` says, i.e. QLoRA).
+    #[arg(long)]
+    pub no_4bit: bool,
+    /// Recompute each layer in the backward pass to save memory (default:
+    /// the stage's config, else the pipeline config's
+    /// `hardware.gradient_checkpointing`, applied on a GPU; `true` forces
+    /// it on the CPU too).
+    #[arg(long)]
+    pub gradient_checkpointing: Option<bool>,
+}
+
 /// The device a command runs on: `cpu`, `cuda`, `cuda:N` or `auto`.
 pub fn pick_device(name: &str) -> anyhow::Result<candle_core::Device> {
     use anyhow::Context;

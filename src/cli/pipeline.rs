@@ -16,11 +16,12 @@ use serde::{Deserialize, Serialize};
 use trace_train::config::{self, PipelineConfig, Source, Sources};
 use trace_train::generate::{self, RunOptions};
 
+use super::RunFlags;
 use super::eval::{EvalArgs, run_eval};
 use super::gate::{Gate, Gated};
-use super::launch::{Role, role, run_children_with};
+use super::launch::{Role, role, run_resolved_children};
 use super::ppo::PpoArgs;
-use super::train::{TrainArgs, run_stage};
+use super::train::{self, Resolved, Settings};
 
 #[derive(Args)]
 #[command(rename_all = "snake_case")]
@@ -544,52 +545,37 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         );
         finish(0, &mut state)?;
     }
-    let stage_args = |stage: u8| -> TrainArgs {
+    // Stages 1-2 run with the settings resolved here (what `config
+    // pipeline` shows): the stage's section, the model and hardware
+    // sections, the model it starts from.
+    let stage_settings = |stage: u8| -> Resolved {
         let sft = if stage == 1 { &cfg.stage1 } else { &cfg.stage2 };
         let out = sft
             .output_dir
             .clone()
             .expect("resolve sets the stage folders");
-        TrainArgs {
-            model: Some(if stage == 1 {
-                cfg.model.name.clone()
-            } else {
-                root.join(STAGE1_DIR).join("merged").display().to_string()
-            }),
-            revision: if stage == 1 {
-                cfg.model.revision.clone()
-            } else {
-                None
+        Resolved {
+            settings: Settings {
+                config: sft.clone(),
+                model: cfg.model.clone(),
+                hardware: cfg.hardware.clone(),
+                base_model: if stage == 1 {
+                    cfg.model.name.clone()
+                } else {
+                    root.join(STAGE1_DIR).join("merged").display().to_string()
+                },
+                revision: if stage == 1 {
+                    cfg.model.revision.clone()
+                } else {
+                    None
+                },
+                sources: Sources::default(),
             },
-            train_file: sft.train_file.clone(),
-            eval_file: sft.eval_file.clone(),
-            epochs: Some(sft.epochs),
-            batch_size: Some(sft.batch_size),
-            gradient_accumulation_steps: Some(sft.gradient_accumulation_steps),
-            micro_batch_tokens: sft.micro_batch_tokens,
-            packing: sft.packing,
-            learning_rate: Some(sft.learning_rate),
-            lora_r: Some(sft.lora_r),
-            max_length: Some(cfg.model.max_length),
-            save_steps: Some(sft.save_steps),
-            seed: Some(sft.seed),
-            max_steps,
-            device: Some(cfg.hardware.device.clone()),
-            resume: args.resume && out.exists(),
-            output_dir: Some(out),
-            config: None,
-            pipeline_config: Some(args.config.clone()).filter(|p| p.is_file()),
-            force: false,
-            // On (the default) means "on a GPU"; the stage decides.
-            gradient_checkpointing: (!cfg.hardware.gradient_checkpointing).then_some(false),
-            no_4bit: !cfg.model.load_in_4bit,
-            num_gpus: None,
-            select_metric: sft.select.as_ref().map(|x| x.metric.clone()),
-            select_every_steps: sft.select.as_ref().map(|x| x.every_steps),
-            select_set: sft.select.as_ref().map(|x| x.set.clone()),
-            select_limit: sft.select.as_ref().and_then(|x| x.limit),
-            select_max_new_tokens: sft.select.as_ref().map(|x| x.max_new_tokens),
-            select_batch_size: sft.select.as_ref().map(|x| x.batch_size),
+            run: RunFlags {
+                resume: args.resume && out.exists(),
+                max_steps,
+                ..RunFlags::default()
+            },
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
         }
     };
@@ -604,33 +590,22 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             }
             stop_before(name)?;
             eprintln!("== stage {stage}: {name}");
-            let a = stage_args(stage);
-            let requested = cfg.hardware.num_gpus;
-            let interrupted = match role(requested, a.device.as_deref().unwrap_or("auto"))? {
+            let r = stage_settings(stage);
+            let out = r.settings.config.output_dir.clone().unwrap_or_default();
+            let interrupted = match role(cfg.hardware.num_gpus, &cfg.hardware.device)? {
                 Role::Parent { world } => {
-                    // One process a GPU, each running this stage alone.
+                    // One process a GPU, each reading the resolved stage
+                    // from a file beside its outputs.
+                    std::fs::create_dir_all(&out)
+                        .with_context(|| format!("cannot create `{}`", out.display()))?;
+                    let file = out.join(format!("pipeline_{name}_settings.json"));
                     let started = std::time::SystemTime::now();
-                    let mut argv = vec![std::ffi::OsString::from(name)];
-                    argv.extend(
-                        TrainArgs {
-                            num_gpus: Some(world),
-                            ..a.clone()
-                        }
-                        .to_argv(),
-                    );
-                    run_children_with(world, argv)?;
-                    let out = a.output_dir.clone().unwrap_or_default();
+                    run_resolved_children(world, name, &r, &file)?;
                     !finished_since(&out, started)
                 }
                 _ => {
-                    run_stage(
-                        name,
-                        &TrainArgs {
-                            num_gpus: Some(1),
-                            ..a
-                        },
-                    )?
-                    .interrupted
+                    let job = train::job(name, r.settings, &r.run, r.unsafe_no_sandbox)?;
+                    train::run_resolved(name, job)?.interrupted
                 }
             };
             if interrupted {
@@ -701,31 +676,32 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             model: Some(root.join(STAGE2_DIR).join("merged").display().to_string()),
             output_dir: Some(out.clone()),
             settings: Some(Box::new(cfg.stage3.clone())),
-            device: args.device.clone(),
-            resume: args.resume && out.exists(),
-            no_4bit: !cfg.model.load_in_4bit,
-            // On (the default) means "on a GPU"; the stage decides.
-            gradient_checkpointing: (!cfg.hardware.gradient_checkpointing).then_some(false),
             quick_test: args.quick_test,
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
             pipeline_config: Some(args.config.clone()).filter(|p| p.is_file()),
-            max_steps,
+            run: RunFlags {
+                device: args.device.clone(),
+                resume: args.resume && out.exists(),
+                no_4bit: !cfg.model.load_in_4bit,
+                // On (the default) means "on a GPU"; the stage decides.
+                gradient_checkpointing: (!cfg.hardware.gradient_checkpointing).then_some(false),
+                max_steps,
+                ..RunFlags::default()
+            },
             ..PpoArgs::default()
         };
-        let device = a.device.clone().unwrap_or_else(|| "auto".into());
+        let device = a.run.device.clone().unwrap_or_else(|| "auto".into());
         let interrupted = match role(cfg.hardware.num_gpus, &device)? {
             Role::Parent { world } => {
-                // The ranks read the stage's settings from a file beside
-                // its outputs (a child gets a command line, not a value).
+                // The ranks read these arguments, the stage's settings
+                // among them, from a file beside its outputs.
                 std::fs::create_dir_all(&out)
                     .with_context(|| format!("cannot create `{}`", out.display()))?;
-                let settings = out.join("pipeline_stage3_config.json");
-                trace_train::atomic::write(
-                    &settings,
-                    serde_json::to_string_pretty(&cfg.stage3)?.as_bytes(),
-                )?;
+                let file = out.join("pipeline_ppo_settings.json");
+                let mut ranks = a.clone();
+                ranks.run.num_gpus = Some(world);
                 let started = std::time::SystemTime::now();
-                run_children_with(world, a.to_argv(&settings, world))?;
+                run_resolved_children(world, "ppo", &ranks, &file)?;
                 !finished_since(&out, started)
             }
             _ => super::ppo::run(&a)?.interrupted,
@@ -996,10 +972,13 @@ fn dpo_rounds(
             output_dir: Some(dir.clone()),
             settings: Some(Box::new(d.train.clone())),
             model_settings: Some(Box::new(r.model.clone())),
-            device: r.device.clone(),
-            resume: r.resume,
-            no_4bit: !r.model.load_in_4bit,
-            max_steps: r.max_steps,
+            run: RunFlags {
+                device: r.device.clone(),
+                resume: r.resume,
+                no_4bit: !r.model.load_in_4bit,
+                max_steps: r.max_steps,
+                ..RunFlags::default()
+            },
             ..DpoArgs::default()
         })?;
         if s.ending.interrupted {

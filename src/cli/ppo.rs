@@ -7,22 +7,20 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
+use serde::{Deserialize, Serialize};
 
 use trace_train::config::{
     self, HardwareConfig, ModelConfig, PipelineConfig, RlConfig, Sources, Stage3Config,
 };
 use trace_train::dataset::Source;
 use trace_train::dist::{Communicator, Single};
-use trace_train::env::mixture::Mixture;
-use trace_train::env::{Environment, TraceEnv, WordEnv};
+use trace_train::env::Environment;
+use trace_train::env::registry::{self, EnvData};
 use trace_train::progress::Progress;
 use trace_train::recipes::ppo::{self, RlJob, RlSummary};
-use trace_train::sandbox::{self, Executor, ExecutorConfig};
+use trace_train::sandbox;
 
-/// The words the `word` environment asks for.
-pub const WORDS: [&str; 4] = ["apple", "river", "stone", "cloud"];
-
-#[derive(Args, Clone, Default)]
+#[derive(Args, Clone, Default, Serialize, Deserialize)]
 #[command(rename_all = "snake_case")]
 pub struct PpoArgs {
     /// Stage 3 config, `{"ppo": {...}, "curriculum": {...}}` (default:
@@ -96,38 +94,11 @@ pub struct PpoArgs {
     /// several-GPU run).
     #[arg(long)]
     pub num_workers: Option<usize>,
-    /// Stop after this many steps.
-    #[arg(long)]
-    pub max_steps: Option<u64>,
-    /// `cpu`, `cuda`, `cuda:N` or `auto`.
-    #[arg(long)]
-    pub device: Option<String>,
-    /// GPUs to train on, one process each (default: the pipeline config's
-    /// `hardware.num_gpus`, else every visible GPU with `--device cuda` or
-    /// `auto`); each samples and scores its share of the groups.
-    #[arg(long)]
-    pub num_gpus: Option<usize>,
     /// One-step off-policy: GPUs (of --num_gpus) that only sample, the
     /// next step's completions while the others train (default: the
     /// config's `ppo.sampler_ranks`; 0: synchronous).
     #[arg(long)]
     pub sampler_ranks: Option<usize>,
-    /// Continue from the newest valid `step_N/` checkpoint.
-    #[arg(long)]
-    pub resume: bool,
-    /// Resume even though the config, model or environment changed.
-    #[arg(long)]
-    pub force: bool,
-    /// Keep the frozen base weights in 16 bits on a GPU (default: 4-bit NF4
-    /// as the pipeline config's `model.load_in_4bit` says).
-    #[arg(long)]
-    pub no_4bit: bool,
-    /// Recompute each layer in the backward pass to save memory (default:
-    /// the config's `ppo.gradient_checkpointing`, else the pipeline
-    /// config's `hardware.gradient_checkpointing`, applied on a GPU; `true`
-    /// forces it on the CPU too).
-    #[arg(long)]
-    pub gradient_checkpointing: Option<bool>,
     /// Tokens (rows x padded length) one training pass holds at once; the
     /// update sums the micro-batches' gradients (default: the config's
     /// `ppo.micro_batch_tokens`; 0: chosen from the GPU's free memory).
@@ -141,58 +112,16 @@ pub struct PpoArgs {
     /// programs you trust.
     #[arg(long = "unsafe-no-sandbox")]
     pub unsafe_no_sandbox: bool,
+    #[command(flatten)]
+    pub run: super::RunFlags,
     /// Settings given in place of a file (the pipeline's `stage3` section).
     #[arg(skip)]
     pub settings: Option<Box<Stage3Config>>,
-}
-
-impl PpoArgs {
-    /// The `ppo` command line of a rank that the pipeline starts: these
-    /// arguments, with the settings read from `settings` (a Stage 3 config
-    /// file) and `world` GPUs.
-    pub fn to_argv(&self, settings: &Path, world: usize) -> Vec<std::ffi::OsString> {
-        let mut v: Vec<std::ffi::OsString> = vec!["ppo".into(), "--config".into(), settings.into()];
-        let mut opt = |flag: &str, value: Option<String>| {
-            if let Some(x) = value {
-                v.push(flag.into());
-                v.push(x.into());
-            }
-        };
-        opt("--model", self.model.clone());
-        opt(
-            "--output_dir",
-            self.output_dir.as_ref().map(|p| p.display().to_string()),
-        );
-        opt(
-            "--pipeline_config",
-            self.pipeline_config
-                .as_ref()
-                .map(|p| p.display().to_string()),
-        );
-        opt("--device", self.device.clone());
-        opt("--num_gpus", Some(world.to_string()));
-        opt("--max_steps", self.max_steps.map(|m| m.to_string()));
-        opt(
-            "--gradient_checkpointing",
-            self.gradient_checkpointing.map(|b| b.to_string()),
-        );
-        opt(
-            "--micro_batch_tokens",
-            self.micro_batch_tokens.map(|n| n.to_string()),
-        );
-        for (on, flag) in [
-            (self.resume, "--resume"),
-            (self.force, "--force"),
-            (self.no_4bit, "--no_4bit"),
-            (self.quick_test, "--quick_test"),
-            (self.unsafe_no_sandbox, "--unsafe-no-sandbox"),
-        ] {
-            if on {
-                v.push(flag.into());
-            }
-        }
-        v
-    }
+    /// These arguments, as the pipeline resolved them for a stage on
+    /// several GPUs: its ranks read them from this file.
+    #[arg(long, hide = true)]
+    #[serde(skip)]
+    pub resolved: Option<PathBuf>,
 }
 
 /// The pipeline config of `args` (its `model` and `hardware` sections
@@ -263,7 +192,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
     if let Some(n) = args.micro_batch_tokens {
         c.micro_batch_tokens = Some(n);
     }
-    if args.no_4bit {
+    if args.run.no_4bit {
         model.load_in_4bit = false;
     }
     let output_dir = c
@@ -299,11 +228,12 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
     let base_dir = trace_train::model::io::resolve::resolve(&model_spec).with_context(|| {
         format!("no policy model at `{model_spec}`\nhint: run Stage 2 (`trace-train sft`) first, or pass --model")
     })?;
-    let device = super::pick_device(args.device.as_deref().unwrap_or("auto"))?;
+    let device = super::pick_device(args.run.device.as_deref().unwrap_or("auto"))?;
     // As SFT: the pipeline's `hardware.gradient_checkpointing` (on by
     // default) means "on a GPU"; the stage's key and the flag apply anywhere.
     s3.ppo.gradient_checkpointing = Some(
-        args.gradient_checkpointing
+        args.run
+            .gradient_checkpointing
             .or(s3.ppo.gradient_checkpointing)
             .unwrap_or(hardware.gradient_checkpointing && !device.is_cpu()),
     );
@@ -318,98 +248,30 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
         device,
         env,
         env_description,
-        resume: args.resume,
-        force: args.force,
-        max_steps: args.max_steps,
+        resume: args.run.resume,
+        force: args.run.force,
+        max_steps: args.run.max_steps,
     })
 }
 
-/// The environment `c` names (`word`, or `trace` on its dataset with a
-/// sandbox of its workers) and its description for the resume check.
+/// The environment `c` names ([`registry::for_training`]) and its
+/// description for the resume check. The trace environment alone gets
+/// this host's share of the sandbox's slots when several ranks run here.
 pub fn environment(
     c: &RlConfig,
     unsafe_no_sandbox: bool,
 ) -> anyhow::Result<(Arc<dyn Environment>, String)> {
-    Ok(match c.environment.as_str() {
-        "word" => (
-            Arc::new(WordEnv::new(&WORDS)),
-            format!("word:{}", WORDS.join(",")),
-        ),
-        spec if spec != "trace" => {
-            // A mixture: each named environment by weight; the trace part
-            // reads the stage's `dataset`, ABD `abd_dataset`, DED
-            // `ded_dataset`.
-            let named = super::envs::parse(spec)?;
-            let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
-            let data = super::envs::EnvData {
-                trace_dataset: c.dataset.clone(),
-                abd_dataset: c.abd_dataset.clone(),
-                ded_dataset: c.ded_dataset.clone(),
-                hub_file: c.hub_file.clone(),
-                python: c.python.clone(),
-                num_workers: (c.num_workers > 0).then_some(c.num_workers),
-                max_injections: c.max_injections,
-            };
-            // Training tasks only: the held-out ones are `eval
-            // --environment`'s.
-            let envs = super::envs::build(
-                &names,
-                &data,
-                unsafe_no_sandbox,
-                trace_train::env::affine::split::Part::Train,
-            )?;
-            let mixture = Mixture::new(
-                envs.into_iter()
-                    .zip(named.iter().map(|(_, w)| *w))
-                    .collect(),
-            )?;
-            (Arc::new(mixture), {
-                // Rows other than the defaults named, so a checkpoint
-                // of a default mixture keeps its description.
-                let d = RlConfig::default();
-                let mut text = format!("mixture:{spec} trace_rows:{}", c.dataset);
-                if c.abd_dataset != d.abd_dataset {
-                    text += &format!(" abd_rows:{}", c.abd_dataset);
-                }
-                if c.ded_dataset != d.ded_dataset {
-                    text += &format!(" ded_rows:{}", c.ded_dataset);
-                }
-                text
-            })
-        }
-        _ => {
-            let source = Source::resolve(&c.dataset, &c.hub_file)?;
-            let rows = source
-                .rows()?
-                .collect::<Result<Vec<_>, _>>()
-                .with_context(|| format!("reading the rows of `{}`", source.describe()))?;
-            // The ranks of a several-GPU run share the host's cores (each
-            // makes its share of the tasks).
-            let workers = if c.num_workers == 0 {
-                (sandbox::default_workers() / super::launch::ranks_on_this_host()).max(1)
-            } else {
-                c.num_workers
-            };
-            let exec = Executor::new(ExecutorConfig::new(
-                &c.python,
-                workers,
-                unsafe_no_sandbox,
-            ))
-            .context("the trace environment runs programs in the sandbox\nhint: run as root, or pass --unsafe-no-sandbox on a machine you trust")?;
-            let description = format!(
-                "trace:{} rows:{} max_injections:{}",
-                source.describe(),
-                rows.len(),
-                c.max_injections
-            );
-            (
-                Arc::new(
-                    TraceEnv::new(rows, exec, c.max_injections)?.with_dataset(source.describe()),
-                ),
-                description,
-            )
-        }
-    })
+    let trace_workers = if c.num_workers == 0 {
+        (sandbox::default_workers() / super::launch::ranks_on_this_host()).max(1)
+    } else {
+        c.num_workers
+    };
+    registry::for_training(
+        &c.environment,
+        &EnvData::from(c),
+        unsafe_no_sandbox,
+        trace_workers,
+    )
 }
 
 /// Resolves, without reading them, the local datasets `c`'s environment
@@ -417,12 +279,7 @@ pub fn environment(
 /// pipeline calls it before its first stage, so a wrong path in Stage 3's
 /// settings stops the run at once, not after hours of Stages 0-2.
 pub fn check_local_datasets(c: &RlConfig) -> anyhow::Result<()> {
-    let reads_trace = match c.environment.as_str() {
-        "word" => false,
-        "trace" => true,
-        spec => super::envs::parse(spec)?.iter().any(|(n, _)| n == "trace"),
-    };
-    if reads_trace {
+    if registry::reads_trace(&c.environment)? {
         Source::check_local(&c.dataset)?;
     }
     Ok(())
@@ -431,19 +288,25 @@ pub fn check_local_datasets(c: &RlConfig) -> anyhow::Result<()> {
 /// `ppo` from the command line: on one device, or on several GPUs (this
 /// process starts one child a GPU, each child runs one rank).
 pub fn run_command(args: &PpoArgs) -> anyhow::Result<()> {
+    let from_file;
+    let args = match &args.resolved {
+        Some(file) => {
+            from_file = super::launch::read_resolved::<PpoArgs>(file)?;
+            &from_file
+        }
+        None => args,
+    };
     let hardware = pipeline_config(args)?
         .map(|p| p.hardware)
         .unwrap_or_else(HardwareConfig::default);
-    let requested = args.num_gpus.or(hardware.num_gpus);
+    let requested = args.run.num_gpus.or(hardware.num_gpus);
     super::launch::dispatch(
         requested,
-        args.device.as_deref().unwrap_or("auto"),
+        args.run.device.as_deref().unwrap_or("auto"),
         || run(args).map(|_| ()),
         |child, progress| {
-            let args = PpoArgs {
-                device: Some(child.device()),
-                ..args.clone()
-            };
+            let mut args = args.clone();
+            args.run.device = Some(child.device());
             let job = resolve(&args)?;
             let comm = child.communicator(&job.device)?;
             run_job(&job, &*comm, progress).map(|_| ())
@@ -561,7 +424,7 @@ mod tests {
     }
 
     #[test]
-    fn a_rank_reads_the_pipeline_settings_back_from_its_command_line() {
+    fn a_rank_reads_the_pipeline_settings_back_from_its_file() {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().join("base model");
         trace_train::model::arch::tiny::write_tiny_chat_model(&base, 7).unwrap();
@@ -572,26 +435,34 @@ mod tests {
         settings.ppo.learning_rate = 1.0e-4 / 3.0;
         settings.ppo.environment = "word".into();
         settings.curriculum.enabled = true;
-        let file = dir.path().join("pipeline_stage3_config.json");
-        std::fs::write(&file, serde_json::to_string_pretty(&settings).unwrap()).unwrap();
         let args = PpoArgs {
             model: Some(base.display().to_string()),
             output_dir: Some(dir.path().join("out dir")),
-            device: Some("cpu".into()),
-            resume: true,
-            no_4bit: true,
-            gradient_checkpointing: Some(true),
             micro_batch_tokens: Some(512),
             settings: Some(Box::new(settings.clone())),
+            run: super::super::RunFlags {
+                device: Some("cpu".into()),
+                num_gpus: Some(2),
+                resume: true,
+                no_4bit: true,
+                gradient_checkpointing: Some(true),
+                ..Default::default()
+            },
             ..PpoArgs::default()
         };
-        let argv = args.to_argv(&file, 2);
-        assert_eq!(argv[0], "ppo");
-        let mut parse = vec![std::ffi::OsString::from("trace-train")];
-        parse.extend(argv.into_iter().skip(1));
-        let back = Wrap::try_parse_from(parse).unwrap().args;
-        assert_eq!(back.num_gpus, Some(2));
-        assert!(back.resume && back.no_4bit && !back.quick_test);
+        let file = dir.path().join("pipeline_ppo_settings.json");
+        std::fs::write(&file, serde_json::to_string_pretty(&args).unwrap()).unwrap();
+        let mut argv = vec![std::ffi::OsString::from("trace-train")];
+        argv.extend(
+            super::super::launch::resolved_argv("ppo", &file)
+                .into_iter()
+                .skip(1),
+        );
+        let flags = Wrap::try_parse_from(argv).unwrap().args;
+        let back = super::super::launch::read_resolved::<PpoArgs>(flags.resolved.as_ref().unwrap())
+            .unwrap();
+        assert_eq!(back.run, args.run);
+        assert!(!back.quick_test && back.resolved.is_none());
         let (job, want) = (resolve(&back).unwrap(), resolve(&args).unwrap());
         let json = |j: &RlJob| serde_json::to_value((&j.config, &j.curriculum)).unwrap();
         assert_eq!(json(&job), json(&want));
@@ -629,8 +500,11 @@ mod tests {
             pipeline_config: Some(pipeline.to_owned()),
             model: Some(base.display().to_string()),
             output_dir: Some(dir.path().join("out")),
-            device: Some("cpu".into()),
             environment: Some("word".into()),
+            run: super::super::RunFlags {
+                device: Some("cpu".into()),
+                ..Default::default()
+            },
             ..PpoArgs::default()
         };
         let plain = stage3(serde_json::json!({}));
@@ -649,12 +523,10 @@ mod tests {
             ),
             (Some(true), Some(640))
         );
-        let job = resolve(&PpoArgs {
-            gradient_checkpointing: Some(false),
-            micro_batch_tokens: Some(0),
-            ..args(on, &pipeline)
-        })
-        .unwrap();
+        let mut a = args(on, &pipeline);
+        a.run.gradient_checkpointing = Some(false);
+        a.micro_batch_tokens = Some(0);
+        let job = resolve(&a).unwrap();
         assert_eq!(
             (
                 job.config.gradient_checkpointing,
@@ -662,11 +534,9 @@ mod tests {
             ),
             (Some(false), Some(0))
         );
-        let job = resolve(&PpoArgs {
-            gradient_checkpointing: Some(true),
-            ..args(plain.clone(), &pipeline)
-        })
-        .unwrap();
+        let mut a = args(plain.clone(), &pipeline);
+        a.run.gradient_checkpointing = Some(true);
+        let job = resolve(&a).unwrap();
         assert_eq!(job.config.gradient_checkpointing, Some(true));
         // The pipeline file's b200 preset: bf16 base, no checkpointing,
         // Stage 3's larger micro-batches; a flag still wins.

@@ -330,26 +330,8 @@ pub struct DpoArgs {
     /// Seed of the pair order.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Stop after this many optimizer steps.
-    #[arg(long)]
-    pub max_steps: Option<u64>,
-    /// `cpu`, `cuda`, `cuda:N` or `auto`.
-    #[arg(long)]
-    pub device: Option<String>,
-    /// GPUs to train on, one process each (default: the pipeline config's
-    /// `hardware.num_gpus`, else every visible GPU with `--device cuda` or
-    /// `auto`); each takes its share of every step's pairs.
-    #[arg(long)]
-    pub num_gpus: Option<usize>,
-    /// Continue from the newest valid checkpoint.
-    #[arg(long)]
-    pub resume: bool,
-    /// Resume even though the settings, model or pairs changed.
-    #[arg(long)]
-    pub force: bool,
-    /// Keep the frozen base weights in 16 bits on a GPU.
-    #[arg(long)]
-    pub no_4bit: bool,
+    #[command(flatten)]
+    pub run: super::RunFlags,
     /// Settings given in place of a file (the pipeline's
     /// `stage3.dpo.train`).
     #[arg(skip)]
@@ -377,14 +359,12 @@ pub fn dpo_command(args: &DpoArgs) -> anyhow::Result<()> {
         .map(|p| p.hardware)
         .unwrap_or_default();
     super::launch::dispatch(
-        args.num_gpus.or(hardware.num_gpus),
-        args.device.as_deref().unwrap_or("auto"),
+        args.run.num_gpus.or(hardware.num_gpus),
+        args.run.device.as_deref().unwrap_or("auto"),
         || run_dpo(args).map(|_| ()),
         |child, progress| {
-            let args = DpoArgs {
-                device: Some(child.device()),
-                ..args.clone()
-            };
+            let mut args = args.clone();
+            args.run.device = Some(child.device());
             let job = resolve_dpo(&args)?;
             let comm = child.communicator(&job.run.device)?;
             run_job(&job, &*comm, progress).map(|_| ())
@@ -427,8 +407,11 @@ pub fn resolve_dpo(args: &DpoArgs) -> anyhow::Result<DpoJob> {
     if let Some(o) = &args.output_dir {
         c.output_dir = Some(o.clone());
     }
-    if args.no_4bit {
+    if args.run.no_4bit {
         model.load_in_4bit = false;
+    }
+    if let Some(on) = args.run.gradient_checkpointing {
+        c.gradient_checkpointing = Some(on);
     }
     let problems = config::Validate::problems(&c);
     anyhow::ensure!(
@@ -447,7 +430,7 @@ pub fn resolve_dpo(args: &DpoArgs) -> anyhow::Result<DpoJob> {
     let resolved = model::io::resolve::resolve_revision(&model_spec, None).with_context(|| {
         format!("no policy model at `{model_spec}`\nhint: run Stage 2 (`trace-train sft`) first, or pass --model")
     })?;
-    let device = super::pick_device(args.device.as_deref().unwrap_or("auto"))?;
+    let device = super::pick_device(args.run.device.as_deref().unwrap_or("auto"))?;
     Ok(DpoJob {
         run: RunOptions {
             output_dir: c
@@ -455,9 +438,9 @@ pub fn resolve_dpo(args: &DpoArgs) -> anyhow::Result<DpoJob> {
                 .clone()
                 .unwrap_or_else(|| "checkpoints/stage3_dpo".into()),
             device,
-            resume: args.resume,
-            force: args.force,
-            max_steps: args.max_steps,
+            resume: args.run.resume,
+            force: args.run.force,
+            max_steps: args.run.max_steps,
         },
         config: c,
         model,

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
+use serde::{Deserialize, Serialize};
 
 use trace_train::config::{
     self, HardwareConfig, ModelConfig, PipelineConfig, SftConfig, Source, Sources,
@@ -77,34 +78,6 @@ pub struct TrainArgs {
     /// Seed of the data order, LoRA init and dropout.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Stop after this many optimizer steps.
-    #[arg(long)]
-    pub max_steps: Option<u64>,
-    /// `cpu`, `cuda`, `cuda:N` or `auto`.
-    #[arg(long)]
-    pub device: Option<String>,
-    /// Continue from the newest valid checkpoint in the output folder.
-    #[arg(long)]
-    pub resume: bool,
-    /// Resume even though config, data or tokenizer changed.
-    #[arg(long)]
-    pub force: bool,
-    /// Recompute each layer in the backward pass to save memory (default:
-    /// the pipeline config's `hardware.gradient_checkpointing`, applied on
-    /// a GPU; `true` forces it on the CPU too).
-    #[arg(long)]
-    pub gradient_checkpointing: Option<bool>,
-    /// Keep the frozen base weights in 16 bits (default on a GPU: 4-bit NF4
-    /// as the pipeline config's `model.load_in_4bit` says, i.e. QLoRA).
-    #[arg(long)]
-    pub no_4bit: bool,
-    /// GPUs to train on, one process each, data parallel over NCCL
-    /// (default: the pipeline config's `hardware.num_gpus`, else every
-    /// visible GPU when the device is CUDA, 1 on the CPU). The global batch
-    /// (batch_size x gradient_accumulation_steps) is the same for any
-    /// number: the ranks share each step's micro-batches.
-    #[arg(long)]
-    pub num_gpus: Option<usize>,
     /// Choose `final/` by `heldout_exact_match`, `eval_loss` or `last`
     /// (the config's `select.metric`; any --select_* flag turns selection
     /// on with the other keys' defaults).
@@ -127,119 +100,16 @@ pub struct TrainArgs {
     /// Prompts decoded together when scoring (`select.batch_size`).
     #[arg(long)]
     pub select_batch_size: Option<usize>,
+    #[command(flatten)]
+    pub run: super::RunFlags,
     /// With select.set `heldout_short`: run its programs WITHOUT isolation
     /// (only on machines you trust).
     #[arg(long = "unsafe-no-sandbox")]
     pub unsafe_no_sandbox: bool,
-}
-
-impl TrainArgs {
-    /// Flags that parse back into these arguments: the command line of the
-    /// ranks the pipeline starts for a stage.
-    pub fn to_argv(&self) -> Vec<std::ffi::OsString> {
-        let TrainArgs {
-            config,
-            pipeline_config,
-            model,
-            revision,
-            train_file,
-            eval_file,
-            output_dir,
-            epochs,
-            batch_size,
-            gradient_accumulation_steps,
-            micro_batch_tokens,
-            packing,
-            learning_rate,
-            lora_r,
-            max_length,
-            save_steps,
-            seed,
-            max_steps,
-            device,
-            resume,
-            force,
-            gradient_checkpointing,
-            no_4bit,
-            num_gpus,
-            select_metric,
-            select_every_steps,
-            select_set,
-            select_limit,
-            select_max_new_tokens,
-            select_batch_size,
-            unsafe_no_sandbox,
-        } = self;
-        let mut out: Vec<std::ffi::OsString> = Vec::new();
-        let mut opt = |name: &str, v: Option<std::ffi::OsString>| {
-            if let Some(v) = v {
-                out.push(format!("--{name}").into());
-                out.push(v);
-            }
-        };
-        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.as_os_str().to_owned());
-        let text = |v: Option<String>| v.map(Into::into);
-        opt("config", path(config));
-        opt("pipeline_config", path(pipeline_config));
-        opt("model", text(model.clone()));
-        opt("revision", text(revision.clone()));
-        opt("train_file", path(train_file));
-        opt("eval_file", path(eval_file));
-        opt("output_dir", path(output_dir));
-        opt("epochs", text(epochs.map(|v| v.to_string())));
-        opt("batch_size", text(batch_size.map(|v| v.to_string())));
-        opt(
-            "gradient_accumulation_steps",
-            text(gradient_accumulation_steps.map(|v| v.to_string())),
-        );
-        opt(
-            "micro_batch_tokens",
-            text(micro_batch_tokens.map(|v| v.to_string())),
-        );
-        opt("packing", text(packing.map(|v| v.to_string())));
-        // `{:?}` of an f64 parses back to the same value.
-        opt(
-            "learning_rate",
-            text(learning_rate.map(|v| format!("{v:?}"))),
-        );
-        opt("lora_r", text(lora_r.map(|v| v.to_string())));
-        opt("max_length", text(max_length.map(|v| v.to_string())));
-        opt("save_steps", text(save_steps.map(|v| v.to_string())));
-        opt("seed", text(seed.map(|v| v.to_string())));
-        opt("max_steps", text(max_steps.map(|v| v.to_string())));
-        opt("device", text(device.clone()));
-        opt(
-            "gradient_checkpointing",
-            text(gradient_checkpointing.map(|v| v.to_string())),
-        );
-        opt("num_gpus", text(num_gpus.map(|v| v.to_string())));
-        opt("select_metric", text(select_metric.clone()));
-        opt(
-            "select_every_steps",
-            text(select_every_steps.map(|v| v.to_string())),
-        );
-        opt("select_set", text(select_set.clone()));
-        opt("select_limit", text(select_limit.map(|v| v.to_string())));
-        opt(
-            "select_max_new_tokens",
-            text(select_max_new_tokens.map(|v| v.to_string())),
-        );
-        opt(
-            "select_batch_size",
-            text(select_batch_size.map(|v| v.to_string())),
-        );
-        for (flag, on) in [
-            ("--resume", resume),
-            ("--force", force),
-            ("--no_4bit", no_4bit),
-            ("--unsafe-no-sandbox", unsafe_no_sandbox),
-        ] {
-            if *on {
-                out.push(flag.into());
-            }
-        }
-        out
-    }
+    /// A stage the pipeline resolved ([`Resolved`]): its ranks on several
+    /// GPUs read their settings from this file instead of the flags.
+    #[arg(long, hide = true)]
+    pub resolved: Option<PathBuf>,
 }
 
 /// The stage's defaults: (config file, training file, eval file, output).
@@ -263,6 +133,7 @@ fn defaults(stage: &str) -> (&'static str, &'static str, &'static str, &'static 
 /// A stage's settings before anything is opened: the stage config with its
 /// files filled in, the pipeline config's model and hardware sections, the
 /// base model as named, and where each value came from.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Settings {
     pub config: SftConfig,
     pub model: ModelConfig,
@@ -270,6 +141,7 @@ pub struct Settings {
     /// The base model as given (a folder or a hub id).
     pub base_model: String,
     pub revision: Option<String>,
+    #[serde(skip)]
     pub sources: Sources,
 }
 
@@ -350,13 +222,7 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
         max_length,
         save_steps,
         seed,
-        max_steps: _,
-        device,
-        resume: _,
-        force: _,
-        gradient_checkpointing,
-        no_4bit,
-        num_gpus: _,
+        run,
         select_metric,
         select_every_steps,
         select_set,
@@ -364,7 +230,14 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
         select_max_new_tokens,
         select_batch_size,
         unsafe_no_sandbox: _,
+        resolved: _,
     } = args.clone();
+    let super::RunFlags {
+        device,
+        gradient_checkpointing,
+        no_4bit,
+        ..
+    } = run;
     if no_4bit {
         model.load_in_4bit = false;
         sources.flag("model.load_in_4bit", "--no_4bit");
@@ -477,9 +350,46 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
     })
 }
 
-/// The settings, then the base model found and the device opened.
+/// A stage resolved, as the pipeline hands it over: its settings and the
+/// run's flags. The ranks of a stage on several GPUs read it from a file
+/// (`--resolved`), so they run with exactly the settings the pipeline
+/// resolved.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Resolved {
+    pub settings: Settings,
+    pub run: super::RunFlags,
+    pub unsafe_no_sandbox: bool,
+}
+
+/// The settings (from `--resolved`, or from files and flags), then the
+/// base model found and the device opened.
 pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
-    let s = settings(stage, args)?;
+    match &args.resolved {
+        Some(file) => {
+            let mut r: Resolved = super::launch::read_resolved(file)?;
+            // A rank's own GPU.
+            if let Some(d) = &args.run.device {
+                r.settings.hardware.device = d.clone();
+            }
+            job(stage, r.settings, &r.run, r.unsafe_no_sandbox)
+        }
+        None => job(
+            stage,
+            settings(stage, args)?,
+            &args.run,
+            args.unsafe_no_sandbox,
+        ),
+    }
+}
+
+/// The job of resolved settings: the base model found, the device opened,
+/// the selection's items made.
+pub fn job(
+    stage: &str,
+    s: Settings,
+    run: &super::RunFlags,
+    unsafe_no_sandbox: bool,
+) -> anyhow::Result<SftJob> {
     let base = trace_train::model::io::resolve::resolve_revision(&s.base_model, s.revision.as_deref())
         .with_context(|| {
             if stage == "sft" {
@@ -490,10 +400,10 @@ pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
         })?;
     let device = super::pick_device(&s.hardware.device)?;
     // On (the default) means "on a GPU"; an explicit flag applies anywhere.
-    let gradient_checkpointing = args
+    let gradient_checkpointing = run
         .gradient_checkpointing
         .unwrap_or(s.hardware.gradient_checkpointing && !device.is_cpu());
-    let select_items = select_items(&s.config, &s.hardware.device, args.unsafe_no_sandbox)?;
+    let select_items = select_items(&s.config, &s.hardware.device, unsafe_no_sandbox)?;
     Ok(SftJob {
         stage: stage.into(),
         train_file: s.config.train_file.clone().expect("settings fill it"),
@@ -504,9 +414,9 @@ pub fn resolve(stage: &str, args: &TrainArgs) -> anyhow::Result<SftJob> {
         base: base.clone(),
         base_dir: base.dir,
         device,
-        resume: args.resume,
-        force: args.force,
-        max_steps: args.max_steps,
+        resume: run.resume,
+        force: run.force,
+        max_steps: run.max_steps,
         gradient_checkpointing,
         select_items,
     })
@@ -577,16 +487,17 @@ fn hardware(args: &TrainArgs) -> anyhow::Result<HardwareConfig> {
 /// `warmup` or `sft` from the command line: on one device, or on several
 /// GPUs (this process starts one child a GPU, each child runs one rank).
 pub fn run_command(stage: &str, args: &TrainArgs) -> anyhow::Result<()> {
-    let requested = args.num_gpus.or(hardware(args)?.num_gpus);
+    let requested = match &args.resolved {
+        Some(_) => args.run.num_gpus,
+        None => args.run.num_gpus.or(hardware(args)?.num_gpus),
+    };
     super::launch::dispatch(
         requested,
-        args.device.as_deref().unwrap_or("auto"),
+        args.run.device.as_deref().unwrap_or("auto"),
         || run_stage(stage, args).map(|_| ()),
         |child, progress| {
-            let args = TrainArgs {
-                device: Some(child.device()),
-                ..args.clone()
-            };
+            let mut args = args.clone();
+            args.run.device = Some(child.device());
             let job = resolve(stage, &args)?;
             let comm = child.communicator(&job.device)?;
             run_job(stage, &job, &*comm, progress).map(|_| ())
@@ -596,7 +507,11 @@ pub fn run_command(stage: &str, args: &TrainArgs) -> anyhow::Result<()> {
 
 /// One stage on one device.
 pub fn run_stage(stage: &str, args: &TrainArgs) -> anyhow::Result<SftSummary> {
-    let job = resolve(stage, args)?;
+    run_resolved(stage, resolve(stage, args)?)
+}
+
+/// A resolved job on one device.
+pub fn run_resolved(stage: &str, job: SftJob) -> anyhow::Result<SftSummary> {
     run_job(stage, &job, &Single, &super::progress::Bar::new("step"))
 }
 
@@ -652,37 +567,31 @@ fn fmt_opt(v: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Wrap {
-        #[command(flatten)]
-        args: TrainArgs,
-    }
 
     #[test]
-    fn arguments_survive_the_command_line() {
-        let args = TrainArgs {
-            config: Some("c .json".into()),
-            model: Some("base".into()),
-            output_dir: Some("out dir".into()),
-            batch_size: Some(4),
-            micro_batch_tokens: Some(0),
-            packing: Some(false),
-            learning_rate: Some(1.0e-4 / 3.0),
-            max_steps: Some(7),
-            device: Some("cuda".into()),
-            resume: true,
-            gradient_checkpointing: Some(false),
-            no_4bit: true,
-            num_gpus: Some(2),
-            ..TrainArgs::default()
+    fn a_resolved_stage_survives_its_file() {
+        let mut s = settings("warmup", &TrainArgs::default()).unwrap();
+        s.config.learning_rate = 1.0e-4 / 3.0;
+        s.config.select = Some(Default::default());
+        let r = Resolved {
+            settings: s,
+            run: super::super::RunFlags {
+                device: Some("cpu".into()),
+                resume: true,
+                max_steps: Some(7),
+                gradient_checkpointing: Some(false),
+                ..Default::default()
+            },
+            unsafe_no_sandbox: true,
         };
-        let mut argv = vec![std::ffi::OsString::from("trace-train")];
-        argv.extend(args.to_argv());
-        let back = Wrap::try_parse_from(argv).unwrap().args;
-        assert_eq!(format!("{back:?}"), format!("{args:?}"));
-        let none = Wrap::try_parse_from(["trace-train"]).unwrap().args;
-        assert!(none.to_argv().is_empty());
+        let back: Resolved = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(
+            serde_json::to_value(&back).unwrap(),
+            serde_json::to_value(&r).unwrap()
+        );
+        assert_eq!(
+            back.settings.config.learning_rate,
+            r.settings.config.learning_rate
+        );
     }
 }

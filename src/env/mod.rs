@@ -26,6 +26,7 @@
 
 pub mod affine;
 pub mod mixture;
+pub mod registry;
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
