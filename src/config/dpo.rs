@@ -1,0 +1,269 @@
+//! DPO's settings (`config/dpo.json`, the pipeline's `stage3.dpo`): one
+//! run on pairs, and the rounds that make pairs from the model's own
+//! rollouts.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+
+/// The pipeline's Stage 3 as DPO from the model's own rollouts: `rounds`
+/// rounds, each sampling `num_samples` answers to `num_prompts` prompts of
+/// the Stage 3 environment (`ppo.environment`, `ppo.dataset`) from the
+/// round's model, pairing them (`trace-train prefs`) and training on the
+/// pairs (`trace-train dpo`, settings in `train`); a round's merged model is
+/// the next round's base.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DpoRounds {
+    /// Default 1.
+    pub rounds: usize,
+    /// Prompts a round. Default 64.
+    pub num_prompts: usize,
+    /// Answers a prompt. Default 8.
+    pub num_samples: usize,
+    /// Sampling temperature. Default 1.
+    pub temperature: f64,
+    /// Also one greedy answer a prompt, the one the gate's eval gives
+    /// (`rollouts --greedy`); its pairs are kept first under
+    /// `max_pairs_per_prompt`. Default false.
+    pub greedy: bool,
+    /// Longest answer in tokens. Default 512.
+    pub max_new_tokens: usize,
+    /// Also pair correct answers by `shorter` or `fewer_lines`. Default null.
+    pub among_correct: Option<String>,
+    /// Drop pairs fewer than this many character edits apart. Default 0.
+    pub min_edit_distance: usize,
+    /// Most pairs a prompt (0: all). Default 4.
+    pub max_pairs_per_prompt: usize,
+    /// Where none of a prompt's answers is right, pair the environment's
+    /// own right answer over each wrong one (`prefs --demonstrations`).
+    /// Default false.
+    pub demonstrations: bool,
+    /// Keep a right-over-wrong pair only where both answers have the same
+    /// number of lines (`prefs --same_lines`): with `last_bucket` "1", the
+    /// pairs otherwise teach the model to stop after one line. Default
+    /// false.
+    pub same_lines: bool,
+    /// Also pair, for each wrong answer, the expected line over its first
+    /// wrong one after the lines it got right (`prefs --first_error`).
+    /// Default false.
+    pub first_error: bool,
+    /// Only prompts up to this bucket of `bucket_feature` (`rollouts
+    /// --last_bucket`), e.g. `"1"`: programs that print one line, where
+    /// the model is right often enough for a prompt to give pairs.
+    /// Default null: every prompt.
+    pub last_bucket: Option<String>,
+    /// The feature `last_bucket` counts by: `output_lines`, `loop_depth`,
+    /// `lines` or `injections`. Default `output_lines`.
+    pub bucket_feature: String,
+    /// The DPO settings of every round.
+    pub train: DpoConfig,
+}
+
+impl Default for DpoRounds {
+    fn default() -> Self {
+        DpoRounds {
+            rounds: 1,
+            num_prompts: 64,
+            num_samples: 8,
+            temperature: 1.0,
+            greedy: false,
+            max_new_tokens: 512,
+            among_correct: None,
+            min_edit_distance: 0,
+            max_pairs_per_prompt: 4,
+            demonstrations: false,
+            same_lines: false,
+            first_error: false,
+            last_bucket: None,
+            bucket_feature: "output_lines".into(),
+            train: DpoConfig::default(),
+        }
+    }
+}
+
+impl Validate for DpoRounds {
+    fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        for (name, v) in [
+            ("rounds", self.rounds),
+            ("num_prompts", self.num_prompts),
+            ("num_samples", self.num_samples),
+            ("max_new_tokens", self.max_new_tokens),
+        ] {
+            if v == 0 {
+                p.push(format!("{name}: must be at least 1"));
+            }
+        }
+        if !(self.temperature.is_finite() && self.temperature > 0.0) {
+            p.push("temperature: must be positive".into());
+        }
+        if let Some(c) = self
+            .among_correct
+            .as_deref()
+            .filter(|c| !matches!(*c, "shorter" | "fewer_lines"))
+        {
+            p.push(format!(
+                "among_correct: `{c}` is not shorter or fewer_lines"
+            ));
+        }
+        if let Err(e) = crate::data::buckets::UpToBucket::from_settings(
+            &self.bucket_feature,
+            self.last_bucket.as_deref(),
+        ) {
+            p.push(e.named("bucket_feature", "last_bucket"));
+        }
+        p.extend(
+            self.train
+                .problems()
+                .into_iter()
+                .map(|m| format!("train.{m}")),
+        );
+        p
+    }
+}
+
+/// DPO on preference pairs (`trace-train dpo`, and the pipeline's Stage 3
+/// with `stage3.algorithm: "dpo"`). Defaults are TRL's `DPOConfig` where it
+/// has one (beta 0.1, sigmoid loss, no dropout), with its suggested LoRA
+/// learning rate.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DpoConfig {
+    /// The pairs file (`trace-train prefs` output). Default null: given on
+    /// the command line.
+    pub pairs_file: Option<PathBuf>,
+    /// Output folder (null: `checkpoints/stage3_dpo`).
+    pub output_dir: Option<PathBuf>,
+    /// `sigmoid` (DPO), `ipo`, `robust` or `hinge`. Default `sigmoid`.
+    pub loss: String,
+    /// Strength of the pull to the reference. Default 0.1.
+    pub beta: f64,
+    /// Robust DPO's label-flip rate, in [0, 0.5). Default 0.1.
+    pub epsilon: f64,
+    /// Weight of the chosen answer's length-normalised NLL (RPO); 0 turns
+    /// it off. Default 0.
+    pub nll_coef: f64,
+    /// The reference policy: `adapter_off` (the model with its adapter
+    /// switched off: a fresh adapter on a merged model), `initial` (a
+    /// frozen copy of the starting adapter, for training on from a trained
+    /// one) or `precomputed` (the starting model's log-probs of every pair,
+    /// computed once before training). Default `adapter_off`.
+    pub reference: String,
+    /// Default 1.
+    pub epochs: usize,
+    /// Pairs a micro-batch. Default 4.
+    pub batch_size: usize,
+    /// Default 1.
+    pub gradient_accumulation_steps: usize,
+    /// Peak learning rate of the LoRA factors. Default 1e-5.
+    pub learning_rate: f64,
+    /// Default 0.1.
+    pub warmup_ratio: f64,
+    /// Default 0.1.
+    pub min_lr_ratio: f64,
+    /// Default 0.
+    pub weight_decay: f64,
+    /// Default 1.
+    pub max_grad_norm: f64,
+    /// LoRA rank. Default 16.
+    pub lora_r: usize,
+    /// LoRA alpha. Default 32.
+    pub lora_alpha: f64,
+    /// Default 0 (TRL turns dropout off: the reference must see the same
+    /// network).
+    pub lora_dropout: f64,
+    /// Default q, k, v, o, gate, up, down projections.
+    pub target_modules: Vec<String>,
+    /// Checkpoint every N optimizer steps. Default 100.
+    pub save_steps: usize,
+    /// Periodic checkpoints kept (0: all). Default 2.
+    pub save_total_limit: usize,
+    /// Recompute each decoder layer in the backward pass (null: on a GPU,
+    /// as SFT). Default null.
+    pub gradient_checkpointing: Option<bool>,
+    /// Default 42.
+    pub seed: u64,
+}
+
+impl Default for DpoConfig {
+    fn default() -> Self {
+        DpoConfig {
+            pairs_file: None,
+            output_dir: None,
+            loss: "sigmoid".into(),
+            beta: 0.1,
+            epsilon: 0.1,
+            nll_coef: 0.0,
+            reference: "adapter_off".into(),
+            epochs: 1,
+            batch_size: 4,
+            gradient_accumulation_steps: 1,
+            learning_rate: 1e-5,
+            warmup_ratio: 0.1,
+            min_lr_ratio: 0.1,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            lora_r: 16,
+            lora_alpha: 32.0,
+            lora_dropout: 0.0,
+            target_modules: SftConfig::default().target_modules,
+            save_steps: 100,
+            save_total_limit: 2,
+            gradient_checkpointing: None,
+            seed: 42,
+        }
+    }
+}
+
+impl Validate for DpoConfig {
+    fn problems(&self) -> Vec<String> {
+        // The loop, schedule and adapter keys SFT has too, under SFT's rules.
+        let mut p = SftConfig {
+            epochs: self.epochs,
+            batch_size: self.batch_size,
+            gradient_accumulation_steps: self.gradient_accumulation_steps,
+            learning_rate: self.learning_rate,
+            warmup_ratio: self.warmup_ratio,
+            min_lr_ratio: self.min_lr_ratio,
+            lora_r: self.lora_r,
+            lora_dropout: self.lora_dropout,
+            target_modules: self.target_modules.clone(),
+            ..SftConfig::default()
+        }
+        .problems();
+        if !matches!(self.loss.as_str(), "sigmoid" | "ipo" | "robust" | "hinge") {
+            p.push(format!(
+                "loss: `{}` is not one of sigmoid, ipo, robust, hinge",
+                self.loss
+            ));
+        }
+        if !matches!(
+            self.reference.as_str(),
+            "adapter_off" | "initial" | "precomputed"
+        ) {
+            p.push(format!(
+                "reference: `{}` is not one of adapter_off, initial, precomputed",
+                self.reference
+            ));
+        }
+        if !(self.beta.is_finite() && self.beta > 0.0) {
+            p.push(format!("beta: {} must be positive", self.beta));
+        }
+        if !(0.0..0.5).contains(&self.epsilon) {
+            p.push(format!("epsilon: {} is not in [0, 0.5)", self.epsilon));
+        }
+        for (name, v) in [
+            ("nll_coef", self.nll_coef),
+            ("weight_decay", self.weight_decay),
+            ("max_grad_norm", self.max_grad_norm),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                p.push(format!("{name}: {v} must be finite and >= 0"));
+            }
+        }
+        p
+    }
+}

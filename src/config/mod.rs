@@ -1,0 +1,788 @@
+//! Typed configuration: `config/pipeline_config.json` (model, hardware and
+//! one section a stage) and one file a stage (`config/generate.json`, ...).
+//!
+//! Every struct rejects unknown fields and documents its defaults; a file may
+//! leave out any field. CLI flags override file values (see `cli`).
+//!
+//! Files written for the Python pipeline load as they are: its names
+//! ([`USER_NAMES`]: `model.base_model`, `hardware.no_4bit`,
+//! `stage0.variants_per_sample`, `stage3.num_steps`) are accepted beside
+//! ours, and `hardware.b200_mode` is the `--b200` preset. A file that gives
+//! one setting under both names is refused. [`Sources`] records where each
+//! resolved value came from (default, file, preset, flag) for
+//! `trace-train config` and the run's record.
+//!
+//! One file a stage: [`pipeline`](PipelineConfig) (the pipeline file, its
+//! model, hardware and gate sections), generate (Stage 0), sft (Stages 1-2),
+//! rl (Stage 3 and its algorithm), dpo. This file reads and checks config
+//! files; the types are re-exported here (`config::SftConfig`).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::sandbox::Limits;
+
+/// A configuration file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config `{path}`: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config `{path}` at line {line}, column {column}: {message}\nhint: {hint}")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+        hint: String,
+    },
+    #[error("invalid config `{path}`:\n{}", problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<String>,
+    },
+}
+
+/// Reads and validates a JSON config file.
+pub fn load<T: for<'de> Deserialize<'de> + Validate>(path: &Path) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(&text, path)
+}
+
+/// Parses and validates config text; `path` names it in errors.
+pub fn parse<T: for<'de> Deserialize<'de> + Validate>(
+    text: &str,
+    path: &Path,
+) -> Result<T, ConfigError> {
+    let parse_error = |e: serde_json::Error| {
+        let message = e.to_string();
+        let hint = if message.contains("unknown field") {
+            let mut hint = String::from(
+                "remove the field or check its spelling; the expected fields are listed above",
+            );
+            // serde lists our names only; say which also go by the Python
+            // pipeline's.
+            if let Some(expected) = message.split("expected one of").nth(1) {
+                for (_, theirs, ours) in USER_NAMES {
+                    if expected.contains(&format!("`{ours}`")) {
+                        hint += &format!(" (`{ours}` may also be written `{theirs}`)");
+                    }
+                }
+            }
+            hint
+        } else if let Some((theirs, ours)) = USER_NAMES
+            .iter()
+            .find(|(_, _, ours)| message.contains(&format!("duplicate field `{ours}`")))
+            .map(|(_, theirs, ours)| (theirs, ours))
+        {
+            format!(
+                "`{theirs}` (the Python pipeline's name) and `{ours}` are one setting; keep one of them"
+            )
+        } else if message.contains("duplicate field") {
+            "a key appears twice in one object; keep one".into()
+        } else if let Some(key) = (message.starts_with("invalid type")
+            || message.starts_with("invalid value"))
+        .then(|| key_before(text, e.line(), e.column()))
+        .flatten()
+        {
+            let expected = message
+                .split("expected ")
+                .nth(1)
+                .and_then(|x| x.split(" at line").next())
+                .unwrap_or("another value");
+            let wanted = match expected {
+                "usize" | "u64" | "u32" | "u16" | "u8" => "a whole number, 0 or more".to_owned(),
+                "i64" | "i32" => "a whole number".to_owned(),
+                "f64" | "f32" => "a number".to_owned(),
+                other => other.to_owned(),
+            };
+            format!(
+                "`{key}` takes {wanted} (each key's meaning and default are documented in src/config/, one file a stage)"
+            )
+        } else {
+            "the file must be a JSON object; see the shipped files in `config/` for examples".into()
+        };
+        ConfigError::Parse {
+            path: path.to_owned(),
+            line: e.line(),
+            column: e.column(),
+            message,
+            hint,
+        }
+    };
+    let mut value: T = serde_json::from_str(text).map_err(parse_error)?;
+    let tree: serde_json::Value = serde_json::from_str(text).map_err(parse_error)?;
+    let mut problems = value.settle(&tree);
+    problems.extend(value.problems());
+    if problems.is_empty() {
+        Ok(value)
+    } else {
+        Err(ConfigError::Invalid {
+            path: path.to_owned(),
+            problems,
+        })
+    }
+}
+
+/// The last object key written before `line`:`column` (1-based, as
+/// serde_json reports an error) of `text`: the key whose value a type
+/// error is about.
+fn key_before(text: &str, line: usize, column: usize) -> Option<String> {
+    let start: usize = text
+        .split_inclusive('\n')
+        .take(line.saturating_sub(1))
+        .map(str::len)
+        .sum();
+    let end = (start + column).min(text.len());
+    let before = text.get(..end)?;
+    let re = regex::Regex::new(r#""((?:[^"\\]|\\.)*)"\s*:"#).expect("valid regex");
+    re.captures_iter(before).last().map(|c| c[1].to_owned())
+}
+
+/// Semantic checks beyond the types; all problems are gathered at once.
+pub trait Validate {
+    fn problems(&self) -> Vec<String>;
+
+    /// Folds settings a file may give in another section (the Python
+    /// pipeline's `hardware.no_4bit`) into ours, given the file as parsed
+    /// JSON; returns the conflicts. Most configs have none.
+    fn settle(&mut self, _file: &serde_json::Value) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// The Python pipeline's names for our settings: (section, its key, ours).
+/// Either loads; a file that gives both is refused. `hardware.no_4bit`
+/// (the negation of `model.load_in_4bit`, in another section) is folded by
+/// [`PipelineConfig`]'s [`Validate::settle`].
+pub const USER_NAMES: [(&str, &str, &str); 3] = [
+    ("model", "base_model", "name"),
+    ("stage0", "variants_per_sample", "variants"),
+    ("stage3", "num_steps", "ppo.num_train_steps"),
+];
+
+/// Where a resolved setting came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "from")]
+pub enum Source {
+    /// The built-in default.
+    Default,
+    /// A config file, under the key as written there.
+    File { path: PathBuf, key: String },
+    /// A preset switched on by a flag or a file key (`--b200`).
+    Preset { by: String },
+    /// A command-line flag.
+    Flag { flag: String },
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Default => write!(f, "default"),
+            Source::File { path, key } => write!(f, "file {} ({key})", path.display()),
+            Source::Preset { by } => write!(f, "preset {by}"),
+            Source::Flag { flag } => write!(f, "flag {flag}"),
+        }
+    }
+}
+
+/// Where each resolved value came from, by dotted key in our names
+/// (`stage1.epochs`); a key not recorded is a default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sources(std::collections::BTreeMap<String, Source>);
+
+impl Sources {
+    /// The keys a config file sets. `file` is the file as parsed JSON;
+    /// `section` is the pipeline section its top level stands for (`""`
+    /// for pipeline_config.json, `stage0` for generate.json), so that the
+    /// Python pipeline's names map to ours.
+    pub fn from_file(path: &Path, file: &serde_json::Value, section: &str) -> Self {
+        let mut out = Sources::default();
+        let mut leaves = Vec::new();
+        leaf_keys(file, "", &mut leaves);
+        for key in leaves {
+            let (parent, last) = key.rsplit_once('.').unwrap_or(("", key.as_str()));
+            let full_parent = match (section, parent) {
+                ("", p) => p.to_owned(),
+                (s, "") => s.to_owned(),
+                (s, p) => format!("{s}.{p}"),
+            };
+            let ours = if full_parent == "hardware" && last == "no_4bit" {
+                "model.load_in_4bit".to_owned()
+            } else {
+                let name = USER_NAMES
+                    .iter()
+                    .find(|(s, theirs, _)| *s == full_parent && *theirs == last)
+                    .map_or(last, |(_, _, ours)| ours);
+                if parent.is_empty() {
+                    name.to_owned()
+                } else {
+                    format!("{parent}.{name}")
+                }
+            };
+            out.0.insert(
+                ours,
+                Source::File {
+                    path: path.to_owned(),
+                    key,
+                },
+            );
+        }
+        out
+    }
+
+    /// Records that `key` was set by `source` (later calls win).
+    pub fn set(&mut self, key: &str, source: Source) {
+        self.0.insert(key.to_owned(), source);
+    }
+
+    /// Records a flag's setting of `key`.
+    pub fn flag(&mut self, key: &str, flag: &str) {
+        self.set(
+            key,
+            Source::Flag {
+                flag: flag.to_owned(),
+            },
+        );
+    }
+
+    /// Where `key` came from.
+    pub fn get(&self, key: &str) -> Source {
+        self.0.get(key).cloned().unwrap_or(Source::Default)
+    }
+
+    /// Every leaf of `resolved` (settings serialised to JSON) with its
+    /// value and source, in key order: what `trace-train config` prints.
+    pub fn table(&self, resolved: &serde_json::Value) -> Vec<(String, serde_json::Value, Source)> {
+        let mut leaves = Vec::new();
+        leaf_keys(resolved, "", &mut leaves);
+        leaves
+            .into_iter()
+            .map(|k| {
+                let v = resolved
+                    .pointer(&format!("/{}", k.replace('.', "/")))
+                    .cloned()
+                    .unwrap_or(serde_json::Value::Null);
+                let src = self.get(&k);
+                (k, v, src)
+            })
+            .collect()
+    }
+
+    /// [`Self::table`] as JSON: `{key: {"value": v, "from": ...}}`.
+    pub fn to_json(&self, resolved: &serde_json::Value) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        for (k, v, src) in self.table(resolved) {
+            let mut entry = serde_json::to_value(&src).expect("serialises");
+            entry["value"] = v;
+            m.insert(k, entry);
+        }
+        serde_json::Value::Object(m)
+    }
+}
+
+/// The dotted keys of every non-object value under `v`.
+fn leaf_keys(v: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) if !m.is_empty() => {
+            for (k, child) in m {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                leaf_keys(child, &key, out);
+            }
+        }
+        _ if !prefix.is_empty() => out.push(prefix.to_owned()),
+        _ => {}
+    }
+}
+
+/// A config file parsed as `T`, with the keys it set.
+pub fn load_with_sources<T: for<'de> Deserialize<'de> + Validate>(
+    path: &Path,
+    section: &str,
+) -> Result<(T, Sources), ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let value = parse(&text, path)?;
+    let tree: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    Ok((value, Sources::from_file(path, &tree, section)))
+}
+
+mod dpo;
+mod generate;
+mod pipeline;
+mod rl;
+mod sft;
+
+pub use dpo::*;
+pub use generate::*;
+pub use pipeline::*;
+pub use rl::*;
+pub use sft::*;
+
+#[cfg(test)]
+mod tests {
+
+    #[test]
+    fn temperature_schedule_moves_linearly_then_holds() {
+        let off = TemperatureSchedule::default();
+        assert_eq!(off.at(0, 0.9), 0.9);
+        let t: TemperatureSchedule = serde_json::from_str(
+            r#"{"enabled": true, "initial": 1.5, "final": 0.5, "warmup_steps": 4}"#,
+        )
+        .unwrap();
+        let got: Vec<f64> = (0..7).map(|s| t.at(s, 9.0)).collect();
+        assert_eq!(got, [1.5, 1.25, 1.0, 0.75, 0.5, 0.5, 0.5]);
+        let now = TemperatureSchedule {
+            warmup_steps: 0,
+            ..t.clone()
+        };
+        assert_eq!(now.at(0, 9.0), 0.5);
+        assert!(serde_json::from_str::<TemperatureSchedule>(r#"{"start": 1}"#).is_err());
+        let bad = RlConfig {
+            temperature_schedule: TemperatureSchedule { r#final: 0.0, ..t },
+            ..RlConfig::default()
+        };
+        assert!(
+            bad.problems()
+                .iter()
+                .any(|p| p.contains("temperature_schedule.final")),
+            "{:?}",
+            bad.problems()
+        );
+    }
+
+    use super::*;
+
+    #[test]
+    fn unknown_fields_are_rejected_with_location() {
+        let err = parse::<GenerateConfig>("{\n  \"variantz\": 3\n}", Path::new("x.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("x.json"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+        assert!(err.contains("variantz"), "{err}");
+        assert!(err.contains("hint:"), "{err}");
+    }
+
+    #[test]
+    fn all_problems_are_reported_at_once() {
+        let err =
+            parse::<GenerateConfig>(r#"{"variants": 0, "test_ratio": 2.0}"#, Path::new("g.json"))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("variants") && err.contains("test_ratio"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn empty_object_gives_documented_defaults() {
+        let g: GenerateConfig = parse("{}", Path::new("g.json")).unwrap();
+        assert_eq!(g.variants, 3);
+        assert_eq!(g.seed_scheme, SeedScheme::Env);
+        // Every output length is kept by default, in both sets.
+        assert_eq!(g.filters.lines(false), LineFilter::default());
+        assert_eq!(g.filters.lines(true).min_output_lines, 1);
+        assert!(!g.balance_lines);
+        assert_eq!(g.limits.wall_ms, 10_000);
+    }
+
+    #[test]
+    fn line_filters_are_per_stage_and_the_old_key_still_loads() {
+        let g: GenerateConfig = parse(
+            r#"{"filters": {"original": {"min_output_lines": 2, "max_output_lines": 5}, "transformed": {"min_output_lines": 3}}}"#,
+            Path::new("g.json"),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                g.filters.lines(false).min_output_lines,
+                g.filters.lines(true).min_output_lines
+            ),
+            (2, 3)
+        );
+        assert!(!g.filters.lines(false).admits(1) && g.filters.lines(false).admits(5));
+        assert!(!g.filters.lines(false).admits(6) && g.filters.lines(true).admits(60));
+        // The older layout: `filters.min_output_lines` is the transformed
+        // set's minimum; the originals keep every length.
+        let old: GenerateConfig = parse(
+            r#"{"filters": {"min_output_lines": 3, "drop_empty": true}}"#,
+            Path::new("old.json"),
+        )
+        .unwrap();
+        assert_eq!(old.filters.lines(true).min_output_lines, 3);
+        assert_eq!(old.filters.lines(false).min_output_lines, 1);
+        let err = parse::<GenerateConfig>(
+            r#"{"filters": {"original": {"max_output_lines": 0}}, "balance_ratio": 0.5}"#,
+            Path::new("bad.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("filters.original: max_output_lines 0") && err.contains("balance_ratio"),
+            "{err}"
+        );
+        let err = parse::<GenerateConfig>(
+            r#"{"filters": {"original": {"min_lines": 2}}}"#,
+            Path::new("typo.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("min_lines") && err.contains("typo.json"),
+            "{err}"
+        );
+    }
+
+    /// The Python pipeline's `config/pipeline_config.json`, whole.
+    const USER_PIPELINE: &str = include_str!("../../tests/fixtures/user_pipeline_config.json");
+
+    #[test]
+    fn the_python_pipelines_names_load_and_mean_ours() {
+        let p: PipelineConfig = parse(USER_PIPELINE, Path::new("p.json")).unwrap();
+        assert_eq!(p.model.name, "Qwen/Qwen3-4B");
+        assert!(p.hardware.b200_mode);
+        // `no_4bit: false` keeps 4-bit loading; folded away on load.
+        assert!(p.model.load_in_4bit && p.hardware.no_4bit.is_none());
+        assert_eq!((p.stage0.variants, p.stage0.num_workers), (3, 32));
+        assert_eq!((p.stage1.epochs, p.stage2.epochs), (2, 3));
+        assert_eq!(p.stage3.ppo.num_train_steps, 5000);
+        let p: PipelineConfig =
+            parse(r#"{"hardware": {"no_4bit": true}}"#, Path::new("p.json")).unwrap();
+        assert!(!p.model.load_in_4bit);
+        // Any subset loads; the rest are defaults.
+        let p: PipelineConfig =
+            parse(r#"{"stage3": {"num_steps": 7}}"#, Path::new("p.json")).unwrap();
+        assert_eq!((p.stage3.ppo.num_train_steps, p.stage1.epochs), (7, 1));
+        // The sources name the key as the file wrote it.
+        let tree: serde_json::Value = serde_json::from_str(USER_PIPELINE).unwrap();
+        let s = Sources::from_file(Path::new("p.json"), &tree, "");
+        let key = |k: &str| match s.get(k) {
+            Source::File { key, .. } => key,
+            other => panic!("{k}: {other:?}"),
+        };
+        assert_eq!(key("model.name"), "model.base_model");
+        assert_eq!(key("model.load_in_4bit"), "hardware.no_4bit");
+        assert_eq!(key("stage0.variants"), "stage0.variants_per_sample");
+        assert_eq!(key("stage3.ppo.num_train_steps"), "stage3.num_steps");
+        assert_eq!(key("stage1.epochs"), "stage1.epochs");
+        assert_eq!(s.get("stage1.seed"), Source::Default);
+        // A stage file: `generate.json` stands for `stage0`.
+        let tree = serde_json::json!({"variants_per_sample": 2, "filters": {"drop_empty": false}});
+        let s = Sources::from_file(Path::new("g.json"), &tree, "stage0");
+        assert!(
+            matches!(s.get("variants"), Source::File { key, .. } if key == "variants_per_sample")
+        );
+        assert!(matches!(s.get("filters.drop_empty"), Source::File { .. }));
+    }
+
+    #[test]
+    fn one_setting_under_both_names_is_refused() {
+        let err = parse::<PipelineConfig>(
+            "{\n  \"model\": {\"base_model\": \"a/b\",\n \"name\": \"c/d\"}\n}",
+            Path::new("both.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("both.json") && err.contains("line 3") && err.contains("`base_model`"),
+            "{err}"
+        );
+        assert!(err.contains("hint:") && err.contains("keep one"), "{err}");
+        let err = parse::<GenerateConfig>(
+            r#"{"variants": 2, "variants_per_sample": 3}"#,
+            Path::new("g.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("variants_per_sample"), "{err}");
+        let err = parse::<PipelineConfig>(
+            r#"{"model": {"load_in_4bit": true}, "hardware": {"no_4bit": true}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("hardware.no_4bit") && err.contains("model.load_in_4bit"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_misspelled_key_names_file_line_and_the_expected_keys() {
+        let err =
+            parse::<PipelineConfig>(r#"{"model": {"base_modle": "a/b"}}"#, Path::new("p.json"))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("`name` may also be written `base_model`"),
+            "{err}"
+        );
+        let text = USER_PIPELINE.replace("\"epochs\": 3", "\"epoch\": 3");
+        let err = parse::<PipelineConfig>(&text, Path::new("config/pipeline_config.json"))
+            .unwrap_err()
+            .to_string();
+        for want in [
+            "config/pipeline_config.json",
+            "line 6",
+            "unknown field `epoch`",
+            "`epochs`",
+            "`learning_rate`",
+            "hint:",
+        ] {
+            assert!(err.contains(want), "missing {want}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_b200_preset_is_recorded_as_such() {
+        let mut p: PipelineConfig = parse(USER_PIPELINE, Path::new("p.json")).unwrap();
+        let mut s = Sources::default();
+        p.apply_b200(&mut s, "hardware.b200_mode");
+        assert!(!p.model.load_in_4bit && !p.hardware.gradient_checkpointing);
+        assert_eq!(
+            (p.stage2.batch_size, p.stage2.gradient_accumulation_steps),
+            (8, 4)
+        );
+        assert_eq!(
+            p.stage3.ppo.micro_batch_tokens,
+            Some(B200_MICRO_BATCH_TOKENS)
+        );
+        assert_eq!(
+            s.get("stage3.ppo.micro_batch_tokens"),
+            Source::Preset {
+                by: "hardware.b200_mode".into()
+            }
+        );
+        assert_eq!(
+            s.get("stage1.batch_size"),
+            Source::Preset {
+                by: "hardware.b200_mode".into()
+            }
+        );
+        let table = s.table(&serde_json::to_value(&p).unwrap());
+        assert!(
+            table
+                .iter()
+                .any(|(k, v, _)| k == "stage3.ppo.num_train_steps" && v == 5000)
+        );
+    }
+
+    #[test]
+    fn the_users_stage3_file_parses_as_written() {
+        let text = r#"{"ppo": {"batch_size": 16, "learning_rate": 5e-7, "num_train_steps": 5000}, "curriculum": {"enabled": true, "promotion_threshold": 0.7}}"#;
+        let c: Stage3Config = parse(text, Path::new("stage3_ppo_config.json")).unwrap();
+        assert_eq!(c.ppo.batch_size, 16);
+        assert_eq!(c.ppo.learning_rate, 5e-7);
+        assert_eq!(c.ppo.num_train_steps, 5000);
+        assert!(c.curriculum.enabled);
+        assert_eq!(c.curriculum.promotion_threshold, 0.7);
+        assert_eq!(c.ppo.algorithm, "ppo");
+        assert_eq!((c.ppo.group_size(), c.ppo.kl_coef()), (1, 0.05));
+        let err =
+            parse::<Stage3Config>("{\n  \"ppo\": {\"batch_sise\": 4}\n}", Path::new("s3.json"))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("s3.json")
+                && err.contains("line 2")
+                && err.contains("batch_sise")
+                && err.contains("num_train_steps"),
+            "{err}"
+        );
+        let err = parse::<Stage3Config>(
+            r#"{"ppo": {"algorithm": "a2c"}, "curriculum": {"promotion_threshold": 2}}"#,
+            Path::new("s3.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("ppo.algorithm") && err.contains("curriculum.promotion_threshold"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn dpo_settings_are_checked_all_at_once_with_their_keys() {
+        let c: DpoConfig = parse(r#"{"loss": "ipo", "beta": 0.2}"#, Path::new("dpo.json")).unwrap();
+        assert_eq!(
+            (c.loss.as_str(), c.beta, c.reference.as_str()),
+            ("ipo", 0.2, "adapter_off")
+        );
+        let err = parse::<DpoConfig>(
+            r#"{"loss": "kto", "beta": 0, "epsilon": 0.5, "batch_size": 0, "reference": "x", "warmup_ratio": 2}"#,
+            Path::new("dpo.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        for want in [
+            "loss: `kto`",
+            "beta: 0",
+            "epsilon: 0.5",
+            "batch_size: must be at least 1",
+            "reference: `x`",
+            "warmup_ratio: 2",
+        ] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        let err = parse::<DpoConfig>("{\n  \"betaa\": 0.1\n}", Path::new("dpo.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 2") && err.contains("betaa"), "{err}");
+        // In the pipeline: Stage 3's recipe and its rounds, under their path.
+        let p: PipelineConfig = parse(
+            r#"{"stage3": {"algorithm": "dpo", "dpo": {"rounds": 3, "train": {"nll_coef": 1}}}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap();
+        assert!(p.stage3.is_dpo());
+        assert_eq!((p.stage3.dpo.rounds, p.stage3.dpo.train.nll_coef), (3, 1.0));
+        assert!(!PipelineConfig::default().stage3.is_dpo());
+        let err = parse::<PipelineConfig>(
+            r#"{"stage3": {"algorithm": "kto", "dpo": {"rounds": 0, "train": {"loss": "x"}}}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        for want in [
+            "stage3.algorithm: `kto`",
+            "stage3.dpo.rounds",
+            "stage3.dpo.train.loss",
+        ] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
+    }
+
+    #[test]
+    fn stage3_memory_keys_load_and_bad_values_name_the_key() {
+        let c: Stage3Config = parse(
+            r#"{"ppo": {"micro_batch_tokens": 4096, "gradient_checkpointing": true}}"#,
+            Path::new("s3.json"),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.ppo.micro_batch_tokens, c.ppo.gradient_checkpointing),
+            (Some(4096), Some(true))
+        );
+        let d = Stage3Config::default();
+        assert_eq!(
+            (d.ppo.micro_batch_tokens, d.ppo.gradient_checkpointing),
+            (None, None)
+        );
+        for (text, want) in [
+            (
+                "{\"ppo\": {\"batch_size\": 4,\n  \"micro_batch_tokens\": -512}}",
+                "a whole number, 0 or more",
+            ),
+            (
+                r#"{"ppo": {"micro_batch_tokens": "lots", "seed": 1}}"#,
+                "a whole number, 0 or more",
+            ),
+            (r#"{"ppo": {"gradient_checkpointing": "yes"}}"#, "a boolean"),
+        ] {
+            let err = parse::<Stage3Config>(text, Path::new("config/stage3_ppo_config.json"))
+                .unwrap_err()
+                .to_string();
+            let key = if text.contains("gradient_checkpointing") {
+                "`gradient_checkpointing` takes"
+            } else {
+                "`micro_batch_tokens` takes"
+            };
+            assert!(
+                err.contains("config/stage3_ppo_config.json")
+                    && err.contains(key)
+                    && err.contains(want)
+                    && err.contains("hint:"),
+                "{err}"
+            );
+        }
+        // The pipeline file's section names it too.
+        let err = parse::<PipelineConfig>(
+            r#"{"stage3": {"ppo": {"micro_batch_tokens": 1.5}}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("`micro_batch_tokens` takes"), "{err}");
+    }
+
+    #[test]
+    fn the_gate_section_loads_with_defaults_and_bad_values_name_the_key() {
+        let d = PipelineConfig::default().gate;
+        assert_eq!(d.mode, "warn");
+        assert_eq!(d.mode(), GateMode::Warn);
+        assert_eq!(d.sets, GATE_SETS.map(String::from).to_vec());
+        assert_eq!((d.limit, d.max_new_tokens), (Some(200), 512));
+        let p: PipelineConfig = parse(
+            r#"{"gate": {"mode": "keep_best", "sets": ["heldout_short"], "files": ["extra.jsonl"], "limit": null}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap();
+        assert_eq!(p.gate.mode(), GateMode::KeepBest);
+        assert_eq!(p.gate.files, [PathBuf::from("extra.jsonl")]);
+        assert_eq!(p.gate.limit, None);
+        let off: PipelineConfig = parse(
+            r#"{"gate": {"mode": "off", "sets": []}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap();
+        assert_eq!(off.gate.mode(), GateMode::Off);
+        let err = parse::<PipelineConfig>(
+            r#"{"gate": {"mode": "halt", "sets": ["heldout_short", "cruxeval", "heldout_short"], "limit": 0, "batch_size": 0}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        for want in [
+            "gate.mode: `halt` is not one of off, warn, stop, keep_best",
+            "hint:",
+            "gate.sets: `cruxeval`",
+            "gate.sets: `heldout_short` is named twice",
+            "gate.limit: must be at least 1",
+            "gate.batch_size: must be at least 1",
+        ] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        let err = parse::<PipelineConfig>(r#"{"gate": {"sets": []}}"#, Path::new("p.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("gate.sets, files: the gate has no set"),
+            "{err}"
+        );
+        let err = parse::<PipelineConfig>(r#"{"gate": {"mod": "warn"}}"#, Path::new("p.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown field `mod`") && err.contains("`mode`"),
+            "{err}"
+        );
+        let err = parse::<PipelineConfig>("{\"gate\": {\"mode\": 1}}", Path::new("p.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`mode` takes"), "{err}");
+    }
+
+    #[test]
+    fn seed_schemes() {
+        assert_eq!(SeedScheme::Peer.seed(7, 2, 100), 7002);
+        // Env: task ids r, r+N, r+2N, ... all map back to row r.
+        let n = 23_303;
+        for v in 0..3 {
+            assert_eq!(SeedScheme::Env.seed(5, v, n) % n, 5);
+        }
+    }
+}
