@@ -6,7 +6,8 @@
 
 use serde::Serialize;
 
-use crate::{Executor, Request, Status};
+use crate::executor::Executor;
+use crate::request::{Request, Status};
 
 /// One protection and whether the probe found it in force.
 #[derive(Debug, Clone, Serialize)]

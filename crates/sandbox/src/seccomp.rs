@@ -13,7 +13,7 @@ use seccompiler::{
     SeccompRule, TargetArch,
 };
 
-use crate::SandboxError;
+use crate::request::SandboxError;
 
 /// Namespace flags that `clone`/`unshare` may not carry.
 const NS_FLAGS: [u64; 7] = [

@@ -16,7 +16,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, pipe2};
 
-use crate::{ExecutorConfig, Isolation, Outcome, Request, SandboxError, Status};
+use crate::request::{ExecutorConfig, Isolation, Outcome, Request, SandboxError, Status};
 
 const ZYGOTE: &str = include_str!("zygote.py");
 

@@ -8,6 +8,8 @@ use super::*;
 use crate::config::ModelConfig;
 use crate::dist::inprocess::run_ranks;
 use crate::model::layers::init::Rng;
+use crate::rl::loss::completion_weights;
+use crate::rl::memory::{self, micro_batches};
 
 /// The tiny chat model with a policy for `algorithm` and `aggregation`;
 /// the LoRA `B` factors and the value head's output weights made non-zero

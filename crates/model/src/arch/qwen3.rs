@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::Unsupported;
+use crate::common::Unsupported;
 use crate::layers::decoder::Spec;
 use crate::layers::rope::RopeFields;
 

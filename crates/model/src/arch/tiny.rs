@@ -16,7 +16,7 @@ use candle_core::{Device, Tensor};
 use serde_json::json;
 
 use crate::layers::init::Rng;
-use crate::{CONFIG_FILE, ModelError, Result, WEIGHTS_FILE};
+use crate::{common::CONFIG_FILE, common::ModelError, common::Result, common::WEIGHTS_FILE};
 
 const VOCAB: usize = 512;
 const HIDDEN: usize = 64;

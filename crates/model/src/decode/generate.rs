@@ -47,7 +47,7 @@
 
 use candle_core::{D, DType, Device, Result, Tensor};
 
-use crate::Model;
+use crate::arch::Model;
 use crate::decode::prefill::{PREFILL_CHUNK, left_padded, prefill};
 use crate::layers::attention::Cache;
 use crate::layers::decoder::DecodeView;
@@ -337,7 +337,7 @@ mod fast {
         DECODE_PATH, DecodePath, Generation, IN_PLACE, PREFILL_CHUNK, decode_path, record,
         set_last_path,
     };
-    use crate::Model;
+    use crate::arch::Model;
     use crate::decode::draw::Draw;
     use crate::decode::fast_decode::Mode;
     use crate::decode::slots::{self, Feed, FusedSlots, Join, Slots};
@@ -494,7 +494,7 @@ mod fast {
                 }
             }
         }
-        let (builds, build_s) = crate::attention_graph_builds();
+        let (builds, build_s) = crate::cuda::attention_graph_builds();
         let att = rows.attention();
         tracing::debug!(
             "decode: weights {weights_s:.3} s, setup {setup_s:.3} s, prefills {prefill_s:.3} s, \
@@ -839,7 +839,7 @@ pub(crate) fn draw(logits: &[f32], s: &Sampling, rng: &mut Rng) -> (u32, f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{arch::tiny, load};
+    use crate::arch::{load, tiny};
 
     #[test]
     fn chunked_prefill_decodes_like_one_pass() {
@@ -956,8 +956,8 @@ mod tests {
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_tests {
     use super::*;
+    use crate::arch::{load, tiny};
     use crate::decode::prefill::right_padded;
-    use crate::{arch::tiny, load};
 
     fn gpu() -> Option<Device> {
         match Device::new_cuda(0) {
@@ -1202,11 +1202,11 @@ mod cuda_tests {
         // The decode kernel on the bases in place (NF4 codes, bf16 rows;
         // LoRA beside them): graph replays give the eager step's tokens,
         // and the tokens' log-probs agree with the folded copy's.
-        let lora = crate::LoraConfig {
+        let lora = crate::layers::lora::LoraConfig {
             r: 8,
             alpha: 16.0,
             dropout: 0.0,
-            target_modules: crate::TargetModule::ALL.to_vec(),
+            target_modules: crate::layers::lora::TargetModule::ALL.to_vec(),
             seed: 3,
         };
         for nf4 in [false, true] {

@@ -4,7 +4,7 @@
 
 use candle_core::{Device, Result, Tensor};
 
-use crate::Model;
+use crate::arch::Model;
 use crate::layers::attention::Cache;
 
 /// Columns a prefill pass takes. Eager attention holds `(B, H, L, T)` f32

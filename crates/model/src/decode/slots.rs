@@ -20,7 +20,7 @@
 
 use candle_core::{Device, Result, Tensor, bail};
 
-use crate::Model;
+use crate::arch::Model;
 use crate::decode::draw::{Draw, pick_rows};
 
 /// Prompt tokens (padding included) the fused rows prefill together when
@@ -111,7 +111,7 @@ pub struct HostSlots<'m> {
     cap: usize,
     pad_id: u32,
     /// The live rows' keys and values (and finished rows' until they leave).
-    cache: Option<crate::Cache>,
+    cache: Option<crate::layers::attention::Cache>,
     /// Tokens in each live row (prompt and fed tokens); `None` while free.
     len: Vec<Option<usize>>,
     /// Each live row's row of the cache.
@@ -368,7 +368,7 @@ mod fused {
     use candle_core::{Device, Result, Tensor, bail};
 
     use super::{Feed, Join, Slots, check_joins};
-    use crate::Model;
+    use crate::arch::Model;
     use crate::decode::draw::{Draw, sample_rows};
     use crate::decode::fast_decode::{self, Engine, Mode};
     use crate::layers::attention::Cache;
@@ -655,7 +655,7 @@ mod fused {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{arch::tiny, load};
+    use crate::arch::{load, tiny};
     use candle_core::DType;
 
     /// Runs prompts through `slots`: they join in two waves (the second

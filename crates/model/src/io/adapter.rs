@@ -9,7 +9,7 @@
 //!
 //! [`merge`] writes a plain model folder with `W + (alpha / r) B A` in place
 //! of each adapted weight, in the checkpoint's own dtype, loadable by
-//! [`crate::load`] and by transformers.
+//! [`crate::arch::load`] and by transformers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -18,8 +18,9 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    CONFIG_FILE, LoadedModel, LoraConfig, ModelError, Result, TargetModule, Unsupported,
-    WEIGHTS_FILE,
+    arch::LoadedModel, common::CONFIG_FILE, common::ModelError, common::Result,
+    common::Unsupported, common::WEIGHTS_FILE, layers::lora::LoraConfig,
+    layers::lora::TargetModule,
 };
 
 pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
@@ -230,7 +231,7 @@ pub fn load(
     device: &Device,
 ) -> Result<LoadedModel> {
     let config_path = adapter_dir.join(ADAPTER_CONFIG_FILE);
-    let value = crate::read_json(
+    let value = crate::common::read_json(
         &config_path,
         "an adapter folder holds `adapter_config.json` and `adapter_model.safetensors`",
     )?;
@@ -246,7 +247,7 @@ pub fn load(
             path: config_path,
             problems,
         })?;
-    let model = crate::load(base_dir, Some(&lora), dtype, device)?;
+    let model = crate::arch::load(base_dir, Some(&lora), dtype, device)?;
     let weights_path = adapter_dir.join(ADAPTER_WEIGHTS_FILE);
     if !weights_path.exists() {
         return Err(ModelError::Missing {
@@ -323,7 +324,7 @@ pub fn merge(model: &LoadedModel, out_dir: &Path) -> Result<()> {
             deltas.insert(format!("{}.weight", proj.name()), delta);
         }
     }
-    let files = crate::weight_files(&model.dir)?;
+    let files = crate::common::weight_files(&model.dir)?;
     let tensor_err = |context: String| move |source| ModelError::Tensor { context, source };
     // SAFETY: read-only mapping of files that must not change meanwhile.
     let source = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }.map_err(

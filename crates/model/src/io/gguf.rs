@@ -2,7 +2,7 @@
 //!
 //! Owns [`import_gguf`]: a GGUF of the `llama` architecture (Llama 2/3
 //! without RoPE scaling, SmolLM2) whose vocabulary is byte-level BPE
-//! (`tokenizer.ggml.model` = `gpt2`) becomes a folder that [`crate::load`]
+//! (`tokenizer.ggml.model` = `gpt2`) becomes a folder that [`crate::arch::load`]
 //! and transformers' `LlamaForCausalLM` read: `model.safetensors`,
 //! `tokenizer.json`, `tokenizer_config.json` (with the chat template),
 //! `generation_config.json` and, written last so that a half-written folder
@@ -52,7 +52,7 @@ use candle_core::{Device, Tensor};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::{CONFIG_FILE, WEIGHTS_FILE};
+use crate::{common::CONFIG_FILE, common::WEIGHTS_FILE};
 use meta::{Hparams, Meta, read_hparams};
 use vocab::{GgufVocab, build_tokenizer, read_vocab};
 
@@ -98,7 +98,7 @@ pub enum GgufError {
         ggml_type: u32,
         name: &'static str,
     },
-    #[error("cannot import `{}`:\n{}", path.display(), crate::list(problems))]
+    #[error("cannot import `{}`:\n{}", path.display(), crate::common::list(problems))]
     Unsupported {
         path: PathBuf,
         problems: Vec<String>,
@@ -683,11 +683,11 @@ mod tests {
         let q_hf = candle_nn::rotary_emb::rope(&project(&w_hf), &cos, &sin).unwrap();
         // q.q^T per head: the scores attention sees.
         let scores = |q: &Tensor| q.matmul(&q.t().unwrap()).unwrap();
-        let diff: f32 = crate::max_abs_diff(&scores(&q_gguf), &scores(&q_hf));
+        let diff: f32 = crate::common::max_abs_diff(&scores(&q_gguf), &scores(&q_hf));
         assert!(diff < 1e-4, "{diff}");
         // Not vacuous: the permuted weights with half-split RoPE differ.
         let wrong = candle_nn::rotary_emb::rope(&project(&w_gguf), &cos, &sin).unwrap();
-        let off: f32 = crate::max_abs_diff(&scores(&wrong), &scores(&q_hf));
+        let off: f32 = crate::common::max_abs_diff(&scores(&wrong), &scores(&q_hf));
         assert!(off > 1e-2, "{off}");
         // The rotated vectors themselves are the HF ones, channel-permuted.
         let q_gguf_as_hf = unpermute_rope_rows(

@@ -15,7 +15,10 @@ use std::path::{Path, PathBuf};
 use hf_hub::Cache;
 use serde::Serialize;
 
-use crate::{CONFIG_FILE, ModelError, Result, WEIGHTS_FILE, WEIGHTS_INDEX_FILE};
+use crate::{
+    common::CONFIG_FILE, common::ModelError, common::Result, common::WEIGHTS_FILE,
+    common::WEIGHTS_INDEX_FILE,
+};
 
 /// The Hugging Face settings of this process.
 #[derive(Clone, Serialize)]
@@ -249,7 +252,7 @@ pub fn download(repo_id: &str, revision: Option<&str>, settings: &HubSettings) -
     }
     match repo.get(WEIGHTS_INDEX_FILE) {
         Ok(index_path) => {
-            let index = crate::read_json(&index_path, "")?;
+            let index = crate::common::read_json(&index_path, "")?;
             let mut shards: Vec<&str> = index
                 .get("weight_map")
                 .and_then(|m| m.as_object())

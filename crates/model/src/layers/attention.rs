@@ -1044,11 +1044,11 @@ mod tests {
             let want = attend(&q, &k, &v, Some(&mask)).unwrap();
             let on = |x: &Tensor| x.to_device(&gpu).unwrap();
             let got = attend(&on(&q), &on(&k), &on(&v), Some(&on(&mask))).unwrap();
-            let diff = crate::max_abs_diff(&got.to_device(&cpu).unwrap(), &want);
+            let diff = crate::common::max_abs_diff(&got.to_device(&cpu).unwrap(), &want);
             assert!(diff < 1e-5, "L {l}: {diff}");
             let plain = attend(&q, &k, &v, None).unwrap();
             let got = attend(&on(&q), &on(&k), &on(&v), None).unwrap();
-            let diff = crate::max_abs_diff(&got.to_device(&cpu).unwrap(), &plain);
+            let diff = crate::common::max_abs_diff(&got.to_device(&cpu).unwrap(), &plain);
             assert!(diff < 1e-5, "L {l}, no mask: {diff}");
         }
     }
@@ -1084,7 +1084,7 @@ mod tests {
         let (dq, dk, dv) = attend_backward(&q, &k, &v, m.as_ref(), &d_o).unwrap();
         for (mine, var) in [dq, dk, dv].iter().zip(&vars) {
             let want = g.get(var.as_tensor()).unwrap();
-            let diff = crate::max_abs_diff(mine, want);
+            let diff = crate::common::max_abs_diff(mine, want);
             assert!(diff < 1e-5, "{diff}");
         }
     }
@@ -1126,7 +1126,7 @@ mod tests {
             .unwrap()
             .matmul(&v2)
             .unwrap();
-        let diff: f32 = crate::max_abs_diff(&out, &expected);
+        let diff: f32 = crate::common::max_abs_diff(&out, &expected);
         assert!(diff < 1e-6, "{diff}");
     }
 }

@@ -1,8 +1,8 @@
 //! The decoder both architectures share: pre-norm layers of grouped-query
 //! attention (with an optional per-head RMSNorm on queries and keys, which
 //! Qwen3 has and Llama lacks) and a SwiGLU MLP, token embeddings, a final
-//! norm and an optional tied `lm_head`. [`crate::arch::qwen3`] and
-//! [`crate::arch::llama`] read their `config.json` into a [`Spec`] and build one.
+//! norm and an optional tied `lm_head`. `arch::qwen3` and
+//! `arch::llama` read their `config.json` into a [`Spec`] and build one.
 //!
 //! In training each layer is one node of candle's graph whose backward is
 //! written by hand ([`Layer::forward_saving`], [`Layer::backward_manual`]):

@@ -2,7 +2,7 @@
 //! sampling.
 //!
 //! candle cannot seed its CPU generator, so the tiny test models, the LoRA
-//! `A` factors and [`crate::decode::generate::sample`] draw from this small
+//! `A` factors and `decode::generate::sample` draw from this small
 //! generator instead (SplitMix64,
 //! Steele et al. 2014) on the host and move the result to the device. Each
 //! tensor gets its own stream, derived from the run's seed and the tensor's

@@ -590,7 +590,7 @@ mod tests {
         Tensor::from_vec(v, (2, 3, 6), &Device::Cpu).unwrap()
     }
 
-    use crate::max_abs_diff as max_diff;
+    use crate::common::max_abs_diff as max_diff;
 
     #[test]
     fn zero_b_gives_the_base_output() {

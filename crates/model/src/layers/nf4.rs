@@ -890,10 +890,18 @@ mod tests {
             assert_eq!(dense.dtype(), dtype);
             // Each value is rounded once, from the same f32.
             let expected = dense_f32.to_dtype(dtype).unwrap();
-            assert_eq!(crate::max_abs_diff(&dense, &expected), 0.0, "{dtype:?}");
+            assert_eq!(
+                crate::common::max_abs_diff(&dense, &expected),
+                0.0,
+                "{dtype:?}"
+            );
             let out = Tensor::ones((rows, cols), dtype, &Device::Cpu).unwrap();
             from_bf16.dequantize_into(&out).unwrap();
-            assert_eq!(crate::max_abs_diff(&out, &expected), 0.0, "{dtype:?} into");
+            assert_eq!(
+                crate::common::max_abs_diff(&out, &expected),
+                0.0,
+                "{dtype:?} into"
+            );
         }
         let wrong = Tensor::zeros((cols, rows), DType::F32, &Device::Cpu).unwrap();
         assert!(from_bf16.dequantize_into(&wrong).is_err());
@@ -959,7 +967,10 @@ mod tests {
         )
         .unwrap();
         let dense = parts.dequantize(DType::F32).unwrap();
-        assert_eq!(crate::max_abs_diff(&dense, get("dequantized_f32")), 0.0);
+        assert_eq!(
+            crate::common::max_abs_diff(&dense, get("dequantized_f32")),
+            0.0
+        );
     }
 
     /// The exact absmax of 64-block `block` of `w`.

@@ -83,7 +83,7 @@ mod tests {
         let var = Var::from_tensor(&x).unwrap();
         let slow = norm.forward(var.as_tensor()).unwrap();
         assert!(slow.track_op());
-        let diff: f32 = crate::max_abs_diff(&fused, &slow);
+        let diff: f32 = crate::common::max_abs_diff(&fused, &slow);
         assert!(diff < 1e-5, "{diff}");
     }
 }

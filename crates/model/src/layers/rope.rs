@@ -7,7 +7,7 @@
 use candle_core::{D, DType, Device, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::Unsupported;
+use crate::common::Unsupported;
 
 /// The RoPE fields of a `config.json`: `rope_theta` and `rope_scaling`
 /// (transformers 4) or `rope_parameters` (transformers 5).
@@ -212,7 +212,7 @@ mod tests {
         let var = Var::from_tensor(&x).unwrap();
         let slow = rope.apply(var.as_tensor(), 7).unwrap();
         assert!(slow.track_op());
-        let diff: f32 = crate::max_abs_diff(&fused, &slow);
+        let diff: f32 = crate::common::max_abs_diff(&fused, &slow);
         assert!(diff < 1e-5, "{diff}");
     }
 
@@ -235,7 +235,7 @@ mod tests {
         ] {
             for (row, offset) in [(0, 5), (1, 0)] {
                 let alone = rope.apply(&x.narrow(0, row, 1).unwrap(), offset).unwrap();
-                let diff = crate::max_abs_diff(&out.narrow(0, row, 1).unwrap(), &alone);
+                let diff = crate::common::max_abs_diff(&out.narrow(0, row, 1).unwrap(), &alone);
                 assert!(diff < 1e-6, "{path} row {row}: {diff}");
             }
         }

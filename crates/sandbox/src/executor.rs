@@ -1,0 +1,219 @@
+//! The [`Executor`]: a pool of warm, isolated Python workers that runs
+//! requests in parallel, each worker slot under its own uid.
+
+use std::path::PathBuf;
+use std::sync::{Condvar, Mutex};
+
+use crate::request::{ExecutorConfig, Isolation, Outcome, Request, SandboxError};
+use crate::seccomp;
+use crate::worker::Worker;
+
+/// Fixed uid bases (`Isolation::Sandbox { uid_base: Some(..) }`) belong in
+/// `DEFAULT_UID_BASE..AUTO_UID_FIRST`; claimed blocks start at `AUTO_UID_FIRST`.
+pub const DEFAULT_UID_BASE: u32 = 61_000;
+const AUTO_UID_FIRST: u32 = 62_000;
+const UID_BLOCK: u32 = 256;
+const UID_BLOCKS: u32 = 16;
+
+/// Claims the first free block of slot uids: a lock file per block, held
+/// (flock) for as long as the returned guard lives, released by the kernel
+/// even if the process dies.
+fn claim_uid_block(
+    workers: usize,
+) -> Result<(u32, nix::fcntl::Flock<std::fs::File>), SandboxError> {
+    use nix::fcntl::{Flock, FlockArg};
+    if workers as u32 > UID_BLOCK {
+        return Err(SandboxError::Setup(format!(
+            "{workers} workers is more than the {UID_BLOCK} a sandbox supports"
+        )));
+    }
+    let dir = ["/run/lock", "/run"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|d| d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    for k in 0..UID_BLOCKS {
+        let base = AUTO_UID_FIRST + k * UID_BLOCK;
+        let path = dir.join(format!("trace-train-uids-{base}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| SandboxError::Setup(format!("cannot open `{}`: {e}", path.display())))?;
+        if let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            return Ok((base, lock));
+        }
+    }
+    Err(SandboxError::Setup(format!(
+        "all {UID_BLOCKS} sandbox uid blocks are in use by other executors\nhint: wait for other trace-train runs to finish"
+    )))
+}
+
+/// A pool of isolated workers that runs programs.
+pub struct Executor {
+    config: ExecutorConfig,
+    /// Holds this executor's block of slot uids (see `claim_uid_block`).
+    _uid_block: Option<nix::fcntl::Flock<std::fs::File>>,
+    seccomp: Vec<Vec<u8>>,
+    idle: Mutex<Vec<Worker>>,
+    freed: Condvar,
+    pool: rayon::ThreadPool,
+    python_version: String,
+}
+
+impl Executor {
+    /// Starts every worker slot now, so set-up problems surface before work.
+    pub fn new(mut config: ExecutorConfig) -> Result<Self, SandboxError> {
+        let mut uid_block = None;
+        if let Isolation::Sandbox { uid_base, .. } = &mut config.isolation {
+            let uid = nix::unistd::geteuid().as_raw();
+            if uid != 0 {
+                return Err(SandboxError::NotRoot { uid });
+            }
+            if uid_base.is_none() {
+                let (base, guard) = claim_uid_block(config.workers)?;
+                *uid_base = Some(base);
+                uid_block = Some(guard);
+            }
+        }
+        check_python(&config.python)?;
+        let seccomp = match config.isolation {
+            Isolation::Sandbox { .. } => seccomp::filters()?,
+            Isolation::Unsafe => Vec::new(),
+        };
+        // Zygotes start in parallel: each spends ~60 ms importing.
+        let workers = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..config.workers)
+                .map(|slot| {
+                    let (config, seccomp) = (&config, &seccomp);
+                    s.spawn(move || Worker::spawn(slot, config, seccomp))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("worker start-up thread panicked"))
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        let python_version = workers
+            .first()
+            .map(|w| w.python_version.clone())
+            .unwrap_or_default();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.workers)
+            .thread_name(|i| format!("sandbox-{i}"))
+            .build()
+            .map_err(|e| SandboxError::Setup(format!("thread pool: {e}")))?;
+        Ok(Executor {
+            config,
+            _uid_block: uid_block,
+            seccomp,
+            idle: Mutex::new(workers),
+            freed: Condvar::new(),
+            pool,
+            python_version,
+        })
+    }
+
+    /// The interpreter's version (`3.11.2`), as the zygote reports it.
+    pub fn python_version(&self) -> &str {
+        &self.python_version
+    }
+
+    pub fn workers(&self) -> usize {
+        self.config.workers
+    }
+
+    pub fn isolation(&self) -> &Isolation {
+        &self.config.isolation
+    }
+
+    /// Runs one program on the next free worker. Never fails: problems of
+    /// the sandbox come back as `Status::SandboxFailure`.
+    pub fn run(&self, req: &Request) -> Outcome {
+        let mut worker = {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if let Some(w) = idle.pop() {
+                    break w;
+                }
+                idle = self.freed.wait(idle).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let outcome = match worker.run(req) {
+            Ok(o) if !worker.retired => o,
+            Ok(o) => {
+                // The zygote could not clean up after the program: start a
+                // fresh one rather than let anything reach the next program.
+                let slot = worker.slot;
+                drop(worker);
+                worker = Worker::spawn(slot, &self.config, &self.seccomp)
+                    .unwrap_or_else(|_| Worker::dead(slot));
+                o
+            }
+            Err(detail) => {
+                // The worker is in an unknown state: replace it.
+                let slot = worker.slot;
+                drop(worker);
+                let out = Outcome::sandbox_failure(detail);
+                worker = match Worker::spawn(slot, &self.config, &self.seccomp) {
+                    Ok(w) => w,
+                    Err(e) => {
+                        // Keep the slot count: a later run retries the spawn.
+                        tracing::error!("sandbox worker {slot} could not restart: {e}");
+                        Worker::dead(slot)
+                    }
+                };
+                out
+            }
+        };
+        self.idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(worker);
+        self.freed.notify_one();
+        outcome
+    }
+
+    /// Runs many programs in parallel over the worker slots, in order.
+    pub fn run_all(&self, reqs: &[Request]) -> Vec<Outcome> {
+        use rayon::prelude::*;
+        self.pool
+            .install(|| reqs.par_iter().map(|r| self.run(r)).collect())
+    }
+
+    /// Runs `f` inside the executor's thread pool (one thread per slot).
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+}
+
+fn check_python(path: &std::path::Path) -> Result<(), SandboxError> {
+    let out = std::process::Command::new(path)
+        .args([
+            "-c",
+            "import sys; print(sys.version_info[0], sys.version_info[1])",
+        ])
+        .env_clear()
+        .output()
+        .map_err(|e| SandboxError::Python {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut it = text
+        .split_whitespace()
+        .map(|s| s.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+    if !out.status.success() || major != 3 || minor < 9 {
+        return Err(SandboxError::Python {
+            path: path.to_owned(),
+            reason: format!(
+                "needs Python 3.9 or newer, got `{}`{}",
+                text.trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(())
+}
