@@ -23,6 +23,17 @@ struct Cli {
     /// More logging (-v info, -vv debug); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
+    /// Log and progress lines as text, or one JSON object a line.
+    #[arg(long = "log_format", value_enum, default_value_t = cli::progress::LogFormat::Text, global = true)]
+    log_format: cli::progress::LogFormat,
+    /// Seconds between progress lines when stderr is not a terminal (a
+    /// log file, a scheduler, a pipe); a terminal gets a bar.
+    #[arg(long = "log_every", default_value_t = 30.0, global = true)]
+    log_every: f64,
+    /// Colour in log lines: on a terminal unless NO_COLOR is set (auto),
+    /// always, or never.
+    #[arg(long, value_enum, default_value_t = cli::progress::Color::Auto, global = true)]
+    color: cli::progress::Color,
     #[command(subcommand)]
     command: Command,
 }
@@ -95,7 +106,15 @@ pub struct UnsafeFlag {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    if !(cli.log_every.is_finite() && cli.log_every > 0.0) {
+        eprintln!("error: --log_every must be a number of seconds above 0");
+        return ExitCode::from(2);
+    }
+    cli::progress::configure(cli::progress::Output {
+        format: cli.log_format,
+        every: std::time::Duration::from_secs_f64(cli.log_every),
+    });
+    init_logging(cli.verbose, cli.color.on(), cli.log_format);
     let result = run(cli.command);
     if let Err(e) = &result {
         eprintln!("error: {e}");
@@ -121,7 +140,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(verbose: u8) {
+fn init_logging(verbose: u8, color: bool, format: cli::progress::LogFormat) {
     let default = match verbose {
         0 => "warn",
         1 => "info",
@@ -129,10 +148,14 @@ fn init_logging(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(color);
+    match format {
+        cli::progress::LogFormat::Text => logs.init(),
+        cli::progress::LogFormat::Json => logs.event_format(cli::progress::JsonEvents).init(),
+    }
 }
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {

@@ -668,3 +668,60 @@ fn a_diverged_run_stops_and_keeps_only_good_checkpoints() {
         "{left:?} {aside:?}"
     );
 }
+
+/// A run whose stderr is a file (a scheduler's log, `nohup`, `tee`) says
+/// where it is: a line when it starts, one at least every `--log_every`
+/// seconds while it runs, one when it ends; no colour escapes. With
+/// `--log_format json` each is a JSON object.
+#[test]
+fn a_redirected_run_writes_progress_lines_on_a_clock() {
+    let dir = setup(Base::Tiny, "").unwrap();
+    let mut args = vec!["--log_every", "0.2", "-v"];
+    args.extend(warmup_args("text", "12", &["--save_steps", "0"]));
+    let o = trace_train(dir.path(), &args);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("[step ")).collect();
+    assert!(lines.len() >= 2, "{err}");
+    assert!(lines[0].starts_with("[step 0/12 (0%)] elapsed"), "{err}");
+    let last = lines.last().unwrap();
+    assert!(last.starts_with("[step 12/12 (100%)] done in"), "{err}");
+    assert!(err.contains("INFO"), "-v logs: {err}");
+    assert!(
+        !err.contains('\u{1b}'),
+        "colour escapes in a log file: {err}"
+    );
+
+    let mut args = vec!["--log_format", "json", "--log_every", "0.2", "-v"];
+    args.extend(warmup_args("json", "12", &["--save_steps", "0"]));
+    let o = trace_train(dir.path(), &args);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let events: Vec<serde_json::Value> = err
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["level"] == "INFO" && e["message"].is_string()),
+        "{err}"
+    );
+    let progress: Vec<&serde_json::Value> =
+        events.iter().filter(|e| e["progress"] == "step").collect();
+    assert_eq!(progress.first().unwrap()["event"], "start");
+    let end = progress.last().unwrap();
+    assert_eq!(
+        (end["event"].as_str(), end["done"].as_u64()),
+        (Some("end"), Some(12))
+    );
+    // The clock: no gap between lines much longer than the period.
+    let at: Vec<f64> = progress
+        .iter()
+        .map(|e| e["elapsed_s"].as_f64().unwrap())
+        .collect();
+    for w in at.windows(2) {
+        assert!(w[1] - w[0] <= 1.5, "a gap of {:.1} s: {at:?}", w[1] - w[0]);
+    }
+}
