@@ -55,6 +55,7 @@ fn server() -> &'static TestServer {
             max_model_len: None,
             log_requests: false,
             device: Device::Cpu,
+            deadlines: Default::default(),
         })
         .unwrap();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -64,7 +65,7 @@ fn server() -> &'static TestServer {
             let rt = tokio::runtime::Runtime::new().unwrap();
             rt.block_on(async {
                 let l = tokio::net::TcpListener::from_std(listener).unwrap();
-                serve::serve(l, state, std::future::pending())
+                serve::serve(l, state, std::future::pending(), std::future::pending())
                     .await
                     .unwrap();
             });
@@ -668,4 +669,97 @@ fn bench_serve_soaks_the_server_with_hang_ups_and_finds_every_answer_whole() {
         "{}",
         soak.server_outcomes
     );
+}
+
+/// Regressions: a client holding a half-open request kept `serve` from
+/// stopping (SIGTERM, SIGINT and SIGTERM again; only SIGKILL worked), its
+/// socket was never timed out, and a body over the limit got a plain-text
+/// 413. Now a slow client is cut off after `--request_timeout`, SIGTERM
+/// stops the server within `--shutdown_timeout` whatever the clients do,
+/// and the 413 is an OpenAI-style JSON error.
+#[test]
+fn slow_clients_are_cut_off_and_cannot_keep_the_server_from_stopping() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    let (mut child, url) = start_binary(
+        &server().model_dir,
+        &[
+            "--api_key",
+            KEY,
+            "--request_timeout",
+            "1",
+            "--shutdown_timeout",
+            "2",
+        ],
+    );
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_owned();
+    // Headers begun and never ended: closed after the request timeout.
+    let mut half = TcpStream::connect(&addr).unwrap();
+    half.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    half.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let t = Instant::now();
+    let mut buf = Vec::new();
+    let _ = half.read_to_end(&mut buf);
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "the half-open request was held {:?}",
+        t.elapsed()
+    );
+    // A body promised and not sent: 408 as JSON.
+    let mut slow = TcpStream::connect(&addr).unwrap();
+    write!(
+        slow,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+    )
+    .unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = String::new();
+    let _ = slow.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"code\":\"request_timeout\""), "{answer}");
+    // Over the body limit: 413 as JSON.
+    let big = vec![b' '; serve::MAX_BODY_BYTES + 1];
+    let mut over = TcpStream::connect(&addr).unwrap();
+    write!(
+        over,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        big.len()
+    )
+    .unwrap();
+    let _ = over.write_all(&big);
+    over.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = String::new();
+    let _ = over.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    let json = &answer[answer.find('{').expect("a JSON body")..];
+    let v: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(v["error"]["code"], "request_too_large", "{answer}");
+    // A client holding a half-open request while SIGTERM comes.
+    let mut hold = TcpStream::connect(&addr).unwrap();
+    hold.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    common::signal(&child, nix::sys::signal::Signal::SIGTERM);
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(8),
+            "serve still running {:?} after SIGTERM",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    drop(hold);
 }

@@ -248,6 +248,7 @@ pub fn run(b: &ServeBench, device: &Device) -> anyhow::Result<ServeResult> {
         max_model_len: b.max_model_len,
         log_requests: false,
         device: device.clone(),
+        deadlines: Default::default(),
     })?;
     let cap = state.capacity();
     let tok = ChatTokenizer::from_dir(&b.model_dir)?;
@@ -260,7 +261,13 @@ pub fn run(b: &ServeBench, device: &Device) -> anyhow::Result<ServeResult> {
         let url = format!("http://{}/v1", listener.local_addr()?);
         let server = Arc::clone(&state);
         tokio::spawn(async move {
-            let _ = serve::serve(listener, server, std::future::pending()).await;
+            let _ = serve::serve(
+                listener,
+                server,
+                std::future::pending(),
+                std::future::pending(),
+            )
+            .await;
         });
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(1024)

@@ -54,6 +54,14 @@ pub struct ServeArgs {
     /// `cpu`, `cuda`, `cuda:N` or `auto`.
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// Seconds a client has to send a request's headers, and again its
+    /// body; a slower one is cut off (408 for a body).
+    #[arg(long, default_value_t = 30.0)]
+    pub request_timeout: f64,
+    /// Seconds open requests get to finish after SIGTERM or Ctrl-C before
+    /// they are closed (a second signal closes them at once).
+    #[arg(long, default_value_t = 10.0)]
+    pub shutdown_timeout: f64,
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
@@ -74,6 +82,11 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         max_model_len: args.max_model_len,
         log_requests: args.log_requests,
         device,
+        deadlines: serve::Deadlines {
+            headers: seconds(args.request_timeout, "--request_timeout")?,
+            body: seconds(args.request_timeout, "--request_timeout")?,
+            shutdown: seconds(args.shutdown_timeout, "--shutdown_timeout")?,
+        },
     })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -109,13 +122,42 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
                 "no key"
             }
         );
-        serve::serve(listener, state, shutdown()).await?;
+        // The first stop signal begins the shutdown, a second ends it.
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+        let (again_tx, again_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            stop_signal().await;
+            eprintln!("stopping: no new requests; open ones get their time");
+            let _ = first_tx.send(());
+            stop_signal().await;
+            let _ = again_tx.send(());
+        });
+        serve::serve(
+            listener,
+            state,
+            async {
+                let _ = first_rx.await;
+            },
+            async {
+                let _ = again_rx.await;
+            },
+        )
+        .await?;
         anyhow::Ok(())
     })
 }
 
+/// A duration of `s` seconds given by `flag`.
+fn seconds(s: f64, flag: &str) -> anyhow::Result<std::time::Duration> {
+    anyhow::ensure!(
+        s.is_finite() && s > 0.0,
+        "{flag}: {s} is not a number of seconds above 0"
+    );
+    Ok(std::time::Duration::from_secs_f64(s))
+}
+
 /// Completes on Ctrl-C or SIGTERM.
-async fn shutdown() {
+async fn stop_signal() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {

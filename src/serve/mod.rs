@@ -63,6 +63,8 @@ pub struct ServeOptions {
     /// A line on stderr for every request that ends.
     pub log_requests: bool,
     pub device: Device,
+    /// How long a client may take, and open connections after a stop.
+    pub deadlines: Deadlines,
 }
 
 /// The server's shared state.
@@ -77,6 +79,7 @@ pub struct AppState {
     max_tokens: usize,
     created: u64,
     ids: AtomicU64,
+    deadlines: Deadlines,
 }
 
 impl AppState {
@@ -137,6 +140,7 @@ impl AppState {
             max_tokens: opts.max_tokens,
             created: unix_now(),
             ids: AtomicU64::new(0),
+            deadlines: opts.deadlines,
         }))
     }
 
@@ -206,15 +210,141 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Serves `router(state)` on `listener` until `shutdown` completes.
+/// How long `serve` waits on a client, and on open connections at the end.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadlines {
+    /// A request's headers must arrive whole within this (HTTP/1).
+    pub headers: std::time::Duration,
+    /// A request's body must arrive whole within this.
+    pub body: std::time::Duration,
+    /// After the stop signal, open connections get this long to finish
+    /// before they are closed.
+    pub shutdown: std::time::Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Self {
+            headers: std::time::Duration::from_secs(30),
+            body: std::time::Duration::from_secs(30),
+            shutdown: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves `router(state)` on `listener` until `shutdown` completes: then no
+/// new connection is taken, and those open get `deadlines.shutdown` to
+/// finish (or until `again`, a second stop signal) before they are closed.
+/// A client that sends its headers or its body too slowly is cut off.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    again: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::service::TowerToHyperService;
+
+    let deadlines = state.deadlines;
+    let app = router(state);
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(deadlines.headers);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors and the like: wait, go on.
+                        tracing::warn!("accept: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let conn = builder
+                    .serve_connection_with_upgrades(
+                        TokioIo::new(stream),
+                        TowerToHyperService::new(app.clone()),
+                    )
+                    .into_owned();
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!("connection: {e}");
+                    }
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(deadlines.shutdown) => {
+            tracing::warn!(
+                "connections still open {:.0} s after the stop signal; closing them",
+                deadlines.shutdown.as_secs_f64()
+            );
+        }
+        () = again => tracing::warn!("a second stop signal; closing the open connections"),
+    }
+    Ok(())
+}
+
+/// The most bytes a request body may hold.
+pub const MAX_BODY_BYTES: usize = 2 << 20;
+
+/// A request body, read whole within `deadline` and at most
+/// [`MAX_BODY_BYTES`]; the refusals are OpenAI-style JSON errors.
+async fn read_body(
+    body: axum::body::Body,
+    deadline: std::time::Duration,
+) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+        Err(_) => Err(ApiError {
+            status: axum::http::StatusCode::REQUEST_TIMEOUT,
+            message: format!(
+                "the request body did not arrive within {:.0} s",
+                deadline.as_secs_f64()
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_timeout"),
+        }),
+        Ok(Err(e)) if is_too_large(&e) => Err(ApiError {
+            status: axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!(
+                "the request body is over {MAX_BODY_BYTES} bytes (2 MiB), the most this server reads"
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+        }),
+        Ok(Err(e)) => Err(ApiError::invalid(
+            format!("cannot read the request body: {e}"),
+            None,
+            None,
+        )),
+        Ok(Ok(bytes)) => Ok(bytes),
+    }
+}
+
+/// Whether reading a body failed on its length limit.
+fn is_too_large(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
@@ -274,7 +404,11 @@ async fn model(
     }
 }
 
-async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+async fn chat(State(state): State<Arc<AppState>>, body: axum::body::Body) -> Response {
+    let body = match read_body(body, state.deadlines.body).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
     match start(&state, &body) {
         Ok((req, id, updates)) if req.stream => stream(state, req, id, updates),
         Ok((_, id, updates)) => whole(&state, id, updates).await,
