@@ -976,6 +976,8 @@ fn check_protections_reports_every_protection_in_force() {
             "uts namespace",
             "read-only system",
             "home folders hidden",
+            "host folders hidden",
+            "unix sockets refused",
             "private /tmp",
             "no_new_privs",
             "seccomp filter",
@@ -1121,4 +1123,56 @@ fn executors_running_at_once_get_their_own_uids() {
     drop(a);
     let c = Executor::new(ExecutorConfig::new(PYTHON, 2, false)).expect("executor c");
     assert_ne!(uid(&c) / 256, ub / 256);
+}
+
+/// Regressions: `/run` was visible (read-only), and a program connected to
+/// a mode-0777 Unix socket planted there; programs could read the project
+/// tree the host runs in. Now the host's folders (`/run`, `/var`, `/opt`,
+/// ..., and the folder the host works in) are empty to a program, and a
+/// Unix-domain socket cannot be made at all.
+#[test]
+fn the_host_folders_are_hidden_and_unix_sockets_refused() {
+    let _g = serial();
+    let hidden: Vec<String> = executor()
+        .hidden()
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let here = std::fs::canonicalize(std::env::current_dir().unwrap()).unwrap();
+    assert!(
+        hidden.iter().any(|h| std::path::Path::new(h) == here),
+        "the host's working folder {} is not among {hidden:?}",
+        here.display()
+    );
+    assert!(hidden.iter().any(|h| h == "/run"), "{hidden:?}");
+    let program = format!(
+        r#"import json, os, socket
+r = {{}}
+for d in {hidden:?}:
+    r[d] = os.listdir(d) if os.path.isdir(d) else None
+try:
+    open({cargo:?}).read(); r['project file'] = 'read'
+except OSError as e:
+    r['project file'] = type(e).__name__
+try:
+    socket.socket(socket.AF_UNIX).close(); r['unix socket'] = 'made'
+except OSError as e:
+    r['unix socket'] = type(e).__name__
+a, b = socket.socketpair(); a.sendall(b'x'); r['socketpair'] = b.recv(1).decode()
+print(json.dumps(r))
+"#,
+        cargo = here.join("Cargo.toml").display().to_string(),
+    );
+    let (out, _) = run(&program);
+    expect_status(&out, Status::Ok);
+    let r = json(&out);
+    for h in &hidden {
+        assert!(
+            r[h] == serde_json::json!([]) || r[h].is_null(),
+            "{h} is not empty to a program: {r}"
+        );
+    }
+    assert_ne!(r["project file"], "read", "{r}");
+    assert_eq!(r["unix socket"], "PermissionError", "{r}");
+    assert_eq!(r["socketpair"], "x", "a connected pair still works: {r}");
 }

@@ -55,6 +55,11 @@ try:
     os.listdir('/root'); r['root_hidden'] = str(len(os.listdir('/root'))) + ' entries'
 except OSError as e:
     r['root_hidden'] = e.strerror
+r['host_hidden'] = {d: (len(os.listdir(d)) if os.path.isdir(d) else None) for d in HIDDEN}
+try:
+    socket.socket(socket.AF_UNIX).close(); r['unix_socket'] = 'made'
+except OSError as e:
+    r['unix_socket'] = type(e).__name__
 open('probe.txt', 'w').write('x'); r['cwd'] = os.getcwd()
 r['tmp'] = [m.split()[2] + ' ' + m.split()[3].split(',')[0] for m in open('/proc/self/mounts') if m.split()[1] == '/tmp']
 r['rlimits'] = {n: resource.getrlimit(getattr(resource, 'RLIMIT_' + n))[0] for n in ['CPU', 'AS', 'FSIZE', 'NOFILE', 'NPROC', 'CORE']}
@@ -64,7 +69,16 @@ print(json.dumps(r))
 
 /// Runs the probe on `exec` and judges each protection.
 pub fn check_protections(exec: &Executor) -> ProtectionReport {
-    let req = Request::new(PROBE, "");
+    let hidden: Vec<String> = exec
+        .hidden()
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let probe = format!(
+        "HIDDEN = {}\n{PROBE}",
+        serde_json::to_string(&hidden).unwrap_or_else(|_| "[]".into())
+    );
+    let req = Request::new(probe.as_str(), "");
     let out = exec.run(&req);
     let mut protections = Vec::new();
     let mut add = |name: &'static str, in_force: bool, evidence: String| {
@@ -129,6 +143,18 @@ pub fn check_protections(exec: &Executor) -> ProtectionReport {
             .as_str()
             .is_some_and(|v| v.starts_with("0 ") || v.contains("denied")),
         format!("/root: {}", s("root_hidden")),
+    );
+    add(
+        "host folders hidden",
+        r["host_hidden"]
+            .as_object()
+            .is_some_and(|m| m.values().all(|v| v.as_u64() == Some(0) || v.is_null())),
+        format!("entries seen in {}", s("host_hidden")),
+    );
+    add(
+        "unix sockets refused",
+        r["unix_socket"].as_str() == Some("PermissionError"),
+        format!("socket(AF_UNIX): {}", s("unix_socket")),
     );
     add(
         "private /tmp",

@@ -124,6 +124,14 @@ impl Executor {
         self.config.workers
     }
 
+    /// The host folders hidden from programs (none without isolation).
+    pub fn hidden(&self) -> &[PathBuf] {
+        match &self.config.isolation {
+            Isolation::Sandbox { hide, .. } => hide,
+            Isolation::Unsafe => &[],
+        }
+    }
+
     pub fn isolation(&self) -> &Isolation {
         &self.config.isolation
     }

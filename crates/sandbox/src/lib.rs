@@ -22,5 +22,6 @@ mod worker;
 pub use check::{Protection, ProtectionReport, check_protections};
 pub use executor::{DEFAULT_UID_BASE, Executor};
 pub use request::{
-    ExecutorConfig, Isolation, Limits, Outcome, Request, SandboxError, Status, default_workers,
+    ExecutorConfig, HOST_FOLDERS, Isolation, Limits, Outcome, Request, SandboxError, Status,
+    default_workers, host_folders,
 };

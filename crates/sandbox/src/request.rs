@@ -81,17 +81,70 @@ impl ExecutorConfig {
         } else {
             Isolation::Sandbox {
                 uid_base: None,
-                hide: vec![PathBuf::from("/root"), PathBuf::from("/home")],
+                hide: Vec::new(),
             }
         };
+        let python = python.into();
+        let isolation = match isolation {
+            Isolation::Sandbox { uid_base, .. } => Isolation::Sandbox {
+                uid_base,
+                hide: host_folders(&python, std::env::current_dir().ok().as_deref()),
+            },
+            other => other,
+        };
         ExecutorConfig {
-            python: python.into(),
+            python,
             workers: workers.max(1),
             isolation,
             tmp_bytes: 64 << 20,
             tmp_inodes: 4096,
         }
     }
+}
+
+/// Folders of the host that may hold what a program has no business
+/// seeing: home folders, run-time state (`/run`, with the sockets of
+/// services), mounts, `/var`, `/opt`, `/srv`, `/boot`.
+pub const HOST_FOLDERS: [&str; 10] = [
+    "/root", "/home", "/run", "/var", "/mnt", "/media", "/srv", "/opt", "/boot", "/snap",
+];
+
+/// Folders a program must see: the system it runs on.
+const SYSTEM_FOLDERS: [&str; 10] = [
+    "/usr", "/etc", "/lib", "/lib64", "/bin", "/sbin", "/proc", "/dev", "/tmp", "/sys",
+];
+
+/// What the sandbox hides behind empty read-only folders: the
+/// [`HOST_FOLDERS`] that exist and, when it is one of its own, the folder
+/// the host process works in (the project tree, the run's outputs). A
+/// folder is kept visible when the interpreter lives in it, when it holds
+/// a system folder, or when it lies in a folder hidden already.
+pub fn host_folders(python: &std::path::Path, cwd: Option<&std::path::Path>) -> Vec<PathBuf> {
+    let python = std::fs::canonicalize(python).unwrap_or_else(|_| python.to_owned());
+    let mut hide: Vec<PathBuf> = Vec::new();
+    let candidates = HOST_FOLDERS
+        .iter()
+        .map(PathBuf::from)
+        .chain(cwd.and_then(|c| std::fs::canonicalize(c).ok()));
+    for p in candidates {
+        let Ok(real) = std::fs::canonicalize(&p) else {
+            continue; // absent
+        };
+        let holds_system = SYSTEM_FOLDERS
+            .iter()
+            .any(|s| std::path::Path::new(s).starts_with(&real));
+        if real == std::path::Path::new("/")
+            || !real.is_dir()
+            || holds_system
+            || SYSTEM_FOLDERS.iter().any(|s| real.starts_with(s))
+            || python.starts_with(&real)
+            || hide.iter().any(|h| real.starts_with(h))
+        {
+            continue;
+        }
+        hide.push(real);
+    }
+    hide
 }
 
 /// Worker slots when the user names none: two a core. A slot's zygote is

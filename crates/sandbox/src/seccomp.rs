@@ -4,7 +4,9 @@
 //! installs them in the program's process after it dropped to its slot uid.
 //! The policy is a deny list on top of the unprivileged uid and namespaces:
 //! what an unprivileged process could still do that a program never needs
-//! (new user namespaces, ptrace, kernel keyrings, BPF, perf, userfaultfd).
+//! (new user namespaces, ptrace, kernel keyrings, BPF, perf, userfaultfd,
+//! Unix-domain sockets: a socket a host service left in a visible folder
+//! must not be reachable).
 
 use std::collections::BTreeMap;
 
@@ -85,6 +87,17 @@ pub fn filters() -> Result<Vec<Vec<u8>>, SandboxError> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| SandboxError::Setup(format!("seccomp rule: {e}")))?;
     rules.insert(libc::SYS_clone, clone_rules);
+    // socket(AF_UNIX, ...): no way to a host service's socket, wherever it
+    // lies (socketpair, which makes a connected pair, stays allowed).
+    let unix = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        libc::AF_UNIX as u64,
+    )
+    .and_then(|c| SeccompRule::new(vec![c]))
+    .map_err(|e| SandboxError::Setup(format!("seccomp rule: {e}")))?;
+    rules.insert(libc::SYS_socket, vec![unix]);
     let deny = build(rules, libc::EPERM, arch)?;
 
     // clone3 passes its flags in memory a filter cannot read: answer ENOSYS so
