@@ -742,10 +742,26 @@ fn slow_clients_are_cut_off_and_cannot_keep_the_server_from_stopping() {
     let json = &answer[answer.find('{').expect("a JSON body")..];
     let v: serde_json::Value = serde_json::from_str(json).unwrap();
     assert_eq!(v["error"]["code"], "request_too_large", "{answer}");
-    // A client holding a half-open request while SIGTERM comes.
-    let mut hold = TcpStream::connect(&addr).unwrap();
-    hold.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+    // Fifty clients holding half-open requests: a normal request is still
+    // answered, and SIGTERM still stops the server.
+    let held: Vec<TcpStream> = (0..50)
+        .map(|_| {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+                .unwrap();
+            s
+        })
+        .collect();
+    let mut health = TcpStream::connect(&addr).unwrap();
+    health
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .unwrap();
+    health
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut answer = String::new();
+    let _ = health.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     std::thread::sleep(Duration::from_millis(200));
     common::signal(&child, nix::sys::signal::Signal::SIGTERM);
     let t = Instant::now();
@@ -761,5 +777,5 @@ fn slow_clients_are_cut_off_and_cannot_keep_the_server_from_stopping() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{status}");
-    drop(hold);
+    drop(held);
 }

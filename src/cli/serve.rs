@@ -62,6 +62,9 @@ pub struct ServeArgs {
     /// they are closed (a second signal closes them at once).
     #[arg(long, default_value_t = 10.0)]
     pub shutdown_timeout: f64,
+    /// Connections served at once; more wait until one closes.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
@@ -86,6 +89,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             headers: seconds(args.request_timeout, "--request_timeout")?,
             body: seconds(args.request_timeout, "--request_timeout")?,
             shutdown: seconds(args.shutdown_timeout, "--shutdown_timeout")?,
+            max_connections: args.max_connections,
         },
     })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

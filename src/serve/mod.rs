@@ -220,6 +220,8 @@ pub struct Deadlines {
     /// After the stop signal, open connections get this long to finish
     /// before they are closed.
     pub shutdown: std::time::Duration,
+    /// Connections open at once; more wait in the listen queue.
+    pub max_connections: usize,
 }
 
 impl Default for Deadlines {
@@ -228,6 +230,7 @@ impl Default for Deadlines {
             headers: std::time::Duration::from_secs(30),
             body: std::time::Duration::from_secs(30),
             shutdown: std::time::Duration::from_secs(10),
+            max_connections: 512,
         }
     }
 }
@@ -255,33 +258,40 @@ pub async fn serve(
         .header_read_timeout(deadlines.headers);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        deadlines.max_connections.max(1),
+    ));
     loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        // Out of file descriptors and the like: wait, go on.
-                        tracing::warn!("accept: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let conn = builder
-                    .serve_connection_with_upgrades(
-                        TokioIo::new(stream),
-                        TowerToHyperService::new(app.clone()),
-                    )
-                    .into_owned();
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!("connection: {e}");
-                    }
-                });
-            }
+        // A free slot first: at the cap, new clients wait in the queue.
+        let slot = tokio::select! {
+            slot = Arc::clone(&slots).acquire_owned() => slot.expect("the semaphore is never closed"),
             () = &mut shutdown => break,
-        }
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, go on.
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let conn = builder
+            .serve_connection_with_upgrades(
+                TokioIo::new(stream),
+                TowerToHyperService::new(app.clone()),
+            )
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("connection: {e}");
+            }
+            drop(slot);
+        });
     }
     drop(listener);
     tokio::select! {
