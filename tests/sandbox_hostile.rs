@@ -1147,9 +1147,26 @@ fn the_host_folders_are_hidden_and_unix_sockets_refused() {
         here.display()
     );
     assert!(hidden.iter().any(|h| h == "/run"), "{hidden:?}");
+    // A socket a host service might leave in /run, open to everyone.
+    let planted = std::path::PathBuf::from(format!(
+        "/run/trace-train-planted-{}.sock",
+        std::process::id()
+    ));
+    let listener = std::os::unix::net::UnixListener::bind(&planted).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::fs::set_permissions(
+        &planted,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     let program = format!(
         r#"import json, os, socket
 r = {{}}
+r['planted seen'] = os.path.exists({planted:?})
+try:
+    s = socket.socket(socket.AF_UNIX); s.connect({planted:?}); r['planted'] = 'connected'
+except OSError as e:
+    r['planted'] = type(e).__name__
 for d in {hidden:?}:
     r[d] = os.listdir(d) if os.path.isdir(d) else None
 try:
@@ -1164,6 +1181,7 @@ a, b = socket.socketpair(); a.sendall(b'x'); r['socketpair'] = b.recv(1).decode(
 print(json.dumps(r))
 "#,
         cargo = here.join("Cargo.toml").display().to_string(),
+        planted = planted.display().to_string(),
     );
     let (out, _) = run(&program);
     expect_status(&out, Status::Ok);
@@ -1177,4 +1195,12 @@ print(json.dumps(r))
     assert_ne!(r["project file"], "read", "{r}");
     assert_eq!(r["unix socket"], "PermissionError", "{r}");
     assert_eq!(r["socketpair"], "x", "a connected pair still works: {r}");
+    assert_eq!(r["planted seen"], false, "{r}");
+    assert_ne!(r["planted"], "connected", "{r}");
+    assert!(
+        listener.accept().is_err(),
+        "the planted socket took a connection"
+    );
+    drop(listener);
+    std::fs::remove_file(&planted).unwrap();
 }
