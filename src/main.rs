@@ -28,7 +28,7 @@ struct Cli {
     log_format: cli::progress::LogFormat,
     /// Seconds between progress lines when stderr is not a terminal (a
     /// log file, a scheduler, a pipe); a terminal gets a bar.
-    #[arg(long = "log_every", default_value_t = 30.0, global = true)]
+    #[arg(long = "log_every", default_value_t = cli::progress::LOG_EVERY_S, global = true)]
     log_every: f64,
     /// Colour in log lines: on a terminal unless NO_COLOR is set (auto),
     /// always, or never.

@@ -56,6 +56,9 @@ pub struct Output {
     pub every: Duration,
 }
 
+/// Seconds between progress lines by default (`--log_every`).
+pub const LOG_EVERY_S: f64 = 30.0;
+
 static OUTPUT: OnceLock<Output> = OnceLock::new();
 
 /// Sets the output settings for the process (the first call wins).
@@ -66,7 +69,7 @@ pub fn configure(output: Output) {
 fn output() -> Output {
     OUTPUT.get().copied().unwrap_or(Output {
         format: LogFormat::Text,
-        every: Duration::from_secs(30),
+        every: Duration::from_secs_f64(LOG_EVERY_S),
     })
 }
 

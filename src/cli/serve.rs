@@ -56,14 +56,14 @@ pub struct ServeArgs {
     pub device: String,
     /// Seconds a client has to send a request's headers, and again its
     /// body; a slower one is cut off (408 for a body).
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = serve::Deadlines::default().body.as_secs_f64())]
     pub request_timeout: f64,
     /// Seconds open requests get to finish after SIGTERM or Ctrl-C before
     /// they are closed (a second signal closes them at once).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = serve::Deadlines::default().shutdown.as_secs_f64())]
     pub shutdown_timeout: f64,
     /// Connections served at once; more wait until one closes.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = serve::Deadlines::default().max_connections)]
     pub max_connections: usize,
 }
 

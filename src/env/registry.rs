@@ -24,8 +24,6 @@ pub const WORDS: [&str; 4] = ["apple", "river", "stone", "cloud"];
 pub struct Registered {
     /// Its name in `--environment` and `ppo.environment`.
     pub name: &'static str,
-    /// What it asks of a model, in a few words (`--help`, errors).
-    pub about: &'static str,
     /// Its tasks split into training and held-out parts by
     /// [`super::affine::split`] (Trace keeps held-out programs of its own;
     /// `word` has nothing to hold out).
@@ -37,19 +35,16 @@ pub struct Registered {
 pub const ENVIRONMENTS: &[Registered] = &[
     Registered {
         name: "trace",
-        about: "predict a Python program's exact output (`__DBG_` prints injected), run in the sandbox",
         split: false,
         build: |b| b.trace(None),
     },
     Registered {
         name: "sat",
-        about: "find an assignment that satisfies a boolean formula",
         split: true,
         build: |_| Ok(Arc::new(SatEnv)),
     },
     Registered {
         name: "abd",
-        about: "find an input that makes a program print a given output",
         split: true,
         build: |b| {
             let data = b.data;
@@ -60,7 +55,6 @@ pub const ENVIRONMENTS: &[Registered] = &[
     },
     Registered {
         name: "ded",
-        about: "write a program that passes a task's tests",
         split: true,
         build: |b| {
             let data = b.data;
@@ -71,7 +65,6 @@ pub const ENVIRONMENTS: &[Registered] = &[
     },
     Registered {
         name: "word",
-        about: "answer with a given word (no sandbox; for tests)",
         split: false,
         build: |_| Ok(Arc::new(WordEnv::new(&WORDS))),
     },
@@ -192,7 +185,15 @@ struct Builder<'a> {
     shared: Option<Arc<Executor>>,
 }
 
-impl Builder<'_> {
+impl<'a> Builder<'a> {
+    fn new(data: &'a EnvData, unsafe_no_sandbox: bool) -> Self {
+        Self {
+            data,
+            unsafe_no_sandbox,
+            shared: None,
+        }
+    }
+
     fn executor(&self, workers: usize) -> anyhow::Result<Executor> {
         Executor::new(ExecutorConfig::new(
             &self.data.python,
@@ -252,17 +253,13 @@ pub fn build(
     unsafe_no_sandbox: bool,
     part: Part,
 ) -> anyhow::Result<Vec<Arc<dyn Environment>>> {
-    let mut b = Builder {
-        data,
-        unsafe_no_sandbox,
-        shared: None,
-    };
+    let mut b = Builder::new(data, unsafe_no_sandbox);
     let mut envs: Vec<Arc<dyn Environment>> = Vec::new();
     for name in names {
         let Some(entry) = ENVIRONMENTS.iter().find(|e| e.name == name) else {
             anyhow::bail!(
                 "unknown environment `{name}`\nhint: choose from {}",
-                names_list()
+                self::names().join(", ")
             );
         };
         let env = (entry.build)(&mut b)?;
@@ -273,10 +270,6 @@ pub fn build(
         });
     }
     Ok(envs)
-}
-
-fn names_list() -> String {
-    names().join(", ")
 }
 
 /// The environment a training run draws its tasks from, as `spec` names it
@@ -296,12 +289,8 @@ pub fn for_training(
             format!("word:{}", WORDS.join(",")),
         )),
         "trace" => {
-            let mut b = Builder {
-                data,
-                unsafe_no_sandbox,
-                shared: None,
-            };
-            let (env, description) = b.trace_env(Some(trace_workers))?;
+            let (env, description) =
+                Builder::new(data, unsafe_no_sandbox).trace_env(Some(trace_workers))?;
             Ok((Arc::new(env), description))
         }
         spec => {

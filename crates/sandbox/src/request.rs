@@ -133,8 +133,8 @@ pub fn host_folders(python: &std::path::Path, cwd: Option<&std::path::Path>) -> 
         let holds_system = SYSTEM_FOLDERS
             .iter()
             .any(|s| std::path::Path::new(s).starts_with(&real));
-        if real == std::path::Path::new("/")
-            || !real.is_dir()
+        // `/` holds every system folder, so it is never hidden.
+        if !real.is_dir()
             || holds_system
             || SYSTEM_FOLDERS.iter().any(|s| real.starts_with(s))
             || python.starts_with(&real)
