@@ -43,7 +43,7 @@ fn every_recipe_parses() {
         let path = entry.unwrap().path().join("pipeline_config.json");
         let p: PipelineConfig = config::load(&path).unwrap_or_else(|e| panic!("{e}"));
         assert!(
-            p.stage1.learning_rate > 0.0 && p.stage2.learning_rate > 0.0,
+            p.stage1.optim.learning_rate > 0.0 && p.stage2.optim.learning_rate > 0.0,
             "{}",
             path.display()
         );
@@ -262,7 +262,11 @@ fn the_shipped_stage3_file_is_the_users_text_and_parses() {
     );
     let c: Stage3Config = config::parse(&text, &path).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
-        (c.ppo.batch_size, c.ppo.learning_rate, c.ppo.num_train_steps),
+        (
+            c.ppo.batch_size,
+            c.ppo.optim.learning_rate,
+            c.ppo.num_train_steps
+        ),
         (16, 5e-7, 5000)
     );
     assert!(c.curriculum.enabled && c.curriculum.promotion_threshold == 0.7);

@@ -31,13 +31,22 @@ fn job(root: &Path, out: &str, batch: usize, accum: usize, dropout: f64, steps: 
         batch_size: batch,
         gradient_accumulation_steps: accum,
         epochs: 3,
-        learning_rate: 3e-3,
-        lora_r: 4,
-        lora_alpha: 8.0,
         lora_dropout: dropout,
         eval_steps: 2,
-        save_steps: 2,
         seed: 7,
+        optim: trace_train::config::OptimSettings {
+            learning_rate: 3e-3,
+            ..SftConfig::default().optim
+        },
+        lora: trace_train::config::LoraSettings {
+            r: 4,
+            alpha: 8.0,
+            ..SftConfig::default().lora
+        },
+        save: trace_train::config::SaveSettings {
+            save_steps: 2,
+            ..SftConfig::default().save
+        },
         ..SftConfig::default()
     };
     SftJob {
@@ -230,7 +239,10 @@ fn passes_regrouped_by_tokens_train_as_fixed_micro_batches() {
 fn assert_resume_repeats_the_passes(root: &Path, configure: impl Fn(&mut SftJob)) {
     let constant = |out: &str, steps: u64| {
         let mut j = job(root, out, 2, 3, 0.1, steps);
-        (j.config.warmup_ratio, j.config.min_lr_ratio) = (0.0, 1.0);
+        (
+            j.config.schedule.warmup_ratio,
+            j.config.schedule.min_lr_ratio,
+        ) = (0.0, 1.0);
         configure(&mut j);
         j
     };
@@ -289,8 +301,8 @@ fn a_checkpoint_of_two_ranks_resumes_on_one() {
     // the first two steps of a 4-step run.
     let constant = |out: &str, steps: u64| {
         let mut j = job(root, out, 2, 2, 0.1, steps);
-        j.config.warmup_ratio = 0.0;
-        j.config.min_lr_ratio = 1.0;
+        j.config.schedule.warmup_ratio = 0.0;
+        j.config.schedule.min_lr_ratio = 1.0;
         j
     };
     train(&constant("straight", 4), 1);

@@ -782,14 +782,26 @@ fn dpo_on_two_ranks_trains_what_one_rank_does() {
     word_pairs(dir.path(), 8);
     let job = |out: &str, accum: usize| DpoJob {
         config: DpoConfig {
-            learning_rate: 1e-3,
             batch_size: 2,
             gradient_accumulation_steps: accum,
             epochs: 2,
-            save_steps: 0,
-            warmup_ratio: 0.0,
-            lora_r: 4,
-            lora_alpha: 8.0,
+            optim: trace_train::config::OptimSettings {
+                learning_rate: 1e-3,
+                ..DpoConfig::default().optim
+            },
+            save: trace_train::config::SaveSettings {
+                save_steps: 0,
+                ..DpoConfig::default().save
+            },
+            schedule: trace_train::config::ScheduleSettings {
+                warmup_ratio: 0.0,
+                ..DpoConfig::default().schedule
+            },
+            lora: trace_train::config::LoraSettings {
+                r: 4,
+                alpha: 8.0,
+                ..DpoConfig::default().lora
+            },
             ..DpoConfig::default()
         },
         model: ModelConfig::default(),

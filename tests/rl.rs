@@ -30,17 +30,26 @@ fn tiny_config(algorithm: &str) -> RlConfig {
         algorithm: algorithm.into(),
         batch_size: 16,
         group_size: Some(if algorithm == "ppo" { 1 } else { 4 }),
-        learning_rate: if algorithm == "ppo" { 2e-2 } else { 1e-2 },
         value_learning_rate: 1e-2,
         num_train_steps: 20,
         ppo_epochs: 2,
         mini_batch_size: 64,
         max_new_tokens: 1,
         kl_coef: Some(0.0),
-        lora_r: 8,
-        lora_alpha: 16.0,
         environment: "word".into(),
-        save_steps: 0,
+        optim: trace_train::config::OptimSettings {
+            learning_rate: if algorithm == "ppo" { 2e-2 } else { 1e-2 },
+            ..RlConfig::default().optim
+        },
+        lora: trace_train::config::LoraSettings {
+            r: 8,
+            alpha: 16.0,
+            ..RlConfig::default().lora
+        },
+        save: trace_train::config::SaveSettings {
+            save_steps: 0,
+            ..RlConfig::default().save
+        },
         ..RlConfig::default()
     }
 }
@@ -269,7 +278,7 @@ fn one_update_changes_what_the_sampler_draws() {
     let (word, temperature) = learnable_word(&base);
     let mut cfg = tiny_config("grpo");
     cfg.temperature = temperature;
-    cfg.learning_rate = 5e-2;
+    cfg.optim.learning_rate = 5e-2;
     cfg.ppo_epochs = 1;
     let mut policy = Policy::load(&base, &cfg, &ModelConfig::default(), &Device::Cpu).unwrap();
     let env = WordEnv::new(&[&word]);
@@ -295,7 +304,7 @@ fn one_update_changes_what_the_sampler_draws() {
         .collect();
     policy.score_old(&mut samples).unwrap();
     policy.advantages(&mut samples);
-    let st = policy.update(&samples, 0, cfg.learning_rate).unwrap();
+    let st = policy.update(&samples, 0, cfg.optim.learning_rate).unwrap();
     assert_eq!(st.minibatches, 1);
     // The same seed: the sampler draws the same uniforms from the updated
     // weights (the live model, no copy to refresh).
@@ -562,7 +571,7 @@ fn two_and_three_ranks_train_as_one_process() {
     // Gentle steps: at the learning test's rates three-token answers
     // collapse onto one sequence within five steps (entropy near 1e-5),
     // where rounding alone moves the value loss.
-    ppo_cfg.learning_rate = 2e-3;
+    ppo_cfg.optim.learning_rate = 2e-3;
     ppo_cfg.value_learning_rate = 1e-3;
     for config in [grpo, ppo_cfg] {
         let one = run_on_ranks(dir.path(), &base, &word, &config, 1);
@@ -826,7 +835,7 @@ fn off_policy_ranks_learn_and_train_as_one_whatever_the_split() {
     ppo_cfg.num_train_steps = 4;
     ppo_cfg.mini_batch_size = 6;
     ppo_cfg.max_new_tokens = 3;
-    ppo_cfg.learning_rate = 2e-3;
+    ppo_cfg.optim.learning_rate = 2e-3;
     ppo_cfg.value_learning_rate = 1e-3;
     let ppo_run = |world: usize| {
         let out = dir.path().join(format!("off-ppo-{world}"));

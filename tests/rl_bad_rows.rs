@@ -290,12 +290,21 @@ fn a_resumed_run_keeps_its_bad_rows_and_repeats_the_uninterrupted_one() {
         num_train_steps: 4,
         max_new_tokens: 2,
         mini_batch_size: 4,
-        save_steps: 2,
-        learning_rate: 1e-3,
         kl_coef: Some(0.01),
         max_prompt_tokens: 2000,
-        lora_r: 8,
-        lora_alpha: 16.0,
+        save: trace_train::config::SaveSettings {
+            save_steps: 2,
+            ..RlConfig::default().save
+        },
+        optim: trace_train::config::OptimSettings {
+            learning_rate: 1e-3,
+            ..RlConfig::default().optim
+        },
+        lora: trace_train::config::LoraSettings {
+            r: 8,
+            alpha: 16.0,
+            ..RlConfig::default().lora
+        },
         ..RlConfig::default()
     };
     // A fresh environment each run, as a fresh process has.

@@ -219,7 +219,7 @@ fn step(
 ) -> anyhow::Result<Step> {
     let device = policy.loaded.device.clone();
     let seed = policy.cfg.seed;
-    let lr = policy.cfg.learning_rate;
+    let lr = policy.cfg.optim.learning_rate;
     device.synchronize()?;
     let t0 = Instant::now();
     let rows: Vec<Vec<u32>> = prompts
@@ -311,7 +311,7 @@ pub fn rl_step(b: &RlBench, device: &Device) -> anyhow::Result<RlResult> {
         new: b.new,
         // A minibatch never holds more than the step's completions.
         mini_batch: b.mini_batch.min(completions),
-        rank: cfg.lora_r,
+        rank: cfg.lora.r,
         four_bit: b.four_bit,
         grad_ckpt: b.gradient_checkpointing,
         steps: b.steps,

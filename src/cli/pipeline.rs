@@ -291,10 +291,10 @@ pub fn resolve(args: &PipelineArgs) -> anyhow::Result<Plan> {
             s.batch_size = 2;
             s.gradient_accumulation_steps = 1;
             s.epochs = 1;
-            s.save_steps = 4;
+            s.save.save_steps = 4;
             s.eval_steps = 0;
-            s.learning_rate = 1e-3;
-            s.warmup_ratio = 0.0;
+            s.optim.learning_rate = 1e-3;
+            s.schedule.warmup_ratio = 0.0;
             for k in [
                 "batch_size",
                 "gradient_accumulation_steps",
@@ -312,7 +312,7 @@ pub fn resolve(args: &PipelineArgs) -> anyhow::Result<Plan> {
         d.num_prompts = d.num_prompts.min(4);
         d.num_samples = d.num_samples.min(4);
         d.max_new_tokens = d.max_new_tokens.min(16);
-        d.train.learning_rate = 1e-3;
+        d.train.optim.learning_rate = 1e-3;
         for k in [
             "num_prompts",
             "num_samples",
@@ -352,7 +352,7 @@ pub fn resolve(args: &PipelineArgs) -> anyhow::Result<Plan> {
     ] {
         s.train_file = Some(data_dir.join(train));
         s.eval_file = Some(data_dir.join(test));
-        s.output_dir = Some(root.join(dir));
+        s.save.output_dir = Some(root.join(dir));
         for k in ["train_file", "eval_file", "output_dir"] {
             sources.set(
                 &format!("{name}.{k}"),
@@ -551,6 +551,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     let stage_settings = |stage: u8| -> Resolved {
         let sft = if stage == 1 { &cfg.stage1 } else { &cfg.stage2 };
         let out = sft
+            .save
             .output_dir
             .clone()
             .expect("resolve sets the stage folders");
@@ -591,7 +592,13 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             stop_before(name)?;
             eprintln!("== stage {stage}: {name}");
             let r = stage_settings(stage);
-            let out = r.settings.config.output_dir.clone().unwrap_or_default();
+            let out = r
+                .settings
+                .config
+                .save
+                .output_dir
+                .clone()
+                .unwrap_or_default();
             let interrupted = match role(cfg.hardware.num_gpus, &cfg.hardware.device)? {
                 Role::Parent { world } => {
                     // One process a GPU, each reading the resolved stage

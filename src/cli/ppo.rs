@@ -167,11 +167,11 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
     }
     set!(args.algorithm, c.algorithm);
     set!(args.batch_size, c.batch_size);
-    set!(args.learning_rate, c.learning_rate);
+    set!(args.learning_rate, c.optim.learning_rate);
     set!(args.num_train_steps, c.num_train_steps);
     set!(args.max_new_tokens, c.max_new_tokens);
     set!(args.temperature, c.temperature);
-    set!(args.save_steps, c.save_steps);
+    set!(args.save_steps, c.save.save_steps);
     set!(args.seed, c.seed);
     set!(args.environment, c.environment);
     set!(args.dataset, c.dataset);
@@ -187,7 +187,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
         c.kl_coef = Some(k);
     }
     if let Some(o) = &args.output_dir {
-        c.output_dir = Some(o.clone());
+        c.save.output_dir = Some(o.clone());
     }
     if let Some(n) = args.micro_batch_tokens {
         c.micro_batch_tokens = Some(n);
@@ -196,6 +196,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
         model.load_in_4bit = false;
     }
     let output_dir = c
+        .save
         .output_dir
         .clone()
         .unwrap_or_else(|| "checkpoints/stage3_ppo".into());
@@ -205,9 +206,9 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
         c.num_train_steps = c.num_train_steps.min(3);
         c.max_new_tokens = c.max_new_tokens.min(16);
         c.mini_batch_size = 4;
-        c.save_steps = 2;
+        c.save.save_steps = 2;
         c.max_prompt_tokens = 1500;
-        c.learning_rate = 1e-3;
+        c.optim.learning_rate = 1e-3;
         if c.rl_algorithm().group_relative() {
             c.group_size = Some(2);
         }
@@ -432,7 +433,7 @@ mod tests {
         settings.ppo.algorithm = "grpo".into();
         settings.ppo.batch_size = 3;
         settings.ppo.group_size = Some(5);
-        settings.ppo.learning_rate = 1.0e-4 / 3.0;
+        settings.ppo.optim.learning_rate = 1.0e-4 / 3.0;
         settings.ppo.environment = "word".into();
         settings.curriculum.enabled = true;
         let args = PpoArgs {

@@ -396,16 +396,16 @@ pub fn resolve_dpo(args: &DpoArgs) -> anyhow::Result<DpoJob> {
     set!(args.beta, c.beta);
     set!(args.nll_coef, c.nll_coef);
     set!(args.reference, c.reference);
-    set!(args.learning_rate, c.learning_rate);
+    set!(args.learning_rate, c.optim.learning_rate);
     set!(args.epochs, c.epochs);
     set!(args.batch_size, c.batch_size);
-    set!(args.save_steps, c.save_steps);
+    set!(args.save_steps, c.save.save_steps);
     set!(args.seed, c.seed);
     if let Some(p) = &args.pairs {
         c.pairs_file = Some(p.clone());
     }
     if let Some(o) = &args.output_dir {
-        c.output_dir = Some(o.clone());
+        c.save.output_dir = Some(o.clone());
     }
     if args.run.no_4bit {
         model.load_in_4bit = false;
@@ -434,6 +434,7 @@ pub fn resolve_dpo(args: &DpoArgs) -> anyhow::Result<DpoJob> {
     Ok(DpoJob {
         run: RunOptions {
             output_dir: c
+                .save
                 .output_dir
                 .clone()
                 .unwrap_or_else(|| "checkpoints/stage3_dpo".into()),

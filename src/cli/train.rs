@@ -265,9 +265,9 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
         cfg.packing = Some(v);
         sources.flag("packing", "--packing");
     }
-    set!(learning_rate, cfg.learning_rate, "learning_rate");
-    set!(lora_r, cfg.lora_r, "lora_r");
-    set!(save_steps, cfg.save_steps, "save_steps");
+    set!(learning_rate, cfg.optim.learning_rate, "learning_rate");
+    set!(lora_r, cfg.lora.r, "lora_r");
+    set!(save_steps, cfg.save.save_steps, "save_steps");
     set!(seed, cfg.seed, "seed");
     set!(max_length, model.max_length, "model.max_length");
     set!(device, hardware.device, "hardware.device");
@@ -298,10 +298,12 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
     let output_dir = output_dir.map(Some);
     set!(train_file, cfg.train_file, "train_file");
     set!(eval_file, cfg.eval_file, "eval_file");
-    set!(output_dir, cfg.output_dir, "output_dir");
+    set!(output_dir, cfg.save.output_dir, "output_dir");
     cfg.train_file.get_or_insert_with(|| train_default.into());
     cfg.eval_file.get_or_insert_with(|| eval_default.into());
-    cfg.output_dir.get_or_insert_with(|| out_default.into());
+    cfg.save
+        .output_dir
+        .get_or_insert_with(|| out_default.into());
     let problems = config::Validate::problems(&cfg);
     anyhow::ensure!(
         problems.is_empty(),
@@ -408,7 +410,7 @@ pub fn job(
         stage: stage.into(),
         train_file: s.config.train_file.clone().expect("settings fill it"),
         eval_file: s.config.eval_file.clone(),
-        output_dir: s.config.output_dir.clone().expect("settings fill it"),
+        output_dir: s.config.save.output_dir.clone().expect("settings fill it"),
         config: s.config,
         model: s.model,
         base: base.clone(),
@@ -571,7 +573,7 @@ mod tests {
     #[test]
     fn a_resolved_stage_survives_its_file() {
         let mut s = settings("warmup", &TrainArgs::default()).unwrap();
-        s.config.learning_rate = 1.0e-4 / 3.0;
+        s.config.optim.learning_rate = 1.0e-4 / 3.0;
         s.config.select = Some(Default::default());
         let r = Resolved {
             settings: s,
@@ -590,8 +592,8 @@ mod tests {
             serde_json::to_value(&r).unwrap()
         );
         assert_eq!(
-            back.settings.config.learning_rate,
-            r.settings.config.learning_rate
+            back.settings.config.optim.learning_rate,
+            r.settings.config.optim.learning_rate
         );
     }
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::groups::stage_defaults;
 use super::*;
 
 /// The pipeline's Stage 3 as DPO from the model's own rollouts: `rounds`
@@ -135,8 +136,6 @@ pub struct DpoConfig {
     /// The pairs file (`trace-train prefs` output). Default null: given on
     /// the command line.
     pub pairs_file: Option<PathBuf>,
-    /// Output folder (null: `checkpoints/stage3_dpo`).
-    pub output_dir: Option<PathBuf>,
     /// `sigmoid` (DPO), `ipo`, `robust` or `hinge`. Default `sigmoid`.
     pub loss: String,
     /// Strength of the pull to the reference. Default 0.1.
@@ -158,29 +157,17 @@ pub struct DpoConfig {
     pub batch_size: usize,
     /// Default 1.
     pub gradient_accumulation_steps: usize,
-    /// Peak learning rate of the LoRA factors. Default 1e-5.
-    pub learning_rate: f64,
-    /// Default 0.1.
-    pub warmup_ratio: f64,
-    /// Default 0.1.
-    pub min_lr_ratio: f64,
-    /// Default 0.
-    pub weight_decay: f64,
-    /// Default 1.
-    pub max_grad_norm: f64,
-    /// LoRA rank. Default 16.
-    pub lora_r: usize,
-    /// LoRA alpha. Default 32.
-    pub lora_alpha: f64,
+    #[serde(flatten, deserialize_with = "dpo_optim")]
+    pub optim: OptimSettings,
+    #[serde(flatten, deserialize_with = "dpo_schedule")]
+    pub schedule: ScheduleSettings,
+    #[serde(flatten, deserialize_with = "dpo_lora")]
+    pub lora: LoraSettings,
     /// Default 0 (TRL turns dropout off: the reference must see the same
     /// network).
     pub lora_dropout: f64,
-    /// Default q, k, v, o, gate, up, down projections.
-    pub target_modules: Vec<String>,
-    /// Checkpoint every N optimizer steps. Default 100.
-    pub save_steps: usize,
-    /// Periodic checkpoints kept (0: all). Default 2.
-    pub save_total_limit: usize,
+    #[serde(flatten, deserialize_with = "dpo_save")]
+    pub save: SaveSettings,
     /// Recompute each decoder layer in the backward pass (null: on a GPU,
     /// as SFT). Default null.
     pub gradient_checkpointing: Option<bool>,
@@ -192,7 +179,6 @@ impl Default for DpoConfig {
     fn default() -> Self {
         DpoConfig {
             pairs_file: None,
-            output_dir: None,
             loss: "sigmoid".into(),
             beta: 0.1,
             epsilon: 0.1,
@@ -201,17 +187,21 @@ impl Default for DpoConfig {
             epochs: 1,
             batch_size: 4,
             gradient_accumulation_steps: 1,
-            learning_rate: 1e-5,
-            warmup_ratio: 0.1,
-            min_lr_ratio: 0.1,
-            weight_decay: 0.0,
-            max_grad_norm: 1.0,
-            lora_r: 16,
-            lora_alpha: 32.0,
+            optim: OptimSettings {
+                learning_rate: 1e-5,
+                ..OptimSettings::default()
+            },
+            schedule: ScheduleSettings {
+                warmup_ratio: 0.1,
+                min_lr_ratio: 0.1,
+            },
+            lora: LoraSettings::default(),
             lora_dropout: 0.0,
-            target_modules: SftConfig::default().target_modules,
-            save_steps: 100,
-            save_total_limit: 2,
+            save: SaveSettings {
+                output_dir: None,
+                save_steps: 100,
+                save_total_limit: 2,
+            },
             gradient_checkpointing: None,
             seed: 42,
         }
@@ -220,20 +210,28 @@ impl Default for DpoConfig {
 
 impl Validate for DpoConfig {
     fn problems(&self) -> Vec<String> {
-        // The loop, schedule and adapter keys SFT has too, under SFT's rules.
-        let mut p = SftConfig {
-            epochs: self.epochs,
-            batch_size: self.batch_size,
-            gradient_accumulation_steps: self.gradient_accumulation_steps,
-            learning_rate: self.learning_rate,
-            warmup_ratio: self.warmup_ratio,
-            min_lr_ratio: self.min_lr_ratio,
-            lora_r: self.lora_r,
-            lora_dropout: self.lora_dropout,
-            target_modules: self.target_modules.clone(),
-            ..SftConfig::default()
+        let mut p = Vec::new();
+        for (name, v) in [
+            ("epochs", self.epochs),
+            ("batch_size", self.batch_size),
+            (
+                "gradient_accumulation_steps",
+                self.gradient_accumulation_steps,
+            ),
+        ] {
+            if v == 0 {
+                p.push(format!("{name}: must be at least 1"));
+            }
         }
-        .problems();
+        p.extend(self.optim.problems());
+        p.extend(self.schedule.problems());
+        p.extend(self.lora.problems());
+        if !(0.0..=1.0).contains(&self.lora_dropout) {
+            p.push(format!(
+                "lora_dropout: {} is not in [0, 1]",
+                self.lora_dropout
+            ));
+        }
         if !matches!(self.loss.as_str(), "sigmoid" | "ipo" | "robust" | "hinge") {
             p.push(format!(
                 "loss: `{}` is not one of sigmoid, ipo, robust, hinge",
@@ -255,15 +253,19 @@ impl Validate for DpoConfig {
         if !(0.0..0.5).contains(&self.epsilon) {
             p.push(format!("epsilon: {} is not in [0, 0.5)", self.epsilon));
         }
-        for (name, v) in [
-            ("nll_coef", self.nll_coef),
-            ("weight_decay", self.weight_decay),
-            ("max_grad_norm", self.max_grad_norm),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                p.push(format!("{name}: {v} must be finite and >= 0"));
-            }
+        if !(self.nll_coef.is_finite() && self.nll_coef >= 0.0) {
+            p.push(format!(
+                "nll_coef: {} must be finite and >= 0",
+                self.nll_coef
+            ));
         }
         p
     }
+}
+
+stage_defaults! {
+    dpo_optim: DpoConfig.optim as OptimSettings,
+    dpo_schedule: DpoConfig.schedule as ScheduleSettings,
+    dpo_lora: DpoConfig.lora as LoraSettings,
+    dpo_save: DpoConfig.save as SaveSettings,
 }

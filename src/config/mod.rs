@@ -47,7 +47,7 @@ pub enum ConfigError {
 }
 
 /// Reads and validates a JSON config file.
-pub fn load<T: for<'de> Deserialize<'de> + Validate>(path: &Path) -> Result<T, ConfigError> {
+pub fn load<T: Settings>(path: &Path) -> Result<T, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_owned(),
         source,
@@ -56,16 +56,38 @@ pub fn load<T: for<'de> Deserialize<'de> + Validate>(path: &Path) -> Result<T, C
 }
 
 /// Parses and validates config text; `path` names it in errors.
-pub fn parse<T: for<'de> Deserialize<'de> + Validate>(
-    text: &str,
-    path: &Path,
-) -> Result<T, ConfigError> {
+pub fn parse<T: Settings>(text: &str, path: &Path) -> Result<T, ConfigError> {
     let parse_error = |e: serde_json::Error| {
-        let message = e.to_string();
-        let hint = if message.contains("unknown field") {
-            let mut hint = String::from(
-                "remove the field or check its spelling; the expected fields are listed above",
-            );
+        let (line, column) = located(text, &e);
+        let mut message = e.to_string();
+        // A stage's own keys and its flattened shared ones are one object
+        // in the file, but serde lists none of them for an unknown key
+        // there: list the keys `T` writes at that place.
+        if message.starts_with("unknown field") && !message.contains("expected") {
+            let at = path_at(text, offset(text, line, column));
+            let pointer: String = at.iter().map(|k| format!("/{k}")).collect();
+            if let Some(obj) = serde_json::to_value(T::default())
+                .ok()
+                .and_then(|v| v.pointer(&pointer).and_then(|o| o.as_object()).cloned())
+            {
+                let names: Vec<String> = obj.keys().map(|k| format!("`{k}`")).collect();
+                let unknown = message.split(" at line ").next().unwrap_or_default();
+                message = format!("{unknown}, expected one of {}", names.join(", "));
+            }
+        }
+        let hint = if let Some(unknown) = message
+            .strip_prefix("unknown field `")
+            .and_then(|m| m.split('`').next())
+        {
+            let mut hint = match did_you_mean::<T>(unknown, &message) {
+                Some(near) => format!("did you mean `{near}`? "),
+                None => String::new(),
+            };
+            hint += if message.contains("expected") {
+                "remove the field or check its spelling; the expected fields are listed above"
+            } else {
+                "remove the field or check its spelling"
+            };
             // serde lists our names only; say which also go by the Python
             // pipeline's.
             if let Some(expected) = message.split("expected one of").nth(1) {
@@ -88,13 +110,14 @@ pub fn parse<T: for<'de> Deserialize<'de> + Validate>(
             "a key appears twice in one object; keep one".into()
         } else if let Some(key) = (message.starts_with("invalid type")
             || message.starts_with("invalid value"))
-        .then(|| key_before(text, e.line(), e.column()))
+        .then(|| key_before(text, line, column))
         .flatten()
         {
             let expected = message
                 .split("expected ")
                 .nth(1)
                 .and_then(|x| x.split(" at line").next())
+                .and_then(|x| x.split(" (key `").next())
                 .unwrap_or("another value");
             let wanted = match expected {
                 "usize" | "u64" | "u32" | "u16" | "u8" => "a whole number, 0 or more".to_owned(),
@@ -110,9 +133,14 @@ pub fn parse<T: for<'de> Deserialize<'de> + Validate>(
         };
         ConfigError::Parse {
             path: path.to_owned(),
-            line: e.line(),
-            column: e.column(),
-            message,
+            line,
+            column,
+            message: message
+                .split(" at line ")
+                .next()
+                .and_then(|m| m.split(" (key `").next())
+                .unwrap_or(&message)
+                .to_owned(),
             hint,
         }
     };
@@ -130,17 +158,138 @@ pub fn parse<T: for<'de> Deserialize<'de> + Validate>(
     }
 }
 
-/// The last object key written before `line`:`column` (1-based, as
-/// serde_json reports an error) of `text`: the key whose value a type
-/// error is about.
-fn key_before(text: &str, line: usize, column: usize) -> Option<String> {
+/// A config struct: read from JSON, checked, and written back for
+/// `trace-train config`; its defaults give "did you mean" its keys.
+pub trait Settings: for<'de> Deserialize<'de> + Serialize + Default + Validate {}
+impl<T: for<'de> Deserialize<'de> + Serialize + Default + Validate> Settings for T {}
+
+/// Where error `e` is in `text`, as (line, column), 1-based. serde_json
+/// places an error in a flattened group of shared keys
+/// ([`groups`]) at the end of the object holding it; such errors name
+/// their key (`unknown field `k``, or `(key `k`)` from
+/// [`groups::with_defaults`]), and the place becomes that key's value.
+fn located(text: &str, e: &serde_json::Error) -> (usize, usize) {
+    let message = e.to_string();
+    let named = message
+        .split("(key `")
+        .nth(1)
+        .or_else(|| message.strip_prefix("unknown field `"))
+        .and_then(|m| m.split('`').next());
+    let end = offset(text, e.line(), e.column());
+    let Some(key) = named else {
+        return (e.line(), e.column());
+    };
+    let pattern = format!(r#""{}"\s*:\s*"#, regex::escape(key));
+    let re = regex::Regex::new(&pattern).expect("an escaped key is a valid pattern");
+    match re.find_iter(&text[..end]).last() {
+        Some(m) => {
+            let before = &text[..m.end()];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1);
+            (line, column)
+        }
+        None => (e.line(), e.column()),
+    }
+}
+
+/// The keys leading to the innermost object open at byte `offset` of JSON
+/// `text` (`["stage1"]` inside `{"stage1": {...}}`).
+fn path_at(text: &str, offset: usize) -> Vec<String> {
+    // One entry an open container: the key being read in it (objects).
+    let mut open: Vec<Option<String>> = Vec::new();
+    let mut last_string = String::new();
+    let mut chars = text[..offset.min(text.len())].chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                last_string.clear();
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => break,
+                        c => last_string.push(c),
+                    }
+                }
+            }
+            ':' => {
+                if let Some(key) = open.last_mut() {
+                    *key = Some(std::mem::take(&mut last_string));
+                }
+            }
+            '{' | '[' => open.push(None),
+            '}' | ']' => {
+                open.pop();
+            }
+            _ => {}
+        }
+    }
+    // The keys of the containers enclosing the innermost one.
+    open.pop();
+    open.into_iter().flatten().collect()
+}
+
+/// The byte offset of `line`:`column` (1-based) in `text`, at most its length.
+fn offset(text: &str, line: usize, column: usize) -> usize {
     let start: usize = text
         .split_inclusive('\n')
         .take(line.saturating_sub(1))
         .map(str::len)
         .sum();
-    let end = (start + column).min(text.len());
-    let before = text.get(..end)?;
+    (start + column).min(text.len())
+}
+
+/// The known key nearest `unknown`: among those serde's `message` lists,
+/// or, where it lists none (a stage's flattened shared keys), among every
+/// key `T` writes. None when nothing is close.
+fn did_you_mean<T: Settings>(unknown: &str, message: &str) -> Option<String> {
+    let listed: Vec<String> = message
+        .split_once("expected")
+        .map(|(_, list)| {
+            list.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    let candidates = if listed.is_empty() {
+        let mut all = Vec::new();
+        if let Ok(v) = serde_json::to_value(T::default()) {
+            object_keys(&v, &mut all);
+        }
+        all
+    } else {
+        listed
+    };
+    candidates
+        .into_iter()
+        .map(|k| (strsim::jaro_winkler(unknown, &k), k))
+        .filter(|(score, _)| *score >= 0.85)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, k)| k)
+}
+
+/// Every object key anywhere in `v`.
+fn object_keys(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, child) in m {
+                out.push(k.clone());
+                object_keys(child, out);
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|c| object_keys(c, out)),
+        _ => {}
+    }
+}
+
+/// The last object key written before `line`:`column` (1-based, as
+/// serde_json reports an error) of `text`: the key whose value a type
+/// error is about.
+fn key_before(text: &str, line: usize, column: usize) -> Option<String> {
+    let before = text.get(..offset(text, line, column))?;
     let re = regex::Regex::new(r#""((?:[^"\\]|\\.)*)"\s*:"#).expect("valid regex");
     re.captures_iter(before).last().map(|c| c[1].to_owned())
 }
@@ -306,7 +455,7 @@ fn leaf_keys(v: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
 }
 
 /// A config file parsed as `T`, with the keys it set.
-pub fn load_with_sources<T: for<'de> Deserialize<'de> + Validate>(
+pub fn load_with_sources<T: Settings>(
     path: &Path,
     section: &str,
 ) -> Result<(T, Sources), ConfigError> {
@@ -321,12 +470,14 @@ pub fn load_with_sources<T: for<'de> Deserialize<'de> + Validate>(
 
 mod dpo;
 mod generate;
+pub mod groups;
 mod pipeline;
 mod rl;
 mod sft;
 
 pub use dpo::*;
 pub use generate::*;
+pub use groups::{Group, LoraSettings, OptimSettings, SaveSettings, ScheduleSettings};
 pub use pipeline::*;
 pub use rl::*;
 pub use sft::*;
@@ -364,6 +515,47 @@ mod tests {
     }
 
     use super::*;
+
+    /// A stage's shared keys (LoRA, optimizer, schedule, saving) are
+    /// declared once and flattened into it: a file leaving one out gets the
+    /// stage's default, not the group's; a wrong one is placed and named.
+    #[test]
+    fn shared_keys_take_the_stages_defaults_and_errors_name_their_line() {
+        let d: DpoConfig = parse(r#"{"learning_rate": 3e-5}"#, Path::new("d.json")).unwrap();
+        assert_eq!(d.optim.learning_rate, 3e-5);
+        assert_eq!(d.schedule.warmup_ratio, 0.1);
+        assert_eq!(d.lora_dropout, 0.0);
+        let r: RlConfig = parse(r#"{"lora_r": 8}"#, Path::new("r.json")).unwrap();
+        assert_eq!((r.lora.r, r.lora.alpha), (8, 32.0));
+        assert_eq!((r.save.save_steps, r.save.save_total_limit), (1000, 0));
+        assert_eq!(r.optim.learning_rate, 5e-7);
+        let s: SftConfig = parse("{}", Path::new("s.json")).unwrap();
+        assert_eq!(s.optim.learning_rate, 2e-4);
+        assert_eq!(s.schedule.warmup_ratio, 0.03);
+
+        let err = |text: &str| {
+            parse::<PipelineConfig>(text, Path::new("p.json"))
+                .unwrap_err()
+                .to_string()
+        };
+        let typo = err("{\"stage1\": {\n  \"epochs\": 2,\n  \"lora_rr\": 8,\n  \"seed\": 1\n}}");
+        assert!(typo.contains("at line 3"), "{typo}");
+        assert!(typo.contains("did you mean `lora_r`?"), "{typo}");
+        let wrong = err(
+            "{\"stage3\": {\"dpo\": {\"train\": {\n  \"lora_alpha\": \"big\",\n  \"beta\": 0.2\n}}}}",
+        );
+        assert!(wrong.contains("at line 2"), "{wrong}");
+        assert!(wrong.contains("`lora_alpha` takes a number"), "{wrong}");
+        // A key of neither the stage nor a group: the stage's keys listed.
+        let own = err("{\"stage1\": {\n  \"epoch\": 2\n}}");
+        assert!(
+            own.contains("at line 2")
+                && own.contains("did you mean `epochs`?")
+                && own.contains("`learning_rate`")
+                && own.contains("`eval_steps`"),
+            "{own}"
+        );
+    }
 
     #[test]
     fn unknown_fields_are_rejected_with_location() {
@@ -586,7 +778,7 @@ mod tests {
         let text = r#"{"ppo": {"batch_size": 16, "learning_rate": 5e-7, "num_train_steps": 5000}, "curriculum": {"enabled": true, "promotion_threshold": 0.7}}"#;
         let c: Stage3Config = parse(text, Path::new("stage3_ppo_config.json")).unwrap();
         assert_eq!(c.ppo.batch_size, 16);
-        assert_eq!(c.ppo.learning_rate, 5e-7);
+        assert_eq!(c.ppo.optim.learning_rate, 5e-7);
         assert_eq!(c.ppo.num_train_steps, 5000);
         assert!(c.curriculum.enabled);
         assert_eq!(c.curriculum.promotion_threshold, 0.7);

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::groups::stage_defaults;
 use super::*;
 
 /// The sampling temperature of each RL step: `initial` at step 0, moving
@@ -127,8 +128,8 @@ pub struct RlConfig {
     /// Completions a prompt (null: 1 for PPO, 8 for the group-relative
     /// algorithms).
     pub group_size: Option<usize>,
-    /// Peak learning rate of the LoRA factors. Default 5e-7.
-    pub learning_rate: f64,
+    #[serde(flatten, deserialize_with = "rl_optim")]
+    pub optim: OptimSettings,
     /// Learning rate of the value head (PPO). Default 1e-4.
     pub value_learning_rate: f64,
     /// Optimizer steps. Default 5000.
@@ -243,16 +244,8 @@ pub struct RlConfig {
     /// GPU (so on by default there, off on the CPU); true or false applies
     /// on any device. Default null.
     pub gradient_checkpointing: Option<bool>,
-    /// Default 1.0.
-    pub max_grad_norm: f64,
-    /// Default 0.
-    pub weight_decay: f64,
-    /// LoRA rank. Default 16.
-    pub lora_r: usize,
-    /// LoRA alpha. Default 32.
-    pub lora_alpha: f64,
-    /// Default q, k, v, o, gate, up, down projections.
-    pub target_modules: Vec<String>,
+    #[serde(flatten, deserialize_with = "rl_lora")]
+    pub lora: LoraSettings,
     /// Hidden width of the value head. Default 256.
     pub value_hidden: usize,
     /// `trace` (the Trace task, programs run in the sandbox), `word`
@@ -279,12 +272,8 @@ pub struct RlConfig {
     pub num_workers: usize,
     /// Interpreter for the sandbox. Default `/usr/bin/python3`.
     pub python: PathBuf,
-    /// Output folder (null: `checkpoints/stage3_ppo`).
-    pub output_dir: Option<PathBuf>,
-    /// Checkpoint every N steps (`step_N/`). Default 1000.
-    pub save_steps: usize,
-    /// Periodic checkpoints kept (0: all). Default 0.
-    pub save_total_limit: usize,
+    #[serde(flatten, deserialize_with = "rl_save")]
+    pub save: SaveSettings,
     /// Default 42.
     pub seed: u64,
 }
@@ -295,7 +284,10 @@ impl Default for RlConfig {
             algorithm: "ppo".into(),
             batch_size: 16,
             group_size: None,
-            learning_rate: 5e-7,
+            optim: OptimSettings {
+                learning_rate: 5e-7,
+                ..OptimSettings::default()
+            },
             value_learning_rate: 1e-4,
             num_train_steps: 5000,
             ppo_epochs: 1,
@@ -330,11 +322,7 @@ impl Default for RlConfig {
             max_prompt_tokens: 1536,
             micro_batch_tokens: None,
             gradient_checkpointing: None,
-            max_grad_norm: 1.0,
-            weight_decay: 0.0,
-            lora_r: 16,
-            lora_alpha: 32.0,
-            target_modules: SftConfig::default().target_modules,
+            lora: LoraSettings::default(),
             value_hidden: 256,
             environment: "trace".into(),
             dataset: "builtin".into(),
@@ -344,9 +332,11 @@ impl Default for RlConfig {
             max_injections: 6,
             num_workers: 0,
             python: PathBuf::from("/usr/bin/python3"),
-            output_dir: None,
-            save_steps: 1000,
-            save_total_limit: 0,
+            save: SaveSettings {
+                output_dir: None,
+                save_steps: 1000,
+                save_total_limit: 0,
+            },
             seed: 42,
         }
     }
@@ -462,7 +452,6 @@ impl Validate for RlConfig {
             ("ppo_epochs", self.ppo_epochs),
             ("mini_batch_size", self.mini_batch_size),
             ("max_new_tokens", self.max_new_tokens),
-            ("lora_r", self.lora_r),
             ("value_hidden", self.value_hidden),
             ("group_size", self.group_size()),
         ] {
@@ -470,13 +459,13 @@ impl Validate for RlConfig {
                 p.push(format!("{name}: must be at least 1"));
             }
         }
-        for (name, v) in [
-            ("learning_rate", self.learning_rate),
-            ("value_learning_rate", self.value_learning_rate),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
-                p.push(format!("{name}: {v} must be positive"));
-            }
+        p.extend(self.optim.problems());
+        p.extend(self.lora.problems());
+        if !(self.value_learning_rate.is_finite() && self.value_learning_rate > 0.0) {
+            p.push(format!(
+                "value_learning_rate: {} must be positive",
+                self.value_learning_rate
+            ));
         }
         for (name, v) in [
             ("clip_low", self.clip_low),
@@ -485,8 +474,6 @@ impl Validate for RlConfig {
             ("vf_coef", self.vf_coef),
             ("entropy_coef", self.entropy_coef),
             ("kl_coef", self.kl_coef()),
-            ("max_grad_norm", self.max_grad_norm),
-            ("weight_decay", self.weight_decay),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 p.push(format!("{name}: {v} must be finite and >= 0"));
@@ -617,4 +604,10 @@ impl Validate for CurriculumConfig {
         }
         p
     }
+}
+
+stage_defaults! {
+    rl_optim: RlConfig.optim as OptimSettings,
+    rl_lora: RlConfig.lora as LoraSettings,
+    rl_save: RlConfig.save as SaveSettings,
 }

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::groups::stage_defaults;
 use super::*;
 
 /// The most real tokens a packed pass holds unless `micro_batch_tokens`
@@ -22,39 +23,24 @@ pub struct SftConfig {
     pub train_file: Option<PathBuf>,
     /// Evaluation JSONL (null: the stage's test file).
     pub eval_file: Option<PathBuf>,
-    /// Output folder (null: `checkpoints/stage1_warmup` for Stage 1,
-    /// `checkpoints/stage2_sft` for Stage 2).
-    pub output_dir: Option<PathBuf>,
     /// Default 1.
     pub epochs: usize,
     /// Sequences a micro-batch. Default 4.
     pub batch_size: usize,
     /// Default 4.
     pub gradient_accumulation_steps: usize,
-    /// Peak learning rate. Default 2e-4.
-    pub learning_rate: f64,
-    /// Share of steps spent warming up. Default 0.03.
-    pub warmup_ratio: f64,
-    /// Final learning rate as a share of the peak. Default 0.1.
-    pub min_lr_ratio: f64,
-    /// Default 0.0.
-    pub weight_decay: f64,
-    /// Gradient clipping norm. Default 1.0.
-    pub max_grad_norm: f64,
-    /// LoRA rank. Default 16.
-    pub lora_r: usize,
-    /// LoRA alpha. Default 32.
-    pub lora_alpha: f64,
+    #[serde(flatten, deserialize_with = "sft_optim")]
+    pub optim: OptimSettings,
+    #[serde(flatten, deserialize_with = "sft_schedule")]
+    pub schedule: ScheduleSettings,
+    #[serde(flatten, deserialize_with = "sft_lora")]
+    pub lora: LoraSettings,
     /// Default 0.05.
     pub lora_dropout: f64,
-    /// Default q, k, v, o, gate, up, down projections.
-    pub target_modules: Vec<String>,
     /// Evaluate every N optimizer steps. Default 50.
     pub eval_steps: usize,
-    /// Checkpoint every N optimizer steps. Default 100.
-    pub save_steps: usize,
-    /// Periodic checkpoints kept. Default 2.
-    pub save_total_limit: usize,
+    #[serde(flatten, deserialize_with = "sft_save")]
+    pub save: SaveSettings,
     /// Default 42.
     pub seed: u64,
     /// With `packing`: the most real tokens a packed pass holds (default
@@ -186,32 +172,25 @@ impl Default for SftConfig {
         SftConfig {
             train_file: None,
             eval_file: None,
-            output_dir: None,
             epochs: 1,
             batch_size: 4,
             gradient_accumulation_steps: 4,
-            learning_rate: 2e-4,
-            warmup_ratio: 0.03,
-            min_lr_ratio: 0.1,
-            weight_decay: 0.0,
-            max_grad_norm: 1.0,
-            lora_r: 16,
-            lora_alpha: 32.0,
+            optim: OptimSettings {
+                learning_rate: 2e-4,
+                ..OptimSettings::default()
+            },
+            schedule: ScheduleSettings {
+                warmup_ratio: 0.03,
+                min_lr_ratio: 0.1,
+            },
+            lora: LoraSettings::default(),
             lora_dropout: 0.05,
-            target_modules: [
-                "q_proj",
-                "k_proj",
-                "v_proj",
-                "o_proj",
-                "gate_proj",
-                "up_proj",
-                "down_proj",
-            ]
-            .map(String::from)
-            .to_vec(),
             eval_steps: 50,
-            save_steps: 100,
-            save_total_limit: 2,
+            save: SaveSettings {
+                output_dir: None,
+                save_steps: 100,
+                save_total_limit: 2,
+            },
             seed: 42,
             micro_batch_tokens: None,
             packing: None,
@@ -230,33 +209,30 @@ impl Validate for SftConfig {
                 "gradient_accumulation_steps",
                 self.gradient_accumulation_steps,
             ),
-            ("lora_r", self.lora_r),
         ] {
             if v == 0 {
                 p.push(format!("{name}: must be at least 1"));
             }
         }
-        if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
+        p.extend(self.optim.problems());
+        p.extend(self.schedule.problems());
+        p.extend(self.lora.problems());
+        if !(0.0..=1.0).contains(&self.lora_dropout) {
             p.push(format!(
-                "learning_rate: {} must be positive",
-                self.learning_rate
+                "lora_dropout: {} is not in [0, 1]",
+                self.lora_dropout
             ));
-        }
-        for (name, v) in [
-            ("warmup_ratio", self.warmup_ratio),
-            ("min_lr_ratio", self.min_lr_ratio),
-            ("lora_dropout", self.lora_dropout),
-        ] {
-            if !(0.0..=1.0).contains(&v) {
-                p.push(format!("{name}: {v} is not in [0, 1]"));
-            }
-        }
-        if self.target_modules.is_empty() {
-            p.push("target_modules: name at least one projection".into());
         }
         if let Some(s) = &self.select {
             p.extend(s.problems());
         }
         p
     }
+}
+
+stage_defaults! {
+    sft_optim: SftConfig.optim as OptimSettings,
+    sft_schedule: SftConfig.schedule as ScheduleSettings,
+    sft_lora: SftConfig.lora as LoraSettings,
+    sft_save: SftConfig.save as SaveSettings,
 }

@@ -14,6 +14,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde_json::{Value, json};
 
+use crate::config::LoraSettings;
 use crate::data::tokenizer::ChatTokenizer;
 
 /// Which kind of folder a card describes.
@@ -36,9 +37,7 @@ pub struct CardInfo {
     pub stage: String,
     pub train_file: String,
     pub steps: u64,
-    pub lora_r: usize,
-    pub lora_alpha: f64,
-    pub target_modules: Vec<String>,
+    pub lora: LoraSettings,
 }
 
 /// The card's text: YAML front matter, then a short description.
@@ -91,9 +90,9 @@ pub fn model_card(info: &CardInfo, kind: Kind) -> String {
     out += &format!("- optimizer steps: {}\n", info.steps);
     out += &format!(
         "- LoRA: r {}, alpha {}, on {}\n",
-        info.lora_r,
-        info.lora_alpha,
-        info.target_modules.join(", ")
+        info.lora.r,
+        info.lora.alpha,
+        info.lora.target_modules.join(", ")
     );
     if kind == Kind::Adapter {
         out += "\nLoad it with PEFT: `PeftModel.from_pretrained(base, this_folder)`.\n";
@@ -186,9 +185,11 @@ mod tests {
             stage: "stage1_warmup".into(),
             train_file: "datasets/trace_training/stage1_original_train.jsonl".into(),
             steps: 12,
-            lora_r: 16,
-            lora_alpha: 32.0,
-            target_modules: vec!["q_proj".into(), "v_proj".into()],
+            lora: LoraSettings {
+                r: 16,
+                alpha: 32.0,
+                target_modules: vec!["q_proj".into(), "v_proj".into()],
+            },
         }
     }
 

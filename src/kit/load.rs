@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::Context;
 use candle_core::{DType, Device};
 
-use crate::config::ModelConfig;
+use crate::config::{LoraSettings, ModelConfig};
 use crate::data::tokenizer::ChatTokenizer;
 use crate::model::layers::lora::{LoraConfig, TargetModule};
 use crate::model::{self, LoadedModel};
@@ -53,7 +53,17 @@ pub fn four_bit(model_cfg: &ModelConfig, device: &Device) -> bool {
 }
 
 /// The projections named in a config's `target_modules`, each checked.
-pub fn target_modules(names: &[String]) -> anyhow::Result<Vec<TargetModule>> {
+pub fn lora(settings: &LoraSettings, dropout: f64, seed: u64) -> anyhow::Result<LoraConfig> {
+    Ok(LoraConfig {
+        r: settings.r,
+        alpha: settings.alpha,
+        dropout: dropout as f32,
+        target_modules: target_modules(&settings.target_modules)?,
+        seed,
+    })
+}
+
+fn target_modules(names: &[String]) -> anyhow::Result<Vec<TargetModule>> {
     names
         .iter()
         .map(|m| {

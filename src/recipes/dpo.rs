@@ -42,7 +42,7 @@ use crate::kit::{
     planned_steps, summed_over_ranks,
 };
 use crate::model::LoadedModel;
-use crate::model::layers::lora::{LoraConfig, set_dropout_seed, without_adapters};
+use crate::model::layers::lora::{set_dropout_seed, without_adapters};
 use crate::pref::loss::{LossKind, Objective, PairLogps, RewardStats};
 use crate::pref::pairs::Pair;
 use crate::pref::rollout::read_jsonl;
@@ -267,13 +267,7 @@ pub fn run_with(
     // 1. Tokenizer, model, pairs.
     let (tok, mut loaded) = match &job.adapter {
         None => {
-            let lora = LoraConfig {
-                r: cfg.lora_r,
-                alpha: cfg.lora_alpha,
-                dropout: cfg.lora_dropout as f32,
-                target_modules: load::target_modules(&cfg.target_modules)?,
-                seed: cfg.seed,
-            };
+            let lora = load::lora(&cfg.lora, cfg.lora_dropout, cfg.seed)?;
             load::trainee(
                 &job.base_dir,
                 load::Adapter::Fresh(&lora),
@@ -317,7 +311,11 @@ pub fn run_with(
     let accum = cfg.gradient_accumulation_steps;
     let per_epoch = pairs.len().div_ceil(cfg.batch_size);
     let total_steps = planned_steps(per_epoch, accum, cfg.epochs, job.run.max_steps);
-    let (lr, warmup, floor) = (cfg.learning_rate, cfg.warmup_ratio, cfg.min_lr_ratio);
+    let (lr, warmup, floor) = (
+        cfg.optim.learning_rate,
+        cfg.schedule.warmup_ratio,
+        cfg.schedule.min_lr_ratio,
+    );
     let schedule = Cosine::new(lr, total_steps as usize, warmup, floor);
 
     // 2. The reference (from the starting weights), then resume.
@@ -353,7 +351,7 @@ pub fn run_with(
         &job.base_dir,
         fingerprint::sha256_of(&[&job.pairs_file])?,
     )?;
-    let mut opt = AdamW::new(vars.clone(), cfg.weight_decay)?;
+    let mut opt = AdamW::new(vars.clone(), cfg.optim.weight_decay)?;
     let (mut state, resumed_from, mut log) = run.start_optimizer(
         job.run.resume,
         job.run.force,
@@ -361,11 +359,7 @@ pub fn run_with(
         &job.run.device,
         &mut opt,
     )?;
-    // 0 keeps every checkpoint, as Stage 3.
-    let keep = match cfg.save_total_limit {
-        0 => usize::MAX,
-        k => k,
-    };
+    let keep = cfg.save.keep();
 
     // 3-4. The loop.
     progress.start(Some(total_steps), state.step);
@@ -442,7 +436,7 @@ pub fn run_with(
         let norm = AdamW::grad_norm(&grads)?;
         let lr = schedule.lr(state.step as usize);
         if guard.admits("dpo", &mut state, loss, norm)? {
-            opt.step(&grads, lr, clip_scale(norm, cfg.max_grad_norm))?;
+            opt.step(&grads, lr, clip_scale(norm, cfg.optim.max_grad_norm))?;
         }
         state.step += 1;
         state.tokens_seen += agreed[9] as u64;
@@ -470,7 +464,7 @@ pub fn run_with(
         if run.after_optimizer_step(
             &state,
             total_steps,
-            cfg.save_steps,
+            cfg.save.save_steps,
             guard.keep(keep),
             stopping,
             &opt,
@@ -493,9 +487,7 @@ pub fn run_with(
             stage: "stage3_dpo".into(),
             train_file: job.pairs_file.display().to_string(),
             steps: state.step,
-            lora_r: cfg.lora_r,
-            lora_alpha: cfg.lora_alpha,
-            target_modules: cfg.target_modules.clone(),
+            lora: cfg.lora.clone(),
         };
         outputs::write_adapter_and_merged(
             &me.loaded,

@@ -59,7 +59,7 @@ use crate::kit::{
     summed_over_ranks,
 };
 use crate::model::LoadedModel;
-use crate::model::layers::lora::{LoraConfig, set_dropout_seed};
+use crate::model::layers::lora::set_dropout_seed;
 use crate::model::layers::segments::Segments;
 use crate::rng::keyed;
 use crate::train::loss::lm_head_cross_entropy;
@@ -152,13 +152,7 @@ pub fn run_with(
     let lead = run.lead();
 
     // 1. Tokenizer, model, data.
-    let lora = LoraConfig {
-        r: cfg.lora_r,
-        alpha: cfg.lora_alpha,
-        dropout: cfg.lora_dropout as f32,
-        target_modules: load::target_modules(&cfg.target_modules)?,
-        seed: cfg.seed,
-    };
+    let lora = load::lora(&cfg.lora, cfg.lora_dropout, cfg.seed)?;
     let (tok, mut loaded) = load::trainee(
         &job.base_dir,
         load::Adapter::Fresh(&lora),
@@ -228,10 +222,10 @@ pub fn run_with(
         .unwrap_or((cfg.batch_size * job.model.max_length).min(crate::config::PACK_TOKENS));
     let total_steps = planned_steps(per_epoch, accum, cfg.epochs, job.max_steps);
     let schedule = Cosine::new(
-        cfg.learning_rate,
+        cfg.optim.learning_rate,
         total_steps as usize,
-        cfg.warmup_ratio,
-        cfg.min_lr_ratio,
+        cfg.schedule.warmup_ratio,
+        cfg.schedule.min_lr_ratio,
     );
 
     // 2. Fresh start or resume.
@@ -250,10 +244,10 @@ pub fn run_with(
         fingerprint::sha256_of(&[&job.train_file])?,
     )?;
     let vars = loaded.named_trainable_vars();
-    let mut opt = AdamW::new(vars.clone(), cfg.weight_decay)?;
+    let mut opt = AdamW::new(vars.clone(), cfg.optim.weight_decay)?;
     let (mut state, resumed_from, mut log) =
         run.start_optimizer(job.resume, job.force, &fingerprint, &job.device, &mut opt)?;
-    let keep = cfg.save_total_limit;
+    let keep = cfg.save.keep();
     let mut selection = Selection::from_extra(&state.extra)?;
     let best_dir = job.output_dir.join(select::BEST_DIR);
     if lead && select_metric.is_some() {
@@ -367,7 +361,7 @@ pub fn run_with(
         let norm = AdamW::grad_norm(&grads)?;
         let lr = schedule.lr(state.step as usize);
         if guard.admits(&job.stage, &mut state, loss_sum, norm)? {
-            opt.step(&grads, lr, clip_scale(norm, cfg.max_grad_norm))?;
+            opt.step(&grads, lr, clip_scale(norm, cfg.optim.max_grad_norm))?;
         }
         crate::gpu::memory_mark(&job.device, "optimizer")?;
         state.step += 1;
@@ -474,7 +468,7 @@ pub fn run_with(
         if run.after_optimizer_step(
             &state,
             total_steps,
-            cfg.save_steps,
+            cfg.save.save_steps,
             guard.keep(keep),
             stopping,
             &opt,
@@ -527,9 +521,7 @@ pub fn run_with(
             },
             train_file: job.train_file.display().to_string(),
             steps: selected.as_ref().map_or(state.step, |s| s.step),
-            lora_r: cfg.lora_r,
-            lora_alpha: cfg.lora_alpha,
-            target_modules: cfg.target_modules.clone(),
+            lora: cfg.lora.clone(),
         };
         outputs::write_adapter_and_merged(
             &loaded,

@@ -449,7 +449,7 @@ pub fn run_with(
         interrupted = run.after_step(
             step + 1,
             total_steps,
-            cfg.save_steps,
+            cfg.save.save_steps,
             totals.stopping,
             &vars,
             checkpoint_now,
@@ -896,7 +896,7 @@ fn train(
                 }
             }
         }
-        let lr = policy.cfg.learning_rate;
+        let lr = policy.cfg.optim.learning_rate;
         t.up = policy.update_with(&got.batch, &got.layout, step, lr, comm)?;
     }
     t.secs = t0.elapsed().as_secs_f64();
@@ -1032,7 +1032,7 @@ impl StepRecord<'_> {
         put("entropy", up.entropy);
         put("policy_loss", up.policy_loss);
         put("grad_norm", up.grad_norm);
-        put("lr", cfg.learning_rate);
+        put("lr", cfg.optim.learning_rate);
         put("temperature", policy.cfg.temperature);
         put(
             "frac_zero_variance_groups",
@@ -1143,10 +1143,7 @@ fn save(
     extra.optimizer_steps = policy.opt.step;
     extra.value_optimizer_steps = policy.value_opt.as_ref().map_or(0, |o| o.step);
     state.extra = serde_json::to_value(&extra)?;
-    let keep = match job.config.save_total_limit {
-        0 => usize::MAX,
-        k => k,
-    };
+    let keep = job.config.save.keep();
     let mut params = policy.params();
     for ((name, _), t) in policy
         .named_trainables()
@@ -1191,9 +1188,7 @@ fn write_outputs(
         stage: "stage3_ppo".into(),
         train_file: job.env.name().to_string(),
         steps,
-        lora_r: cfg.lora_r,
-        lora_alpha: cfg.lora_alpha,
-        target_modules: cfg.target_modules.clone(),
+        lora: cfg.lora.clone(),
     };
     outputs::write_adapter_and_merged(
         &policy.loaded,

@@ -136,13 +136,7 @@ impl Policy {
     /// The adapter a policy trains: rank, alpha and targets from `cfg`,
     /// no dropout (the ratio of the first minibatch must be 1).
     pub fn lora_config(cfg: &RlConfig) -> anyhow::Result<LoraConfig> {
-        Ok(LoraConfig {
-            r: cfg.lora_r,
-            alpha: cfg.lora_alpha,
-            dropout: 0.0,
-            target_modules: load::target_modules(&cfg.target_modules)?,
-            seed: cfg.seed,
-        })
+        load::lora(&cfg.lora, 0.0, cfg.seed)
     }
 
     /// A policy on a model already built with [`Policy::lora_config`]'s
@@ -167,7 +161,7 @@ impl Policy {
             .has_critic()
             .then(|| ValueHead::new(hidden, cfg.value_hidden, cfg.seed, &loaded.device))
             .transpose()?;
-        let opt = AdamW::new(loaded.named_trainable_vars(), cfg.weight_decay)?;
+        let opt = AdamW::new(loaded.named_trainable_vars(), cfg.optim.weight_decay)?;
         let value_opt = value
             .as_ref()
             .map(|v| AdamW::new(v.named_vars(), 0.0))
@@ -495,7 +489,7 @@ impl Policy {
                     st.skipped_minibatches += 1;
                     continue;
                 }
-                let scale = |n: f64| clip_scale(n, c.max_grad_norm);
+                let scale = |n: f64| clip_scale(n, c.optim.max_grad_norm);
                 self.opt.step(g, lr, scale(norm))?;
                 if let Some(o) = &mut self.value_opt {
                     o.step(vg, c.value_learning_rate, scale(vnorm))?;

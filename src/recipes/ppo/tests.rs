@@ -31,10 +31,16 @@ fn policy(dir: &Path, algorithm: &str, aggregation: &str) -> Policy {
         max_new_tokens: 16,
         mini_batch_size: 9,
         ppo_epochs: 2,
-        learning_rate: 1e-3,
         value_learning_rate: 1e-3,
-        lora_r: 4,
-        lora_alpha: 8.0,
+        optim: crate::config::OptimSettings {
+            learning_rate: 1e-3,
+            ..RlConfig::default().optim
+        },
+        lora: crate::config::LoraSettings {
+            r: 4,
+            alpha: 8.0,
+            ..RlConfig::default().lora
+        },
         ..RlConfig::default()
     };
     let p = Policy::load(&base, &cfg, &ModelConfig::default(), &Device::Cpu).unwrap();
