@@ -58,6 +58,7 @@ fn job(root: &Path, out: &str, batch: usize, accum: usize, dropout: f64, steps: 
             load_in_4bit: false,
             dtype: "f32".into(),
             max_length: 256,
+            ..ModelConfig::default()
         },
         base_dir: root.join("base"),
         base: trace_train::model::io::resolve::Resolved {

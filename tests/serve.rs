@@ -56,6 +56,7 @@ fn server() -> &'static TestServer {
             log_requests: false,
             device: Device::Cpu,
             deadlines: Default::default(),
+            special_tokens_in_messages: false,
         })
         .unwrap();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

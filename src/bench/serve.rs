@@ -249,6 +249,7 @@ pub fn run(b: &ServeBench, device: &Device) -> anyhow::Result<ServeResult> {
         log_requests: false,
         device: device.clone(),
         deadlines: Default::default(),
+        special_tokens_in_messages: false,
     })?;
     let cap = state.capacity();
     let tok = ChatTokenizer::from_dir(&b.model_dir)?;

@@ -65,6 +65,11 @@ pub struct ServeArgs {
     /// Connections served at once; more wait until one closes.
     #[arg(long, default_value_t = serve::Deadlines::default().max_connections)]
     pub max_connections: usize,
+    /// Let special-token strings in request messages (`<|im_end|>`, ...)
+    /// act as control tokens. Off, they are text, and a message cannot
+    /// close its turn or open another role's.
+    #[arg(long)]
+    pub special_tokens_in_messages: bool,
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
@@ -91,6 +96,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             shutdown: seconds(args.shutdown_timeout, "--shutdown_timeout")?,
             max_connections: args.max_connections,
         },
+        special_tokens_in_messages: args.special_tokens_in_messages,
     })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -257,6 +257,15 @@ pub struct ModelConfig {
     pub dtype: String,
     /// Longest sequence in tokens. Default 2048.
     pub max_length: usize,
+    /// Special-token strings inside chat messages (`<|im_end|>`, ...)
+    /// become the control tokens they name. Off, they are plain text, so a
+    /// message cannot close its turn or open another role's (as Hugging
+    /// Face's `split_special_tokens`); turn it on only for data that writes
+    /// control tokens inside messages on purpose. Default false (and then
+    /// left out of a run's recorded settings, so runs recorded before the
+    /// setting existed resume as they were).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub special_tokens_in_messages: bool,
 }
 
 impl Default for ModelConfig {
@@ -267,6 +276,7 @@ impl Default for ModelConfig {
             load_in_4bit: true,
             dtype: "bf16".into(),
             max_length: 2048,
+            special_tokens_in_messages: false,
         }
     }
 }

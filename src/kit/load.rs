@@ -33,7 +33,8 @@ pub fn trainee(
     model_cfg: &ModelConfig,
     device: &Device,
 ) -> anyhow::Result<(ChatTokenizer, LoadedModel)> {
-    let tok = ChatTokenizer::from_dir(base_dir)?;
+    let mut tok = ChatTokenizer::from_dir(base_dir)?;
+    tok.set_specials_in_messages(model_cfg.special_tokens_in_messages);
     let dtype = train_dtype(&model_cfg.dtype, device);
     let mut loaded = match adapter {
         Adapter::Fresh(lora) => model::load(base_dir, Some(lora), dtype, device)?,

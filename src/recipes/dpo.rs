@@ -213,7 +213,9 @@ impl Trainee {
 }
 
 /// Reads and tokenizes the pairs file; pairs longer than `max_length` are
-/// left out and counted.
+/// left out and counted. A pair whose texts alone need more tokens than
+/// that is left out unread: tokenising a record of tens of MB takes
+/// gigabytes only to drop it.
 pub fn read_pairs(
     tok: &ChatTokenizer,
     path: &std::path::Path,
@@ -223,6 +225,11 @@ pub fn read_pairs(
     let mut out = Vec::with_capacity(raw.len());
     let mut too_long = 0;
     for (i, p) in raw.iter().enumerate() {
+        let answer = p.chosen.len().max(p.rejected.len());
+        if tok.fewest_tokens(p.prompt.len()) + tok.fewest_tokens(answer) > max_length {
+            too_long += 1;
+            continue;
+        }
         let t = TokenPair::new(tok, p)
             .with_context(|| format!("`{}` pair {} (line {})", path.display(), i, i + 1))?;
         if t.longest() > max_length {
@@ -525,4 +532,38 @@ pub fn run_with(
             stop_requested: run.stop_requested(),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::testing;
+
+    /// A pair too long by its text alone is counted and left out before
+    /// it is tokenised: here one that tokenising would refuse (an open
+    /// side with no text) is counted, not an error.
+    #[test]
+    fn a_pair_surely_too_long_is_dropped_unread() {
+        let tok = testing::tokenizer();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pairs.jsonl");
+        let pair = |chosen: &str, rejected: &str, chosen_open: bool| {
+            serde_json::json!({"prompt_id": 0, "prompt": "q", "chosen": chosen,
+                "rejected": rejected, "chosen_open": chosen_open, "kind": "correctness",
+                "chosen_reward": 1.0, "rejected_reward": 0.0, "edit_distance": 1})
+            .to_string()
+        };
+        let huge = "x".repeat(64 * tok.longest_token_bytes() + 1);
+        std::fs::write(
+            &path,
+            [pair("a", "b", false), pair("", &huge, true)].join("\n"),
+        )
+        .unwrap();
+        let (pairs, too_long) = read_pairs(&tok, &path, 64).unwrap();
+        assert_eq!((pairs.len(), too_long), (1, 1));
+        // Within the limit, the same bad pair is an error naming its line.
+        std::fs::write(&path, pair("", "b", true)).unwrap();
+        let err = read_pairs(&tok, &path, 64).unwrap_err();
+        assert!(format!("{err:#}").contains("line 1"), "{err:#}");
+    }
 }

@@ -65,6 +65,9 @@ pub struct ServeOptions {
     pub device: Device,
     /// How long a client may take, and open connections after a stop.
     pub deadlines: Deadlines,
+    /// Special-token strings in request messages become control tokens
+    /// (off: they are text; see `ChatTokenizer::encode_chat`).
+    pub special_tokens_in_messages: bool,
 }
 
 /// The server's shared state.
@@ -89,7 +92,9 @@ impl AppState {
             opts.max_batch >= 1 && opts.max_tokens >= 1,
             "--max_batch and --max_tokens must be at least 1"
         );
-        let tok = Arc::new(ChatTokenizer::from_dir(&opts.model_dir)?);
+        let mut tok = ChatTokenizer::from_dir(&opts.model_dir)?;
+        tok.set_specials_in_messages(opts.special_tokens_in_messages);
+        let tok = Arc::new(tok);
         let model = engine::load_model(&opts.model_dir, opts.adapter.as_deref(), &opts.device)?;
         tok.check_against_vocab(model.model.vocab_size())?;
         let config_path = opts.model_dir.join(crate::model::CONFIG_FILE);
