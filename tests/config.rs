@@ -191,11 +191,20 @@ fn config_checks_the_shipped_files_and_shows_every_stage() {
         "ppo.gradient_checkpointing ",
     ] {
         assert!(
-            out.lines()
-                .any(|l| l.starts_with(key) && l.ends_with("default")),
+            out.lines().any(
+                |l| l.starts_with(key) && (l.ends_with("default") || l.contains("  default  "))
+            ),
             "missing {key}: {out}"
         );
     }
+    // Each value has its meaning beside it, from the reference.
+    assert!(
+        out.lines().any(|l| l.starts_with("ppo.micro_batch_tokens ")
+            && l.ends_with(
+                "Tokens one training pass holds at once (old and reference log-probs, va…"
+            )),
+        "{out}"
+    );
     // The shipped file uses the Python pipeline's names.
     assert!(
         out.lines()
@@ -270,4 +279,32 @@ fn the_shipped_stage3_file_is_the_users_text_and_parses() {
         (16, 5e-7, 5000)
     );
     assert!(c.curriculum.enabled && c.curriculum.promotion_threshold == 0.7);
+}
+
+/// docs/reference/config.md is what `trace-train config --reference`
+/// prints: a key added, renamed or re-documented in the code without
+/// regenerating the file fails here.
+#[test]
+fn the_committed_config_reference_matches_the_code() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference/config.md");
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    let made = config::reference::markdown();
+    if committed != made {
+        let first = committed
+            .lines()
+            .zip(made.lines())
+            .position(|(a, b)| a != b)
+            .map_or(committed.lines().count().min(made.lines().count()), |i| i);
+        panic!(
+            "docs/reference/config.md differs from the code at line {}\nhint: cargo run --release -- config --reference > docs/reference/config.md",
+            first + 1
+        );
+    }
+    // The binary prints the same text.
+    let o = trace_train(
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+        &["config", "--reference"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8(o.stdout).unwrap(), made);
 }

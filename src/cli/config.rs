@@ -26,11 +26,19 @@ pub struct ConfigArgs {
     /// Show the resolved settings as JSON.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Print the configuration reference (every key of every config file:
+    /// type, default, meaning) as Markdown: docs/reference/config.md.
+    #[arg(long, conflicts_with = "json")]
+    pub reference: bool,
 }
 
 /// `config`: checks the files named (or every file in `config/`), then
 /// shows the resolved settings; `config pipeline|warmup|sft` shows one.
 pub fn run(args: ConfigArgs) -> anyhow::Result<ExitCode> {
+    if args.reference {
+        print!("{}", config::reference::markdown());
+        return Ok(ExitCode::SUCCESS);
+    }
     match args {
         ConfigArgs {
             show: Some(show),
@@ -49,6 +57,7 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<ExitCode> {
             show: None,
             files,
             json,
+            ..
         } => {
             let show_all = files.is_empty();
             let files = if files.is_empty() {
@@ -114,14 +123,39 @@ pub enum Show {
 /// Resolves `show` and returns its settings as JSON
 /// (`{key: {"value", "from", ...}}`).
 pub fn resolved(show: &Show) -> anyhow::Result<(String, Value)> {
-    Ok(match show {
+    let (title, mut settings) = match show {
         Show::Pipeline(a) => (
             format!("pipeline ({})", a.config.display()),
             pipeline::resolve(a)?.resolved()?,
         ),
         Show::Warmup(a) => ("warmup".into(), train::settings("warmup", a)?.resolved()?),
         Show::Sft(a) => ("sft".into(), train::settings("sft", a)?.resolved()?),
-    })
+    };
+    explain(&title, &mut settings);
+    Ok((title, settings))
+}
+
+/// Adds each setting's meaning (from the configuration reference) to its
+/// entry of `settings`, the table of the settings `title` names.
+fn explain(title: &str, settings: &mut Value) {
+    use trace_train::config::reference::meanings;
+    let pipeline = meanings::<PipelineConfig>();
+    let own = match title.split(' ').next().unwrap_or(title) {
+        "generate" => meanings::<GenerateConfig>(),
+        "warmup" | "sft" => meanings::<config::SftConfig>(),
+        "ppo" => meanings::<Stage3Config>(),
+        _ => Default::default(),
+    };
+    let Some(map) = settings.as_object_mut() else {
+        return;
+    };
+    for (key, entry) in map.iter_mut() {
+        if let Some(m) = own.get(key).or_else(|| pipeline.get(key))
+            && let Some(e) = entry.as_object_mut()
+        {
+            e.insert("meaning".into(), Value::String(m.clone()));
+        }
+    }
 }
 
 /// The settings of the pipeline and of each stage with no flags, from the
@@ -165,6 +199,9 @@ pub fn resolved_all() -> anyhow::Result<Vec<(String, Value)>> {
         ));
     }
     out.push(("ppo".into(), stage3(pipeline_file)?));
+    for (title, settings) in out.iter_mut().skip(usize::from(pipeline_file.is_file())) {
+        explain(title, settings);
+    }
     Ok(out)
 }
 
@@ -197,7 +234,8 @@ fn stage3(pipeline_file: &Path) -> anyhow::Result<Value> {
     Ok(sources.to_json(&serde_json::to_value(&s3)?))
 }
 
-/// One table: `key  value  source`, keys aligned.
+/// One table: `key  value  source  meaning`, columns aligned; the meaning
+/// is its first sentence (the whole one is in the reference).
 pub fn table(title: &str, settings: &Value) -> String {
     let Some(map) = settings.as_object() else {
         return String::new();
@@ -209,22 +247,62 @@ pub fn table(title: &str, settings: &Value) -> String {
         .filter(|&w| w <= 48)
         .max()
         .unwrap_or(0);
+    let rows: Vec<(&String, String, String)> = map
+        .iter()
+        .map(|(k, e)| {
+            (
+                k,
+                source(e),
+                first_sentence(e["meaning"].as_str().unwrap_or("")),
+            )
+        })
+        .collect();
+    let fwidth = rows
+        .iter()
+        .map(|(_, f, _)| f.len())
+        .filter(|&w| w <= 48)
+        .max()
+        .unwrap_or(0);
     let mut out = format!("== {title}\n");
-    for (k, e) in map {
-        let from = match e["from"].as_str() {
-            Some("file") => format!(
-                "file {} ({})",
-                e["path"].as_str().unwrap_or("?"),
-                e["key"].as_str().unwrap_or("?")
-            ),
-            Some("preset") => format!("preset {}", e["by"].as_str().unwrap_or("?")),
-            Some("flag") => format!("flag {}", e["flag"].as_str().unwrap_or("?")),
-            Some(other) => other.to_owned(),
-            None => "?".into(),
-        };
-        out += &format!("{k:<width$}  {:<vwidth$}  {from}\n", e["value"].to_string());
+    for ((k, from, meaning), e) in rows.iter().zip(map.values()) {
+        let line = format!(
+            "{k:<width$}  {:<vwidth$}  {from:<fwidth$}  {meaning}",
+            e["value"].to_string()
+        );
+        out += line.trim_end();
+        out += "\n";
     }
     out
+}
+
+/// A meaning's first sentence, at most 72 characters.
+fn first_sentence(meaning: &str) -> String {
+    let first = meaning
+        .split(". ")
+        .next()
+        .unwrap_or(meaning)
+        .trim_end_matches('.');
+    if first.chars().count() <= 72 {
+        first.to_owned()
+    } else {
+        let cut: String = first.chars().take(71).collect();
+        format!("{}…", cut.trim_end())
+    }
+}
+
+/// Where a table entry's value came from, in words.
+fn source(e: &Value) -> String {
+    match e["from"].as_str() {
+        Some("file") => format!(
+            "file {} ({})",
+            e["path"].as_str().unwrap_or("?"),
+            e["key"].as_str().unwrap_or("?")
+        ),
+        Some("preset") => format!("preset {}", e["by"].as_str().unwrap_or("?")),
+        Some("flag") => format!("flag {}", e["flag"].as_str().unwrap_or("?")),
+        Some(other) => other.to_owned(),
+        None => "?".into(),
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::groups::stage_defaults;
@@ -15,10 +16,11 @@ use super::*;
 /// round's model, pairing them (`trace-train prefs`) and training on the
 /// pairs (`trace-train dpo`, settings in `train`); a round's merged model is
 /// the next round's base.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DpoRounds {
-    /// Default 1.
+    /// Rounds of rollouts, pairs and DPO, each from the model the last
+    /// one trained. Default 1.
     pub rounds: usize,
     /// Prompts a round. Default 64.
     pub num_prompts: usize,
@@ -130,7 +132,7 @@ impl Validate for DpoRounds {
 /// with `stage3.algorithm: "dpo"`). Defaults are TRL's `DPOConfig` where it
 /// has one (beta 0.1, sigmoid loss, no dropout), with its suggested LoRA
 /// learning rate.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DpoConfig {
     /// The pairs file (`trace-train prefs` output). Default null: given on
@@ -151,10 +153,11 @@ pub struct DpoConfig {
     /// one) or `precomputed` (the starting model's log-probs of every pair,
     /// computed once before training). Default `adapter_off`.
     pub reference: String,
-    /// Default 1.
+    /// Passes over the pairs. Default 1.
     pub epochs: usize,
     /// Pairs a micro-batch. Default 4.
     pub batch_size: usize,
+    /// Micro-batches whose gradients add up to one optimizer step.
     /// Default 1.
     pub gradient_accumulation_steps: usize,
     #[serde(flatten, deserialize_with = "dpo_optim")]
@@ -163,14 +166,15 @@ pub struct DpoConfig {
     pub schedule: ScheduleSettings,
     #[serde(flatten, deserialize_with = "dpo_lora")]
     pub lora: LoraSettings,
-    /// Default 0 (TRL turns dropout off: the reference must see the same
-    /// network).
+    /// Dropout on the adapter's input during training. Default 0 (TRL
+    /// turns dropout off: the reference must see the same network).
     pub lora_dropout: f64,
     #[serde(flatten, deserialize_with = "dpo_save")]
     pub save: SaveSettings,
     /// Recompute each decoder layer in the backward pass (null: on a GPU,
     /// as SFT). Default null.
     pub gradient_checkpointing: Option<bool>,
+    /// Seeds the adapter's initial weights, dropout and the pairs' order.
     /// Default 42.
     pub seed: u64,
 }

@@ -2,12 +2,13 @@
 
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::*;
 
 /// How variant seeds are chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SeedScheme {
     /// The environment's: task_id in [0, 10^6), row = task_id mod N,
@@ -29,7 +30,7 @@ impl SeedScheme {
 
 /// Which rows are kept for training (the peer pipeline's filters, with the
 /// line-count limits set per stage).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Filters {
     /// Longest program source in characters. Default 10000.
@@ -110,7 +111,7 @@ impl Filters {
 }
 
 /// How many lines a kept output may have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LineFilter {
     /// Fewest output lines. Default 1 (every non-empty output).
@@ -136,7 +137,7 @@ impl LineFilter {
 }
 
 /// Stage 0: `generate`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct GenerateConfig {
     /// `builtin` (the shipped corpus), a local JSONL path, `humaneval:PATH`

@@ -13,6 +13,7 @@
 
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::de::{DeserializeOwned, Deserializer, Error as _, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
@@ -29,7 +30,7 @@ pub trait Group: Serialize + DeserializeOwned + Default {
 
 /// The adapter's shape. Dropout is a choice of the stages that use it
 /// (SFT 0.05, DPO 0), not of the shape.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoraSettings {
     /// LoRA rank. Default 16.
@@ -82,7 +83,7 @@ impl Group for LoraSettings {
 }
 
 /// AdamW on the adapter's factors.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OptimSettings {
     /// Peak learning rate of the LoRA factors. Default: the stage's (SFT
@@ -128,7 +129,7 @@ impl Group for OptimSettings {
 }
 
 /// The learning rate's warmup and cosine decay over an epoch-counted run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScheduleSettings {
     /// Share of steps spent warming up. Default: the stage's (SFT 0.03,
@@ -163,7 +164,7 @@ impl Group for ScheduleSettings {
 }
 
 /// Where a stage writes and how many checkpoints it keeps.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SaveSettings {
     /// Output folder (null: the stage's folder, `checkpoints/stage1_warmup`,

@@ -84,7 +84,7 @@ pub fn parse<T: Settings>(text: &str, path: &Path) -> Result<T, ConfigError> {
                 None => String::new(),
             };
             hint += if message.contains("expected") {
-                "remove the field or check its spelling; the expected fields are listed above"
+                "remove the field or check its spelling; the expected fields are listed above; docs/reference/config.md documents each"
             } else {
                 "remove the field or check its spelling"
             };
@@ -126,7 +126,7 @@ pub fn parse<T: Settings>(text: &str, path: &Path) -> Result<T, ConfigError> {
                 other => other.to_owned(),
             };
             format!(
-                "`{key}` takes {wanted} (each key's meaning and default are documented in src/config/, one file a stage)"
+                "`{key}` takes {wanted} (every key's type, default and meaning: docs/reference/config.md, or `trace-train config --reference`)"
             )
         } else {
             "the file must be a JSON object; see the shipped files in `config/` for examples".into()
@@ -472,6 +472,7 @@ mod dpo;
 mod generate;
 pub mod groups;
 mod pipeline;
+pub mod reference;
 mod rl;
 mod sft;
 

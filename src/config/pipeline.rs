@@ -3,12 +3,13 @@
 
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::*;
 
 /// The whole pipeline, as `config/pipeline_config.json`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PipelineConfig {
     pub model: ModelConfig,
@@ -104,7 +105,7 @@ impl PipelineConfig {
 }
 
 /// What the gate does when a set fell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum GateMode {
     /// No gate: no model is evaluated between stages.
@@ -138,7 +139,7 @@ impl GateMode {
 /// and compared with the model it started from (the base model before
 /// Stage 1); the comparison goes into `gate.json` under the pipeline's
 /// output folder and is printed.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct GateConfig {
     /// What the gate does when a set's exact match fell beyond its 80%
@@ -242,7 +243,7 @@ impl Validate for GateConfig {
 pub const B200_MICRO_BATCH_TOKENS: usize = 12_288;
 
 /// The base model.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
     /// Hub id or local folder (the Python pipeline's `base_model`). Default
@@ -304,7 +305,7 @@ impl Validate for ModelConfig {
 }
 
 /// Where training runs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HardwareConfig {
     /// `auto` (CUDA when built with it and present, else CPU), `cpu`, `cuda`,
@@ -315,7 +316,10 @@ pub struct HardwareConfig {
     pub num_gpus: Option<usize>,
     /// Trade compute for memory by recomputing activations. Default true.
     pub gradient_checkpointing: bool,
-    /// The `--b200` preset for one large GPU (see
+    /// The `--b200` preset for one large GPU (B200, H200, H100 80 GB):
+    /// bf16 base weights (no 4-bit), no gradient checkpointing,
+    /// micro-batches of 8 with 4 accumulation steps, and Stage 3's
+    /// training passes of 12,288 tokens, over what the file says (see
     /// [`PipelineConfig::apply_b200`]). Default false.
     pub b200_mode: bool,
     /// The Python pipeline's spelling of `model.load_in_4bit: false`

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::groups::stage_defaults;
@@ -11,16 +12,18 @@ use super::*;
 /// The sampling temperature of each RL step: `initial` at step 0, moving
 /// linearly to `final` over `warmup_steps` steps, then `final`. A function
 /// of the step alone, so a resumed run samples as the uninterrupted one.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TemperatureSchedule {
-    /// Default false (the stage's `temperature` throughout).
+    /// Use the schedule. Default false (the stage's `temperature`
+    /// throughout).
     pub enabled: bool,
-    /// Default 1.0.
+    /// The temperature at step 0. Default 1.0.
     pub initial: f64,
-    /// Default 0.7.
+    /// The temperature from `warmup_steps` on. Default 0.7.
     #[serde(rename = "final")]
     pub r#final: f64,
+    /// Steps over which the temperature moves from `initial` to `final`.
     /// Default 100.
     pub warmup_steps: u64,
 }
@@ -52,7 +55,7 @@ impl TemperatureSchedule {
 
 /// Stage 3 as `config/stage3_ppo_config.json` holds it: the user's
 /// `{"ppo": {...}, "curriculum": {...}}`, any subset of keys.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Stage3Config {
     /// The pipeline's Stage 3 recipe: `ppo` (the RL recipe, `ppo.algorithm`
@@ -115,7 +118,7 @@ impl Validate for Stage3Config {
 /// Stage 3: online RL (PPO, GRPO, Dr. GRPO or GSPO) against an environment. The user's
 /// keys are `batch_size`, `learning_rate` and `num_train_steps`; the rest
 /// are ours, with the peers' defaults (docs in `src/rl/` and `src/recipes/ppo/`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RlConfig {
     /// `ppo` (value head, GAE, KL in the reward), `grpo` (group-relative
@@ -274,7 +277,8 @@ pub struct RlConfig {
     pub python: PathBuf,
     #[serde(flatten, deserialize_with = "rl_save")]
     pub save: SaveSettings,
-    /// Default 42.
+    /// Seeds the adapter's and value head's initial weights, the task
+    /// draws and the sampler. Default 42.
     pub seed: u64,
 }
 
@@ -554,9 +558,10 @@ impl Validate for RlConfig {
 
 /// Stage 3's curriculum: tasks from the easiest difficulty bucket first,
 /// the next one once the rolling accuracy passes the threshold.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CurriculumConfig {
+    /// Use the curriculum (off: tasks of every bucket from the start).
     /// Default false.
     pub enabled: bool,
     /// Rolling accuracy at which the next bucket opens. Default 0.7.

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::groups::stage_defaults;
@@ -16,17 +17,18 @@ use super::*;
 pub const PACK_TOKENS: usize = 8192;
 
 /// Stages 1 and 2: LoRA SFT.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SftConfig {
     /// Training JSONL (null: the stage's file under `datasets/trace_training`).
     pub train_file: Option<PathBuf>,
     /// Evaluation JSONL (null: the stage's test file).
     pub eval_file: Option<PathBuf>,
-    /// Default 1.
+    /// Passes over the training records. Default 1.
     pub epochs: usize,
     /// Sequences a micro-batch. Default 4.
     pub batch_size: usize,
+    /// Micro-batches whose gradients add up to one optimizer step.
     /// Default 4.
     pub gradient_accumulation_steps: usize,
     #[serde(flatten, deserialize_with = "sft_optim")]
@@ -35,13 +37,14 @@ pub struct SftConfig {
     pub schedule: ScheduleSettings,
     #[serde(flatten, deserialize_with = "sft_lora")]
     pub lora: LoraSettings,
-    /// Default 0.05.
+    /// Dropout on the adapter's input during training. Default 0.05.
     pub lora_dropout: f64,
     /// Evaluate every N optimizer steps. Default 50.
     pub eval_steps: usize,
     #[serde(flatten, deserialize_with = "sft_save")]
     pub save: SaveSettings,
-    /// Default 42.
+    /// Seeds the adapter's initial weights, dropout and the records'
+    /// order. Default 42.
     pub seed: u64,
     /// With `packing`: the most real tokens a packed pass holds (default
     /// null: `batch_size x max_length`, at most [`PACK_TOKENS`]).
@@ -77,7 +80,7 @@ pub struct SftConfig {
 /// the pipeline's gate score a model; the best-scoring adapter is kept in
 /// `best/` (ties: the earlier step) and, unless `metric` is `last`,
 /// becomes `final/` and `merged/`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SelectConfig {
     /// What chooses `final/`: `heldout_exact_match` (the highest exact
