@@ -21,9 +21,20 @@
 //! batch that was being made when it was saved again, from the same
 //! weights, and goes on as the uninterrupted run would.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
-use super::*;
+use anyhow::Context;
+use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
+
+use crate::dist::{Communicator, stats};
+use crate::kit::outputs;
+use crate::rl::curriculum::Curriculum;
+
+use super::phases::*;
+use super::policy::*;
 
 /// The ranks of a run of `world` with `samplers` sampler ranks, as
 /// [`Communicator::split`] groups: the trainers first (rank 0, which logs

@@ -4,9 +4,16 @@
 //! whatever the token budget, with or without gradient checkpointing, on one
 //! rank or several.
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+
+use super::phases::*;
 use super::*;
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, RlConfig};
 use crate::dist::inprocess::run_ranks;
+use crate::model::decode::generate::Generation;
 use crate::model::layers::init::Rng;
 use crate::rl::loss::completion_weights;
 use crate::rl::memory::{self, micro_batches};
@@ -411,7 +418,7 @@ fn a_resume_ignores_the_memory_settings() {
 
 #[test]
 fn settings_added_later_are_fingerprinted_only_when_changed() {
-    let plain = super::fingerprinted(&RlConfig::default()).unwrap();
+    let plain = fingerprinted(&RlConfig::default()).unwrap();
     for k in ["abd_dataset", "ded_dataset", "temperature_schedule"] {
         assert!(
             plain.get(k).is_none(),
@@ -421,7 +428,7 @@ fn settings_added_later_are_fingerprinted_only_when_changed() {
     let mut c = RlConfig::default();
     c.temperature_schedule.enabled = true;
     c.ded_dataset = "rows.jsonl".into();
-    let changed = super::fingerprinted(&c).unwrap();
+    let changed = fingerprinted(&c).unwrap();
     assert_eq!(changed["temperature_schedule"]["enabled"], true);
     assert_eq!(changed["ded_dataset"], "rows.jsonl");
     assert!(changed.get("abd_dataset").is_none());
