@@ -90,16 +90,12 @@ impl Default for DpoRounds {
 impl Validate for DpoRounds {
     fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
-        for (name, v) in [
+        p.extend(at_least_one(&[
             ("rounds", self.rounds),
             ("num_prompts", self.num_prompts),
             ("num_samples", self.num_samples),
             ("max_new_tokens", self.max_new_tokens),
-        ] {
-            if v == 0 {
-                p.push(format!("{name}: must be at least 1"));
-            }
-        }
+        ]));
         if !(self.temperature.is_finite() && self.temperature > 0.0) {
             p.push("temperature: must be positive".into());
         }
@@ -215,18 +211,14 @@ impl Default for DpoConfig {
 impl Validate for DpoConfig {
     fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
-        for (name, v) in [
+        p.extend(at_least_one(&[
             ("epochs", self.epochs),
             ("batch_size", self.batch_size),
             (
                 "gradient_accumulation_steps",
                 self.gradient_accumulation_steps,
             ),
-        ] {
-            if v == 0 {
-                p.push(format!("{name}: must be at least 1"));
-            }
-        }
+        ]));
         p.extend(self.optim.problems());
         p.extend(self.schedule.problems());
         p.extend(self.lora.problems());

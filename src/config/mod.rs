@@ -294,6 +294,15 @@ fn key_before(text: &str, line: usize, column: usize) -> Option<String> {
     re.captures_iter(before).last().map(|c| c[1].to_owned())
 }
 
+/// `name: must be at least 1` for each of `counts` that is 0.
+pub(crate) fn at_least_one(counts: &[(&str, usize)]) -> Vec<String> {
+    counts
+        .iter()
+        .filter(|(_, v)| *v == 0)
+        .map(|(name, _)| format!("{name}: must be at least 1"))
+        .collect()
+}
+
 /// Semantic checks beyond the types; all problems are gathered at once.
 pub trait Validate {
     fn problems(&self) -> Vec<String>;

@@ -450,7 +450,7 @@ impl Validate for RlConfig {
                 self.algorithm
             ));
         }
-        for (name, v) in [
+        p.extend(at_least_one(&[
             ("batch_size", self.batch_size),
             ("num_train_steps", self.num_train_steps),
             ("ppo_epochs", self.ppo_epochs),
@@ -458,11 +458,7 @@ impl Validate for RlConfig {
             ("max_new_tokens", self.max_new_tokens),
             ("value_hidden", self.value_hidden),
             ("group_size", self.group_size()),
-        ] {
-            if v == 0 {
-                p.push(format!("{name}: must be at least 1"));
-            }
-        }
+        ]));
         p.extend(self.optim.problems());
         p.extend(self.lora.problems());
         if !(self.value_learning_rate.is_finite() && self.value_learning_rate > 0.0) {

@@ -204,19 +204,14 @@ impl Default for SftConfig {
 
 impl Validate for SftConfig {
     fn problems(&self) -> Vec<String> {
-        let mut p = Vec::new();
-        for (name, v) in [
+        let mut p = at_least_one(&[
             ("epochs", self.epochs),
             ("batch_size", self.batch_size),
             (
                 "gradient_accumulation_steps",
                 self.gradient_accumulation_steps,
             ),
-        ] {
-            if v == 0 {
-                p.push(format!("{name}: must be at least 1"));
-            }
-        }
+        ]);
         p.extend(self.optim.problems());
         p.extend(self.schedule.problems());
         p.extend(self.lora.problems());
