@@ -308,3 +308,109 @@ fn the_committed_config_reference_matches_the_code() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(String::from_utf8(o.stdout).unwrap(), made);
 }
+
+/// `--set KEY=VALUE` overrides one setting over the file, shown as a flag
+/// in `config`; a misspelt key or a wrong type is refused with the
+/// override named, every bad override at once.
+#[test]
+fn dotted_overrides_set_one_setting_and_bad_ones_are_named() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let o = trace_train(
+        root,
+        &[
+            "config",
+            "pipeline",
+            "--set",
+            "stage1.learning_rate=1e-4",
+            "--set",
+            "stage3.ppo.algorithm=grpo",
+            "--set",
+            "stage1.select.metric=last",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    for (key, value) in [
+        ("stage1.learning_rate ", "0.0001"),
+        ("stage3.ppo.algorithm ", "\"grpo\""),
+        ("stage1.select.metric ", "\"last\""),
+    ] {
+        let line = out.lines().find(|l| l.starts_with(key)).unwrap_or_default();
+        assert!(
+            line.contains(value) && line.contains("flag --set"),
+            "{key}: {line}"
+        );
+    }
+    let o = trace_train(
+        root,
+        &[
+            "config",
+            "warmup",
+            "--set",
+            "learnin_rate=1e-4",
+            "--set",
+            "epochs=two",
+        ],
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    for want in [
+        "--set learnin_rate=1e-4: unknown field `learnin_rate` (did you mean `learning_rate`?)",
+        "--set epochs=two: invalid type: string \"two\"",
+        "docs/reference/config.md",
+    ] {
+        assert!(err.contains(want), "missing {want}: {err}");
+    }
+}
+
+/// A config file of any name is checked as what its keys say it is; one
+/// whose keys fit two stages alike is refused with the way out.
+#[test]
+fn a_config_of_any_name_is_read_by_its_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (name, from) in [
+        ("my_warmup.json", "config/warmup.json"),
+        ("prod.json", "config/pipeline_config.json"),
+        ("rl.json", "config/stage3_ppo_config.json"),
+    ] {
+        std::fs::copy(root.join(from), dir.path().join(name)).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("mine.json"),
+        r#"{"loss": "ipo", "beta": 0.2}"#,
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("amb.json"), r#"{"batch_size": 2}"#).unwrap();
+    for (name, kind) in [
+        ("my_warmup.json", "sft"),
+        ("prod.json", "pipeline_config"),
+        ("rl.json", "stage3_ppo_config"),
+        ("mine.json", "dpo"),
+    ] {
+        let o = trace_train(dir.path(), &["config", name]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let out = String::from_utf8(o.stdout).unwrap();
+        assert!(out.contains(&format!("ok  {name} ({kind})")), "{out}");
+    }
+    // A bad key is still found in a file of another name.
+    std::fs::write(
+        dir.path().join("bad.json"),
+        "{\n  \"loss\": \"ipo\",\n  \"betta\": 1\n}",
+    )
+    .unwrap();
+    let o = trace_train(dir.path(), &["config", "bad.json"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("line 3") && stderr(&o).contains("did you mean `beta`?"),
+        "{}",
+        stderr(&o)
+    );
+    let o = trace_train(dir.path(), &["config", "amb.json"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("cannot tell which config"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -72,9 +72,9 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<ExitCode> {
                 files
             };
             for f in files {
-                check_config_file(&f)?;
+                let kind = check_config_file(&f)?;
                 if !json {
-                    println!("ok  {}", f.display());
+                    println!("ok  {} ({kind})", f.display());
                 }
             }
             if show_all {
@@ -93,20 +93,76 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Parses a config file with the type its name says it holds.
-fn check_config_file(path: &Path) -> anyhow::Result<()> {
+/// Parses a config file with the type it holds: by its name for the
+/// shipped names, else by its keys (any file name works).
+fn check_config_file(path: &Path) -> anyhow::Result<String> {
     let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
-    match name {
+    let kind = match name {
+        "pipeline_config" | "generate" | "warmup" | "sft" | "stage3_ppo_config" | "dpo" => {
+            name.to_owned()
+        }
+        _ => kind_by_keys(path)?,
+    };
+    match kind.as_str() {
         "pipeline_config" => config::load::<PipelineConfig>(path).map(|_| ())?,
         "generate" => config::load::<GenerateConfig>(path).map(|_| ())?,
         "warmup" | "sft" => config::load::<config::SftConfig>(path).map(|_| ())?,
         "stage3_ppo_config" => config::load::<config::Stage3Config>(path).map(|_| ())?,
+        _ => config::load::<config::DpoConfig>(path).map(|_| ())?,
+    }
+    Ok(kind)
+}
+
+/// Which config a file of another name is, from its top-level keys: a
+/// pipeline file's sections, Stage 3's `ppo`/`curriculum`, or the stage
+/// whose keys it shares most (generate, SFT, DPO).
+fn kind_by_keys(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config `{}`", path.display()))?;
+    let Ok(Value::Object(top)) = serde_json::from_str::<Value>(&text) else {
+        // Not an object: the pipeline's reader says where and why.
+        config::parse::<PipelineConfig>(&text, path)?;
+        return Ok("pipeline_config".into());
+    };
+    let has = |k: &str| top.contains_key(k);
+    if [
+        "model", "hardware", "gate", "stage0", "stage1", "stage2", "stage3",
+    ]
+    .iter()
+    .any(|k| has(k))
+    {
+        return Ok("pipeline_config".into());
+    }
+    if has("ppo") || has("curriculum") {
+        return Ok("stage3_ppo_config".into());
+    }
+    fn keys<T: serde::Serialize + Default>() -> Vec<String> {
+        serde_json::to_value(T::default())
+            .ok()
+            .and_then(|v| v.as_object().map(|o| o.keys().cloned().collect()))
+            .unwrap_or_default()
+    }
+    let shared = |known: Vec<String>| top.keys().filter(|k| known.contains(k)).count();
+    let scores = [
+        ("generate", shared(keys::<GenerateConfig>())),
+        ("sft", shared(keys::<config::SftConfig>())),
+        ("dpo", shared(keys::<config::DpoConfig>())),
+    ];
+    let best = scores.iter().map(|(_, n)| *n).max().unwrap_or(0);
+    let kinds: Vec<&str> = scores
+        .iter()
+        .filter(|(_, n)| *n == best)
+        .map(|(k, _)| *k)
+        .collect();
+    match kinds.as_slice() {
+        [one] => Ok((*one).into()),
+        _ if top.is_empty() => Ok("pipeline_config".into()),
         _ => anyhow::bail!(
-            "`{}`: unknown config file name\nhint: expected pipeline_config, generate, warmup, sft or stage3_ppo_config",
-            path.display()
+            "`{}`: cannot tell which config it is (its keys fit {} alike)\nhint: add a key only one of them has, or name the file pipeline_config, generate, warmup, sft, stage3_ppo_config or dpo .json",
+            path.display(),
+            kinds.join(", ")
         ),
     }
-    Ok(())
 }
 
 /// `config pipeline|warmup|sft [FLAGS]`: the settings with these flags.
@@ -176,6 +232,7 @@ pub fn resolved_all() -> anyhow::Result<Vec<(String, Value)>> {
             checkpoints: None,
             revision: None,
             device: None,
+            set: Vec::new(),
             unsafe_flag: crate::UnsafeFlag {
                 unsafe_no_sandbox: false,
             },

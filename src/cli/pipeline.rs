@@ -69,6 +69,12 @@ pub struct PipelineArgs {
     /// `cpu`, `cuda`, `cuda:N` or `auto` (default: `hardware.device`).
     #[arg(long)]
     pub device: Option<String>,
+    /// Override one setting of the config file by its dotted key, as if
+    /// the file said it: `--set stage1.learning_rate=1e-4 --set
+    /// stage3.ppo.algorithm=grpo` (presets and the other flags still go
+    /// over it).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
     #[command(flatten)]
     pub unsafe_flag: crate::UnsafeFlag,
 }
@@ -224,6 +230,8 @@ pub fn resolve(args: &PipelineArgs) -> anyhow::Result<Plan> {
             args.config.display()
         );
     };
+    config::apply_sets(&mut cfg, &mut sources, &args.set)
+        .with_context(|| format!("`{}`", args.config.display()))?;
     let root = args.checkpoints.clone().unwrap_or_else(|| {
         PathBuf::from(if args.quick_test {
             "checkpoints/quick"

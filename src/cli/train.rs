@@ -100,6 +100,11 @@ pub struct TrainArgs {
     /// Prompts decoded together when scoring (`select.batch_size`).
     #[arg(long)]
     pub select_batch_size: Option<usize>,
+    /// Override one setting of the stage's config by its key, as if the
+    /// file said it: `--set lora_dropout=0.1 --set select.metric=last`
+    /// (presets and the other flags still go over it).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
     #[command(flatten)]
     pub run: super::RunFlags,
     /// With select.set `heldout_short`: run its programs WITHOUT isolation
@@ -175,6 +180,7 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
         Some(p) => config::load_with_sources(p, "")?,
         None => Default::default(),
     };
+    config::apply_sets(&mut cfg, &mut sources, &args.set)?;
     if pipeline.hardware.b200_mode {
         // The one-large-GPU preset of the pipeline applies to its stages
         // run alone too; flags still win.
@@ -231,6 +237,7 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
         select_batch_size,
         unsafe_no_sandbox: _,
         resolved: _,
+        set: _,
     } = args.clone();
     let super::RunFlags {
         device,

@@ -294,6 +294,78 @@ fn key_before(text: &str, line: usize, column: usize) -> Option<String> {
     re.captures_iter(before).last().map(|c| c[1].to_owned())
 }
 
+/// Applies command-line overrides `KEY=VALUE` (`--set
+/// stage1.learning_rate=1e-4`) to `settings`, in order, each recorded in
+/// `sources` as a flag. KEY is a dotted path of the file's keys; VALUE is
+/// read as JSON (`1e-4`, `true`, `null`, `[1, 2]`, `"text"`), else taken
+/// as a string (`stage0.dataset=builtin`). A key the settings do not have
+/// or a value of the wrong type is an error naming the override (every
+/// override's at once); then the settings are checked as a file's are.
+pub fn apply_sets<T: Settings>(
+    settings: &mut T,
+    sources: &mut Sources,
+    sets: &[String],
+) -> anyhow::Result<()> {
+    if sets.is_empty() {
+        return Ok(());
+    }
+    let mut tree = serde_json::to_value(&*settings)?;
+    let mut problems = Vec::new();
+    for set in sets {
+        let Some((key, raw)) = set.split_once('=') else {
+            problems.push(format!(
+                "--set {set}: expected KEY=VALUE (e.g. stage1.learning_rate=1e-4)"
+            ));
+            continue;
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(raw).unwrap_or_else(|_| serde_json::Value::String(raw.to_owned()));
+        let mut candidate = tree.clone();
+        let mut at = &mut candidate;
+        for part in key.split('.') {
+            if !at.is_object() {
+                *at = serde_json::Value::Object(Default::default());
+            }
+            at = at
+                .as_object_mut()
+                .expect("made an object above")
+                .entry(part)
+                .or_insert(serde_json::Value::Null);
+        }
+        *at = value;
+        match serde_json::from_value::<T>(candidate.clone()) {
+            Ok(_) => {
+                tree = candidate;
+                sources.flag(key, &format!("--set {set}"));
+            }
+            Err(e) => {
+                let message = e.to_string();
+                let near = message
+                    .strip_prefix("unknown field `")
+                    .and_then(|m| m.split('`').next())
+                    .and_then(|unknown| did_you_mean::<T>(unknown, &message))
+                    .map(|k| format!(" (did you mean `{k}`?)"))
+                    .unwrap_or_default();
+                let message = message
+                    .split(", expected one of")
+                    .next()
+                    .unwrap_or(&message);
+                problems.push(format!("--set {set}: {message}{near}"));
+            }
+        }
+    }
+    if problems.is_empty() {
+        *settings = serde_json::from_value(tree)?;
+        problems = settings.problems();
+    }
+    anyhow::ensure!(
+        problems.is_empty(),
+        "invalid settings:\n  - {}\nhint: every key's type, default and meaning: docs/reference/config.md, or `trace-train config --reference`",
+        problems.join("\n  - ")
+    );
+    Ok(())
+}
+
 /// `name: must be at least 1` for each of `counts` that is 0.
 pub(crate) fn at_least_one(counts: &[(&str, usize)]) -> Vec<String> {
     counts
