@@ -35,6 +35,25 @@ fn loss_falls_and_the_stage_writes_adapter_and_merged_model() {
     ] {
         assert!(dir.path().join("out").join(f).exists(), "missing {f}");
     }
+    // Weights are readable like every other file the run writes (the
+    // safetensors writer's temp files are owner-only).
+    let mut odd = Vec::new();
+    let mut stack = vec![dir.path().join("out")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let mode =
+                std::os::unix::fs::PermissionsExt::mode(&e.metadata().unwrap().permissions());
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else if e.path().extension().is_some_and(|x| x == "safetensors")
+                && mode & 0o777 != 0o644
+            {
+                odd.push(format!("{:o} {}", mode & 0o777, e.path().display()));
+            }
+        }
+    }
+    assert!(odd.is_empty(), "weight files not 0644: {odd:?}");
     // Each folder carries a model card with PEFT's metadata and a
     // generation config that stops at the chat's end of turn.
     let read = |f: &str| std::fs::read_to_string(dir.path().join("out").join(f)).unwrap();

@@ -182,8 +182,8 @@ pub fn save_as(
         let as_map = |m: &BTreeMap<String, Tensor>| -> std::collections::HashMap<String, Tensor> {
             m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
         };
-        candle_core::safetensors::save(&as_map(params), tmp.path().join(PARAMS))?;
-        candle_core::safetensors::save(&as_map(optim), tmp.path().join(OPTIM))?;
+        crate::model::save_safetensors(&as_map(params), tmp.path().join(PARAMS))?;
+        crate::model::save_safetensors(&as_map(optim), tmp.path().join(OPTIM))?;
         std::fs::write(tmp.path().join(STATE), serde_json::to_vec_pretty(state)?)?;
         let mut files = BTreeMap::new();
         for name in [PARAMS, OPTIM, STATE] {

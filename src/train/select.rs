@@ -158,7 +158,7 @@ pub fn write_best(
             .iter()
             .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
             .collect();
-        candle_core::safetensors::save(&tensors, tmp.path().join(TRAINABLE))?;
+        crate::model::save_safetensors(&tensors, tmp.path().join(TRAINABLE))?;
         std::fs::write(
             tmp.path().join(RECORD),
             serde_json::to_vec_pretty(&serde_json::json!({

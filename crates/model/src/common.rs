@@ -175,3 +175,17 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         hint: hint.to_owned(),
     })
 }
+
+/// Writes `tensors` to `path` as safetensors, readable by everyone like
+/// every other file a run writes (0644). The safetensors crate writes a
+/// temp file, which is owner-only, and renames it into place.
+pub fn save_safetensors<K: AsRef<str> + Ord + std::fmt::Display>(
+    tensors: &std::collections::HashMap<K, Tensor>,
+    path: impl AsRef<Path>,
+) -> candle_core::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = path.as_ref();
+    candle_core::safetensors::save(tensors, path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))?;
+    Ok(())
+}

@@ -45,6 +45,6 @@ pub use layers::lora::{BaseLinear, LoraAdapter, LoraConfig, LoraInit, LoraLinear
 pub use arch::{Architecture, LoadedModel, Model, build, load};
 pub use common::{
     CONFIG_FILE, ModelError, Result, Unsupported, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, max_abs_diff,
-    weight_files,
+    save_safetensors, weight_files,
 };
 pub use cuda::attention_graph_builds;

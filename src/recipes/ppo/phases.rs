@@ -929,7 +929,7 @@ pub(super) fn write_outputs(
             .into_iter()
             .map(|(k, v)| (k, v.as_tensor().clone()))
             .collect();
-        candle_core::safetensors::save(&t, final_dir.join("value_head.safetensors"))?;
+        crate::model::save_safetensors(&t, final_dir.join("value_head.safetensors"))?;
     }
     outputs::write_train_config(
         &job.output_dir,
