@@ -54,6 +54,9 @@ enum Command {
     /// each value came from; `config pipeline|warmup|sft FLAGS` shows them
     /// with those flags.
     Config(cli::config::ConfigArgs),
+    /// Write starter config files (the shipped ones) into DIR/config/, for
+    /// a project of one's own.
+    Init(cli::init::InitArgs),
     /// What to paste into a bug report: versions, GPU stack, sandbox, HF
     /// settings.
     Env(cli::env::EnvArgs),
@@ -227,5 +230,9 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Config(args) => cli::config::run(args),
+        Command::Init(args) => {
+            cli::init::run(&args)?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }

@@ -414,3 +414,55 @@ fn a_config_of_any_name_is_read_by_its_keys() {
         stderr(&o)
     );
 }
+
+/// `init DIR` writes the shipped configs into DIR/config/, which `config`
+/// then reads from DIR; a second `init` refuses to replace them and
+/// writes nothing, `--force` replaces them.
+#[test]
+fn init_writes_starter_configs_and_never_replaces_them_unasked() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let project = dir.path().join("my run");
+    let o = trace_train(dir.path(), &["init", project.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for name in [
+        "pipeline_config.json",
+        "generate.json",
+        "warmup.json",
+        "sft.json",
+        "stage3_ppo_config.json",
+    ] {
+        let written = std::fs::read(project.join("config").join(name)).unwrap();
+        assert_eq!(
+            written,
+            std::fs::read(root.join("config").join(name)).unwrap(),
+            "{name}"
+        );
+    }
+    let o = trace_train(&project, &["config"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        String::from_utf8(o.stdout)
+            .unwrap()
+            .contains("ok  config/pipeline_config.json")
+    );
+    let edited = project.join("config/warmup.json");
+    std::fs::write(&edited, r#"{"epochs": 3}"#).unwrap();
+    let o = trace_train(dir.path(), &["init", project.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("already there; nothing written"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&edited).unwrap(),
+        r#"{"epochs": 3}"#
+    );
+    let o = trace_train(dir.path(), &["init", project.to_str().unwrap(), "--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_ne!(
+        std::fs::read_to_string(&edited).unwrap(),
+        r#"{"epochs": 3}"#
+    );
+}

@@ -9,6 +9,7 @@ pub mod envs;
 pub mod eval;
 pub mod gate;
 pub mod generate;
+pub mod init;
 pub mod launch;
 pub mod model;
 pub mod pipeline;
