@@ -466,3 +466,23 @@ fn init_writes_starter_configs_and_never_replaces_them_unasked() {
         r#"{"epochs": 3}"#
     );
 }
+
+/// `config | head`: a reader that stops early ends the command quietly
+/// and with success, not with a panic about a broken pipe.
+#[test]
+fn config_piped_into_a_reader_that_stops_early_exits_quietly() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_trace-train"))
+        .args(["config", "--reference"])
+        .current_dir(root)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The read end closes before the command has written anything.
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{:?} {err}", o.status);
+    assert!(!err.contains("panicked"), "{err}");
+}

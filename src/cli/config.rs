@@ -36,7 +36,7 @@ pub struct ConfigArgs {
 /// shows the resolved settings; `config pipeline|warmup|sft` shows one.
 pub fn run(args: ConfigArgs) -> anyhow::Result<ExitCode> {
     if args.reference {
-        print!("{}", config::reference::markdown());
+        out(&config::reference::markdown())?;
         return Ok(ExitCode::SUCCESS);
     }
     match args {
@@ -47,9 +47,9 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<ExitCode> {
         } => {
             let (title, settings) = resolved(&show)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&settings)?);
+                out(&format!("{}\n", serde_json::to_string_pretty(&settings)?))?;
             } else {
-                print!("{}", table(&title, &settings));
+                out(&table(&title, &settings))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -74,22 +74,37 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<ExitCode> {
             for f in files {
                 let kind = check_config_file(&f)?;
                 if !json {
-                    println!("ok  {} ({kind})", f.display());
+                    out(&format!("ok  {} ({kind})\n", f.display()))?;
                 }
             }
             if show_all {
                 let all = resolved_all()?;
                 if json {
                     let map: serde_json::Map<_, _> = all.into_iter().collect();
-                    println!("{}", serde_json::to_string_pretty(&map)?);
+                    out(&format!("{}\n", serde_json::to_string_pretty(&map)?))?;
                 } else {
                     for (title, settings) in &all {
-                        print!("{}", table(title, settings));
+                        out(&table(title, settings))?;
                     }
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// Writes `text` to stdout. A reader that stopped reading (`config | head`)
+/// ends the command quietly, with success: what it read is all it wanted.
+fn out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => Err(e).context("cannot write to stdout"),
     }
 }
 
