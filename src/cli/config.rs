@@ -264,16 +264,12 @@ pub fn resolved_all() -> anyhow::Result<Vec<(String, Value)>> {
         "generate".into(),
         sources.to_json(&serde_json::to_value(&g)?),
     ));
-    for stage in ["warmup", "sft"] {
-        out.push((
-            stage.into(),
-            train::settings(stage, &TrainArgs::default())?.resolved()?,
-        ));
-    }
-    out.push(("ppo".into(), stage3(pipeline_file)?));
-    for (title, settings) in out.iter_mut().skip(usize::from(pipeline_file.is_file())) {
-        explain(title, settings);
-    }
+    explain("generate", &mut out.last_mut().expect("pushed above").1);
+    out.push(resolved(&Show::Warmup(TrainArgs::default()))?);
+    out.push(resolved(&Show::Sft(TrainArgs::default()))?);
+    let mut ppo = stage3(pipeline_file)?;
+    explain("ppo", &mut ppo);
+    out.push(("ppo".into(), ppo));
     Ok(out)
 }
 

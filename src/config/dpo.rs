@@ -210,24 +210,17 @@ impl Default for DpoConfig {
 
 impl Validate for DpoConfig {
     fn problems(&self) -> Vec<String> {
-        let mut p = Vec::new();
-        p.extend(at_least_one(&[
-            ("epochs", self.epochs),
-            ("batch_size", self.batch_size),
-            (
-                "gradient_accumulation_steps",
+        let mut p = super::sft::epoch_run_problems(
+            [
+                self.epochs,
+                self.batch_size,
                 self.gradient_accumulation_steps,
-            ),
-        ]));
-        p.extend(self.optim.problems());
-        p.extend(self.schedule.problems());
-        p.extend(self.lora.problems());
-        if !(0.0..=1.0).contains(&self.lora_dropout) {
-            p.push(format!(
-                "lora_dropout: {} is not in [0, 1]",
-                self.lora_dropout
-            ));
-        }
+            ],
+            &self.optim,
+            &self.schedule,
+            &self.lora,
+            self.lora_dropout,
+        );
         if !matches!(self.loss.as_str(), "sigmoid" | "ipo" | "robust" | "hinge") {
             p.push(format!(
                 "loss: `{}` is not one of sigmoid, ipo, robust, hinge",

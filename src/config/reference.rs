@@ -118,7 +118,6 @@ fn meaning(p: &Value, defs: &Map<String, Value>) -> String {
     let own = p.get("description").and_then(Value::as_str);
     let of_type = || {
         object(p, defs)
-            .or_else(|| p.get("$ref").and_then(|_| object(p, defs)))
             .and_then(|o| o.get("description"))
             .and_then(Value::as_str)
     };

@@ -204,28 +204,46 @@ impl Default for SftConfig {
 
 impl Validate for SftConfig {
     fn problems(&self) -> Vec<String> {
-        let mut p = at_least_one(&[
-            ("epochs", self.epochs),
-            ("batch_size", self.batch_size),
-            (
-                "gradient_accumulation_steps",
+        let mut p = epoch_run_problems(
+            [
+                self.epochs,
+                self.batch_size,
                 self.gradient_accumulation_steps,
-            ),
-        ]);
-        p.extend(self.optim.problems());
-        p.extend(self.schedule.problems());
-        p.extend(self.lora.problems());
-        if !(0.0..=1.0).contains(&self.lora_dropout) {
-            p.push(format!(
-                "lora_dropout: {} is not in [0, 1]",
-                self.lora_dropout
-            ));
-        }
+            ],
+            &self.optim,
+            &self.schedule,
+            &self.lora,
+            self.lora_dropout,
+        );
         if let Some(s) = &self.select {
             p.extend(s.problems());
         }
         p
     }
+}
+
+/// The checks of an epoch-counted LoRA run, SFT's and DPO's alike: its
+/// `[epochs, batch_size, gradient_accumulation_steps]`, its shared groups
+/// and its dropout.
+pub(super) fn epoch_run_problems(
+    [epochs, batch_size, accumulation]: [usize; 3],
+    optim: &OptimSettings,
+    schedule: &ScheduleSettings,
+    lora: &LoraSettings,
+    lora_dropout: f64,
+) -> Vec<String> {
+    let mut p = at_least_one(&[
+        ("epochs", epochs),
+        ("batch_size", batch_size),
+        ("gradient_accumulation_steps", accumulation),
+    ]);
+    p.extend(optim.problems());
+    p.extend(schedule.problems());
+    p.extend(lora.problems());
+    if !(0.0..=1.0).contains(&lora_dropout) {
+        p.push(format!("lora_dropout: {lora_dropout} is not in [0, 1]"));
+    }
+    p
 }
 
 stage_defaults! {

@@ -43,7 +43,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{BufReader, Read};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -546,13 +545,10 @@ fn plan_tensors(
 fn write_weights(tensors: &HashMap<String, Tensor>, out: &Path) -> anyhow::Result<()> {
     let target = out.join(WEIGHTS_FILE);
     let partial = out.join(format!(".{WEIGHTS_FILE}.partial"));
-    let result = candle_core::safetensors::save(tensors, &partial)
+    let result = crate::save_safetensors(tensors, &partial)
         .with_context(|| format!("cannot write `{}`", partial.display()))
         .and_then(|()| {
-            // Ordinary file permissions (the temp file candle renames is
-            // owner-only).
-            std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o644))
-                .and_then(|()| File::open(&partial))
+            File::open(&partial)
                 .and_then(|f| f.sync_all())
                 .and_then(|()| std::fs::rename(&partial, &target))
                 .and_then(|()| File::open(out).and_then(|d| d.sync_all()))
