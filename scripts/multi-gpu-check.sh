@@ -15,6 +15,7 @@
 #   BATCH        rows a micro-batch (default 4); a step is BATCH x 2N rows of 1024 tokens
 #   POLICY       a model folder that earns some reward on the trace task (e.g.
 #                Stage 1's merged model of SmolLM2); none: the GRPO part is skipped
+# STOP (default 8): the step after which the run on N GPUs gets SIGTERM.
 # UNSAFE=1 runs the environment's programs without the sandbox (machines
 # where it cannot be set up; trusted programs only).
 # NCCL comes from LD_LIBRARY_PATH (libnccl.so.2); NVLink SHARP stays off.
@@ -52,10 +53,11 @@ common=(--model "$WORK/tiny" --train_file "$DATA/stage1_original_train.jsonl"
 echo "== warmup of the tiny model, 40 steps, on 1 and on $N GPUs"
 "$T" warmup "${common[@]}" --output_dir "$WORK/w1" --num_gpus 1
 "$T" warmup "${common[@]}" --output_dir "$WORK/w$N" --num_gpus "$N"
-echo "== the same on $N GPUs, stopped by SIGTERM after step 15, resumed on 1 GPU"
+STOP=${STOP:-8}
+echo "== the same on $N GPUs, stopped by SIGTERM after step $STOP, resumed on 1 GPU"
 "$T" warmup "${common[@]}" --output_dir "$WORK/stopped" --num_gpus "$N" &
 pid=$!
-until [ "$(cat "$WORK/stopped/metrics.jsonl" 2>/dev/null | wc -l)" -ge 15 ]; do
+until [ "$(cat "$WORK/stopped/metrics.jsonl" 2>/dev/null | wc -l)" -ge "$STOP" ]; do
   kill -0 "$pid" 2>/dev/null || break
   sleep 0.1
 done
