@@ -326,11 +326,18 @@ fn dotted_overrides_set_one_setting_and_bad_ones_are_named() {
             "stage3.ppo.algorithm=grpo",
             "--set",
             "stage1.select.metric=last",
+            // The Python pipeline's names set ours, as they do in a file.
+            "--set",
+            "model.base_model=/models/mine",
+            "--set",
+            "hardware.no_4bit=true",
         ],
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8(o.stdout).unwrap();
     for (key, value) in [
+        ("model.name ", "\"/models/mine\""),
+        ("model.load_in_4bit ", "false"),
         ("stage1.learning_rate ", "0.0001"),
         ("stage3.ppo.algorithm ", "\"grpo\""),
         ("stage1.select.metric ", "\"last\""),

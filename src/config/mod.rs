@@ -318,8 +318,20 @@ pub fn apply_sets<T: Settings>(
             ));
             continue;
         };
-        let value: serde_json::Value =
+        let mut value: serde_json::Value =
             serde_json::from_str(raw).unwrap_or_else(|_| serde_json::Value::String(raw.to_owned()));
+        // The Python pipeline's names (`model.base_model`) set ours.
+        let ours = our_key("", key);
+        if ours == "model.load_in_4bit" && ours != key {
+            match value {
+                serde_json::Value::Bool(b) => value = serde_json::Value::Bool(!b),
+                _ => {
+                    problems.push(format!("--set {set}: expected true or false"));
+                    continue;
+                }
+            }
+        }
+        let key = ours.as_str();
         let mut candidate = tree.clone();
         let mut at = &mut candidate;
         for part in key.split('.') {
@@ -397,6 +409,30 @@ pub const USER_NAMES: [(&str, &str, &str); 3] = [
     ("stage3", "num_steps", "ppo.num_train_steps"),
 ];
 
+/// `key` (dotted, as a file under `section` or `--set` writes it) in our
+/// names: the Python pipeline's `model.base_model` is `model.name`,
+/// `hardware.no_4bit` is `model.load_in_4bit` (negated by the caller).
+fn our_key(section: &str, key: &str) -> String {
+    let (parent, last) = key.rsplit_once('.').unwrap_or(("", key));
+    let full_parent = match (section, parent) {
+        ("", p) => p.to_owned(),
+        (s, "") => s.to_owned(),
+        (s, p) => format!("{s}.{p}"),
+    };
+    if full_parent == "hardware" && last == "no_4bit" {
+        return "model.load_in_4bit".to_owned();
+    }
+    let name = USER_NAMES
+        .iter()
+        .find(|(s, theirs, _)| *s == full_parent && *theirs == last)
+        .map_or(last, |(_, _, ours)| ours);
+    if parent.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{parent}.{name}")
+    }
+}
+
 /// Where a resolved setting came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "from")]
@@ -437,27 +473,8 @@ impl Sources {
         let mut leaves = Vec::new();
         leaf_keys(file, "", &mut leaves);
         for key in leaves {
-            let (parent, last) = key.rsplit_once('.').unwrap_or(("", key.as_str()));
-            let full_parent = match (section, parent) {
-                ("", p) => p.to_owned(),
-                (s, "") => s.to_owned(),
-                (s, p) => format!("{s}.{p}"),
-            };
-            let ours = if full_parent == "hardware" && last == "no_4bit" {
-                "model.load_in_4bit".to_owned()
-            } else {
-                let name = USER_NAMES
-                    .iter()
-                    .find(|(s, theirs, _)| *s == full_parent && *theirs == last)
-                    .map_or(last, |(_, _, ours)| ours);
-                if parent.is_empty() {
-                    name.to_owned()
-                } else {
-                    format!("{parent}.{name}")
-                }
-            };
             out.0.insert(
-                ours,
+                our_key(section, &key),
                 Source::File {
                     path: path.to_owned(),
                     key,
