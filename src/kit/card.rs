@@ -29,8 +29,12 @@ pub enum Kind {
 /// What a card says about a trained folder.
 #[derive(Debug, Clone)]
 pub struct CardInfo {
-    /// The base model: a hub id, or the folder it was loaded from.
+    /// What the adapter applies to: a hub id, or the base folder's absolute
+    /// path (see [`base_names`]).
     pub base_model: String,
+    /// Where the lineage began: the hub id (or first folder) the first
+    /// stage trained from. The merged model's card names it as its base.
+    pub origin: String,
     /// The base model's commit, when it came from the hub cache.
     pub base_commit: Option<String>,
     /// The pipeline stage's folder name (`stage1_warmup`, `stage2_sft`).
@@ -40,7 +44,63 @@ pub struct CardInfo {
     pub lora: LoraSettings,
 }
 
+/// The names a folder trained from `dir` records for its base, as
+/// `(direct, origin)`.
+///
+/// `direct` is what its adapter applies to, the value of
+/// `adapter_config.json`'s `base_model_name_or_path`: the hub id when the
+/// base came from the hub (`repo`, or a hub cache folder
+/// `models--ORG--NAME/snapshots/COMMIT`), else the folder's absolute path,
+/// which PEFT follows from any working folder (a relative one only from
+/// the folder the run started in).
+///
+/// `origin` is where the lineage began: the base's own `origin` when the
+/// base is a folder trace-train trained (its card says so), else `direct`.
+/// A Stage 3 model trained from Stage 2's merged model, trained from Stage
+/// 1's, trained from `Qwen/Qwen3-4B`, has that hub id as its origin.
+pub fn base_names(repo: Option<&str>, dir: &Path) -> (String, String) {
+    let direct = repo
+        .map(str::to_owned)
+        .or_else(|| hub_id(dir))
+        .unwrap_or_else(|| {
+            dir.canonicalize()
+                .or_else(|_| std::path::absolute(dir))
+                .unwrap_or_else(|_| dir.to_owned())
+                .display()
+                .to_string()
+        });
+    let origin = card_origin(dir).unwrap_or_else(|| direct.clone());
+    (direct, origin)
+}
+
+/// The hub id of a hub cache folder (`.../models--ORG--NAME/snapshots/C`).
+fn hub_id(dir: &Path) -> Option<String> {
+    let parts: Vec<String> = dir
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let at = parts.iter().rposition(|p| p == "snapshots")?;
+    let repo = parts.get(at.checked_sub(1)?)?.strip_prefix("models--")?;
+    (at + 2 == parts.len() && !repo.is_empty()).then(|| repo.replacen("--", "/", 1))
+}
+
+/// The `base_model` of a card trace-train wrote for a merged model in
+/// `dir` (its origin); `None` for any other folder.
+fn card_origin(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join("README.md")).ok()?;
+    let front = text.strip_prefix("---\n")?.split("\n---\n").next()?;
+    let ours = front.lines().any(|l| l == "- \"trace-train\"")
+        && front.lines().any(|l| l == "library_name: transformers");
+    let value = front.lines().find_map(|l| l.strip_prefix("base_model: "))?;
+    ours.then(|| serde_json::from_str::<String>(value).ok())
+        .flatten()
+}
+
 /// The card's text: YAML front matter, then a short description.
+///
+/// An adapter's card names its direct base (PEFT loads it onto that); a
+/// merged model's names the lineage's origin, the hub model it is a
+/// fine-tune of.
 pub fn model_card(info: &CardInfo, kind: Kind) -> String {
     let q = |s: &str| serde_json::to_string(s).expect("a string serialises");
     let (library, relation, what) = match kind {
@@ -51,16 +111,20 @@ pub fn model_card(info: &CardInfo, kind: Kind) -> String {
             "A LoRA adapter merged into its base model",
         ),
     };
+    let base = match kind {
+        Kind::Adapter => &info.base_model,
+        Kind::Merged => &info.origin,
+    };
     let mut tags = vec![
         "trace-train".to_owned(),
         "lora".to_owned(),
         info.stage.clone(),
     ];
     // The hub's lineage tag: what this folder is to its base.
-    tags.push(format!("base_model:{relation}:{}", info.base_model));
+    tags.push(format!("base_model:{relation}:{base}"));
     tags.push("text-generation".into());
     let mut out = String::from("---\n");
-    out += &format!("base_model: {}\n", q(&info.base_model));
+    out += &format!("base_model: {}\n", q(base));
     out += &format!("library_name: {library}\n");
     out += "pipeline_tag: text-generation\n";
     out += "tags:\n";
@@ -86,6 +150,9 @@ pub fn model_card(info: &CardInfo, kind: Kind) -> String {
             .map(|c| format!(" at commit `{c}`"))
             .unwrap_or_default()
     );
+    if info.origin != info.base_model {
+        out += &format!("- lineage: trained from `{}`\n", info.origin);
+    }
     out += &format!("- training data: `{}`\n", info.train_file);
     out += &format!("- optimizer steps: {}\n", info.steps);
     out += &format!(
@@ -181,6 +248,7 @@ mod tests {
     fn info() -> CardInfo {
         CardInfo {
             base_model: "Qwen/Qwen3-4B".into(),
+            origin: "Qwen/Qwen3-4B".into(),
             base_commit: Some("c".repeat(40)),
             stage: "stage1_warmup".into(),
             train_file: "datasets/trace_training/stage1_original_train.jsonl".into(),
@@ -220,7 +288,7 @@ mod tests {
     #[test]
     fn merged_card_is_a_transformers_model_and_strings_are_escaped() {
         let mut i = info();
-        i.base_model = "checkpoints/my \"odd\" folder".into();
+        i.origin = "checkpoints/my \"odd\" folder".into();
         i.stage = "stage2_sft".into();
         let card = model_card(&i, Kind::Merged);
         let fm = front_matter(&card);
@@ -230,6 +298,61 @@ mod tests {
             fm.contains(&r#"base_model: "checkpoints/my \"odd\" folder""#),
             "{card}"
         );
+    }
+
+    /// A relative base is recorded absolute, a hub cache folder by its id,
+    /// and a merged model of ours passes its origin on.
+    #[test]
+    fn base_names_follow_the_lineage() {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = dir
+            .path()
+            .join("hub/models--Org--My-Model/snapshots/abc123");
+        std::fs::create_dir_all(&snap).unwrap();
+        assert_eq!(
+            base_names(None, &snap),
+            ("Org/My-Model".into(), "Org/My-Model".into())
+        );
+        assert_eq!(base_names(Some("A/B"), dir.path()).0, "A/B");
+        let here = std::env::current_dir().unwrap();
+        let (direct, origin) = base_names(None, Path::new("src"));
+        assert_eq!(direct, here.join("src").display().to_string());
+        assert_eq!(origin, direct);
+        // Stage 1's merged model, trained from a hub model: Stage 2 trained
+        // from it applies its adapter to the folder and descends from the id.
+        let merged = dir.path().join("stage1_warmup/merged");
+        std::fs::create_dir_all(&merged).unwrap();
+        let mut i = info();
+        i.base_model = "Qwen/Qwen3-4B".into();
+        std::fs::write(merged.join("README.md"), model_card(&i, Kind::Merged)).unwrap();
+        let (direct, origin) = base_names(None, &merged);
+        assert_eq!(direct, merged.canonicalize().unwrap().display().to_string());
+        assert_eq!(origin, "Qwen/Qwen3-4B");
+        let mut next = info();
+        next.base_model = direct;
+        next.origin = origin;
+        let adapter = model_card(&next, Kind::Adapter);
+        assert!(
+            front_matter(&adapter).contains(
+                &format!(
+                    "base_model: {}",
+                    serde_json::to_string(&next.base_model).unwrap()
+                )
+                .as_str()
+            ),
+            "{adapter}"
+        );
+        assert!(
+            adapter.contains("- lineage: trained from `Qwen/Qwen3-4B`"),
+            "{adapter}"
+        );
+        assert!(
+            front_matter(&model_card(&next, Kind::Merged))
+                .contains(&"base_model: \"Qwen/Qwen3-4B\"")
+        );
+        // An adapter folder's card (PEFT's) is not a base's origin.
+        std::fs::write(merged.join("README.md"), model_card(&i, Kind::Adapter)).unwrap();
+        assert_eq!(base_names(None, &merged).0, base_names(None, &merged).1);
     }
 
     #[test]

@@ -488,8 +488,10 @@ pub fn run_with(
         guard.finish("dpo")?;
     }
     if run.finish_optimizer(&state, keep, interrupted, &opt)? {
+        let (base_model, origin) = card::base_names(None, &job.base_dir);
         let info = card::CardInfo {
-            base_model: job.base_dir.display().to_string(),
+            base_model,
+            origin,
             base_commit: job.base_commit.clone(),
             stage: "stage3_dpo".into(),
             train_file: job.pairs_file.display().to_string(),

@@ -258,12 +258,9 @@ pub fn run_with(
                 .with_context(|| format!("cannot remove `{}`", best_dir.display()))?;
         }
     }
-    // A hub model is named by its id, as PEFT records it; a folder by its path.
-    let base_name = job
-        .base
-        .repo
-        .clone()
-        .unwrap_or_else(|| job.base_dir.display().to_string());
+    // A hub model is named by its id, as PEFT records it; a folder by its
+    // absolute path.
+    let (base_name, origin) = card::base_names(job.base.repo.as_deref(), &job.base_dir);
 
     // 3-4. The loop.
     if lead {
@@ -513,6 +510,7 @@ pub fn run_with(
         }
         let info = card::CardInfo {
             base_model: base_name,
+            origin,
             base_commit: job.base.commit.clone(),
             stage: match job.stage.as_str() {
                 "warmup" => "stage1_warmup".into(),

@@ -890,7 +890,7 @@ pub(super) fn save(
     model::io::adapter::save(
         &policy.loaded,
         &dir.join("adapter"),
-        &job.base_dir.display().to_string(),
+        &card::base_names(None, &job.base_dir).0,
     )?;
     tracing::info!("saved `{}`", dir.display());
     Ok(())
@@ -907,8 +907,10 @@ pub(super) fn write_outputs(
     merged_dir: &Path,
 ) -> anyhow::Result<()> {
     let cfg = &job.config;
+    let (base_model, origin) = card::base_names(None, &job.base_dir);
     let info = card::CardInfo {
-        base_model: job.base_dir.display().to_string(),
+        base_model,
+        origin,
         base_commit: None,
         stage: "stage3_ppo".into(),
         train_file: job.env.name().to_string(),
