@@ -52,10 +52,6 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
     assert_eq!(resolved["hardware.b200_mode"]["value"], true);
     assert_eq!(resolved["stage1.batch_size"]["flag"], "--quick_test");
     // Stage 2 trained from Stage 1's merged model in the user's layout.
-    let sft: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(root.join("stage2_sft/final/adapter_config.json")).unwrap(),
-    )
-    .unwrap();
     // Lineage: each adapter names its base by an absolute path that PEFT
     // follows from any folder; each merged model's card names the model the
     // pipeline began from.
