@@ -21,6 +21,7 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
     .unwrap();
     let o = trace_train(dir.path(), &["pipeline", "--quick_test", "--device", "cpu"]);
     assert!(o.status.success(), "{}", stderr(&o));
+    let first = o.clone();
     let root = dir.path().join("checkpoints/quick");
     for f in [
         "data/stage1_original_train.jsonl",
@@ -90,6 +91,29 @@ fn quick_test_runs_every_stage_and_resume_skips_finished_ones() {
     // Every training stage leaves TensorBoard events and its curves.
     assert!(!stderr(&o).contains("curves not drawn"), "{}", stderr(&o));
     assert!(root.join("stage3_ppo/curves/reward.png").is_file());
+    // One page with the run's main charts; none for a scalar that never
+    // moved.
+    assert!(root.join("stage3_ppo/curves/overview.png").is_file());
+    assert!(!root.join("stage3_ppo/curves/world_size.png").exists());
+    // `report` on an RL run speaks of its reward, not of a loss it has not.
+    let r = trace_train(dir.path(), &["report", "checkpoints/quick/stage3_ppo"]);
+    let text = String::from_utf8_lossy(&r.stdout);
+    assert!(
+        r.status.success() && text.contains("  reward      first ") && !text.contains("  loss "),
+        "{text}{}",
+        stderr(&r)
+    );
+    // The run ends with a summary on stdout: the time of each part, the
+    // final model, what to run next.
+    let out = String::from_utf8_lossy(&first.stdout);
+    for want in [
+        "pipeline done in ",
+        "stage 1 (warmup) ",
+        "final model: checkpoints/quick/stage3_ppo/merged",
+        "next: ",
+    ] {
+        assert!(out.contains(want), "missing {want}: {out}");
+    }
     for stage in ["stage1_warmup", "stage2_sft", "stage3_ppo"] {
         let names: Vec<String> = std::fs::read_dir(root.join(stage))
             .unwrap()

@@ -255,6 +255,17 @@ fn resolve_model(args: &EvalArgs) -> anyhow::Result<model::io::resolve::Resolved
 /// Evaluates `args`'s model on `items` (made by [`eval_items`], once for
 /// several models: the pipeline's gate) and writes the report.
 pub fn run_eval_on(args: &EvalArgs, items: &[EvalItem]) -> anyhow::Result<Report> {
+    let (report, out) = evaluate(args, items)?;
+    eprintln!("{}", report.summary());
+    if let Some(t) = &report.turns {
+        eprint!("{}", t.table(report.n));
+    }
+    eprintln!("report: {}", out.display());
+    Ok(report)
+}
+
+/// [`run_eval_on`] without a word: the report and where it was written.
+pub fn evaluate(args: &EvalArgs, items: &[EvalItem]) -> anyhow::Result<(Report, PathBuf)> {
     let model_dir = resolve_model(args)?.dir;
     let feedback = feedback_kind(args)?;
     let sampler = Sampler::load(args, &model_dir)?;
@@ -275,12 +286,7 @@ pub fn run_eval_on(args: &EvalArgs, items: &[EvalItem]) -> anyhow::Result<Report
             .map_or_else(|| PathBuf::from(&file), |p| p.join(&file))
     });
     report.write(&out)?;
-    eprintln!("{}", report.summary());
-    if let Some(t) = &report.turns {
-        eprint!("{}", t.table(report.n));
-    }
-    eprintln!("report: {}", out.display());
-    Ok(report)
+    Ok((report, out))
 }
 
 /// The model and tokenizer eval decodes with, and its batch settings.

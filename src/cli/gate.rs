@@ -1,6 +1,6 @@
 //! The pipeline's gate between stages, the glue: evaluates a stage's
 //! merged model on the gate's held-out sets through `eval`'s own path
-//! ([`run_eval_on`]), compares it with the model the stage started from
+//! ([`evaluate`]), compares it with the model the stage started from
 //! ([`trace_train::eval::gate`] holds the rule, the decision and the
 //! table), writes `<checkpoints>/gate.json` and acts on the mode.
 //!
@@ -20,7 +20,7 @@ use trace_train::config::GateMode;
 use trace_train::eval::gate::{self, Action, GateReport, Score, StageScores};
 use trace_train::eval::{EvalItem, Report};
 
-use super::eval::{EvalArgs, eval_items, run_eval_on};
+use super::eval::{EvalArgs, eval_items, evaluate};
 
 /// A model the gate evaluates: its stage (0 for the base model), the
 /// stage's short name, the DPO round it ends (each round is gated), where
@@ -198,6 +198,7 @@ impl Gate {
             return Ok(s.clone());
         }
         let dir = self.root.join("gate").join(m.folder());
+        let mut said = false;
         let mut sets = Vec::new();
         for i in 0..self.sets.len() {
             let out = dir.join(&self.sets[i].file);
@@ -210,12 +211,14 @@ impl Gate {
                 );
                 Report::read(&out)?
             } else {
-                eprintln!(
-                    "== gate: {} (`{}`) on `{}`",
-                    m.name,
-                    m.model.display(),
-                    self.sets[i].name
-                );
+                if !std::mem::replace(&mut said, true) {
+                    eprintln!(
+                        "== gate: {} (`{}`), reports in `{}`",
+                        m.name,
+                        m.model.display(),
+                        dir.display()
+                    );
+                }
                 let args = self.args(&self.sets[i], m, out);
                 if self.items[i].is_none() {
                     self.items[i] = Some(eval_items(&args).with_context(|| {
@@ -223,14 +226,16 @@ impl Gate {
                     })?);
                 }
                 let items = self.items[i].as_deref().expect("made above");
-                run_eval_on(&args, items).with_context(|| {
+                let (report, _) = evaluate(&args, items).with_context(|| {
                     format!(
                         "gate: cannot evaluate {} (`{}`) on `{}`",
                         m.name,
                         m.model.display(),
                         self.sets[i].name
                     )
-                })?
+                })?;
+                eprintln!("{}: {}", self.sets[i].name, report.summary());
+                report
             };
             sets.push((self.sets[i].name.clone(), Score::of(&report)));
         }
@@ -265,7 +270,12 @@ impl Gate {
         let action = gate::decide(self.mode, &c);
         self.report.add_comparison(c);
         self.write()?;
-        eprint!("{}", self.report.table());
+        // The two models compared; the whole table ends the pipeline.
+        eprint!(
+            "{}",
+            self.report
+                .table_of(|s| s.place() == before.place() || s.place() == after.place())
+        );
         match action {
             Action::Continue => Ok(()),
             Action::Warn(m) => {
@@ -338,7 +348,13 @@ impl Gate {
             .expect("every scored stage is recorded"))
     }
 
-    fn path(&self) -> PathBuf {
+    /// Every gated model's row, as `gate.json` has them.
+    pub fn table(&self) -> String {
+        self.report.table()
+    }
+
+    /// `gate.json`: the gate's scores, comparisons and verdicts.
+    pub fn path(&self) -> PathBuf {
         self.root.join("gate.json")
     }
 

@@ -8,6 +8,7 @@
 //! the one it started from on held-out sets: `<checkpoints>/gate.json`.
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
@@ -21,6 +22,7 @@ use super::eval::{EvalArgs, run_eval};
 use super::gate::{Gate, Gated};
 use super::launch::{Role, role, run_resolved_children};
 use super::ppo::PpoArgs;
+use super::progress::clock;
 use super::train::{self, Resolved, Settings};
 
 #[derive(Args)]
@@ -412,6 +414,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         );
     }
     let plan = resolve(args)?;
+    let mut clock = Clock::new();
     let Plan {
         cfg,
         root,
@@ -422,6 +425,12 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         ..
     } = &plan;
     let (max_steps, eval_limit, max_new_tokens) = (*max_steps, *eval_limit, *max_new_tokens);
+    if args.quick_test {
+        eprintln!(
+            "quick test: every stage on a tiny random model the pipeline makes, a few steps each, \
+             to show that the tool works on this machine; its accuracy is 0% by design"
+        );
+    }
     // The quick test's folder is its own scratch space, held for the run.
     let _quick = match args.quick_test {
         true => Some(claim_quick_folder(root, args.resume)?),
@@ -540,6 +549,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
 
     if todo(0, &state) {
         eprintln!("== stage 0: generate");
+        let t = Instant::now();
         let s = generate::run(
             &cfg.stage0,
             &RunOptions {
@@ -551,6 +561,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             "stage 0: {} original and {} transformed training records",
             s.stage1.records_train, s.stage2.records_train
         );
+        clock.done("stage 0 (generate)", t);
         finish(0, &mut state)?;
     }
     // Stages 1-2 run with the settings resolved here (what `config
@@ -594,11 +605,14 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
                 // The model the stage starts from, before hours of
                 // training: a set the gate cannot read fails here.
                 stop_before("the gate")?;
+                let t = Instant::now();
                 g.before(&gated(stage - 1))?;
                 g.forget(stage)?;
+                clock.add("gate", t);
             }
             stop_before(name)?;
             eprintln!("== stage {stage}: {name}");
+            let t = Instant::now();
             let r = stage_settings(stage);
             let out = r
                 .settings
@@ -626,17 +640,22 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             if interrupted {
                 anyhow::bail!("pipeline stopped during {name}; continue with --resume");
             }
+            clock.done(&format!("stage {stage} ({name})"), t);
             finish(stage, &mut state)?;
         }
         if let Some(g) = gate.as_mut().filter(|_| in_range(stage)) {
             stop_before("the gate")?;
+            let t = Instant::now();
             g.after(&gated(stage - 1), &gated(stage))?;
+            clock.add("gate", t);
         }
     }
     if let Some(g) = gate.as_mut().filter(|_| todo(3, &state)) {
         stop_before("the gate")?;
+        let t = Instant::now();
         g.before(&gated(2))?;
         g.forget(3)?;
+        clock.add("gate", t);
     }
     // A DPO round's model as the gate names it: each round is gated
     // against the model it started from, so keep_best can keep a round.
@@ -654,12 +673,15 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     // gated round's), as dpo_rounds finishes it or, for rounds an earlier
     // run trained, after the stage from their reports.
     let mut before = gated(2);
+    let mut gate_time = 0.0;
     let mut gate_round = |round: usize| -> anyhow::Result<()> {
         if let Some(g) = gate.as_mut() {
             stop_before("the gate")?;
+            let t = Instant::now();
             let after = round_gated(round);
             g.after(&before, &after)?;
             before = after;
+            gate_time += t.elapsed().as_secs_f64();
         }
         Ok(())
     };
@@ -667,6 +689,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     if todo(3, &state) && cfg.stage3.is_dpo() {
         stop_before("dpo")?;
         eprintln!("== stage 3: dpo from the model's own rollouts");
+        let t = Instant::now();
         let r = DpoRoundsRun {
             cfg: &cfg.stage3,
             model: &cfg.model,
@@ -681,11 +704,13 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             anyhow::bail!("pipeline stopped during dpo; continue with --resume");
         }
         rounds_gated = true;
+        clock.done("stage 3 (dpo, its rounds' gates included)", t);
         finish(3, &mut state)?;
     }
     if todo(3, &state) {
         stop_before("ppo")?;
         eprintln!("== stage 3: ppo");
+        let t = Instant::now();
         let out = root.join(STAGE3_DIR);
         let a = PpoArgs {
             model: Some(root.join(STAGE2_DIR).join("merged").display().to_string()),
@@ -724,6 +749,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         if interrupted {
             anyhow::bail!("pipeline stopped during ppo; continue with --resume");
         }
+        clock.done("stage 3 (ppo)", t);
         finish(3, &mut state)?;
     }
     if in_range(3) && cfg.stage3.is_dpo() && !rounds_gated {
@@ -732,12 +758,18 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
                 gate_round(round)?;
             }
         }
-    } else if let Some(g) = gate
+    }
+    if !rounds_gated {
+        clock.seconds("gate", gate_time);
+    }
+    if let Some(g) = gate
         .as_mut()
         .filter(|_| in_range(3) && !cfg.stage3.is_dpo())
     {
         stop_before("the gate")?;
+        let t = Instant::now();
         g.after(&gated(2), &gated(3))?;
+        clock.add("gate", t);
     }
     // Stage 3's model, or with gate.mode keep_best the best gated one.
     let last = match &mut gate {
@@ -747,6 +779,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     let (final_model, final_revision) = (last.model, last.revision);
     if todo(4, &state) {
         stop_before("eval")?;
+        let t = Instant::now();
         // Stage 3's episodes, when it trains them (PPO/GRPO with
         // `max_turns` above 1), are how both evals score the final model:
         // the report adds the accuracy after each turn.
@@ -804,9 +837,93 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
             envs: Default::default(),
         })?;
+        clock.done("eval", t);
         finish(4, &mut state)?;
     }
+    summary(args, &clock, gate.as_ref(), &final_model, root);
     Ok(())
+}
+
+/// Where a pipeline run's time went, part by part, for its summary.
+struct Clock {
+    started: Instant,
+    parts: Vec<(String, f64)>,
+}
+
+impl Clock {
+    fn new() -> Self {
+        Clock {
+            started: Instant::now(),
+            parts: Vec::new(),
+        }
+    }
+
+    /// A part that ended now, begun at `t`: said, and kept for the summary.
+    fn done(&mut self, part: &str, t: Instant) {
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!("{part} done in {}", clock(secs));
+        self.seconds(part, secs);
+    }
+
+    /// Adds the time since `t` to `part` (the gate runs between stages).
+    fn add(&mut self, part: &str, t: Instant) {
+        self.seconds(part, t.elapsed().as_secs_f64());
+    }
+
+    fn seconds(&mut self, part: &str, secs: f64) {
+        match self.parts.iter_mut().find(|(p, _)| p == part) {
+            Some((_, s)) => *s += secs,
+            None if secs > 0.0 => self.parts.push((part.to_owned(), secs)),
+            None => {}
+        }
+    }
+}
+
+/// The run's closing lines, on stdout: the gate's whole table, the time
+/// of each part, where the final model is and what to run next.
+fn summary(
+    args: &PipelineArgs,
+    times: &Clock,
+    gate: Option<&Gate>,
+    final_model: &Path,
+    root: &Path,
+) {
+    let mut out = String::new();
+    if let Some(g) = gate.filter(|g| g.path().is_file()) {
+        out += &g.table();
+    }
+    let parts: Vec<String> = times
+        .parts
+        .iter()
+        .map(|(p, s)| format!("{p} {}", clock(*s)))
+        .collect();
+    out += &format!(
+        "pipeline done in {}{}\n",
+        clock(times.started.elapsed().as_secs_f64()),
+        match parts.is_empty() {
+            true => String::new(),
+            false => format!(": {}", parts.join(", ")),
+        }
+    );
+    if final_model.join("config.json").is_file() {
+        out += &format!("final model: {}\n", final_model.display());
+    }
+    for (what, file) in [
+        ("gate", root.join("gate.json")),
+        ("eval", root.join("eval/report.json")),
+    ] {
+        if file.is_file() {
+            out += &format!("{what} report: {}\n", file.display());
+        }
+    }
+    out += &match args.quick_test {
+        true => "next: `trace-train init my-run` writes starter configs for your own pipeline (docs/guide/pipeline.md)\n".to_owned(),
+        false => format!(
+            "next: `trace-train serve --model {}` answers OpenAI-style requests with it (docs/guide/serve.md)\n",
+            final_model.display()
+        ),
+    };
+    print!("{out}");
 }
 
 /// The file that marks a folder as the quick test's own: the quick test

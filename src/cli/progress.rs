@@ -241,7 +241,7 @@ fn eta(s: &State, elapsed: f64) -> Option<f64> {
     (did > 0).then(|| elapsed / did as f64 * total.saturating_sub(s.done) as f64)
 }
 
-fn clock(seconds: f64) -> String {
+pub(crate) fn clock(seconds: f64) -> String {
     let t = seconds.max(0.0).round() as u64;
     format!("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
 }

@@ -40,16 +40,26 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
             println!("{v}");
         } else {
             println!("{summary}");
+            let curves = dir.join(runlog::curves::CURVES_DIR);
             let names: Vec<String> = images
                 .iter()
                 .filter(|p| p.extension().is_some_and(|e| e == "png"))
                 .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+                .filter(|n| n != runlog::curves::OVERVIEW)
                 .collect();
-            println!(
-                "  curves      {}/{{{}}}.{{png,svg}}",
-                dir.join(runlog::curves::CURVES_DIR).display(),
-                names.join(",")
-            );
+            if !names.is_empty() {
+                println!(
+                    "  overview    {}",
+                    curves
+                        .join(format!("{}.png", runlog::curves::OVERVIEW))
+                        .display()
+                );
+                println!(
+                    "  curves      {}/{{{}}}.{{png,svg}}",
+                    curves.display(),
+                    names.join(",")
+                );
+            }
         }
     }
     Ok(())

@@ -377,6 +377,11 @@ impl GateReport {
     /// model's exact match a set with its interval, the change from the
     /// model before it and the verdict, then the mean over the sets.
     pub fn table(&self) -> String {
+        self.table_of(|_| true)
+    }
+
+    /// [`Self::table`] with only the models `keep` accepts.
+    pub fn table_of(&self, keep: impl Fn(&StageScores) -> bool) -> String {
         let mut out = String::new();
         let w = &mut out;
         let level = self
@@ -401,7 +406,7 @@ impl GateReport {
             "model", "set", "n", "acc", "interval", "change"
         )
         .unwrap();
-        for s in &self.stages {
+        for s in self.stages.iter().filter(|s| keep(s)) {
             let cmp = self.comparisons.iter().find(|c| c.place() == s.place());
             for (i, (set, x)) in s.sets.iter().enumerate() {
                 let change = cmp.and_then(|c| c.sets.iter().find(|c| &c.set == set));

@@ -1,9 +1,13 @@
-//! A run's curves as images: one chart a scalar, `curves/NAME.png` and
-//! `curves/NAME.svg` in the run folder, drawn from `metrics.jsonl`.
+//! A run's curves as images, drawn from `metrics.jsonl` into `curves/` in
+//! the run folder: `overview.png` (and `.svg`), one page with the run's
+//! main charts (loss or reward first), then one chart a scalar,
+//! `NAME.png` and `NAME.svg`.
 //!
 //! A scalar `X` and its evaluation counterpart `eval_X` share a chart
 //! (`loss` with `eval_loss`); `epoch` and `skipped_steps` are bookkeeping
-//! and get none. Text is set in DejaVu Sans compiled into the binary
+//! and get none, nor does a scalar that never changed over several steps
+//! (`world_size`, a fixed temperature) unless the run is judged by it
+//! (loss, reward, accuracy). Text is set in DejaVu Sans compiled into the binary
 //! (plotters' `ab_glyph` backend), so the images look the same on a
 //! machine without fonts. Files are written beside and renamed into place.
 
@@ -22,6 +26,30 @@ pub const CURVES_DIR: &str = "curves";
 
 /// Scalars that are not worth a chart.
 const SKIP: [&str; 2] = ["epoch", "skipped_steps"];
+
+/// The overview page's file stem.
+pub const OVERVIEW: &str = "overview";
+
+/// The charts the overview shows first, when the run logged them: what a
+/// run is judged by (loss, reward, accuracy), then its health.
+const HEADLINE: [&str; 12] = [
+    "loss",
+    "reward",
+    "accuracy",
+    "rewards_margins",
+    "rewards_accuracies",
+    "kl",
+    "entropy",
+    "grad_norm",
+    "lr",
+    "response_tokens_mean",
+    "tokens_per_s",
+    "time_step_s",
+];
+
+/// Charts on the overview page, in rows of [`OVERVIEW_COLUMNS`].
+const OVERVIEW_CHARTS: usize = 6;
+const OVERVIEW_COLUMNS: usize = 3;
 
 const SIZE: (u32, u32) = (800, 450);
 /// The family name DejaVu Sans is registered under ([`register_font`]).
@@ -55,6 +83,12 @@ pub fn charts(records: &[Record]) -> Vec<Chart> {
     }
     let mut charts: BTreeMap<String, Vec<Series>> = BTreeMap::new();
     for (name, points) in series {
+        // A scalar that stayed put over several steps says nothing as a
+        // curve, unless a run is judged by it (a reward stuck at 0 is news).
+        let judged = HEADLINE[..5].contains(&name.as_str());
+        if !judged && points.len() > 1 && points.iter().all(|p| p.1 == points[0].1) {
+            continue;
+        }
         let chart = name.strip_prefix("eval_").unwrap_or(&name).to_owned();
         charts.entry(chart).or_default().push((name, points));
     }
@@ -79,15 +113,74 @@ fn file_stem(name: &str) -> String {
         .collect()
 }
 
-/// Draws every chart of `records` into `run_dir/curves/`; returns the
-/// files written.
+/// The overview's charts: the [`HEADLINE`] ones the run has, in that
+/// order, then others by name, at most [`OVERVIEW_CHARTS`].
+pub fn overview(charts: &[Chart]) -> Vec<&Chart> {
+    let mut picked: Vec<&Chart> = HEADLINE
+        .iter()
+        .filter_map(|h| charts.iter().find(|(n, _)| n == h))
+        .collect();
+    for c in charts {
+        if !picked.iter().any(|p| p.0 == c.0) {
+            picked.push(c);
+        }
+    }
+    picked.truncate(OVERVIEW_CHARTS);
+    picked
+}
+
+/// Draws `picked` on one page, [`OVERVIEW_COLUMNS`] a row.
+fn overview_on<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    picked: &[&Chart],
+    rows: usize,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    area.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+    for (cell, (name, lines)) in area
+        .split_evenly((rows, OVERVIEW_COLUMNS))
+        .iter()
+        .zip(picked)
+    {
+        chart_on(cell, name, lines)?;
+    }
+    Ok(())
+}
+
+/// Draws every chart of `records` into `run_dir/curves/`, the overview
+/// first; returns the files written.
 pub fn draw(run_dir: &Path, records: &[Record]) -> anyhow::Result<Vec<PathBuf>> {
     register_font()?;
     let dir = run_dir.join(CURVES_DIR);
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("cannot create folder `{}`", dir.display()))?;
     let mut written = Vec::new();
-    for (name, lines) in charts(records) {
+    let all = charts(records);
+    let picked = overview(&all);
+    if !picked.is_empty() {
+        let rows = picked.len().div_ceil(OVERVIEW_COLUMNS);
+        let size = (SIZE.0 * OVERVIEW_COLUMNS as u32, SIZE.1 * rows as u32);
+        let png = dir.join(format!("{OVERVIEW}.png"));
+        let tmp = dir.join(format!(".tmp-{OVERVIEW}.png"));
+        {
+            let area = BitMapBackend::new(&tmp, size).into_drawing_area();
+            overview_on(&area, &picked, rows)
+                .with_context(|| format!("cannot draw `{}`", png.display()))?;
+        }
+        std::fs::rename(&tmp, &png).with_context(|| format!("cannot write `{}`", png.display()))?;
+        let svg = dir.join(format!("{OVERVIEW}.svg"));
+        let mut text = String::new();
+        {
+            let area = SVGBackend::with_string(&mut text, size).into_drawing_area();
+            overview_on(&area, &picked, rows)
+                .with_context(|| format!("cannot draw `{}`", svg.display()))?;
+        }
+        crate::atomic::write(&svg, text.as_bytes())?;
+        written.extend([png, svg]);
+    }
+    for (name, lines) in all {
         let file = file_stem(&name);
         let png = dir.join(format!("{file}.png"));
         // The image crate picks the format from the extension.
@@ -223,18 +316,42 @@ mod tests {
             .iter()
             .map(|(n, l)| (n.as_str(), l.iter().map(|(s, _)| s.as_str()).collect()))
             .collect();
+        // `lr` never changed: no chart.
+        assert_eq!(names, vec![("loss", vec!["loss", "eval_loss"])]);
+        assert_eq!(c[0].1[1].1.len(), 4);
+    }
+
+    #[test]
+    fn the_overview_puts_what_a_run_is_judged_by_first() {
+        let line = |n: &str| -> Chart { (n.to_owned(), vec![(n.to_owned(), vec![(1.0, 1.0)])]) };
+        let all: Vec<Chart> = [
+            "a_other",
+            "entropy",
+            "kl",
+            "lr",
+            "reward",
+            "time_env_s",
+            "z",
+            "zz",
+        ]
+        .into_iter()
+        .map(line)
+        .collect();
+        let names: Vec<&str> = overview(&all).iter().map(|c| c.0.as_str()).collect();
         assert_eq!(
             names,
-            vec![("loss", vec!["loss", "eval_loss"]), ("lr", vec!["lr"])]
+            ["reward", "kl", "entropy", "lr", "a_other", "time_env_s"]
         );
-        assert_eq!(c[0].1[1].1.len(), 4);
     }
 
     #[test]
     fn draws_png_and_svg_with_text() {
         let dir = tempfile::tempdir().unwrap();
         let files = draw(dir.path(), &records()).unwrap();
+        // The overview and the loss chart (with its eval series), each twice.
         assert_eq!(files.len(), 4);
+        let page = std::fs::read(dir.path().join("curves/overview.png")).unwrap();
+        assert_eq!(&page[..8], b"\x89PNG\r\n\x1a\n");
         let png = std::fs::read(dir.path().join("curves/loss.png")).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
         let svg = std::fs::read_to_string(dir.path().join("curves/loss.svg")).unwrap();

@@ -254,6 +254,14 @@ pub struct Summary {
     pub best_loss: Option<(u64, f64)>,
     pub last_eval_loss: Option<f64>,
     pub best_eval_loss: Option<(u64, f64)>,
+    /// An RL run's mean reward a step: first, last, and the highest with
+    /// its step.
+    pub first_reward: Option<f64>,
+    pub last_reward: Option<f64>,
+    pub best_reward: Option<(u64, f64)>,
+    /// An RL run's share of exactly right answers, first and last step.
+    pub first_accuracy: Option<f64>,
+    pub last_accuracy: Option<f64>,
     /// Mean of the steps' `tokens_per_s`.
     pub mean_tokens_per_s: Option<f64>,
     /// Seconds from the first logged step to the last (across resumes).
@@ -274,7 +282,10 @@ impl Summary {
                 .collect()
         };
         let best = |s: &[(u64, f64)]| s.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1));
+        let highest = |s: &[(u64, f64)]| s.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1));
         let loss = series("loss");
+        let reward = series("reward");
+        let accuracy = series("accuracy");
         let eval = series("eval_loss");
         let tps = series("tokens_per_s");
         let times: Vec<f64> = records.iter().filter_map(|r| r.wall_time).collect();
@@ -295,6 +306,11 @@ impl Summary {
             best_loss: best(&loss),
             last_eval_loss: eval.last().map(|x| x.1),
             best_eval_loss: best(&eval),
+            first_reward: reward.first().map(|x| x.1),
+            last_reward: reward.last().map(|x| x.1),
+            best_reward: highest(&reward),
+            first_accuracy: accuracy.first().map(|x| x.1),
+            last_accuracy: accuracy.last().map(|x| x.1),
             mean_tokens_per_s: (!tps.is_empty())
                 .then(|| tps.iter().map(|x| x.1).sum::<f64>() / tps.len() as f64),
             seconds: match (times.first(), times.last()) {
@@ -318,19 +334,43 @@ impl std::fmt::Display for Summary {
             "  steps       {}..{} ({} logged)",
             self.first_step, self.last_step, self.lines
         )?;
-        writeln!(
-            f,
-            "  loss        first {}  last {}  best {}",
-            num(self.first_loss),
-            num(self.last_loss),
-            at(self.best_loss)
-        )?;
-        writeln!(
-            f,
-            "  eval loss   last {}  best {}",
-            num(self.last_eval_loss),
-            at(self.best_eval_loss)
-        )?;
+        // What the run is judged by: a training loss, an RL run's reward
+        // and accuracy; a line only for what was logged.
+        let rl = self.last_reward.is_some();
+        if !rl || self.last_loss.is_some() {
+            writeln!(
+                f,
+                "  loss        first {}  last {}  best {}",
+                num(self.first_loss),
+                num(self.last_loss),
+                at(self.best_loss)
+            )?;
+        }
+        if rl {
+            writeln!(
+                f,
+                "  reward      first {}  last {}  best {}",
+                num(self.first_reward),
+                num(self.last_reward),
+                at(self.best_reward)
+            )?;
+        }
+        if self.last_accuracy.is_some() {
+            writeln!(
+                f,
+                "  accuracy    first {}  last {}",
+                num(self.first_accuracy),
+                num(self.last_accuracy)
+            )?;
+        }
+        if !rl || self.last_eval_loss.is_some() {
+            writeln!(
+                f,
+                "  eval loss   last {}  best {}",
+                num(self.last_eval_loss),
+                at(self.best_eval_loss)
+            )?;
+        }
         writeln!(
             f,
             "  tokens/s    {}",
