@@ -12,7 +12,7 @@
 # those are DPO's prompts.
 #
 # Usage: bash scripts/dpo-sweep.sh TRACE_TRAIN BASE_MODEL OUT
-#   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import-gguf`)
+#   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import_gguf`)
 # Environment: HUMANEVAL=path/HumanEval.jsonl.gz (needed); the corpus
 # (datasets/corpus, or TRACE_TRAIN_CORPUS); DPO_RUNS:
 # `name:lr:demos[:nll[:beta[:loss[:seed[:bucket[:temp[:greedy[:fe]]]]]]]]]` separated by spaces, demos empty or 1
@@ -37,14 +37,14 @@
 # programs that print one line; default every prompt), DPO_SAME_LINES (1:
 # `stage3.dpo.same_lines`, right-over-wrong pairs of equal line counts only),
 # DEVICE (default cuda).
-# Programs run with --unsafe-no-sandbox: our own corpora only. Finished parts
+# Programs run with --unsafe_no_sandbox: our own corpora only. Finished parts
 # are kept: run again with the same OUT to do only what is missing.
 set -u
 T=$(realpath "$1") BASE=$(realpath "$2") W=$3
 H=$(realpath "${HUMANEVAL:?HUMANEVAL=path/HumanEval.jsonl.gz}")
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DEV=${DEVICE:-cuda}
-U=--unsafe-no-sandbox
+U=--unsafe_no_sandbox
 export TRACE_TRAIN_CORPUS=${TRACE_TRAIN_CORPUS:-$ROOT/datasets/corpus}
 mkdir -p "$W/logs"
 W=$(realpath "$W")

@@ -18,7 +18,7 @@
 #   GPUS    runs, separated by spaces: `N` is N GPUs in step, `NsK` N GPUs of
 #           which K only sample (`ppo --sampler_ranks K`); default "1 2 2s1"
 # Environment: STEPS (default 24), EXTRA (more `ppo` flags, e.g.
-# --unsafe-no-sandbox where the sandbox cannot run).
+# --unsafe_no_sandbox where the sandbox cannot run).
 set -euo pipefail
 if [ $# -lt 4 ]; then
   echo "usage: bash scripts/grpo-curves.sh TRACE_TRAIN RECIPE POLICY OUT [GPUS] (the header says more)" >&2

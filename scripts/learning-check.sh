@@ -8,7 +8,7 @@
 # Usage: bash scripts/learning-check.sh TRACE_TRAIN BASE_MODEL OUT [RL_STEPS] [ALGORITHM]
 #   TRACE_TRAIN  the binary (built with --features cuda or cudnn for a GPU)
 #   BASE_MODEL   the untrained model's folder (e.g. `trace-train model
-#                import-gguf SmolLM2-135M-Instruct.Q4_1.gguf smol`)
+#                import_gguf SmolLM2-135M-Instruct.Q4_1.gguf smol`)
 #   OUT          a fresh folder for the data, checkpoints and reports
 #   RL_STEPS     Stage 3 steps (default 80; 0 skips Stage 3)
 #   ALGORITHM    grpo (default) or ppo
@@ -41,7 +41,7 @@ OUT=$3
 RL_STEPS=${4:-80}
 ALGORITHM=${5:-grpo}
 DEVICE=${DEVICE:-cuda}
-U=${UNSAFE:+--unsafe-no-sandbox}
+U=${UNSAFE:+--unsafe_no_sandbox}
 mkdir -p "$OUT/data" "$OUT/reports"
 R=$OUT/reports
 

@@ -33,7 +33,7 @@ nvidia-smi -L || true
 
 echo "== bench train: $SHAPE, global batch $BATCH x $((2 * N)) x 1024 tokens"
 for n in 1 "$N"; do
-  "$T" bench train --model "$SHAPE" --batch "$BATCH" --seq 1024 --accum $((2 * N)) \
+  "$T" bench train --model "$SHAPE" --batch_size "$BATCH" --seq 1024 --gradient_accumulation_steps $((2 * N)) \
     --steps 5 --gc --num_gpus "$n" --device cuda | tee -a "$WORK/bench.jsonl"
 done
 python3 - "$WORK/bench.jsonl" <<'PY'
@@ -92,7 +92,7 @@ echo "== GRPO from $POLICY on the trace environment, 32 prompts x 8, on 1 and on
 for n in 1 "$N"; do
   "$T" ppo --algorithm grpo --model "$POLICY" --output_dir "$WORK/g$n" --device cuda --num_gpus "$n" \
     --batch_size 32 --group_size 8 --learning_rate 3e-5 --num_train_steps 8 --max_new_tokens 256 \
-    --temperature 1.0 --no_4bit --save_steps 0 ${UNSAFE:+--unsafe-no-sandbox}
+    --temperature 1.0 --no_4bit --save_steps 0 ${UNSAFE:+--unsafe_no_sandbox}
 done
 python3 - "$WORK" "$N" <<'PY'
 import json, sys

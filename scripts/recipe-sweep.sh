@@ -7,7 +7,7 @@
 # original and the transformed programs), so the runs compare on those.
 #
 # Usage: bash scripts/recipe-sweep.sh TRACE_TRAIN BASE_MODEL OUT
-#   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import-gguf`)
+#   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import_gguf`)
 # Environment: HUMANEVAL=path/HumanEval.jsonl.gz (needed); DEVICE (default
 # cuda); RUNS: the settings, `name:lr:rank:epochs1:epochs2` separated by
 # spaces (default: the recipe, lr 3e-4 and 3e-3, rank 64, epochs 3 + 2);
@@ -16,7 +16,7 @@
 # object laid over the recipe's `stage3` section (e.g. DPO rounds), and then
 # every run goes on to Stage 3, gated against its Stage 2 like the others;
 # SMALL=1 shrinks Stage 0 and the evals (a CPU smoke run on a tiny model).
-# Programs run with --unsafe-no-sandbox: our own corpora only. A finished
+# Programs run with --unsafe_no_sandbox: our own corpora only. A finished
 # run is kept: run again with the same OUT to do only what is missing.
 set -u
 T=$1 BASE=$2 W=$3
@@ -61,7 +61,7 @@ json.dump(c, sys.stdout, indent=1)
 PY
 }
 
-U=--unsafe-no-sandbox
+U=--unsafe_no_sandbox
 first=${RUNS%% *}
 IFS=: read -r _ lr rank e1 e2 <<< "$first"
 config "$lr" "$rank" "$e1" "$e2" > "$W/stage0.json"

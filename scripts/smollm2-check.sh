@@ -21,7 +21,7 @@
 #      untrained model, Stage 2 and that Stage 3.
 #
 # Usage: bash scripts/smollm2-check.sh TRACE_TRAIN BASE_MODEL OUT
-#   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import-gguf`)
+#   BASE_MODEL  SmolLM2-135M-Instruct's folder (`trace-train model import_gguf`)
 # Environment: HUMANEVAL=path/HumanEval.jsonl.gz (needed); PEER=1 runs the TRL
 # peer (transformers, PEFT, TRL and datasets importable); PHASES (default ABC;
 # D on its own after A); DPO_LR and DPO_EPOCHS (default 5e-5 and 1) and
@@ -36,7 +36,7 @@
 # itself from memory another is about to take; PEER=1 also scores the peer's
 # DPO adapter and ours from phase C on the held-out set;
 # SMALL=1 DEVICE=cpu shrinks every budget (a CPU smoke run on a tiny model).
-# Programs run with --unsafe-no-sandbox: our own corpora only. Each part
+# Programs run with --unsafe_no_sandbox: our own corpora only. Each part
 # keeps its outputs; run again with the same OUT to redo only what is missing.
 set -u
 T=$1 BASE=$2 W=$3
@@ -57,7 +57,7 @@ with open(out, "w") as o:
         read = lambda ext: open(f"{d}/{n}.{ext}").read() if os.path.exists(f"{d}/{n}.{ext}") else ""
         o.write(json.dumps({"id": n, "program": read("py"), "inputs": read("in"), "output": read("out")}) + "\n")
 PY
-U=--unsafe-no-sandbox
+U=--unsafe_no_sandbox
 DEV=(--device "${DEVICE:-cuda}")
 NO4=(--no_4bit)
 [ "${DEVICE:-cuda}" = cpu ] && NO4=()

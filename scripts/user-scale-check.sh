@@ -31,7 +31,7 @@
 #                            --modes "" only prints the table)
 #   --device D               cpu, cuda or auto (default: the config's hardware.device)
 #   --keep                   keep each mode's checkpoints and merged models (8 GB each at 4B)
-#   --unsafe-no-sandbox      run the programs without the sandbox (also UNSAFE=1; a machine
+#   --unsafe_no_sandbox      run the programs without the sandbox (also UNSAFE=1; a machine
 #                            where it cannot be set up; trusted programs only)
 # The projection (defaults: the user's job):
 #   --programs 23303 --variants 3 --stage1_epochs 2 --stage2_epochs 3 --ppo_steps 5000
@@ -74,7 +74,7 @@ while [ $# -gt 0 ]; do
     flag=$1
     case "$flag" in
         --keep) KEEP=1; shift; continue ;;
-        --unsafe-no-sandbox) UNSAFE=1; shift; continue ;;
+        --unsafe_no_sandbox) UNSAFE=1; shift; continue ;;
         --model|--make_model|--tokenizer|--shape|--config|--steps|--modes|--device|--programs|--variants|\
         --stage1_epochs|--stage2_epochs|--ppo_steps|--seed_hours)
             [ $# -ge 2 ] || die "$flag needs a value" "see --help" ;;
@@ -164,7 +164,7 @@ else:
 EOF
 
 dev=(); [ -n "$DEVICE" ] && dev=(--device "$DEVICE")
-[ "$UNSAFE" = 1 ] && dev+=(--unsafe-no-sandbox)
+[ "$UNSAFE" = 1 ] && dev+=(--unsafe_no_sandbox)
 # 3. Stage 0 once (both modes train on the same data).
 if [ -f "$WORK/data/stage1_stats.json" ] && [ -f "$WORK/data/stage2_transformed_train.jsonl" ]; then
     echo "== stage 0: reusing \`$WORK/data\`" >&2

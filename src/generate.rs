@@ -186,7 +186,7 @@ pub fn run(
         dataset: source.describe(),
         python: exec.python_version().to_owned(),
         isolation: if opts.unsafe_no_sandbox {
-            "none (--unsafe-no-sandbox)"
+            "none (--unsafe_no_sandbox)"
         } else {
             "sandbox"
         }

@@ -108,7 +108,13 @@ pub struct UnsafeFlag {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    quiet_on_closed_stdout();
+    let matches = cli::conventions::apply(<Cli as clap::CommandFactory>::command())
+        .get_matches_from(cli::conventions::negative_values(std::env::args_os()));
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     if !(cli.log_every.is_finite() && cli.log_every > 0.0) {
         eprintln!("error: --log_every must be a number of seconds above 0");
         return ExitCode::from(2);
@@ -235,4 +241,25 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// A reader that stopped reading our stdout (`trace-train task ... | head`)
+/// ends the command quietly and with success: what it read is all it
+/// wanted. `print!` panics on the broken pipe; this catches that panic,
+/// and only that one (a closed stderr, where progress and errors go, is
+/// still a failure).
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
 }

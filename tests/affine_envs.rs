@@ -441,6 +441,20 @@ fn task_and_compare_subcommands() {
     assert!(png.starts_with(b"\x89PNG") && png.len() > 5000);
     let out = common::trace_train(dir.path(), &["compare", &a]);
     assert!(!out.status.success());
+    // Each report kind's command names the other when given its kind.
+    let out = common::trace_train(dir.path(), &["eval", "--compare", &a, &b]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("trace-train compare A.json B.json"),
+        "{e}"
+    );
+    std::fs::write(dir.path().join("trace.json"), r#"{"predictions": []}"#).unwrap();
+    let out = common::trace_train(dir.path(), &["compare", "trace.json", &a]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("trace-train eval --compare A.json B.json"),
+        "{e}"
+    );
     // Reports of different tasks are not compared.
     let with_split = |from: &str, split: &str| {
         let mut r = trace_train::eval::envs::EnvsReport::read(std::path::Path::new(from)).unwrap();

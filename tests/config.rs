@@ -474,22 +474,110 @@ fn init_writes_starter_configs_and_never_replaces_them_unasked() {
     );
 }
 
-/// `config | head`: a reader that stops early ends the command quietly
-/// and with success, not with a panic about a broken pipe.
+/// `config | head`, `task | head`: a reader that stops early ends the
+/// command quietly and with success, not with a panic about a broken pipe.
 #[test]
-fn config_piped_into_a_reader_that_stops_early_exits_quietly() {
+fn output_piped_into_a_reader_that_stops_early_exits_quietly() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_trace-train"))
-        .args(["config", "--reference"])
-        .current_dir(root)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The read end closes before the command has written anything.
-    drop(child.stdout.take());
-    let o = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{:?} {err}", o.status);
-    assert!(!err.contains("panicked"), "{err}");
+    for args in [
+        &["config", "--reference"][..],
+        &["task", "--environment", "sat", "--task_id", "1"],
+        &["config", "pipeline", "--json"],
+    ] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_trace-train"))
+            .args(args)
+            .current_dir(root)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The read end closes before the command has written anything.
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{args:?}: {:?} {err}", o.status);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// The command line's convention: snake_case everywhere, the old kebab
+/// and bench spellings still accepted, negative numbers read as values.
+#[test]
+fn old_spellings_still_parse_and_negative_numbers_are_values() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for args in [
+        &[
+            "bench", "train", "--batch", "2", "--accum", "2", "--gc", "--4bit", "--rank", "4",
+            "--help",
+        ][..],
+        &[
+            "bench", "rl", "--batch", "2", "--group", "4", "--new", "8", "--gc", "--help",
+        ],
+        &[
+            "bench", "gen", "--batch", "2", "--new", "8", "--4bit", "--help",
+        ],
+        &["model", "import-gguf", "--help"],
+        &["model", "import_gguf", "--help"],
+        &[
+            "task",
+            "--environment",
+            "sat",
+            "--task_id",
+            "1",
+            "--unsafe-no-sandbox",
+        ],
+        &[
+            "task",
+            "--environment",
+            "sat",
+            "--task_id",
+            "1",
+            "--unsafe_no_sandbox",
+        ],
+    ] {
+        let o = trace_train(root, args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    }
+    // A negative learning rate reaches the check that names it.
+    let o = trace_train(root, &["config", "warmup", "--learning_rate", "-1e-4"]);
+    let err = stderr(&o);
+    assert!(
+        !o.status.success() && err.contains("learning_rate: -0.0001 must be positive"),
+        "{err}"
+    );
+    // Help is grouped, with an example.
+    let o = trace_train(root, &["ppo", "--help"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    for want in [
+        "Training:",
+        "Sampling:",
+        "Hardware:",
+        "Examples:\n  trace-train ppo",
+    ] {
+        assert!(out.contains(want), "missing {want}: {out}");
+    }
+}
+
+/// One run names every error of a file, each at its line, not only the
+/// first.
+#[test]
+fn every_error_of_a_file_is_reported_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.json");
+    std::fs::write(
+        &file,
+        "{\n  \"stage1\": {\n    \"learnin_rate\": 1e-4,\n    \"epochs\": 2\n  },\n  \"stage2\": {\n    \"epochs\": \"two\"\n  },\n  \"gate\": {\"mode\": \"warn\", \"limt\": 3}\n}\n",
+    )
+    .unwrap();
+    let o = trace_train(dir.path(), &["config", "p.json"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    for want in [
+        "at line 3",
+        "learnin_rate",
+        "also at line 7: `stage2.epochs`: invalid type: string \"two\"",
+        "also at line 9: `gate.limt`: unknown field `limt` (did you mean `limit`?)",
+    ] {
+        assert!(err.contains(want), "missing {want}: {err}");
+    }
 }

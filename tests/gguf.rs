@@ -1,4 +1,4 @@
-//! `model import-gguf`: errors on synthetic GGUFs, an exact round trip of
+//! `model import_gguf`: errors on synthetic GGUFs, an exact round trip of
 //! the tiny Llama through a GGUF written the way llama.cpp writes one, and,
 //! on the real SmolLM2-135M-Instruct Q4_1 GGUF (fetched by
 //! `.ci/fetch-smollm2.sh`; the tests say SKIPPED without it), logits against
@@ -298,7 +298,7 @@ fn cli_imports_and_prints_the_report() {
     let out = tmp.path().join("imported");
     let o = common::trace_train(
         tmp.path(),
-        &["model", "import-gguf", "tiny.gguf", "imported"],
+        &["model", "import_gguf", "tiny.gguf", "imported"],
     );
     assert!(o.status.success(), "{}", common::stderr(&o));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -364,7 +364,7 @@ fn run_import(file: &Path, out: &Path) -> (bool, String) {
         file.parent().unwrap(),
         &[
             "model",
-            "import-gguf",
+            "import_gguf",
             file.to_str().unwrap(),
             out.to_str().unwrap(),
         ],

@@ -650,7 +650,7 @@ fn smollm2_pair_boundary_is_the_templates() {
     let dir = tempfile::tempdir().unwrap();
     let o = trace_train(
         dir.path(),
-        &["model", "import-gguf", gguf.to_str().unwrap(), "smol"],
+        &["model", "import_gguf", gguf.to_str().unwrap(), "smol"],
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let tok = ChatTokenizer::from_dir(&dir.path().join("smol")).unwrap();

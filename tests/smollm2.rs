@@ -16,7 +16,7 @@ fn smollm2_learns_a_small_set_to_full_exact_match() {
     let dir = tempfile::tempdir().unwrap();
     let o = trace_train(
         dir.path(),
-        &["model", "import-gguf", gguf.to_str().unwrap(), "smol"],
+        &["model", "import_gguf", gguf.to_str().unwrap(), "smol"],
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let mut text = String::new();
@@ -149,7 +149,7 @@ fn smollm2_sft_labels_end_with_the_end_of_turn_token_decoding_stops_on() {
     let dir = tempfile::tempdir().unwrap();
     let o = trace_train(
         dir.path(),
-        &["model", "import-gguf", gguf.to_str().unwrap(), "smol"],
+        &["model", "import_gguf", gguf.to_str().unwrap(), "smol"],
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let tok = ChatTokenizer::from_dir(&dir.path().join("smol")).unwrap();

@@ -42,31 +42,35 @@ pub enum BenchCommand {
         #[arg(long, default_value = "smollm2-135m")]
         model: String,
         /// Sequences a step.
-        #[arg(long, default_value_t = 4)]
+        #[arg(long = "batch_size", alias = "batch", default_value_t = 4)]
         batch: usize,
         /// Tokens a sequence.
         #[arg(long, default_value_t = 1024)]
         seq: usize,
         /// LoRA rank.
-        #[arg(long, default_value_t = 16)]
+        #[arg(long = "lora_r", alias = "rank", default_value_t = 16)]
         rank: usize,
         /// Timed steps, after two untimed ones.
         #[arg(long, default_value_t = 10)]
         steps: usize,
-        /// Micro-batches of `--batch` rows a step (the global batch is
+        /// Micro-batches of `--batch_size` rows a step (the global batch is
         /// batch x accum on any number of GPUs).
-        #[arg(long, default_value_t = 1)]
+        #[arg(
+            long = "gradient_accumulation_steps",
+            alias = "accum",
+            default_value_t = 1
+        )]
         accum: usize,
         /// GPUs, one process each, sharing each step's rows (data parallel
         /// over NCCL); tokens/s is the whole job's.
         #[arg(long, default_value_t = 1)]
         num_gpus: usize,
         /// Recompute each layer in the backward pass (the peer's `--gc`).
-        #[arg(long)]
+        #[arg(long = "gradient_checkpointing", alias = "gc", num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
         gc: bool,
         /// Frozen projections in NF4 with double quantisation (QLoRA; the
         /// peer's `--4bit`).
-        #[arg(long = "4bit")]
+        #[arg(long = "load_in_4bit", alias = "4bit")]
         four_bit: bool,
         /// `cpu`, `cuda`, `cuda:N` or `auto`.
         #[arg(long, default_value = "auto")]
@@ -118,20 +122,20 @@ pub enum BenchCommand {
         #[arg(long, default_value = "smollm2-135m")]
         model: String,
         /// Sequences decoded together.
-        #[arg(long, default_value_t = 64)]
+        #[arg(long = "batch_size", alias = "batch", default_value_t = 64)]
         batch: usize,
         /// Prompt tokens a sequence.
         #[arg(long, default_value_t = 256)]
         prompt: usize,
         /// New tokens a sequence.
-        #[arg(long, default_value_t = 256)]
+        #[arg(long = "max_new_tokens", alias = "new", default_value_t = 256)]
         new: usize,
         /// A LoRA adapter of this rank on all seven projections, with
         /// non-zero factors, as an RL policy samples (the peer has none).
-        #[arg(long)]
+        #[arg(long = "lora_r", alias = "rank")]
         rank: Option<usize>,
         /// The projections' base weights in NF4, as QLoRA holds them.
-        #[arg(long = "4bit")]
+        #[arg(long = "load_in_4bit", alias = "4bit")]
         four_bit: bool,
         /// The decoding path on CUDA: `graph` (the fused step replayed as a
         /// CUDA graph, the default), `eager` (the fused step launched
@@ -142,8 +146,8 @@ pub enum BenchCommand {
         #[arg(long, default_value = "auto")]
         device: String,
     },
-    /// One real Stage 3 step (sample with every answer exactly --new
-    /// tokens, score, old-log-prob and reference passes, update) with its
+    /// One real Stage 3 step (sample with every answer exactly
+    /// --max_new_tokens tokens, score, old-log-prob and reference passes, update) with its
     /// time split, tokens/s and peak GPU memory as one JSON line (run the
     /// peer's `trl_rl_peer.py` with the same flags).
     #[command(rename_all = "snake_case")]
@@ -156,16 +160,16 @@ pub enum BenchCommand {
         #[arg(long, default_value = "ppo", value_parser = trace_train::config::Algorithm::NAMES)]
         algorithm: String,
         /// Prompts a step.
-        #[arg(long, default_value_t = 16)]
+        #[arg(long = "batch_size", alias = "batch", default_value_t = 16)]
         batch: usize,
         /// Completions a prompt (default: 1 for PPO, 8 for GRPO).
-        #[arg(long)]
+        #[arg(long = "group_size", alias = "group")]
         group: Option<usize>,
         /// Tokens a prompt (random token ids).
         #[arg(long, default_value_t = 256)]
         prompt: usize,
         /// Tokens every completion has (no stop token ends one early).
-        #[arg(long, default_value_t = 512)]
+        #[arg(long = "max_new_tokens", alias = "new", default_value_t = 512)]
         new: usize,
         /// Completions a minibatch, one optimizer step each (Stage 3's
         /// `mini_batch_size`).
@@ -176,10 +180,10 @@ pub enum BenchCommand {
         steps: usize,
         /// Recompute each layer in the backward pass (Stage 3's default on a
         /// GPU; off here unless given).
-        #[arg(long)]
+        #[arg(long = "gradient_checkpointing", alias = "gc", num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
         gc: bool,
         /// Frozen projections in NF4 with double quantisation (QLoRA).
-        #[arg(long = "4bit")]
+        #[arg(long = "load_in_4bit", alias = "4bit")]
         four_bit: bool,
         /// `cpu`, `cuda`, `cuda:N` or `auto`.
         #[arg(long, default_value = "auto")]

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod compare;
 pub mod config;
+pub mod conventions;
 pub mod env;
 pub mod envs;
 pub mod eval;
@@ -44,7 +45,8 @@ pub struct RunFlags {
     #[arg(long)]
     pub force: bool,
     /// Stop after this many optimizer steps (with a checkpoint; `--resume`
-    /// goes on from it).
+    /// goes on from it), whatever the run's planned length (epochs, Stage
+    /// 3's `num_train_steps`); the schedule stays the planned run's.
     #[arg(long)]
     pub max_steps: Option<u64>,
     /// Keep the frozen base weights in 16 bits (default on a GPU: 4-bit NF4

@@ -1,4 +1,4 @@
-//! `model import-gguf` (a llama.cpp GGUF into a Hugging Face folder) and
+//! `model import_gguf` (a llama.cpp GGUF into a Hugging Face folder) and
 //! `model tiny` (a tiny random chat model for quick runs).
 
 use std::path::PathBuf;
@@ -11,6 +11,7 @@ pub enum ModelCommand {
     /// Turn a llama.cpp GGUF (Llama architecture, e.g. SmolLM2) into a
     /// Hugging Face model folder: f32 safetensors, config, tokenizer, chat
     /// template. Prints the import report as JSON.
+    #[command(name = "import_gguf", alias = "import-gguf")]
     ImportGguf {
         /// The `.gguf` file.
         file: PathBuf,

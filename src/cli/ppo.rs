@@ -53,7 +53,9 @@ pub struct PpoArgs {
     /// Learning rate of the LoRA adapter.
     #[arg(long)]
     pub learning_rate: Option<f64>,
-    /// Optimizer steps of the run.
+    /// Optimizer steps of the run: its length, which the learning-rate
+    /// schedule and the step budget plan for (`ppo.num_train_steps`).
+    /// `--max_steps` stops earlier without changing that plan.
     #[arg(long)]
     pub num_train_steps: Option<usize>,
     /// Longest completion in tokens.

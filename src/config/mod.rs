@@ -31,13 +31,16 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("invalid config `{path}` at line {line}, column {column}: {message}\nhint: {hint}")]
+    #[error("invalid config `{path}` at line {line}, column {column}: {message}\nhint: {hint}{}", more.iter().map(|m| format!("\nalso {m}")).collect::<String>())]
     Parse {
         path: PathBuf,
         line: usize,
         column: usize,
         message: String,
         hint: String,
+        /// The file's other errors, each `at line N: ...`, so that one run
+        /// shows them all.
+        more: Vec<String>,
     },
     #[error("invalid config `{path}`:\n{}", problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
     Invalid {
@@ -142,9 +145,25 @@ pub fn parse<T: Settings>(text: &str, path: &Path) -> Result<T, ConfigError> {
                 .unwrap_or(&message)
                 .to_owned(),
             hint,
+            more: Vec::new(),
         }
     };
-    let mut value: T = serde_json::from_str(text).map_err(parse_error)?;
+    let mut value: T = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            let mut err = parse_error(e);
+            if let ConfigError::Parse {
+                more,
+                line,
+                message,
+                ..
+            } = &mut err
+            {
+                *more = further_errors::<T>(text, *line, message);
+            }
+            return Err(err);
+        }
+    };
     let tree: serde_json::Value = serde_json::from_str(text).map_err(parse_error)?;
     let mut problems = value.settle(&tree);
     problems.extend(value.problems());
@@ -162,6 +181,107 @@ pub fn parse<T: Settings>(text: &str, path: &Path) -> Result<T, ConfigError> {
 /// `trace-train config`; its defaults give "did you mean" its keys.
 pub trait Settings: for<'de> Deserialize<'de> + Serialize + Default + Validate {}
 impl<T: for<'de> Deserialize<'de> + Serialize + Default + Validate> Settings for T {}
+
+/// Most errors listed after the first.
+const MAX_ERRORS: usize = 20;
+
+/// A config's errors after the first, each `at line N: message`, in line
+/// order, found by reading the file again as a tree with each offending key
+/// taken out in turn; the first error (at `first_line`, saying
+/// `first_message`) is already reported. Empty when the text is not JSON
+/// at all (one syntax error says it).
+fn further_errors<T: Settings>(text: &str, first_line: usize, first_message: &str) -> Vec<String> {
+    let Ok(mut tree) = serde_json::from_str::<serde_json::Value>(text) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for _ in 0..MAX_ERRORS {
+        let e = match serde_path_to_error::deserialize::<_, T>(tree.clone()) {
+            Ok(_) => break,
+            Err(e) => e,
+        };
+        let message = e.inner().to_string();
+        let message = message
+            .split(" (key `")
+            .next()
+            .unwrap_or(&message)
+            .to_owned();
+        let mut path: Vec<String> = e
+            .path()
+            .iter()
+            .filter_map(|s| match s {
+                serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        // An unknown key's path may stop at the object holding it, and a
+        // flattened group's error at its stage: the message names the key.
+        let full = e.inner().to_string();
+        let named = full
+            .strip_prefix("unknown field `")
+            .or_else(|| full.split("(key `").nth(1))
+            .and_then(|m| m.split('`').next())
+            .map(str::to_owned);
+        if let Some(k) = named
+            && path.last() != Some(&k)
+        {
+            path.push(k);
+        }
+        if !remove_at(&mut tree, &path) {
+            break;
+        }
+        let line = line_of(text, &path).unwrap_or(0);
+        let near = message
+            .strip_prefix("unknown field `")
+            .and_then(|m| m.split('`').next())
+            .and_then(|k| did_you_mean::<T>(k, &message))
+            .map(|k| format!(" (did you mean `{k}`?)"))
+            .unwrap_or_default();
+        let short = message
+            .split(", expected one of")
+            .next()
+            .unwrap_or(&message);
+        let first = first_message
+            .split(", expected one of")
+            .next()
+            .unwrap_or_default();
+        if line == first_line && short == first {
+            continue; // the one already reported
+        }
+        out.push((
+            line,
+            format!("at line {line}: `{}`: {short}{near}", path.join(".")),
+        ));
+    }
+    out.sort_by_key(|(line, _)| *line);
+    out.into_iter().map(|(_, m)| m).collect()
+}
+
+/// Takes the key at `path` out of `tree`; false when there is none.
+fn remove_at(tree: &mut serde_json::Value, path: &[String]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut at = tree;
+    for k in parents {
+        match at.get_mut(k) {
+            Some(next) => at = next,
+            None => return false,
+        }
+    }
+    at.as_object_mut().is_some_and(|o| o.remove(last).is_some())
+}
+
+/// The line (1-based) of the key at `path` in JSON `text`: each key found
+/// after its parent's.
+fn line_of(text: &str, path: &[String]) -> Option<usize> {
+    let mut from = 0;
+    for k in path {
+        let re = regex::Regex::new(&format!(r#""{}"\s*:"#, regex::escape(k))).ok()?;
+        from += re.find(&text[from..])?.start();
+    }
+    Some(text[..from].matches('\n').count() + 1)
+}
 
 /// Where error `e` is in `text`, as (line, column), 1-based. serde_json
 /// places an error in a flattened group of shared keys

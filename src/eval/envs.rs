@@ -268,10 +268,18 @@ impl EnvsReport {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read `{}`", path.display()))?;
         serde_json::from_str(&text).with_context(|| {
-            format!(
-                "`{}` is not a report of `eval --environment`\nhint: `compare` reads the JSON that `trace-train eval --environment ...` writes",
-                path.display()
-            )
+            let trace = serde_json::from_str::<serde_json::Value>(&text)
+                .is_ok_and(|v| v.get("predictions").is_some());
+            match trace {
+                true => format!(
+                    "`{}` is a Trace report of `eval` (without --environment), not one of `eval --environment`\nhint: compare two Trace reports with `trace-train eval --compare A.json B.json`",
+                    path.display()
+                ),
+                false => format!(
+                    "`{}` is not a report of `eval --environment`\nhint: `compare` reads the JSON that `trace-train eval --environment ...` writes",
+                    path.display()
+                ),
+            }
         })
     }
 

@@ -283,10 +283,18 @@ impl Report {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read eval report `{}`", path.display()))?;
         let r: Report = serde_json::from_str(&text).with_context(|| {
-            format!(
-                "`{}` is not an eval report\nhint: pass the JSON files `trace-train eval` writes (--output)",
-                path.display()
-            )
+            let envs = serde_json::from_str::<serde_json::Value>(&text)
+                .is_ok_and(|v| v.get("environments").is_some());
+            match envs {
+                true => format!(
+                    "`{}` is a report of `eval --environment`, not a Trace report of `eval`\nhint: compare reports of `eval --environment` with `trace-train compare A.json B.json`",
+                    path.display()
+                ),
+                false => format!(
+                    "`{}` is not an eval report\nhint: pass the JSON files `trace-train eval` writes (--output)",
+                    path.display()
+                ),
+            }
         })?;
         anyhow::ensure!(
             r.version <= REPORT_VERSION,

@@ -58,7 +58,7 @@ pub fn setup(base: Base, test: &str) -> Option<tempfile::TempDir> {
             let gguf = smollm2_gguf(test)?;
             trace_train(
                 dir.path(),
-                &["model", "import-gguf", gguf.to_str().unwrap(), "base"],
+                &["model", "import_gguf", gguf.to_str().unwrap(), "base"],
             )
         }
     };

@@ -56,7 +56,7 @@ pub enum Isolation {
         /// Paths hidden behind an empty read-only tmpfs.
         hide: Vec<PathBuf>,
     },
-    /// `--unsafe-no-sandbox`: rlimits, a session and a temp dir only.
+    /// `--unsafe_no_sandbox`: rlimits, a session and a temp dir only.
     Unsafe,
 }
 
@@ -273,7 +273,7 @@ pub enum SandboxError {
     )]
     Python { path: PathBuf, reason: String },
     #[error(
-        "the sandbox needs root to drop each worker to its own uid and create namespaces (running as uid {uid})\nhint: run as root, or pass `--unsafe-no-sandbox` to run programs without isolation on a machine you trust"
+        "the sandbox needs root to drop each worker to its own uid and create namespaces (running as uid {uid})\nhint: run as root, or pass `--unsafe_no_sandbox` to run programs without isolation on a machine you trust"
     )]
     NotRoot { uid: u32 },
     #[error("sandbox setup failed: {0}")]

@@ -16,7 +16,7 @@
 # grandchildren and fork bombs never outlive their program, and nothing of
 # the program's files remains.
 #
-# Unsafe mode (--unsafe-no-sandbox): P gets its own session and rlimits only;
+# Unsafe mode (--unsafe_no_sandbox): P gets its own session and rlimits only;
 # leftovers are killed by process group, the temp dir is removed.
 #
 # Wire format (all integers big-endian u32 lengths):
