@@ -1,10 +1,14 @@
-//! `model import-gguf` (a llama.cpp GGUF into a Hugging Face folder) and
+//! `model import-gguf` (a llama.cpp GGUF into a Hugging Face folder),
+//! `model merge` (an adapter merged into its base, as a model folder) and
 //! `model tiny` (a tiny random chat model for quick runs).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::Subcommand;
+use anyhow::bail;
+use candle_core::{DType, Device};
+use clap::{Subcommand, ValueEnum};
+use trace_train::model::io::adapter;
 
 #[derive(Subcommand)]
 pub enum ModelCommand {
@@ -17,6 +21,30 @@ pub enum ModelCommand {
         /// The folder to write (created if needed).
         out: PathBuf,
     },
+    /// Merge a PEFT LoRA adapter (ours or PEFT's) into its base model and
+    /// write the result as a complete Hugging Face model folder: weights,
+    /// config, tokenizer files and chat template.
+    Merge {
+        /// The base model: a folder, or a Hugging Face id (from the local
+        /// cache; downloaded when missing, unless `HF_HUB_OFFLINE=1`).
+        #[arg(long)]
+        base: String,
+        /// The adapter folder (`adapter_config.json` and
+        /// `adapter_model.safetensors`).
+        #[arg(long)]
+        adapter: PathBuf,
+        /// The folder to write; it must not exist or be empty, unless
+        /// `--force`.
+        #[arg(long)]
+        output: PathBuf,
+        /// The dtype of the merged weights; the base's own when not given.
+        #[arg(long, value_enum)]
+        dtype: Option<MergeDtype>,
+        /// Write into a folder that holds files already: the files the
+        /// merge writes are replaced, every other file is kept.
+        #[arg(long)]
+        force: bool,
+    },
     /// Write a tiny random Qwen3 chat model (byte-level tokenizer, ChatML
     /// template) that trains in seconds: for quick runs and tests.
     Tiny {
@@ -28,12 +56,94 @@ pub enum ModelCommand {
     },
 }
 
+/// The dtypes `model merge --dtype` writes.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum MergeDtype {
+    Bf16,
+    F16,
+    F32,
+}
+
+impl MergeDtype {
+    fn dtype(self) -> DType {
+        match self {
+            Self::Bf16 => DType::BF16,
+            Self::F16 => DType::F16,
+            Self::F32 => DType::F32,
+        }
+    }
+}
+
+/// Refuses an output folder that holds files, unless `force`; with `force`,
+/// refuses one whose sharded index would take precedence over the single
+/// weight file the merge writes. `command` names the command in messages.
+pub fn check_output_dir(out: &Path, force: bool, command: &str) -> anyhow::Result<()> {
+    if out.is_file() {
+        bail!(
+            "`{}` is a file, not a folder\nhint: pass a new folder to `{command}` as --output",
+            out.display()
+        );
+    }
+    let Ok(mut entries) = std::fs::read_dir(out) else {
+        return Ok(());
+    };
+    if entries.next().is_some() && !force {
+        bail!(
+            "output folder `{}` exists and is not empty\nhint: choose a new folder, or pass --force to replace the files `{command}` writes there (other files are kept)",
+            out.display()
+        );
+    }
+    let index = out.join(trace_train::model::WEIGHTS_INDEX_FILE);
+    if index.exists() {
+        bail!(
+            "`{}` would take precedence over the `model.safetensors` that `{command}` writes\nhint: write into a new folder, or move the sharded checkpoint out of `{}`",
+            index.display(),
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+/// `model merge`: loads the base with the adapter (which checks every
+/// tensor's name and shape), then writes the merged folder.
+fn merge(
+    base: &str,
+    adapter_dir: &Path,
+    out: &Path,
+    dtype: Option<MergeDtype>,
+    force: bool,
+) -> anyhow::Result<()> {
+    check_output_dir(out, force, "model merge")?;
+    let base_dir = trace_train::model::io::resolve::resolve(base)?;
+    let device = Device::Cpu;
+    let loaded = adapter::load(&base_dir, adapter_dir, DType::F32, &device)?;
+    adapter::merge_as(&loaded, out, dtype.map(MergeDtype::dtype))?;
+    eprintln!(
+        "merged `{}` into `{}`: `{}`",
+        adapter_dir.display(),
+        base_dir.display(),
+        out.display()
+    );
+    Ok(())
+}
+
 /// Runs a `model` subcommand.
 pub fn run(cmd: ModelCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         ModelCommand::Tiny { out, seed } => {
             trace_train::model::arch::tiny::write_tiny_chat_model(&out, seed)?;
             println!("{}", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        ModelCommand::Merge {
+            base,
+            adapter,
+            output,
+            dtype,
+            force,
+        } => {
+            merge(&base, &adapter, &output, dtype, force)?;
+            println!("{}", output.display());
             Ok(ExitCode::SUCCESS)
         }
         ModelCommand::ImportGguf { file, out } => {
