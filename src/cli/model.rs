@@ -1,6 +1,7 @@
 //! `model import-gguf` (a llama.cpp GGUF into a Hugging Face folder),
-//! `model merge` (an adapter merged into its base, as a model folder) and
-//! `model tiny` (a tiny random chat model for quick runs).
+//! `model export` (a model folder into a llama.cpp GGUF), `model merge` (an
+//! adapter merged into its base, as a model folder) and `model tiny` (a
+//! tiny random chat model for quick runs).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -9,10 +10,11 @@ use anyhow::bail;
 use candle_core::{DType, Device};
 use clap::{Subcommand, ValueEnum};
 use trace_train::model::io::adapter;
+use trace_train::model::io::gguf::export::{OutType, export_gguf};
 
 #[derive(Subcommand)]
 pub enum ModelCommand {
-    /// Turn a llama.cpp GGUF (Llama architecture, e.g. SmolLM2) into a
+    /// Turn a llama.cpp GGUF (Llama, e.g. SmolLM2, or Qwen3) into a
     /// Hugging Face model folder: f32 safetensors, config, tokenizer, chat
     /// template. Prints the import report as JSON.
     ImportGguf {
@@ -20,6 +22,28 @@ pub enum ModelCommand {
         file: PathBuf,
         /// The folder to write (created if needed).
         out: PathBuf,
+    },
+    /// Write a model folder (Llama or Qwen3, byte-level BPE tokenizer) as a
+    /// llama.cpp GGUF (version 3) for llama.cpp and Ollama, optionally with
+    /// an adapter merged in. Prints the export report as JSON.
+    Export {
+        /// The model folder, or a Hugging Face id (from the local cache;
+        /// downloaded when missing, unless `HF_HUB_OFFLINE=1`).
+        #[arg(long = "gguf", value_name = "MODEL_DIR")]
+        model: String,
+        /// The `.gguf` file to write; it must not exist, unless `--force`.
+        #[arg(long)]
+        output: PathBuf,
+        /// A PEFT adapter folder to merge into the model first.
+        #[arg(long)]
+        adapter: Option<PathBuf>,
+        /// How the weights are stored (norms stay f32); f16 as llama.cpp's
+        /// converter does by default.
+        #[arg(long, value_enum, default_value_t = GgufOutType::F16)]
+        outtype: GgufOutType,
+        /// Replace an existing `--output` file.
+        #[arg(long)]
+        force: bool,
     },
     /// Merge a PEFT LoRA adapter (ours or PEFT's) into its base model and
     /// write the result as a complete Hugging Face model folder: weights,
@@ -54,6 +78,27 @@ pub enum ModelCommand {
         #[arg(long, default_value_t = 7)]
         seed: u64,
     },
+}
+
+/// The tensor types `model export --outtype` writes.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum GgufOutType {
+    F32,
+    F16,
+    Bf16,
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl GgufOutType {
+    fn out_type(self) -> OutType {
+        match self {
+            Self::F32 => OutType::F32,
+            Self::F16 => OutType::F16,
+            Self::Bf16 => OutType::BF16,
+            Self::Q8_0 => OutType::Q8_0,
+        }
+    }
 }
 
 /// The dtypes `model merge --dtype` writes.
@@ -144,6 +189,28 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<ExitCode> {
         } => {
             merge(&base, &adapter, &output, dtype, force)?;
             println!("{}", output.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        ModelCommand::Export {
+            model,
+            output,
+            adapter,
+            outtype,
+            force,
+        } => {
+            let dir = trace_train::model::io::resolve::resolve(&model)?;
+            let report = export_gguf(&dir, adapter.as_deref(), &output, outtype.out_type(), force)?;
+            for note in &report.notes {
+                eprintln!("note: {note}");
+            }
+            eprintln!(
+                "exported {} tensors ({} parameters) of `{}` into `{}`",
+                report.tensors,
+                report.parameters,
+                dir.display(),
+                output.display()
+            );
+            println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(ExitCode::SUCCESS)
         }
         ModelCommand::ImportGguf { file, out } => {
