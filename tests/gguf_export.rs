@@ -4,7 +4,8 @@
 //! Q8_0 within their rounding; norms always f32), the same token ids and
 //! the same rendered chat template; Llama's q/k permutation checked by
 //! candle's quantized Llama (llama.cpp's interleaved RoPE) giving our
-//! logits; refusals. On the real SmolLM2 GGUF (`.ci/fetch-smollm2.sh`;
+//! logits; Qwen2's and Llama 3's split pre-tokenizers (and Qwen's NFC)
+//! through export and import; refusals. On the real SmolLM2 GGUF (`.ci/fetch-smollm2.sh`;
 //! SKIPPED without it): import, export f32, import again is the identity.
 //! With Python's `gguf` package (SKIPPED without it), the file reads there.
 
@@ -405,4 +406,86 @@ print(arch, tokens, len(names), names[0], r.tensors[0].name)
         out.trim(),
         "qwen3 512 25 blk.0.attn_k.weight token_embd.weight"
     );
+}
+
+/// Qwen2's split regex (with its NFC normalizer) and Llama 3's, as their
+/// `tokenizer.json` files spell them.
+const SPLITS: [(&str, &str); 2] = [
+    (
+        "qwen2",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+    (
+        "llama-bpe",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+];
+
+/// A real Qwen3's tokenizer splits with a regex and normalizes to NFC: the
+/// tiny model given Qwen2's (and Llama 3's) pre-tokenizer and a few merges
+/// exports with `tokenizer.ggml.pre` named as llama.cpp knows it, and
+/// imports back to the same ids; the regex and NFC are in force.
+#[test]
+fn split_pre_tokenizers_and_nfc_round_trip() {
+    for (name, pattern) in SPLITS {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        tiny::write_tiny_chat_model(&dir.join("base"), 4).unwrap();
+        let path = dir.join("base/tokenizer.json");
+        let mut tok: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let merges = [
+            ("1", "2"),
+            ("12", "3"),
+            ("Ġ", "t"),
+            ("h", "e"),
+            ("Ġt", "he"),
+            ("'", "s"),
+        ];
+        // The merged tokens take ids 256.. and the three specials move
+        // after them (262..265), as a real file orders its added tokens.
+        for (i, (a, b)) in merges.iter().enumerate() {
+            tok["model"]["vocab"][format!("{a}{b}")] = serde_json::json!(256 + i);
+        }
+        for added in tok["added_tokens"].as_array_mut().unwrap() {
+            added["id"] = serde_json::json!(added["id"].as_u64().unwrap() + 6);
+        }
+        tok["model"]["merges"] = serde_json::json!(
+            merges
+                .iter()
+                .map(|(a, b)| format!("{a} {b}"))
+                .collect::<Vec<_>>()
+        );
+        tok["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]});
+        if name == "qwen2" {
+            tok["normalizer"] = serde_json::json!({"type": "NFC"});
+        }
+        std::fs::write(&path, tok.to_string()).unwrap();
+        let config_path = dir.join("base/config.json");
+        let mut config = config(&dir.join("base"));
+        config["bos_token_id"] = serde_json::json!(263);
+        config["eos_token_id"] = serde_json::json!(264);
+        std::fs::write(&config_path, config.to_string()).unwrap();
+
+        export(dir, "base", "t.gguf", &["--outtype", "f32"]);
+        let mut reader = std::fs::File::open(dir.join("t.gguf")).unwrap();
+        let content = Content::read(&mut reader).unwrap();
+        assert!(
+            matches!(&content.metadata["tokenizer.ggml.pre"], Value::String(p) if p == name),
+            "{name}"
+        );
+        let back = import(dir, "t.gguf", "back");
+        assert_same_tokenizer(&dir.join("base"), &back);
+        let tok = Tokenizer::from_file(back.join("tokenizer.json")).unwrap();
+        let ids = |text: &str| tok.encode(text, false).unwrap().get_ids().to_vec();
+        // Qwen2 splits digits one by one, Llama 3 in runs of up to three.
+        let digits = if name == "qwen2" { 3 } else { 1 };
+        assert_eq!(ids("123").len(), digits, "{name}");
+        assert_eq!(ids(" the"), [260], "{name}");
+        if name == "qwen2" {
+            assert_eq!(ids("e\u{301}"), ids("\u{e9}"), "NFC");
+        }
+    }
 }

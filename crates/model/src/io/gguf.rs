@@ -39,7 +39,9 @@
 //! `tokenizer.ggml.tokens` (id = position) and `tokenizer.ggml.merges`
 //! (rank = position), with the pre-tokenizer llama.cpp uses for the GGUF's
 //! `tokenizer.ggml.pre` (SmolLM2: each digit alone, then GPT-2's byte-level
-//! split). Control tokens (`token_type` 3) become special added tokens.
+//! split; Qwen2/3 and Llama 3: their split regex, then byte-level, with
+//! Qwen's NFC normalizer). Control tokens (`token_type` 3) become special
+//! added tokens.
 //! The padding token is never the eos: a trainer that masks padding by id
 //! would otherwise stop teaching the model to end its turn (see
 //! `vocab::choose_pad`).

@@ -153,6 +153,11 @@ pub fn export_gguf(
         head_dim: spec.head_dim,
     };
     let mut notes = Vec::new();
+    if vocab.nfc {
+        notes.push(
+            "`tokenizer.json` normalizes text to Unicode NFC; llama.cpp does not, so text not in NFC may tokenize differently there".to_owned(),
+        );
+    }
     let tied = spec.tie_word_embeddings || !weights.contains_key("lm_head.weight");
     if tied && !spec.tie_word_embeddings {
         notes.push("no `lm_head.weight`: the output is tied to the embeddings".to_owned());

@@ -10,6 +10,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use super::vocab::SPLIT_PATTERNS;
 use super::writer::MetaValue;
 
 /// llama.cpp's `token_type` values.
@@ -17,19 +18,6 @@ const TOKEN_NORMAL: i32 = 1;
 const TOKEN_CONTROL: i32 = 3;
 const TOKEN_USER_DEFINED: i32 = 4;
 const TOKEN_UNUSED: i32 = 5;
-
-/// The pre-tokenizer regexes of `Split` pre-tokenizers that llama.cpp
-/// knows by name (`tokenizer.ggml.pre`).
-const SPLIT_PATTERNS: [(&str, &str); 2] = [
-    (
-        "qwen2",
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ),
-    (
-        "llama-bpe",
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ),
-];
 
 /// The vocabulary as GGUF metadata.
 pub(super) struct HfVocab {
@@ -40,6 +28,8 @@ pub(super) struct HfVocab {
     pub(super) merges: Vec<String>,
     /// `tokenizer.ggml.pre`.
     pub(super) pre: &'static str,
+    /// Whether `tokenizer.json` normalizes to NFC, which llama.cpp does not.
+    pub(super) nfc: bool,
     pub(super) bos: Option<u32>,
     pub(super) eos: Option<u32>,
     pub(super) unk: Option<u32>,
@@ -147,9 +137,13 @@ pub(super) fn read_hf_vocab(
             "`{shown}`: `byte_fallback` BPE (a SentencePiece-style vocabulary) is not supported; only byte-level BPE is"
         ));
     }
-    if !tokenizer["normalizer"].is_null() {
+    // Qwen's tokenizers normalize to NFC; llama.cpp does not normalize, so
+    // the GGUF tokenizes NFC text alike and other text as llama.cpp does.
+    let nfc = tokenizer["normalizer"]["type"] == "NFC";
+    if !tokenizer["normalizer"].is_null() && !nfc {
         problems.push(format!(
-            "`{shown}`: a normalizer is set; byte-level BPE tokenizers have none"
+            "`{shown}`: normalizer {} is not supported; byte-level BPE tokenizers have none, or NFC",
+            tokenizer["normalizer"]
         ));
     }
     let pre = pre_tokenizer_name(&tokenizer["pre_tokenizer"]);
@@ -251,6 +245,7 @@ pub(super) fn read_hf_vocab(
     };
     Some(HfVocab {
         pre: pre.expect("checked above"),
+        nfc,
         bos: special("bos"),
         eos: special("eos"),
         unk: special("unk"),
