@@ -180,7 +180,8 @@ fn an_adapter_of_another_shape_is_refused_naming_the_tensor() {
     assert!(
         err.contains("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight")
             && err.contains("[4, 32]")
-            && err.contains("[4, 64]"),
+            && err.contains("[4, 64]")
+            && err.contains("hint: an adapter loads only on the model it was trained on (its `adapter_config.json` names `tiny`)"),
         "{err}"
     );
     assert!(!tmp.path().join("merged").exists());

@@ -298,6 +298,8 @@ pub fn load(
     } else {
         Err(ModelError::AdapterMismatch {
             path: weights_path,
+            model: base_dir.to_owned(),
+            trained_on: config.base_model_name_or_path.clone(),
             problems,
         })
     }
