@@ -122,7 +122,7 @@ impl MergeDtype {
 /// Refuses an output folder that holds files, unless `force`; with `force`,
 /// refuses one whose sharded index would take precedence over the single
 /// weight file the merge writes. `command` names the command in messages.
-pub fn check_output_dir(out: &Path, force: bool, command: &str) -> anyhow::Result<()> {
+fn check_output_dir(out: &Path, force: bool, command: &str) -> anyhow::Result<()> {
     if out.is_file() {
         bail!(
             "`{}` is a file, not a folder\nhint: pass a new folder to `{command}` as --output",
