@@ -82,9 +82,13 @@ enum Command {
     Eval(cli::eval::EvalArgs),
     /// Stages 0, 1, 2, 3 and eval in order, from config/pipeline_config.json.
     Pipeline(cli::pipeline::PipelineArgs),
-    /// Prepare model folders.
+    /// Prepare model folders: import or export a GGUF, merge an adapter,
+    /// a tiny test model.
     #[command(subcommand)]
     Model(cli::model::ModelCommand),
+    /// Upload a model or adapter folder to the Hugging Face Hub as one
+    /// commit (the repository is created if missing).
+    Push(cli::push::PushArgs),
     /// Serve a model over an OpenAI-compatible HTTP API
     /// (/v1/chat/completions, /v1/models, /health).
     Serve(cli::serve::ServeArgs),
@@ -195,6 +199,10 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Serve(args) => {
             cli::serve::run(&args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Push(args) => {
+            cli::push::run(&args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Report(args) => {

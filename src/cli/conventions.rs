@@ -151,7 +151,7 @@ const HEADINGS: [(&str, &[&str]); 9] = [
 ];
 
 /// Examples shown after each subcommand's options, by its path.
-const EXAMPLES: [(&str, &str); 28] = [
+const EXAMPLES: [(&str, &str); 31] = [
     (
         "generate",
         "trace-train generate                                  # the built-in corpus, config/generate.json\n  trace-train generate --dataset builtin+humaneval:HumanEval.jsonl.gz --output_dir data",
@@ -224,6 +224,18 @@ const EXAMPLES: [(&str, &str); 28] = [
         "trace-train model import_gguf SmolLM2-135M-Instruct.Q4_1.gguf models/smollm2-135m",
     ),
     ("model tiny", "trace-train model tiny models/tiny"),
+    (
+        "model merge",
+        "trace-train model merge --base Qwen/Qwen3-4B --adapter checkpoints/stage2_sft/final --output_dir merged --dtype bf16",
+    ),
+    (
+        "model export",
+        "trace-train model export --gguf checkpoints/stage3_ppo/merged --output model.gguf --outtype q8_0",
+    ),
+    (
+        "push",
+        "trace-train push checkpoints/stage3_ppo/merged --repo me/trace-qwen3-4b --private",
+    ),
     (
         "sandbox run",
         "trace-train sandbox run prog.py --stdin in.txt",

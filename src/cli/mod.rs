@@ -17,6 +17,7 @@ pub mod pipeline;
 pub mod ppo;
 pub mod pref;
 pub mod progress;
+pub mod push;
 pub mod report;
 pub mod sandbox;
 pub mod serve;

@@ -45,9 +45,19 @@ pub enum ModelError {
     InvalidLora { problems: Vec<String> },
     #[error("the model has no LoRA adapter\nhint: load it with a LoRA config")]
     NoAdapter,
-    #[error("adapter `{}` does not fit the model:\n{}", path.display(), list(problems))]
+    #[error(
+        "adapter `{}` does not fit the model in `{}`:\n{}\nhint: an adapter loads only on the model it was trained on{}",
+        path.display(),
+        model.display(),
+        list(problems),
+        trained_on.as_ref().map(|b| format!(" (its `adapter_config.json` names `{b}`)")).unwrap_or_default()
+    )]
     AdapterMismatch {
         path: PathBuf,
+        /// The model folder the adapter was loaded onto.
+        model: PathBuf,
+        /// `base_model_name_or_path` of the adapter's config, when set.
+        trained_on: Option<String>,
         problems: Vec<String>,
     },
     #[error("unsupported dtype {dtype:?}\nhint: load models as f32, bf16 or f16")]

@@ -292,25 +292,8 @@ pub fn build(
         config,
         varmap: &varmap,
     });
-    let config_path = dir.join(CONFIG_FILE);
-    let typed = |e: serde_json::Error| ModelError::Parse {
-        path: config_path.clone(),
-        message: e.to_string(),
-        hint: "the file does not match the architecture its `model_type` names".to_owned(),
-    };
-    let model = match architecture {
-        Architecture::Qwen3 => {
-            let cfg: qwen3::Config = serde_json::from_value(config).map_err(typed)?;
-            check_supported(&config_path, cfg.unsupported())?;
-            Model::build(&cfg.spec(), vb, init)
-        }
-        Architecture::Llama => {
-            let cfg: llama::Config = serde_json::from_value(config).map_err(typed)?;
-            check_supported(&config_path, cfg.unsupported())?;
-            Model::build(&cfg.spec(), vb, init)
-        }
-    }
-    .map_err(|source| ModelError::Tensor {
+    let spec = spec_of(architecture, config, &dir.join(CONFIG_FILE))?;
+    let model = Model::build(&spec, vb, init).map_err(|source| ModelError::Tensor {
         context: format!(
             "cannot build the model from the weights in `{}`",
             dir.display()
@@ -326,6 +309,40 @@ pub fn build(
         dtype,
         device: device.clone(),
     })
+}
+
+/// The architecture and decoder shape of the model in `dir`, read from its
+/// `config.json` and checked as [`load`] checks them, without the weights.
+pub fn read_spec(dir: &Path) -> Result<(Architecture, layers::decoder::Spec)> {
+    let (architecture, config) = read_config(dir)?;
+    let spec = spec_of(architecture, config, &dir.join(CONFIG_FILE))?;
+    Ok((architecture, spec))
+}
+
+/// The decoder `config` (the file `config_path`) describes, through its
+/// architecture's config adapter.
+fn spec_of(
+    architecture: Architecture,
+    config: serde_json::Value,
+    config_path: &Path,
+) -> Result<layers::decoder::Spec> {
+    let typed = |e: serde_json::Error| ModelError::Parse {
+        path: config_path.to_owned(),
+        message: e.to_string(),
+        hint: "the file does not match the architecture its `model_type` names".to_owned(),
+    };
+    match architecture {
+        Architecture::Qwen3 => {
+            let cfg: qwen3::Config = serde_json::from_value(config).map_err(typed)?;
+            check_supported(config_path, cfg.unsupported())?;
+            Ok(cfg.spec())
+        }
+        Architecture::Llama => {
+            let cfg: llama::Config = serde_json::from_value(config).map_err(typed)?;
+            check_supported(config_path, cfg.unsupported())?;
+            Ok(cfg.spec())
+        }
+    }
 }
 
 fn check_supported(path: &Path, problems: Vec<Unsupported>) -> Result<()> {

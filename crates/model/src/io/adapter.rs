@@ -8,8 +8,9 @@
 //! reads what PEFT writes (for the options implemented here).
 //!
 //! [`merge`] writes a plain model folder with `W + (alpha / r) B A` in place
-//! of each adapted weight, in the checkpoint's own dtype, loadable by
-//! [`crate::arch::load`] and by transformers.
+//! of each adapted weight, in the checkpoint's own dtype ([`merge_as`]: in
+//! a dtype of the caller's choice), loadable by [`crate::arch::load`] and
+//! by transformers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -28,7 +29,7 @@ pub const ADAPTER_WEIGHTS_FILE: &str = "adapter_model.safetensors";
 /// PEFT's prefix in front of the base model's module paths.
 const PEFT_PREFIX: &str = "base_model.model.";
 /// Files besides the weights that a merged folder keeps, when present.
-const COPIED_FILES: [&str; 7] = [
+pub const COPIED_FILES: [&str; 8] = [
     CONFIG_FILE,
     "generation_config.json",
     "tokenizer.json",
@@ -36,6 +37,7 @@ const COPIED_FILES: [&str; 7] = [
     "special_tokens_map.json",
     "vocab.json",
     "merges.txt",
+    "chat_template.jinja",
 ];
 
 /// PEFT's `adapter_config.json`: the fields written, and the ones that must
@@ -296,6 +298,8 @@ pub fn load(
     } else {
         Err(ModelError::AdapterMismatch {
             path: weights_path,
+            model: base_dir.to_owned(),
+            trained_on: config.base_model_name_or_path.clone(),
             problems,
         })
     }
@@ -306,6 +310,14 @@ pub fn load(
 /// in f32, stored in the checkpoint's dtype), plus `config.json` and the
 /// tokenizer files. Holds the whole model in host memory while writing.
 pub fn merge(model: &LoadedModel, out_dir: &Path) -> Result<()> {
+    merge_as(model, out_dir, None)
+}
+
+/// [`merge`], with every floating-point tensor stored as `dtype` when it is
+/// given (f32, bf16 or f16), and `config.json`'s `torch_dtype` saying so.
+/// Writes [`WEIGHTS_FILE`] and the [`COPIED_FILES`] the base has, and no
+/// other file.
+pub fn merge_as(model: &LoadedModel, out_dir: &Path, dtype: Option<DType>) -> Result<()> {
     if same_dir(&model.dir, out_dir) {
         return Err(ModelError::Write {
             path: out_dir.to_owned(),
@@ -313,6 +325,40 @@ pub fn merge(model: &LoadedModel, out_dir: &Path) -> Result<()> {
                 "the merged model cannot overwrite its base; choose another folder",
             ),
         });
+    }
+    let merged = merged_tensors(model, dtype)?;
+    create_dir(out_dir)?;
+    save_tensors(&merged, &out_dir.join(WEIGHTS_FILE))?;
+    for file in COPIED_FILES {
+        let from = model.dir.join(file);
+        if from.exists() {
+            let to = out_dir.join(file);
+            std::fs::copy(&from, &to).map_err(|source| ModelError::Write {
+                path: to.clone(),
+                source,
+            })?;
+            if file == CONFIG_FILE
+                && let Some(dtype) = dtype
+            {
+                set_torch_dtype(&to, dtype)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every tensor of `model`'s base checkpoint on the host, adapted weights
+/// replaced by `W + scale B A` (summed in f32, stored in the checkpoint's
+/// dtype), each floating-point tensor then converted to `dtype` when given
+/// (f32, bf16 or f16). [`merge_as`] writes them; the GGUF export reads them.
+pub fn merged_tensors(
+    model: &LoadedModel,
+    dtype: Option<DType>,
+) -> Result<HashMap<String, Tensor>> {
+    if let Some(dtype) = dtype
+        && !matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+    {
+        return Err(ModelError::Dtype { dtype });
     }
     let mut deltas = HashMap::new();
     for proj in model.model.projections() {
@@ -346,6 +392,12 @@ pub fn merge(model: &LoadedModel, out_dir: &Path) -> Result<()> {
                 .map_err(tensor_err(format!("cannot merge `{name}`")))?,
             None => w,
         };
+        let w = match dtype {
+            Some(dtype) if w.dtype().is_float() && w.dtype() != dtype => w
+                .to_dtype(dtype)
+                .map_err(tensor_err(format!("cannot convert `{name}` to {dtype:?}")))?,
+            _ => w,
+        };
         merged.insert(name, w);
     }
     if let Some(name) = deltas.keys().next() {
@@ -354,16 +406,28 @@ pub fn merge(model: &LoadedModel, out_dir: &Path) -> Result<()> {
             source: candle_core::Error::Msg(format!("no tensor `{name}` in the base checkpoint")),
         });
     }
-    create_dir(out_dir)?;
-    save_tensors(&merged, &out_dir.join(WEIGHTS_FILE))?;
-    for file in COPIED_FILES {
-        let from = model.dir.join(file);
-        if from.exists() {
-            let to = out_dir.join(file);
-            std::fs::copy(&from, &to).map_err(|source| ModelError::Write { path: to, source })?;
+    Ok(merged)
+}
+
+/// Rewrites `config.json`'s `torch_dtype` (and `dtype`, transformers' newer
+/// name, when present) as transformers spells `dtype`.
+fn set_torch_dtype(path: &Path, dtype: DType) -> Result<()> {
+    let mut config = crate::common::read_json(path, "")?;
+    let name = match dtype {
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        _ => "float32",
+    };
+    if let Some(object) = config.as_object_mut() {
+        object.insert("torch_dtype".to_owned(), name.into());
+        if object.contains_key("dtype") {
+            object.insert("dtype".to_owned(), name.into());
         }
     }
-    Ok(())
+    write_file(
+        path,
+        serde_json::to_string_pretty(&config).expect("a JSON value serialises"),
+    )
 }
 
 fn same_dir(a: &Path, b: &Path) -> bool {

@@ -1,9 +1,10 @@
 //! Importing a llama.cpp GGUF as a Hugging Face model folder.
 //!
 //! Owns [`import_gguf`]: a GGUF of the `llama` architecture (Llama 2/3
-//! without RoPE scaling, SmolLM2) whose vocabulary is byte-level BPE
-//! (`tokenizer.ggml.model` = `gpt2`) becomes a folder that [`crate::arch::load`]
-//! and transformers' `LlamaForCausalLM` read: `model.safetensors`,
+//! without RoPE scaling, SmolLM2) or the `qwen3` one (dense Qwen3) whose
+//! vocabulary is byte-level BPE (`tokenizer.ggml.model` = `gpt2`) becomes a
+//! folder that [`crate::arch::load`] and transformers' `LlamaForCausalLM` /
+//! `Qwen3ForCausalLM` read: `model.safetensors`,
 //! `tokenizer.json`, `tokenizer_config.json` (with the chat template),
 //! `generation_config.json` and, written last so that a half-written folder
 //! never loads, `config.json`.
@@ -17,7 +18,8 @@
 //!
 //! Names map block by block (`blk.N.attn_q` → `model.layers.N.self_attn.q_proj`,
 //! see [`hf_name`]); a GGUF without `output.weight` ties `lm_head` to the
-//! embeddings.
+//! embeddings. The opposite direction, a model folder written as a GGUF,
+//! is [`export`].
 //!
 //! The RoPE permutation. HF Llama rotates each head's dimension in halves:
 //! channel `i` pairs with `i + D/2` (`rotate_half`). llama.cpp rotates
@@ -29,13 +31,17 @@
 //! [`unpermute_rope_rows`], reads the rows as `(H, D/2, 2, in)` and swaps the
 //! same two axes back. Without it the model loads and runs but rotates the
 //! wrong channel pairs, and its output is noise. v, o and the MLP are not
-//! permuted.
+//! permuted, and neither is anything of `qwen3`: llama.cpp runs Qwen3 with
+//! the half-split ("NEOX") RoPE that HF uses, and its converter writes the
+//! rows as they are.
 //!
 //! The tokenizer is rebuilt with the `tokenizers` crate from
 //! `tokenizer.ggml.tokens` (id = position) and `tokenizer.ggml.merges`
 //! (rank = position), with the pre-tokenizer llama.cpp uses for the GGUF's
 //! `tokenizer.ggml.pre` (SmolLM2: each digit alone, then GPT-2's byte-level
-//! split). Control tokens (`token_type` 3) become special added tokens.
+//! split; Qwen2/3 and Llama 3: their split regex, then byte-level, with
+//! Qwen's NFC normalizer). Control tokens (`token_type` 3) become special
+//! added tokens.
 //! The padding token is never the eos: a trainer that masks padding by id
 //! would otherwise stop teaching the model to end its turn (see
 //! `vocab::choose_pad`).
@@ -55,8 +61,11 @@ use crate::{common::CONFIG_FILE, common::WEIGHTS_FILE};
 use meta::{Hparams, Meta, read_hparams};
 use vocab::{GgufVocab, build_tokenizer, read_vocab};
 
+pub mod export;
+mod hf_vocab;
 mod meta;
 mod vocab;
+pub mod writer;
 
 /// The tokenizer file of a model folder.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -84,7 +93,7 @@ pub enum GgufError {
     #[error("invalid GGUF `{}`: {message}", path.display())]
     Invalid { path: PathBuf, message: String },
     #[error(
-        "`{}` holds a `{architecture}` model; only `llama` GGUFs can be imported\nhint: Llama 2/3 and SmolLM2 GGUFs have `general.architecture` = `llama`",
+        "`{}` holds a `{architecture}` model; only `llama` and `qwen3` GGUFs can be imported\nhint: Llama 2/3 and SmolLM2 GGUFs have `general.architecture` = `llama`, Qwen3 ones `qwen3`",
         path.display()
     )]
     Architecture { path: PathBuf, architecture: String },
@@ -309,7 +318,7 @@ pub fn hf_name(gguf: &str) -> Option<String> {
         ("output_norm.weight", "model.norm.weight"),
         ("output.weight", "lm_head.weight"),
     ];
-    const BLOCK: [(&str, &str); 9] = [
+    const BLOCK: [(&str, &str); 11] = [
         ("attn_q", "self_attn.q_proj"),
         ("attn_k", "self_attn.k_proj"),
         ("attn_v", "self_attn.v_proj"),
@@ -319,6 +328,8 @@ pub fn hf_name(gguf: &str) -> Option<String> {
         ("ffn_down", "mlp.down_proj"),
         ("attn_norm", "input_layernorm"),
         ("ffn_norm", "post_attention_layernorm"),
+        ("attn_q_norm", "self_attn.q_norm"),
+        ("attn_k_norm", "self_attn.k_norm"),
     ];
     if let Some((_, hf)) = TOP.iter().find(|(g, _)| *g == gguf) {
         return Some((*hf).to_owned());
@@ -376,8 +387,96 @@ struct TensorPlan {
     rope_heads: Option<usize>,
 }
 
+/// The GGUF architectures this module reads and writes, by
+/// `general.architecture`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GgufArch {
+    Llama,
+    Qwen3,
+}
+
+impl GgufArch {
+    fn parse(name: &str) -> Option<Self> {
+        match name {
+            "llama" => Some(Self::Llama),
+            "qwen3" => Some(Self::Qwen3),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen3 => "qwen3",
+        }
+    }
+
+    /// Whether q and k rows are stored in llama.cpp's interleaved RoPE
+    /// order (the module header).
+    fn permutes_rope(self) -> bool {
+        self == Self::Llama
+    }
+
+    /// Whether each block has per-head q and k norms (Qwen3).
+    fn has_qk_norm(self) -> bool {
+        self == Self::Qwen3
+    }
+}
+
+/// The model's shape as the tensor index needs it.
+struct Shapes {
+    vocab: usize,
+    hidden: usize,
+    intermediate: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+/// Every tensor a GGUF of `arch` holds, under llama.cpp's names, with its
+/// row-major shape and, for q and k of a permuting architecture, the heads
+/// its rows are permuted over; `output.weight` only when not `tied`.
+fn expected_tensors(
+    arch: GgufArch,
+    s: &Shapes,
+    tied: bool,
+) -> BTreeMap<String, (Vec<usize>, Option<usize>)> {
+    let (hidden, inter, d) = (s.hidden, s.intermediate, s.head_dim);
+    let (q_out, kv_out) = (s.heads * d, s.kv_heads * d);
+    let rope = |heads| arch.permutes_rope().then_some(heads);
+    let mut expected = BTreeMap::new();
+    expected.insert("token_embd.weight".into(), (vec![s.vocab, hidden], None));
+    expected.insert("output_norm.weight".into(), (vec![hidden], None));
+    if !tied {
+        expected.insert("output.weight".into(), (vec![s.vocab, hidden], None));
+    }
+    for i in 0..s.layers {
+        let mut parts = vec![
+            ("attn_q", vec![q_out, hidden], rope(s.heads)),
+            ("attn_k", vec![kv_out, hidden], rope(s.kv_heads)),
+            ("attn_v", vec![kv_out, hidden], None),
+            ("attn_output", vec![hidden, q_out], None),
+            ("ffn_gate", vec![inter, hidden], None),
+            ("ffn_up", vec![inter, hidden], None),
+            ("ffn_down", vec![hidden, inter], None),
+            ("attn_norm", vec![hidden], None),
+            ("ffn_norm", vec![hidden], None),
+        ];
+        if arch.has_qk_norm() {
+            parts.push(("attn_q_norm", vec![d], None));
+            parts.push(("attn_k_norm", vec![d], None));
+        }
+        for (part, shape, heads) in parts {
+            expected.insert(format!("blk.{i}.{part}.weight"), (shape, heads));
+        }
+    }
+    expected
+}
+
 /// Everything read and checked before any file is written.
 struct Plan {
+    arch: GgufArch,
     name: Option<String>,
     hparams: Hparams,
     vocab: GgufVocab,
@@ -391,7 +490,7 @@ impl Plan {
     fn new(path: &Path, content: &Content) -> Result<Self, GgufError> {
         let meta = Meta(&content.metadata);
         let architecture = meta.string("general.architecture").unwrap_or("");
-        if architecture != "llama" {
+        let Some(arch) = GgufArch::parse(architecture) else {
             return Err(GgufError::Architecture {
                 path: path.to_owned(),
                 architecture: if architecture.is_empty() {
@@ -400,12 +499,17 @@ impl Plan {
                     architecture.to_owned()
                 },
             });
-        }
+        };
         let mut problems = Vec::new();
         let vocab = read_vocab(&meta, &mut problems);
-        let hparams = read_hparams(&meta, vocab.as_ref().map(|v| v.tokens.len()), &mut problems);
+        let hparams = read_hparams(
+            &meta,
+            arch.name(),
+            vocab.as_ref().map(|v| v.tokens.len()),
+            &mut problems,
+        );
         let (tensors, tied) = match &hparams {
-            Some(h) => plan_tensors(content, h, &mut problems),
+            Some(h) => plan_tensors(content, arch, h, &mut problems),
             None => (Vec::new(), false),
         };
         match (hparams, vocab) {
@@ -415,6 +519,7 @@ impl Plan {
                     notes.push("the GGUF has no `tokenizer.chat_template`".to_owned());
                 }
                 Ok(Plan {
+                    arch,
                     name: meta.string("general.name").map(str::to_owned),
                     hparams,
                     vocab,
@@ -430,9 +535,39 @@ impl Plan {
         }
     }
 
-    /// `config.json` for transformers' `LlamaForCausalLM` and [`crate::arch::llama`].
+    /// `config.json` for transformers' `LlamaForCausalLM` and
+    /// [`crate::arch::llama`], or `Qwen3ForCausalLM` and [`crate::arch::qwen3`].
     fn config(&self) -> serde_json::Value {
         let h = &self.hparams;
+        if self.arch == GgufArch::Qwen3 {
+            return json!({
+                "architectures": ["Qwen3ForCausalLM"],
+                "model_type": "qwen3",
+                "vocab_size": h.vocab_size,
+                "hidden_size": h.hidden_size,
+                "intermediate_size": h.intermediate_size,
+                "num_hidden_layers": h.num_hidden_layers,
+                "num_attention_heads": h.num_attention_heads,
+                "num_key_value_heads": h.num_key_value_heads,
+                "head_dim": h.head_dim,
+                "max_position_embeddings": h.max_position_embeddings,
+                "rms_norm_eps": h.rms_norm_eps,
+                "rope_theta": h.rope_theta,
+                "rope_scaling": null,
+                "hidden_act": "silu",
+                "attention_bias": false,
+                "attention_dropout": 0.0,
+                "use_sliding_window": false,
+                "sliding_window": null,
+                "initializer_range": 0.02,
+                "tie_word_embeddings": self.tied,
+                "use_cache": true,
+                "bos_token_id": self.vocab.bos,
+                "eos_token_id": self.vocab.eos,
+                "pad_token_id": self.vocab.pad.id,
+                "torch_dtype": "float32",
+            });
+        }
         json!({
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -475,42 +610,30 @@ impl Plan {
 /// ones missing. Returns the plan in name order and whether `lm_head` is tied.
 fn plan_tensors(
     content: &Content,
+    arch: GgufArch,
     h: &Hparams,
     problems: &mut Vec<String>,
 ) -> (Vec<TensorPlan>, bool) {
-    let (hidden, inter, d) = (h.hidden_size, h.intermediate_size, h.head_dim);
-    let (q_out, kv_out) = (h.num_attention_heads * d, h.num_key_value_heads * d);
-    let mut expected: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    expected.insert("token_embd.weight".into(), vec![h.vocab_size, hidden]);
-    expected.insert("output_norm.weight".into(), vec![hidden]);
-    for i in 0..h.num_hidden_layers {
-        for (part, shape) in [
-            ("attn_q", vec![q_out, hidden]),
-            ("attn_k", vec![kv_out, hidden]),
-            ("attn_v", vec![kv_out, hidden]),
-            ("attn_output", vec![hidden, q_out]),
-            ("ffn_gate", vec![inter, hidden]),
-            ("ffn_up", vec![inter, hidden]),
-            ("ffn_down", vec![hidden, inter]),
-            ("attn_norm", vec![hidden]),
-            ("ffn_norm", vec![hidden]),
-        ] {
-            expected.insert(format!("blk.{i}.{part}.weight"), shape);
-        }
-    }
+    let shapes = Shapes {
+        vocab: h.vocab_size,
+        hidden: h.hidden_size,
+        intermediate: h.intermediate_size,
+        layers: h.num_hidden_layers,
+        heads: h.num_attention_heads,
+        kv_heads: h.num_key_value_heads,
+        head_dim: h.head_dim,
+    };
     let tied = !content.tensor_infos.contains_key("output.weight");
-    if !tied {
-        expected.insert("output.weight".into(), vec![h.vocab_size, hidden]);
-    }
+    let mut expected = expected_tensors(arch, &shapes, tied);
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
     names.sort();
     let mut plan = Vec::new();
     for name in names {
-        let Some(shape) = expected.remove(name.as_str()) else {
+        let Some((shape, rope_heads)) = expected.remove(name.as_str()) else {
             let why = if name == "rope_freqs.weight" {
                 "Llama 3.1 RoPE scaling is not supported"
             } else {
-                "no Hugging Face Llama weight corresponds to it"
+                "no Hugging Face weight corresponds to it"
             };
             problems.push(format!("tensor `{name}`: {why}"));
             continue;
@@ -521,13 +644,6 @@ fn plan_tensors(
                 "tensor `{name}` has shape {found:?}; the metadata implies {shape:?}"
             ));
         }
-        let rope_heads = if name.ends_with(".attn_q.weight") {
-            Some(h.num_attention_heads)
-        } else if name.ends_with(".attn_k.weight") {
-            Some(h.num_key_value_heads)
-        } else {
-            None
-        };
         plan.push(TensorPlan {
             gguf: name.clone(),
             hf: hf_name(name).expect("every expected name maps"),

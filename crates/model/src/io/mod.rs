@@ -1,5 +1,7 @@
-//! Models on disk: PEFT adapters, finding a model folder, importing a GGUF.
+//! Models on disk and on the Hub: PEFT adapters, finding a model folder,
+//! importing and exporting a GGUF, pushing a folder to the Hub.
 
 pub mod adapter;
 pub mod gguf;
+pub mod push;
 pub mod resolve;

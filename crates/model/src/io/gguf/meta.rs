@@ -1,5 +1,5 @@
 //! The GGUF's metadata, read leniently (integers of any width, floats of
-//! either width), and the model shape its `llama.*` keys give, checked.
+//! either width), and the model shape its `<arch>.*` keys give, checked.
 
 use std::collections::HashMap;
 
@@ -81,7 +81,7 @@ pub(super) fn as_uint(v: &Value) -> Option<u64> {
     as_int(v).and_then(|i| u64::try_from(i).ok())
 }
 
-/// The model's shape, from `llama.*` metadata.
+/// The model's shape, from the `<arch>.*` metadata (`llama.*`, `qwen3.*`).
 pub(super) struct Hparams {
     pub(super) vocab_size: usize,
     pub(super) hidden_size: usize,
@@ -97,42 +97,50 @@ pub(super) struct Hparams {
 
 pub(super) fn read_hparams(
     meta: &Meta,
+    arch: &str,
     vocab_size: Option<usize>,
     problems: &mut Vec<String>,
 ) -> Option<Hparams> {
-    let mut required = |key: &str| {
-        let v = meta.uint(key).map(|v| v as usize);
+    let key = |name: &str| format!("{arch}.{name}");
+    let mut required = |name: &str| {
+        let key = key(name);
+        let v = meta.uint(&key).map(|v| v as usize);
         if v.is_none() {
             problems.push(format!("missing or non-integer metadata `{key}`"));
         }
         v
     };
-    let hidden = required("llama.embedding_length");
-    let intermediate = required("llama.feed_forward_length");
-    let layers = required("llama.block_count");
-    let heads = required("llama.attention.head_count");
-    let context = required("llama.context_length");
+    let hidden = required("embedding_length");
+    let intermediate = required("feed_forward_length");
+    let layers = required("block_count");
+    let heads = required("attention.head_count");
+    let context = required("context_length");
     let kv_heads = meta
-        .uint("llama.attention.head_count_kv")
+        .uint(&key("attention.head_count_kv"))
         .map(|v| v as usize)
         .or(heads);
-    let eps = meta.float("llama.attention.layer_norm_rms_epsilon");
+    let eps = meta.float(&key("attention.layer_norm_rms_epsilon"));
     if eps.is_none() {
-        problems.push("missing metadata `llama.attention.layer_norm_rms_epsilon`".to_owned());
+        problems.push(format!(
+            "missing metadata `{}`",
+            key("attention.layer_norm_rms_epsilon")
+        ));
     }
     // llama.cpp's default base frequency.
-    let theta = meta.float("llama.rope.freq_base").unwrap_or(10_000.0);
-    if let Some(kind) = meta.string("llama.rope.scaling.type")
+    let theta = meta.float(&key("rope.freq_base")).unwrap_or(10_000.0);
+    if let Some(kind) = meta.string(&key("rope.scaling.type"))
         && kind != "none"
     {
         problems.push(format!(
-            "RoPE scaling `{kind}` (`llama.rope.scaling.type`) is not supported; only unscaled RoPE is"
+            "RoPE scaling `{kind}` (`{}`) is not supported; only unscaled RoPE is",
+            key("rope.scaling.type")
         ));
     }
-    if meta.uint("llama.expert_count").unwrap_or(0) > 0 {
-        problems.push(
-            "mixture-of-experts models (`llama.expert_count` > 0) are not supported".to_owned(),
-        );
+    if meta.uint(&key("expert_count")).unwrap_or(0) > 0 {
+        problems.push(format!(
+            "mixture-of-experts models (`{}` > 0) are not supported",
+            key("expert_count")
+        ));
     }
     let (hidden, intermediate, layers, heads, kv_heads, context, eps, vocab_size) = (
         hidden?,
@@ -151,31 +159,33 @@ pub(super) fn read_hparams(
         return None;
     }
     let head_dim = meta
-        .uint("llama.attention.key_length")
+        .uint(&key("attention.key_length"))
         .map(|v| v as usize)
         .unwrap_or(hidden / heads);
-    if let Some(v) = meta.uint("llama.attention.value_length")
+    if let Some(v) = meta.uint(&key("attention.value_length"))
         && v as usize != head_dim
     {
         problems.push(format!(
-            "value head size {v} differs from key head size {head_dim}; HF Llama needs them equal"
+            "value head size {v} differs from key head size {head_dim}; HF models need them equal"
         ));
     }
-    if let Some(r) = meta.uint("llama.rope.dimension_count")
+    if let Some(r) = meta.uint(&key("rope.dimension_count"))
         && r as usize != head_dim
     {
         problems.push(format!(
-            "RoPE covers {r} of {head_dim} head channels (`llama.rope.dimension_count`); only full-head RoPE is supported"
+            "RoPE covers {r} of {head_dim} head channels (`{}`); only full-head RoPE is supported",
+            key("rope.dimension_count")
         ));
     }
     if !head_dim.is_multiple_of(2) {
         problems.push(format!("head size {head_dim} is odd; RoPE needs pairs"));
     }
-    if let Some(v) = meta.uint("llama.vocab_size")
+    if let Some(v) = meta.uint(&key("vocab_size"))
         && v as usize != vocab_size
     {
         problems.push(format!(
-            "`llama.vocab_size` is {v} but `tokenizer.ggml.tokens` has {vocab_size} tokens"
+            "`{}` is {v} but `tokenizer.ggml.tokens` has {vocab_size} tokens",
+            key("vocab_size")
         ));
     }
     Some(Hparams {

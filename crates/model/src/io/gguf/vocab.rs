@@ -4,11 +4,13 @@
 
 use serde_json::json;
 use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::normalizers::unicode::NFC;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::{AddedToken, Tokenizer};
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 use super::meta::Meta;
 
@@ -18,14 +20,40 @@ const TOKEN_UNKNOWN: i64 = 2;
 const TOKEN_CONTROL: i64 = 3;
 const TOKEN_USER_DEFINED: i64 = 4;
 
+/// The split regexes of the `tokenizer.ggml.pre` names that llama.cpp runs
+/// with a regex of their own, as Hugging Face's `tokenizer.json` spells them
+/// (a `Split` pre-tokenizer, then byte-level without GPT-2's regex).
+pub(super) const SPLIT_PATTERNS: [(&str, &str); 2] = [
+    (
+        "qwen2",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+    (
+        "llama-bpe",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+];
+
+/// How text is split before the byte-level BPE, by `tokenizer.ggml.pre`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pre {
+    /// GPT-2's regex (`gpt2`, `mpt`, `olmo`).
+    Gpt2,
+    /// Each digit alone, then GPT-2's regex (`smollm`, `starcoder`, ...).
+    Digits,
+    /// A regex of [`SPLIT_PATTERNS`] (`qwen2`, `llama-bpe`), with Unicode
+    /// NFC first for `qwen2`, as Qwen's own `tokenizer.json` has it.
+    Split(&'static str, &'static str),
+}
+
 /// The vocabulary and the tokenizer settings.
 pub(super) struct GgufVocab {
     pub(super) tokens: Vec<String>,
     /// llama.cpp `token_type` per token.
     pub(super) types: Vec<i64>,
     pub(super) merges: Vec<(String, String)>,
-    /// Whether digits are split off one by one before the byte-level split.
-    pub(super) split_digits: bool,
+    /// How text is split before BPE.
+    pub(super) pre: Pre,
     pub(super) bos: Option<u32>,
     pub(super) eos: Option<u32>,
     pub(super) unk: Option<u32>,
@@ -102,15 +130,18 @@ pub(super) fn read_vocab(meta: &Meta, problems: &mut Vec<String>) -> Option<Gguf
     }
     // The regex lists llama.cpp's `llama_vocab::impl::load` gives each
     // pre-tokenizer: a `\p{N}` split first, or GPT-2's regex alone.
-    let split_digits = match meta.string("tokenizer.ggml.pre") {
-        Some("smollm" | "starcoder" | "refact" | "codeshell") => true,
-        Some("gpt2" | "mpt" | "olmo") => false,
-        other => {
+    let pre_name = meta.string("tokenizer.ggml.pre");
+    let split = pre_name.and_then(|n| SPLIT_PATTERNS.iter().find(|(name, _)| *name == n));
+    let pre = match (pre_name, split) {
+        (_, Some((name, pattern))) => Pre::Split(name, pattern),
+        (Some("smollm" | "starcoder" | "refact" | "codeshell"), _) => Pre::Digits,
+        (Some("gpt2" | "mpt" | "olmo"), _) => Pre::Gpt2,
+        (other, _) => {
             problems.push(format!(
-                "pre-tokenizer {} (`tokenizer.ggml.pre`) is not supported; supported: smollm, starcoder, refact, codeshell, gpt2, mpt, olmo",
+                "pre-tokenizer {} (`tokenizer.ggml.pre`) is not supported; supported: smollm, starcoder, refact, codeshell, gpt2, mpt, olmo, qwen2, llama-bpe",
                 other.map_or("absent".to_owned(), |p| format!("`{p}`"))
             ));
-            false
+            Pre::Gpt2
         }
     };
     let tokens = meta.strings("tokenizer.ggml.tokens");
@@ -165,7 +196,7 @@ pub(super) fn read_vocab(meta: &Meta, problems: &mut Vec<String>) -> Option<Gguf
         tokens,
         types,
         merges,
-        split_digits,
+        pre,
         bos,
         eos,
         unk,
@@ -214,12 +245,29 @@ pub(super) fn build_tokenizer(v: &GgufVocab) -> Result<Tokenizer, String> {
         .build()
         .map_err(|e| e.to_string())?;
     let byte_level = ByteLevel::new(false, true, true);
-    let pre: PreTokenizerWrapper = if v.split_digits {
-        Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()
-    } else {
-        byte_level.into()
+    let pre: PreTokenizerWrapper = match v.pre {
+        Pre::Gpt2 => byte_level.into(),
+        Pre::Digits => Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into(),
+        Pre::Split(_, pattern) => {
+            let split = Split::new(
+                SplitPattern::Regex(pattern.to_owned()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| e.to_string())?;
+            Sequence::new(vec![
+                split.into(),
+                ByteLevel::new(false, false, false).into(),
+            ])
+            .into()
+        }
     };
     let mut tokenizer = Tokenizer::new(bpe);
+    if matches!(v.pre, Pre::Split("qwen2", _)) {
+        tokenizer
+            .with_normalizer(Some(NFC))
+            .map_err(|e| e.to_string())?;
+    }
     tokenizer
         .with_pre_tokenizer(Some(pre))
         .with_decoder(Some(ByteLevel::default()))
