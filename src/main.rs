@@ -89,6 +89,12 @@ enum Command {
     /// Upload a model or adapter folder to the Hugging Face Hub as one
     /// commit (the repository is created if missing).
     Push(cli::push::PushArgs),
+    /// Print a completion script for a shell (bash, zsh, fish, elvish,
+    /// powershell), e.g. into ~/.local/share/bash-completion/completions/trace-train.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Serve a model over an OpenAI-compatible HTTP API
     /// (/v1/chat/completions, /v1/models, /health).
     Serve(cli::serve::ServeArgs),
@@ -203,6 +209,11 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Push(args) => {
             cli::push::run(&args)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completions { shell } => {
+            let mut cmd = cli::conventions::apply(<Cli as clap::CommandFactory>::command());
+            clap_complete::generate(shell, &mut cmd, "trace-train", &mut std::io::stdout());
             Ok(ExitCode::SUCCESS)
         }
         Command::Report(args) => {

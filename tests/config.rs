@@ -581,3 +581,23 @@ fn every_error_of_a_file_is_reported_at_once() {
         assert!(err.contains(want), "missing {want}: {err}");
     }
 }
+
+/// `completions SHELL` prints a script that completes the subcommands and
+/// the snake_case flags.
+#[test]
+fn completion_scripts_name_the_commands_and_flags() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for shell in ["bash", "zsh", "fish"] {
+        let o = trace_train(root, &["completions", shell]);
+        assert!(o.status.success(), "{shell}: {}", stderr(&o));
+        let script = String::from_utf8_lossy(&o.stdout);
+        for want in [
+            "pipeline",
+            "import_gguf",
+            "learning_rate",
+            "unsafe_no_sandbox",
+        ] {
+            assert!(script.contains(want), "{shell}: no {want}");
+        }
+    }
+}

@@ -151,7 +151,7 @@ const HEADINGS: [(&str, &[&str]); 9] = [
 ];
 
 /// Examples shown after each subcommand's options, by its path.
-const EXAMPLES: [(&str, &str); 31] = [
+const EXAMPLES: [(&str, &str); 32] = [
     (
         "generate",
         "trace-train generate                                  # the built-in corpus, config/generate.json\n  trace-train generate --dataset builtin+humaneval:HumanEval.jsonl.gz --output_dir data",
@@ -231,6 +231,10 @@ const EXAMPLES: [(&str, &str); 31] = [
     (
         "model export",
         "trace-train model export --gguf checkpoints/stage3_ppo/merged --output model.gguf --outtype q8_0",
+    ),
+    (
+        "completions",
+        "trace-train completions bash > ~/.local/share/bash-completion/completions/trace-train",
     ),
     (
         "push",

@@ -1,10 +1,15 @@
-//! Training records: the JSONL files `generate` writes.
+//! Training records: the JSONL files `generate` writes, and the chat
+//! formats users bring from other tools.
 //!
 //! Owns reading and validating one record a line: `messages` (optional
 //! system message, then alternating user and assistant turns, ending with
 //! the assistant's answer) plus `expected_output` and `metadata`, kept for
 //! eval and reports. Other fields (`program`, `input`) are in the prompt
-//! already and are skipped. Errors name the file and line, with a hint.
+//! already and are skipped. Each line may instead be in one of the formats
+//! SFT data comes in elsewhere ([`Format`]): ShareGPT's `conversations`,
+//! Alpaca's `instruction`/`input`/`output`, or TRL's `prompt`/`completion`;
+//! every one becomes the same messages. Errors name the file and line,
+//! with a hint.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -52,7 +57,121 @@ struct RawMessage {
     content: String,
 }
 
-const HINT: &str = "each line must be {\"messages\": [{\"role\": \"user\", \"content\": ...}, {\"role\": \"assistant\", \"content\": ...}], ...} as `trace-train generate` writes; fix or remove the line";
+/// The chat formats a line may be in, told apart by their keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `{"messages": [{"role", "content"}, ...]}`: ours, OpenAI's and
+    /// TRL's conversational format.
+    Messages,
+    /// `{"conversations": [{"from": "human"|"gpt"|"system", "value"}, ...]}`.
+    ShareGpt,
+    /// `{"instruction", "input" (optional), "output", "system" (optional)}`.
+    Alpaca,
+    /// `{"prompt", "completion"}`, each a string or a list of messages.
+    PromptCompletion,
+}
+
+impl Format {
+    /// The format of a line's object, by its keys.
+    fn of(row: &serde_json::Map<String, serde_json::Value>) -> Option<Self> {
+        if row.contains_key("messages") {
+            Some(Format::Messages)
+        } else if row.contains_key("conversations") {
+            Some(Format::ShareGpt)
+        } else if row.contains_key("instruction") && row.contains_key("output") {
+            Some(Format::Alpaca)
+        } else if row.contains_key("prompt") && row.contains_key("completion") {
+            Some(Format::PromptCompletion)
+        } else {
+            None
+        }
+    }
+}
+
+/// A line in another tool's format as our `messages`.
+fn to_messages(
+    format: Format,
+    row: &serde_json::Map<String, serde_json::Value>,
+) -> std::result::Result<Vec<RawMessage>, String> {
+    let text = |key: &str| -> std::result::Result<String, String> {
+        match row.get(key) {
+            Some(serde_json::Value::String(s)) => Ok(s.clone()),
+            None | Some(serde_json::Value::Null) => Ok(String::new()),
+            Some(other) => Err(format!("`{key}` must be text, not {other}")),
+        }
+    };
+    let listed = |v: &serde_json::Value,
+                  what: &str|
+     -> std::result::Result<Vec<RawMessage>, String> {
+        let list: Vec<RawMessage> = serde_json::from_value(v.clone()).map_err(|e| {
+            format!("`{what}` must be text or a list of {{\"role\", \"content\"}} messages: {e}")
+        })?;
+        Ok(list)
+    };
+    let m = |role: &str, content: String| RawMessage {
+        role: role.to_owned(),
+        content,
+    };
+    match format {
+        Format::Messages => unreachable!("read as a Row"),
+        Format::ShareGpt => {
+            let turns = row["conversations"]
+                .as_array()
+                .ok_or("`conversations` must be a list of {\"from\", \"value\"} turns")?;
+            turns
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let from = t["from"]
+                        .as_str()
+                        .ok_or(format!("turn {i} has no `from`"))?;
+                    let value = t["value"]
+                        .as_str()
+                        .ok_or(format!("turn {i} has no text `value`"))?;
+                    let role = match from {
+                        "human" | "user" => "user",
+                        "gpt" | "assistant" | "model" => "assistant",
+                        "system" => "system",
+                        other => {
+                            return Err(format!(
+                                "turn {i} is from `{other}`; expected `human`, `gpt` or `system`"
+                            ));
+                        }
+                    };
+                    Ok(m(role, value.to_owned()))
+                })
+                .collect()
+        }
+        Format::Alpaca => {
+            let (instruction, input) = (text("instruction")?, text("input")?);
+            let mut out = Vec::new();
+            let system = text("system")?;
+            if !system.is_empty() {
+                out.push(m("system", system));
+            }
+            let user = match input.is_empty() {
+                true => instruction,
+                false => format!("{instruction}\n\n{input}"),
+            };
+            out.push(m("user", user));
+            out.push(m("assistant", text("output")?));
+            Ok(out)
+        }
+        Format::PromptCompletion => {
+            let mut out = match &row["prompt"] {
+                serde_json::Value::String(s) => vec![m("user", s.clone())],
+                v => listed(v, "prompt")?,
+            };
+            match &row["completion"] {
+                serde_json::Value::String(s) => out.push(m("assistant", s.clone())),
+                v => out.extend(listed(v, "completion")?),
+            }
+            Ok(out)
+        }
+    }
+}
+
+const HINT: &str = "each line must be a chat: {\"messages\": [{\"role\": \"user\", \"content\": ...}, {\"role\": \"assistant\", \"content\": ...}], ...} as `trace-train generate` writes, or ShareGPT's {\"conversations\": [{\"from\": \"human\", \"value\": ...}, ...]}, Alpaca's {\"instruction\", \"input\", \"output\"} or {\"prompt\", \"completion\"}; fix or remove the line";
 
 /// Reads every record of a JSONL file; blank lines are skipped.
 pub fn read_records(path: &Path) -> Result<Vec<Record>> {
@@ -95,8 +214,20 @@ pub fn read_records(path: &Path) -> Result<Vec<Record>> {
             message,
             hint: HINT.into(),
         };
-        let row: Row =
+        let object: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(&buf).map_err(|e| err(format!("invalid record: {e}")))?;
+        let row: Row = match Format::of(&object) {
+            Some(Format::Messages) | None => serde_json::from_value(object.into())
+                .map_err(|e| err(format!("invalid record: {e}")))?,
+            Some(format) => Row {
+                messages: to_messages(format, &object).map_err(err)?,
+                expected_output: object
+                    .get("expected_output")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned),
+                metadata: object.get("metadata").cloned().unwrap_or_default(),
+            },
+        };
         let messages = parse_messages(row.messages).map_err(err)?;
         out.push(Record {
             line,
@@ -155,6 +286,49 @@ fn parse_messages(raw: Vec<RawMessage>) -> std::result::Result<Vec<Message>, Str
 mod tests {
     use super::*;
     use std::io::Write;
+
+    /// ShareGPT, Alpaca and prompt-completion lines read as the same chat
+    /// our `messages` give.
+    #[test]
+    fn other_tools_formats_become_messages() {
+        let f = file(concat!(
+            r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"Q\n\nI"},{"role":"assistant","content":"A"}]}"#,
+            "\n",
+            r#"{"conversations":[{"from":"system","value":"S"},{"from":"human","value":"Q\n\nI"},{"from":"gpt","value":"A"}]}"#,
+            "\n",
+            r#"{"system":"S","instruction":"Q","input":"I","output":"A"}"#,
+            "\n",
+            r#"{"prompt":[{"role":"system","content":"S"},{"role":"user","content":"Q\n\nI"}],"completion":[{"role":"assistant","content":"A"}]}"#,
+            "\n",
+            r#"{"prompt":"Q","completion":"A"}"#,
+            "\n",
+            r#"{"instruction":"Q","input":"","output":"A"}"#,
+            "\n",
+        ));
+        let r = read_records(f.path()).unwrap();
+        assert_eq!(r.len(), 6);
+        for other in &r[1..4] {
+            assert_eq!(other.messages, r[0].messages, "line {}", other.line);
+        }
+        for short in &r[4..] {
+            assert_eq!(
+                short.messages,
+                vec![
+                    Message::new(Role::User, "Q"),
+                    Message::new(Role::Assistant, "A")
+                ],
+                "line {}",
+                short.line
+            );
+        }
+        // A ShareGPT turn from someone unknown is named with its line.
+        let f = file(r#"{"conversations":[{"from":"bot","value":"Q"}]}"#);
+        let e = read_records(f.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("line 1") && e.contains("`bot`") && e.contains("ShareGPT"),
+            "{e}"
+        );
+    }
 
     fn file(text: &str) -> tempfile::NamedTempFile {
         let mut f = tempfile::NamedTempFile::new().unwrap();
