@@ -601,3 +601,46 @@ fn completion_scripts_name_the_commands_and_flags() {
         }
     }
 }
+
+/// A YAML config is read as the JSON file with the same keys would be,
+/// and its errors are placed at the YAML's own lines.
+#[test]
+fn yaml_configs_resolve_as_json_does_and_errors_name_yaml_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("p.json"),
+        r#"{"model": {"base_model": "Org/M"}, "stage1": {"learning_rate": 1e-4, "epochs": 3}, "gate": {"mode": "off"}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("p.yaml"),
+        "model:\n  base_model: Org/M\nstage1:\n  learning_rate: 1.0e-4\n  epochs: 3\ngate:\n  mode: \"off\"\n",
+    )
+    .unwrap();
+    let json = |file: &str| -> serde_json::Value {
+        let o = trace_train(dir.path(), &["config", "pipeline", "--config", file, "--json"]);
+        assert!(o.status.success(), "{file}: {}", stderr(&o));
+        let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        // The sources name the file; everything else must agree.
+        for (_, entry) in v.as_object_mut().unwrap().iter_mut() {
+            entry.as_object_mut().map(|e| e.remove("path"));
+        }
+        v
+    };
+    assert_eq!(json("p.json"), json("p.yaml"));
+    std::fs::write(
+        dir.path().join("bad.yml"),
+        "stage1:\n  learnin_rate: 1.0e-4\n  epochs: 2\nstage2:\n  epochs: two\n",
+    )
+    .unwrap();
+    let o = trace_train(dir.path(), &["config", "bad.yml"]);
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    for want in [
+        "`bad.yml` at line 2",
+        "learnin_rate",
+        "also at line 5: `stage2.epochs`: invalid type: string \"two\"",
+    ] {
+        assert!(err.contains(want), "missing {want}: {err}");
+    }
+}

@@ -132,8 +132,7 @@ fn check_config_file(path: &Path) -> anyhow::Result<String> {
 /// pipeline file's sections, Stage 3's `ppo`/`curriculum`, or the stage
 /// whose keys it shares most (generate, SFT, DPO).
 fn kind_by_keys(path: &Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config `{}`", path.display()))?;
+    let (text, _) = config::read_text(path)?;
     let Ok(Value::Object(top)) = serde_json::from_str::<Value>(&text) else {
         // Not an object: the pipeline's reader says where and why.
         config::parse::<PipelineConfig>(&text, path)?;

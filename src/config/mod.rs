@@ -49,13 +49,110 @@ pub enum ConfigError {
     },
 }
 
-/// Reads and validates a JSON config file.
+/// Reads and validates a config file, JSON or YAML ([`read_text`]).
 pub fn load<T: Settings>(path: &Path) -> Result<T, ConfigError> {
+    let (text, yaml) = read_text(path)?;
+    parse(&text, path).map_err(|e| at_yaml_lines(e, yaml.as_deref()))
+}
+
+/// Whether `path` names a YAML file (`.yaml`, `.yml`).
+pub fn is_yaml(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"))
+}
+
+/// A config file's text as JSON, and the YAML it was read from when it is
+/// a YAML file: YAML files are read into the same tree, so every key,
+/// check and message is the JSON file's.
+pub fn read_text(path: &Path) -> Result<(String, Option<String>), ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_owned(),
         source,
     })?;
-    parse(&text, path)
+    if !is_yaml(path) {
+        return Ok((text, None));
+    }
+    let tree: serde_json::Value = yaml_serde::from_str(&text).map_err(|e| {
+        let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+        ConfigError::Parse {
+            path: path.to_owned(),
+            line,
+            column,
+            message: e.to_string().split(" at line ").next().unwrap_or_default().to_owned(),
+            hint: "the file must be a YAML mapping of the keys the JSON file has; see docs/reference/config.md".into(),
+            more: Vec::new(),
+        }
+    })?;
+    let json = serde_json::to_string_pretty(&tree).expect("a JSON tree serialises");
+    Ok((json, Some(text)))
+}
+
+/// `e`, found in the JSON form of a YAML file, with its lines the YAML's:
+/// each error's key is looked up there ([`yaml_line_of`]).
+fn at_yaml_lines(e: ConfigError, yaml: Option<&str>) -> ConfigError {
+    let Some(yaml) = yaml else { return e };
+    match e {
+        ConfigError::Parse {
+            path,
+            line,
+            column,
+            message,
+            hint,
+            more,
+        } => {
+            // The first error names its key in the message or sits on it.
+            let key = message
+                .strip_prefix("unknown field `")
+                .and_then(|m| m.split('`').next())
+                .map(str::to_owned);
+            let found = key.and_then(|k| yaml_line_of(yaml, &[k]));
+            let more = more
+                .into_iter()
+                .map(|m| {
+                    let path: Option<Vec<String>> = m
+                        .split('`')
+                        .nth(1)
+                        .map(|p| p.split('.').map(str::to_owned).collect());
+                    match (
+                        m.split_once(": "),
+                        path.and_then(|p| yaml_line_of(yaml, &p)),
+                    ) {
+                        (Some((_, rest)), Some(n)) => format!("at line {n}: {rest}"),
+                        _ => m,
+                    }
+                })
+                .collect();
+            ConfigError::Parse {
+                path,
+                line: found.unwrap_or(line),
+                column: if found.is_some() { 1 } else { column },
+                message,
+                hint,
+                more,
+            }
+        }
+        other => other,
+    }
+}
+
+/// The line (1-based) of the key at `path` in YAML `text`: each key found
+/// after its parent's, written `key:` at the start of a line (after its
+/// indentation or a `- `). A one-key path is looked for anywhere.
+fn yaml_line_of(text: &str, path: &[String]) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut from = 0;
+    let mut found = None;
+    for k in path {
+        let at = lines.iter().enumerate().skip(from).find(|(_, l)| {
+            let t = l.trim_start().trim_start_matches("- ");
+            t.strip_prefix(k.as_str())
+                .or_else(|| t.strip_prefix(&format!("\"{k}\"")))
+                .is_some_and(|rest| rest.trim_start().starts_with(':'))
+        })?;
+        from = at.0 + 1;
+        found = Some(at.0 + 1);
+    }
+    found
 }
 
 /// Parses and validates config text; `path` names it in errors.
@@ -677,11 +774,8 @@ pub fn load_with_sources<T: Settings>(
     path: &Path,
     section: &str,
 ) -> Result<(T, Sources), ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    let value = parse(&text, path)?;
+    let (text, yaml) = read_text(path)?;
+    let value = parse(&text, path).map_err(|e| at_yaml_lines(e, yaml.as_deref()))?;
     let tree: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
     Ok((value, Sources::from_file(path, &tree, section)))
 }
