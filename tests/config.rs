@@ -618,7 +618,10 @@ fn yaml_configs_resolve_as_json_does_and_errors_name_yaml_lines() {
     )
     .unwrap();
     let json = |file: &str| -> serde_json::Value {
-        let o = trace_train(dir.path(), &["config", "pipeline", "--config", file, "--json"]);
+        let o = trace_train(
+            dir.path(),
+            &["config", "pipeline", "--config", file, "--json"],
+        );
         assert!(o.status.success(), "{file}: {}", stderr(&o));
         let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         // The sources name the file; everything else must agree.

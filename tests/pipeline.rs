@@ -343,6 +343,18 @@ fn max_steps_and_last_stage_cap_the_run() {
         "{}",
         stderr(&o)
     );
+    // The closing summary names the model keep_best kept.
+    let kept = gate["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == gate["kept"])
+        .unwrap()["model"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains(&format!("final model: {kept}\n")), "{out}");
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("pipeline_state.json")).unwrap()).unwrap();
     assert_eq!(state["finished"], serde_json::json!([0, 1, 2, 3]));

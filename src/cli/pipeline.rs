@@ -840,7 +840,16 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         clock.done("eval", t);
         finish(4, &mut state)?;
     }
-    summary(args, &clock, gate.as_ref(), &final_model, root);
+    // The model the run ends with: Stage 3's (or keep_best's), else that
+    // of the last stage in range that has one (`--last_stage 1`).
+    let ends_with = (1..=args.last_stage.min(3))
+        .rev()
+        .map(|stage| match stage {
+            3 => final_model.clone(),
+            s => gated(s).model,
+        })
+        .find(|m| m.join("config.json").is_file());
+    summary(args, &clock, gate.as_ref(), ends_with.as_deref(), root);
     Ok(())
 }
 
@@ -885,7 +894,7 @@ fn summary(
     args: &PipelineArgs,
     times: &Clock,
     gate: Option<&Gate>,
-    final_model: &Path,
+    final_model: Option<&Path>,
     root: &Path,
 ) {
     let mut out = String::new();
@@ -905,8 +914,8 @@ fn summary(
             false => format!(": {}", parts.join(", ")),
         }
     );
-    if final_model.join("config.json").is_file() {
-        out += &format!("final model: {}\n", final_model.display());
+    if let Some(m) = final_model {
+        out += &format!("final model: {}\n", m.display());
     }
     for (what, file) in [
         ("gate", root.join("gate.json")),
@@ -916,12 +925,13 @@ fn summary(
             out += &format!("{what} report: {}\n", file.display());
         }
     }
-    out += &match args.quick_test {
-        true => "next: `trace-train init my-run` writes starter configs for your own pipeline (docs/guide/pipeline.md)\n".to_owned(),
-        false => format!(
+    out += &match (args.quick_test, final_model) {
+        (true, _) => "next: `trace-train init my-run` writes starter configs for your own pipeline (docs/guide/pipeline.md)\n".to_owned(),
+        (false, Some(m)) => format!(
             "next: `trace-train serve --model {}` answers OpenAI-style requests with it (docs/guide/serve.md)\n",
-            final_model.display()
+            m.display()
         ),
+        (false, None) => String::new(),
     };
     print!("{out}");
 }
