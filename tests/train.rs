@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -276,6 +277,42 @@ fn resume_with_a_changed_config_is_refused_with_the_difference() {
         e.contains("base model: its config or weights changed"),
         "{e}"
     );
+}
+
+/// A project copied elsewhere (base model, data and run folder at new
+/// absolute paths, the same contents) resumes without `--force`.
+#[test]
+fn a_run_copied_elsewhere_resumes_without_force() {
+    let dir = setup(Base::Tiny, "").unwrap();
+    let abs = |d: &Path, f: &str| d.join(f).display().to_string();
+    let run = |d: &Path, steps: &str, extra: &[&str]| {
+        let (base, data, out) = (abs(d, "base"), abs(d, "train.jsonl"), abs(d, "out"));
+        let mut flags = vec![
+            "--model",
+            &base,
+            "--train_file",
+            &data,
+            "--output_dir",
+            &out,
+        ];
+        flags.extend_from_slice(extra);
+        trace_train(d, &warmup_args("out", steps, &flags))
+    };
+    let o = run(dir.path(), "4", &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let copy = tempfile::tempdir().unwrap();
+    let cp = Command::new("cp")
+        .args([
+            "-r",
+            &format!("{}/.", dir.path().display()),
+            &copy.path().display().to_string(),
+        ])
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let o = run(copy.path(), "6", &["--resume"]);
+    let e = stderr(&o);
+    assert!(o.status.success() && e.contains("resumed at 4"), "{e}");
 }
 
 #[test]

@@ -39,11 +39,25 @@ pub struct Fingerprint {
     pub tokenizer_sha256: String,
 }
 
+/// Settings that say where a run's files are, not what it computes: a run
+/// folder copied or moved elsewhere resumes without `--force`. The training
+/// data's contents are compared by their digest, the base model's by its
+/// weights'.
+const LOCATIONS: [&str; 3] = ["output_dir", "train_file", "eval_file"];
+
+/// The NF4 mark a base's label carries when its weights are quantised.
+const NF4: &str = " (NF4)";
+
 impl Fingerprint {
-    /// The fields that differ from `other`, for an error message.
+    /// The fields that differ from `other`, for an error message. A base
+    /// folder found at another path with the same weights, and a run's
+    /// files at other paths ([`LOCATIONS`]), are the same run.
     pub fn differences(&self, other: &Fingerprint) -> Vec<String> {
         let mut d = Vec::new();
-        if self.base_model != other.base_model {
+        let same_weights = !self.base_weights.is_empty() && self.base_weights == other.base_weights;
+        let moved =
+            same_weights && self.base_model.ends_with(NF4) == other.base_model.ends_with(NF4);
+        if self.base_model != other.base_model && !moved {
             d.push(format!(
                 "base model: `{}` then, `{}` now",
                 other.base_model, self.base_model
@@ -72,7 +86,7 @@ impl Fingerprint {
                 .chain(b.keys())
                 .collect::<std::collections::BTreeSet<_>>()
             {
-                if get(a, k) != get(b, k) {
+                if get(a, k) != get(b, k) && !LOCATIONS.contains(&k.as_str()) {
                     d.push(format!(
                         "config `{k}`: {} then, {} now",
                         b.get(k).map_or("absent".into(), |v| v.to_string()),
@@ -522,6 +536,30 @@ mod tests {
             "{d:?}"
         );
         assert!(d.iter().any(|x| x.contains("training data")), "{d:?}");
+    }
+
+    /// A run folder copied elsewhere, with its base model and data at new
+    /// paths, is the same run; the same path with other weights, or the
+    /// same weights quantised, is not.
+    #[test]
+    fn a_moved_run_is_the_same_run() {
+        let mut a = state(1).fingerprint;
+        a.base_model = "/old/ck/stage1_warmup/merged".into();
+        a.config = serde_json::json!({"lr": 1, "output_dir": "/old/ck/stage2_sft", "train_file": "/old/d.jsonl"});
+        let mut b = a.clone();
+        b.base_model = "/new/ck/stage1_warmup/merged".into();
+        b.config = serde_json::json!({"lr": 1, "output_dir": "/new/ck/stage2_sft", "train_file": "/new/d.jsonl"});
+        assert!(b.differences(&a).is_empty(), "{:?}", b.differences(&a));
+        let mut c = b.clone();
+        c.base_model = format!("{}{NF4}", b.base_model);
+        assert!(c.differences(&a).iter().any(|x| x.contains("base model")));
+        let mut e = b.clone();
+        e.base_weights = "other".into();
+        let d = e.differences(&a);
+        assert!(
+            d.iter().any(|x| x.contains("`/old/ck")) && d.iter().any(|x| x.contains("weights")),
+            "{d:?}"
+        );
     }
 
     #[test]
