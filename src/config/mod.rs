@@ -328,12 +328,6 @@ fn further_errors<T: Settings>(text: &str, first_line: usize, first_message: &st
             break;
         }
         let line = line_of(text, &path).unwrap_or(0);
-        let near = message
-            .strip_prefix("unknown field `")
-            .and_then(|m| m.split('`').next())
-            .and_then(|k| did_you_mean::<T>(k, &message))
-            .map(|k| format!(" (did you mean `{k}`?)"))
-            .unwrap_or_default();
         let short = message
             .split(", expected one of")
             .next()
@@ -347,11 +341,28 @@ fn further_errors<T: Settings>(text: &str, first_line: usize, first_message: &st
         }
         out.push((
             line,
-            format!("at line {line}: `{}`: {short}{near}", path.join(".")),
+            format!(
+                "at line {line}: `{}`: {}",
+                path.join("."),
+                briefly::<T>(&message)
+            ),
         ));
     }
     out.sort_by_key(|(line, _)| *line);
     out.into_iter().map(|(_, m)| m).collect()
+}
+
+/// A serde error about `T` in one line: without serde's list of expected
+/// keys, with "did you mean" for an unknown key near a known one.
+fn briefly<T: Settings>(message: &str) -> String {
+    let near = message
+        .strip_prefix("unknown field `")
+        .and_then(|m| m.split('`').next())
+        .and_then(|unknown| did_you_mean::<T>(unknown, message))
+        .map(|k| format!(" (did you mean `{k}`?)"))
+        .unwrap_or_default();
+    let short = message.split(", expected one of").next().unwrap_or(message);
+    format!("{short}{near}")
 }
 
 /// Takes the key at `path` out of `tree`; false when there is none.
@@ -568,18 +579,8 @@ pub fn apply_sets<T: Settings>(
                 sources.flag(key, &format!("--set {set}"));
             }
             Err(e) => {
-                let message = e.to_string();
-                let near = message
-                    .strip_prefix("unknown field `")
-                    .and_then(|m| m.split('`').next())
-                    .and_then(|unknown| did_you_mean::<T>(unknown, &message))
-                    .map(|k| format!(" (did you mean `{k}`?)"))
-                    .unwrap_or_default();
-                let message = message
-                    .split(", expected one of")
-                    .next()
-                    .unwrap_or(&message);
-                problems.push(format!("--set {set}: {message}{near}"));
+                let message = briefly::<T>(&e.to_string());
+                problems.push(format!("--set {set}: {message}"));
             }
         }
     }

@@ -5,8 +5,6 @@
 
 use std::path::Path;
 
-use anyhow::Context;
-
 use super::card;
 use crate::data::tokenizer::ChatTokenizer;
 use crate::model::{self, LoadedModel};
@@ -40,19 +38,9 @@ pub fn write_adapter_and_merged(
     merged_dir: &Path,
 ) -> anyhow::Result<()> {
     model::io::adapter::save(loaded, final_dir, &info.base_model)?;
+    // The merge copies the base's config, tokenizer files and chat template
+    // (`adapter::COPIED_FILES`) beside the weights.
     model::io::adapter::merge(loaded, merged_dir)?;
-    for f in [
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        crate::data::tokenizer::CHAT_TEMPLATE_FILE,
-    ] {
-        let src = base_dir.join(f);
-        if src.exists() {
-            std::fs::copy(&src, merged_dir.join(f))
-                .with_context(|| format!("cannot copy `{}`", src.display()))?;
-        }
-    }
     let generation = card::generation_config(base_dir, tok)?;
     card::write(final_dir, info, card::Kind::Adapter, &generation)?;
     card::write(merged_dir, info, card::Kind::Merged, &generation)?;

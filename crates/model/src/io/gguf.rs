@@ -539,38 +539,7 @@ impl Plan {
     /// [`crate::arch::llama`], or `Qwen3ForCausalLM` and [`crate::arch::qwen3`].
     fn config(&self) -> serde_json::Value {
         let h = &self.hparams;
-        if self.arch == GgufArch::Qwen3 {
-            return json!({
-                "architectures": ["Qwen3ForCausalLM"],
-                "model_type": "qwen3",
-                "vocab_size": h.vocab_size,
-                "hidden_size": h.hidden_size,
-                "intermediate_size": h.intermediate_size,
-                "num_hidden_layers": h.num_hidden_layers,
-                "num_attention_heads": h.num_attention_heads,
-                "num_key_value_heads": h.num_key_value_heads,
-                "head_dim": h.head_dim,
-                "max_position_embeddings": h.max_position_embeddings,
-                "rms_norm_eps": h.rms_norm_eps,
-                "rope_theta": h.rope_theta,
-                "rope_scaling": null,
-                "hidden_act": "silu",
-                "attention_bias": false,
-                "attention_dropout": 0.0,
-                "use_sliding_window": false,
-                "sliding_window": null,
-                "initializer_range": 0.02,
-                "tie_word_embeddings": self.tied,
-                "use_cache": true,
-                "bos_token_id": self.vocab.bos,
-                "eos_token_id": self.vocab.eos,
-                "pad_token_id": self.vocab.pad.id,
-                "torch_dtype": "float32",
-            });
-        }
-        json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+        let mut config = json!({
             "vocab_size": h.vocab_size,
             "hidden_size": h.hidden_size,
             "intermediate_size": h.intermediate_size,
@@ -585,8 +554,6 @@ impl Plan {
             "hidden_act": "silu",
             "attention_bias": false,
             "attention_dropout": 0.0,
-            "mlp_bias": false,
-            "pretraining_tp": 1,
             "initializer_range": 0.02,
             "tie_word_embeddings": self.tied,
             "use_cache": true,
@@ -594,7 +561,25 @@ impl Plan {
             "eos_token_id": self.vocab.eos,
             "pad_token_id": self.vocab.pad.id,
             "torch_dtype": "float32",
-        })
+        });
+        // What each architecture's config has beside the shared keys.
+        let own = match self.arch {
+            GgufArch::Qwen3 => json!({
+                "architectures": ["Qwen3ForCausalLM"],
+                "model_type": "qwen3",
+                "use_sliding_window": false,
+                "sliding_window": null,
+            }),
+            GgufArch::Llama => json!({
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "mlp_bias": false,
+                "pretraining_tp": 1,
+            }),
+        };
+        let map = config.as_object_mut().expect("an object");
+        map.extend(own.as_object().expect("an object").clone());
+        config
     }
 
     fn generation_config(&self) -> serde_json::Value {
