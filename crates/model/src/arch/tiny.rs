@@ -155,7 +155,7 @@ fn write(
         tensors.insert(name.clone(), tensor);
     }
     let weights_path = dir.join(WEIGHTS_FILE);
-    crate::save_safetensors(&tensors, &weights_path).map_err(|source| ModelError::Tensor {
+    crate::common::save_safetensors(&tensors, &weights_path).map_err(|source| ModelError::Tensor {
         context: format!("cannot write `{}`", weights_path.display()),
         source,
     })
@@ -181,7 +181,7 @@ pub fn write_tiny_chat_model(dir: &Path, seed: u64) -> Result<()> {
         .remove("lm_head.weight")
         .expect("tiny Qwen3 has lm_head");
     tensors.insert("lm_head.weight".into(), (head * 16.0).map_err(wrap)?);
-    crate::save_safetensors(&tensors, &weights).map_err(wrap)?;
+    crate::common::save_safetensors(&tensors, &weights).map_err(wrap)?;
     let path = dir.join(CONFIG_FILE);
     let mut config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).map_err(|source| ModelError::Read {

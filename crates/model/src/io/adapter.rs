@@ -460,7 +460,7 @@ fn write_file(path: &Path, text: String) -> Result<()> {
 }
 
 fn save_tensors(tensors: &HashMap<String, Tensor>, path: &PathBuf) -> Result<()> {
-    crate::save_safetensors(tensors, path).map_err(|source| ModelError::Tensor {
+    crate::common::save_safetensors(tensors, path).map_err(|source| ModelError::Tensor {
         context: format!("cannot write `{}`", path.display()),
         source,
     })

@@ -646,7 +646,7 @@ fn plan_tensors(
 fn write_weights(tensors: &HashMap<String, Tensor>, out: &Path) -> anyhow::Result<()> {
     let target = out.join(WEIGHTS_FILE);
     let partial = out.join(format!(".{WEIGHTS_FILE}.partial"));
-    let result = crate::save_safetensors(tensors, &partial)
+    let result = crate::common::save_safetensors(tensors, &partial)
         .with_context(|| format!("cannot write `{}`", partial.display()))
         .and_then(|()| {
             File::open(&partial)
