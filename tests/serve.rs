@@ -47,7 +47,7 @@ fn server() -> &'static TestServer {
         model::arch::tiny::write_tiny_chat_model(&model_dir, 7).unwrap();
         let state = AppState::load(&ServeOptions {
             model_dir: model_dir.clone(),
-            adapter: None,
+            adapters: Vec::new(),
             name: Some(NAME.into()),
             api_key: Some(KEY.into()),
             max_batch: 8,

@@ -240,7 +240,7 @@ pub fn run(b: &ServeBench, device: &Device) -> anyhow::Result<ServeResult> {
     crate::gpu::keep_freed_memory(device)?;
     let state = AppState::load(&ServeOptions {
         model_dir: b.model_dir.clone(),
-        adapter: None,
+        adapters: Vec::new(),
         name: Some("bench".into()),
         api_key: None,
         max_batch: b.max_batch,

@@ -190,7 +190,7 @@ const EXAMPLES: [(&str, &str); 32] = [
     ),
     (
         "serve",
-        "trace-train serve --model checkpoints/stage3_ppo/merged --port 8001",
+        "trace-train serve --model checkpoints/stage3_ppo/merged --port 8001\n  trace-train serve --model Qwen/Qwen3-4B --adapter sft=runs/sft/final --adapter rl=runs/rl/final   # both, one base",
     ),
     ("report", "trace-train report checkpoints/quick"),
     ("task", "trace-train task --environment sat --task_id 42"),

@@ -19,9 +19,12 @@ pub struct ServeArgs {
     /// a hub id in the Hugging Face cache.
     #[arg(long)]
     pub model: String,
-    /// A LoRA adapter folder (PEFT layout) to apply to --model.
-    #[arg(long)]
-    pub adapter: Option<PathBuf>,
+    /// A LoRA adapter folder (PEFT layout) of --model, as `DIR` or
+    /// `NAME=DIR` (the id clients name; default: the folder's name). One
+    /// adapter is merged and served alone; repeated, every adapter is
+    /// served beside the base and each request's `model` picks one.
+    #[arg(long, value_name = "[NAME=]DIR")]
+    pub adapter: Vec<String>,
     /// Address to listen on (`0.0.0.0` for every interface).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -32,7 +35,8 @@ pub struct ServeArgs {
     /// TRACE_TRAIN_API_KEY environment variable; unset: no key).
     #[arg(long)]
     pub api_key: Option<String>,
-    /// The model id clients name (default: the model or adapter folder's name).
+    /// The model id clients name (default: the model or adapter folder's
+    /// name); with several adapters, the base's id.
     #[arg(long)]
     pub name: Option<String>,
     /// Most requests decoded together.
@@ -82,7 +86,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         .filter(|k| !k.is_empty());
     let state = AppState::load(&ServeOptions {
         model_dir,
-        adapter: args.adapter.clone(),
+        adapters: args.adapter.iter().map(|a| named_adapter(a)).collect(),
         name: args.name.clone(),
         api_key: api_key.clone(),
         max_batch: args.max_batch,
@@ -116,9 +120,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         println!("http://{addr}/v1");
         std::io::stdout().flush()?;
         let cap = state.capacity();
+        let names: Vec<String> = state.names().iter().map(|n| format!("`{n}`")).collect();
         eprintln!(
-            "serving `{}` at http://{addr}/v1 ({} rows of {} tokens, {}, {}); Ctrl-C stops",
-            state.name(),
+            "serving {} at http://{addr}/v1 ({} rows of {} tokens, {}, {}); Ctrl-C stops",
+            names.join(", "),
             cap.rows,
             cap.context,
             if cap.fused {
@@ -157,6 +162,17 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     })
 }
 
+/// `--adapter`'s `NAME=DIR` or `DIR`. A folder whose own name holds `=`
+/// is taken whole when it exists.
+fn named_adapter(arg: &str) -> (Option<String>, PathBuf) {
+    match arg.split_once('=') {
+        Some((name, dir)) if !name.is_empty() && !std::path::Path::new(arg).exists() => {
+            (Some(name.to_owned()), PathBuf::from(dir))
+        }
+        _ => (None, PathBuf::from(arg)),
+    }
+}
+
 /// A duration of `s` seconds given by `flag`.
 fn seconds(s: f64, flag: &str) -> anyhow::Result<std::time::Duration> {
     anyhow::ensure!(
@@ -182,5 +198,29 @@ async fn stop_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         () = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_adapter_is_named_by_name_equals_dir_or_by_its_folder() {
+        assert_eq!(
+            named_adapter("terse=runs/a/final"),
+            (Some("terse".into()), PathBuf::from("runs/a/final"))
+        );
+        assert_eq!(
+            named_adapter("runs/a/final"),
+            (None, PathBuf::from("runs/a/final"))
+        );
+        assert_eq!(named_adapter("=x"), (None, PathBuf::from("=x")));
+        // A folder whose own name holds `=` is taken whole.
+        let dir = tempfile::tempdir().unwrap();
+        let odd = dir.path().join("lr=1e-4");
+        std::fs::create_dir(&odd).unwrap();
+        let arg = odd.display().to_string();
+        assert_eq!(named_adapter(&arg), (None, odd));
     }
 }

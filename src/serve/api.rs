@@ -1,6 +1,7 @@
-//! The OpenAI chat-completions wire format: reading a request into what the
-//! engine needs (or an OpenAI-style error naming the parameter), and the
-//! JSON of answers, stream chunks, model lists and errors.
+//! The OpenAI wire format of chat completions and of (legacy) completions:
+//! reading a request into what the engine needs (or an OpenAI-style error
+//! naming the parameter), and the JSON of answers, stream chunks, model
+//! lists and errors.
 //!
 //! A request is read field by field from the JSON object rather than
 //! through a derived struct, so every refusal can name its parameter and
@@ -97,10 +98,30 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// A chat-completion request, checked.
+/// Which endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `/v1/chat/completions`: messages through the chat template.
+    Chat,
+    /// `/v1/completions`: a raw prompt continued.
+    Completion,
+}
+
+/// What the model continues.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// A chat, rendered with the model's template.
+    Messages(Vec<Message>),
+    /// A raw prompt.
+    Prompt(String),
+}
+
+/// A request, checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatRequest {
-    pub messages: Vec<Message>,
+    /// Which of the served models (an index into the names).
+    pub model: usize,
+    pub input: Input,
     /// `max_completion_tokens`, else `max_tokens`; `None`: the server's default.
     pub max_tokens: Option<usize>,
     pub temperature: f64,
@@ -110,6 +131,16 @@ pub struct ChatRequest {
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with the usage.
     pub include_usage: bool,
+}
+
+impl ChatRequest {
+    /// The chat's messages (empty for a raw prompt).
+    pub fn messages(&self) -> &[Message] {
+        match &self.input {
+            Input::Messages(m) => m,
+            Input::Prompt(_) => &[],
+        }
+    }
 }
 
 /// Accepted and ignored: they concern OpenAI's service, not the answer.
@@ -140,8 +171,44 @@ const UNSUPPORTED: [(&str, &str); 10] = [
     ("modalities", "the server answers in text only"),
 ];
 
-/// Reads a request body for the model served as `model_name`.
-pub fn parse_chat(body: &[u8], model_name: &str) -> Result<ChatRequest, ApiError> {
+/// Fields both endpoints read.
+const KNOWN: [&str; 13] = [
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "n",
+    "stream",
+    "stream_options",
+    "logit_bias",
+    "logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+];
+
+/// Reads a `/v1/chat/completions` body for a server serving `names`.
+pub fn parse_chat(body: &[u8], names: &[String]) -> Result<ChatRequest, ApiError> {
+    parse(body, names, Kind::Chat)
+}
+
+/// Reads a `/v1/completions` body for a server serving `names`.
+pub fn parse_completion(body: &[u8], names: &[String]) -> Result<ChatRequest, ApiError> {
+    parse(body, names, Kind::Completion)
+}
+
+/// The served names for a message: `a`, `b` and `c`.
+fn listed(names: &[String]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    match quoted.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+fn parse(body: &[u8], names: &[String], kind: Kind) -> Result<ChatRequest, ApiError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::invalid(
             format!("the body is not valid JSON: {e}"),
@@ -156,26 +223,16 @@ pub fn parse_chat(body: &[u8], model_name: &str) -> Result<ChatRequest, ApiError
             Some("invalid_json"),
         ));
     };
+    let own: &[&str] = match kind {
+        Kind::Chat => &["messages", "max_completion_tokens", "response_format"],
+        Kind::Completion => &["prompt", "echo", "best_of", "suffix"],
+    };
     for (k, v) in &obj {
-        let known = [
-            "model",
-            "messages",
-            "max_tokens",
-            "max_completion_tokens",
-            "temperature",
-            "top_p",
-            "stop",
-            "seed",
-            "n",
-            "stream",
-            "stream_options",
-            "logit_bias",
-            "logprobs",
-            "response_format",
-            "presence_penalty",
-            "frequency_penalty",
-        ];
-        if v.is_null() || IGNORED.contains(&k.as_str()) || known.contains(&k.as_str()) {
+        if v.is_null()
+            || IGNORED.contains(&k.as_str())
+            || KNOWN.contains(&k.as_str())
+            || own.contains(&k.as_str())
+        {
             continue;
         }
         if let Some((_, why)) = UNSUPPORTED.iter().find(|(p, _)| p == k) {
@@ -193,15 +250,20 @@ pub fn parse_chat(body: &[u8], model_name: &str) -> Result<ChatRequest, ApiError
     }
     let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
 
-    match get("model") {
-        Some(Value::String(m)) if m == model_name => {}
-        Some(Value::String(m)) => {
-            return Err(ApiError::invalid(
-                format!("The model `{m}` does not exist; this server serves `{model_name}`"),
-                Some("model"),
-                Some("model_not_found"),
-            ));
-        }
+    let model = match get("model") {
+        Some(Value::String(m)) => match names.iter().position(|n| n == m) {
+            Some(i) => i,
+            None => {
+                return Err(ApiError::invalid(
+                    format!(
+                        "The model `{m}` does not exist; this server serves {}",
+                        listed(names)
+                    ),
+                    Some("model"),
+                    Some("model_not_found"),
+                ));
+            }
+        },
         Some(_) => {
             return Err(ApiError::invalid(
                 "`model` must be a string",
@@ -211,13 +273,39 @@ pub fn parse_chat(body: &[u8], model_name: &str) -> Result<ChatRequest, ApiError
         }
         None => {
             return Err(ApiError::invalid(
-                format!("`model` is required (this server serves `{model_name}`)"),
+                format!("`model` is required (this server serves {})", listed(names)),
                 Some("model"),
                 None,
             ));
         }
+    };
+    let input = match kind {
+        Kind::Chat => Input::Messages(parse_messages(get("messages"))?),
+        Kind::Completion => Input::Prompt(parse_prompt(get("prompt"))?),
+    };
+    if kind == Kind::Completion {
+        if let Some(e) = get("echo")
+            && e != &Value::Bool(false)
+        {
+            return Err(ApiError::unsupported(
+                "echo",
+                "the prompt is not repeated in the answer",
+            ));
+        }
+        if let Some(b) = get("best_of")
+            && b.as_u64() != Some(1)
+        {
+            return Err(ApiError::unsupported("best_of", "one candidate a request"));
+        }
+        if let Some(s) = get("suffix")
+            && s != &json!("")
+        {
+            return Err(ApiError::unsupported(
+                "suffix",
+                "text is continued, not inserted",
+            ));
+        }
     }
-    let messages = parse_messages(get("messages"))?;
 
     if let Some(n) = get("n")
         && n.as_u64() != Some(1)
@@ -231,6 +319,7 @@ pub fn parse_chat(body: &[u8], model_name: &str) -> Result<ChatRequest, ApiError
     }
     if let Some(l) = get("logprobs")
         && l != &Value::Bool(false)
+        && l != &json!(0)
     {
         return Err(ApiError::unsupported(
             "logprobs",
@@ -269,7 +358,10 @@ pub fn parse_chat(body: &[u8], model_name: &str) -> Result<ChatRequest, ApiError
             },
         }
     };
-    let max_tokens = count("max_completion_tokens")?.or(count("max_tokens")?);
+    let max_tokens = match kind {
+        Kind::Chat => count("max_completion_tokens")?.or(count("max_tokens")?),
+        Kind::Completion => count("max_tokens")?,
+    };
     let number = |k: &str, default: f64, lo: f64, hi: f64| -> Result<f64, ApiError> {
         match get(k) {
             None => Ok(default),
@@ -367,7 +459,8 @@ pub fn parse_chat(body: &[u8], model_name: &str) -> Result<ChatRequest, ApiError
         },
     };
     Ok(ChatRequest {
-        messages,
+        model,
+        input,
         max_tokens,
         temperature,
         top_p,
@@ -376,6 +469,24 @@ pub fn parse_chat(body: &[u8], model_name: &str) -> Result<ChatRequest, ApiError
         stream,
         include_usage,
     })
+}
+
+/// A completion's prompt: a string, or a list holding one.
+fn parse_prompt(v: Option<&Value>) -> Result<String, ApiError> {
+    let bad = |msg: &str| ApiError::invalid(msg, Some("prompt"), Some("invalid_value"));
+    match v {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(items)) => match &items[..] {
+            [Value::String(s)] => Ok(s.clone()),
+            [_, _, ..] if items.iter().all(Value::is_string) => Err(ApiError::unsupported(
+                "prompt",
+                "one prompt a request (send the others as their own requests)",
+            )),
+            _ => Err(bad("`prompt` must be a string (or a list of one string)")),
+        },
+        Some(_) => Err(bad("`prompt` must be a string (or a list of one string)")),
+        None => Err(bad("`prompt` is required")),
+    }
 }
 
 fn parse_messages(v: Option<&Value>) -> Result<Vec<Message>, ApiError> {
@@ -492,6 +603,64 @@ pub fn completion(
     })
 }
 
+/// A whole answer to a raw prompt (`text_completion`).
+pub fn text_completion(
+    id: &str,
+    created: u64,
+    model: &str,
+    text: &str,
+    finish: &str,
+    usage: Value,
+) -> Value {
+    json!({
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "text": text,
+            "index": 0,
+            "logprobs": null,
+            "finish_reason": finish,
+        }],
+        "usage": usage,
+        "system_fingerprint": null,
+    })
+}
+
+/// One stream chunk of a raw prompt's answer (`text_completion` with a
+/// piece of text); `piece: None` is the usage chunk, whose `choices` is
+/// empty.
+pub fn text_chunk(
+    id: &str,
+    created: u64,
+    model: &str,
+    piece: Option<(&str, Option<&str>)>,
+    usage: Option<Value>,
+    with_usage: bool,
+) -> Value {
+    let choices = match piece {
+        Some((text, finish)) => json!([{
+            "text": text,
+            "index": 0,
+            "logprobs": null,
+            "finish_reason": finish,
+        }]),
+        None => json!([]),
+    };
+    let mut m = Map::new();
+    m.insert("id".into(), id.into());
+    m.insert("object".into(), "text_completion".into());
+    m.insert("created".into(), created.into());
+    m.insert("model".into(), model.into());
+    m.insert("system_fingerprint".into(), Value::Null);
+    m.insert("choices".into(), choices);
+    if with_usage {
+        m.insert("usage".into(), usage.unwrap_or(Value::Null));
+    }
+    Value::Object(m)
+}
+
 /// One stream chunk (`chat.completion.chunk`); `choice: None` is the usage
 /// chunk, whose `choices` is empty.
 pub fn chunk(
@@ -529,8 +698,12 @@ pub fn chunk(
 mod tests {
     use super::*;
 
+    fn names() -> Vec<String> {
+        vec!["m".to_owned()]
+    }
+
     fn parse(v: Value) -> Result<ChatRequest, ApiError> {
-        parse_chat(v.to_string().as_bytes(), "m")
+        parse_chat(v.to_string().as_bytes(), &names())
     }
 
     fn base() -> Value {
@@ -559,7 +732,7 @@ mod tests {
             "stream_options": {"include_usage": true}, "user": "u", "logit_bias": {}, "tools": null,
         }))
         .unwrap();
-        assert_eq!(r.messages[0], Message::new(Role::System, "ab"));
+        assert_eq!(r.messages()[0], Message::new(Role::System, "ab"));
         assert_eq!(r.max_tokens, Some(7));
         assert_eq!((r.temperature, r.top_p), (0.0, 0.5));
         assert_eq!(r.stop, vec!["x", "yy"]);
@@ -632,7 +805,86 @@ mod tests {
             );
             assert_eq!(e.body()["error"]["type"], "invalid_request_error");
         }
-        let e = parse_chat(b"{not json", "m").unwrap_err();
+        let e = parse_chat(b"{not json", &names()).unwrap_err();
         assert_eq!(e.code, Some("invalid_json"));
+    }
+
+    #[test]
+    fn a_completion_reads_its_prompt_and_refuses_what_it_cannot_do() {
+        let names: Vec<String> = ["base", "a1"].map(String::from).to_vec();
+        let read = |v: Value| parse_completion(v.to_string().as_bytes(), &names);
+        let r = read(json!({"model": "a1", "prompt": "def f():", "max_tokens": 3, "echo": false, "best_of": 1, "suffix": ""})).unwrap();
+        assert_eq!(
+            (r.model, &r.input, r.max_tokens),
+            (1, &Input::Prompt("def f():".into()), Some(3))
+        );
+        assert_eq!(
+            read(json!({"model": "base", "prompt": ["x"]}))
+                .unwrap()
+                .input,
+            Input::Prompt("x".into())
+        );
+        let cases = [
+            (json!({"model": "base"}), "prompt", "invalid_value"),
+            (
+                json!({"model": "base", "prompt": ["a", "b"]}),
+                "prompt",
+                "unsupported_parameter",
+            ),
+            (
+                json!({"model": "base", "prompt": [1, 2]}),
+                "prompt",
+                "invalid_value",
+            ),
+            (
+                json!({"model": "base", "prompt": "x", "echo": true}),
+                "echo",
+                "unsupported_parameter",
+            ),
+            (
+                json!({"model": "base", "prompt": "x", "best_of": 3}),
+                "best_of",
+                "unsupported_parameter",
+            ),
+            (
+                json!({"model": "base", "prompt": "x", "suffix": "y"}),
+                "suffix",
+                "unsupported_parameter",
+            ),
+            (
+                json!({"model": "base", "prompt": "x", "logprobs": 2}),
+                "logprobs",
+                "unsupported_parameter",
+            ),
+            (
+                json!({"model": "base", "prompt": "x", "messages": []}),
+                "messages",
+                "unknown_parameter",
+            ),
+            (
+                json!({"model": "a2", "prompt": "x"}),
+                "model",
+                "model_not_found",
+            ),
+        ];
+        for (body, param, code) in cases {
+            let e = read(body.clone()).unwrap_err();
+            assert_eq!(
+                (e.param.as_deref(), e.code),
+                (Some(param), Some(code)),
+                "{body}: {e:?}"
+            );
+        }
+        let e = read(json!({"model": "a2", "prompt": "x"})).unwrap_err();
+        assert!(e.message.contains("`base` and `a1`"), "{}", e.message);
+        // A chat request names its model among several too.
+        let r = parse_chat(
+            json!({"model": "a1", "messages": [{"role": "user", "content": "hi"}]})
+                .to_string()
+                .as_bytes(),
+            &names,
+        )
+        .unwrap();
+        assert_eq!(r.model, 1);
     }
 }

@@ -81,6 +81,8 @@ pub struct Job {
     /// The id its answer carries (for the request log).
     pub id: String,
     pub prompt: Vec<u32>,
+    /// Its adapter among those served side by side (0: the base alone).
+    pub adapter: usize,
     pub params: Params,
     pub updates: UnboundedSender<Update>,
     /// When it was queued.
@@ -325,6 +327,7 @@ fn run(
                     budget: row.job.params.max_tokens,
                     draw: row.draw,
                     seed,
+                    adapter: row.job.adapter,
                 })
                 .collect();
             let t = Instant::now();
@@ -608,11 +611,12 @@ fn held_back(text: &str, stops: &[String]) -> usize {
         .unwrap_or(0)
 }
 
-/// Loads what the engine runs: the model (with the adapter applied when
-/// given) in f32 on the CPU, bf16 on a GPU.
+/// Loads what the engine runs, in f32 on the CPU, bf16 on a GPU: the
+/// model; with one adapter, the model with it applied; with several, the
+/// model with all of them beside it (a row picks one).
 pub fn load_model(
     model_dir: &std::path::Path,
-    adapter: Option<&std::path::Path>,
+    adapters: &[std::path::PathBuf],
     device: &Device,
 ) -> anyhow::Result<LoadedModel> {
     let dtype = if device.is_cpu() {
@@ -620,9 +624,10 @@ pub fn load_model(
     } else {
         DType::BF16
     };
-    Ok(match adapter {
-        Some(a) => model::io::adapter::load(model_dir, a, dtype, device)?,
-        None => model::load(model_dir, None, dtype, device)?,
+    Ok(match adapters {
+        [] => model::load(model_dir, None, dtype, device)?,
+        [a] => model::io::adapter::load(model_dir, a, dtype, device)?,
+        many => model::io::adapter::load_bank(model_dir, many, dtype, device)?,
     })
 }
 
@@ -652,6 +657,7 @@ mod tests {
                 id: "t".into(),
                 queued: Instant::now(),
                 prompt: vec![1, 2],
+                adapter: 0,
                 params: Params {
                     max_tokens,
                     temperature: 0.0,

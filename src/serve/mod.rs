@@ -1,9 +1,16 @@
 //! `trace-train serve`: an OpenAI-compatible HTTP server for a trained model.
 //!
 //! Owns the HTTP side: the routes (`GET /health`, `GET /v1/models`,
-//! `POST /v1/chat/completions`), the optional bearer key, turning messages
-//! into prompt tokens with the model's own chat template, and answers as
-//! JSON or as server-sent events, and `GET /metrics` ([`metrics`]). The
+//! `POST /v1/chat/completions`, `POST /v1/completions`), the optional
+//! bearer key, turning messages into prompt tokens with the model's own
+//! chat template (a completion's prompt is taken as it is), and answers as
+//! JSON or as server-sent events, and `GET /metrics` ([`metrics`]).
+//!
+//! Several LoRA adapters of one base are served side by side: the base is
+//! loaded once, each request names the base or an adapter in its `model`,
+//! and rows of different adapters decode in the same batch, each through
+//! its own adapter (`model::io::adapter::load_bank`). One adapter alone is
+//! merged into the weights and served under its name. The
 //! model runs on one thread of its own ([`engine`]), which decodes the
 //! requests with continuous batching; the wire format and its checks are
 //! in [`api`]. axum on tokio serves the connections.
@@ -32,7 +39,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::data::ChatTokenizer;
-use api::{ApiError, ChatRequest};
+use api::{ApiError, ChatRequest, Input, Kind};
 use engine::{Engine, EngineOptions, Job, Params, Update};
 use metrics::Metrics;
 
@@ -43,11 +50,14 @@ pub const DEFAULT_MAX_MODEL_LEN: usize = 4096;
 /// What to serve and how.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    /// A model folder (a merged model, or the base of `adapter`).
+    /// A model folder (a merged model, or the base of `adapters`).
     pub model_dir: PathBuf,
-    /// A PEFT adapter folder applied to `model_dir`.
-    pub adapter: Option<PathBuf>,
-    /// The id clients name in `model` (default: the folder's name).
+    /// PEFT adapter folders of `model_dir`, each with the id clients name
+    /// it by (default: the folder's name). One is merged into the weights
+    /// and served alone; several are served beside the base.
+    pub adapters: Vec<(Option<String>, PathBuf)>,
+    /// The id clients name in `model` for the model folder, or for the one
+    /// adapter when there is one (default: the folder's name).
     pub name: Option<String>,
     /// Requests must carry `Authorization: Bearer <key>` when set.
     pub api_key: Option<String>,
@@ -72,7 +82,10 @@ pub struct ServeOptions {
 
 /// The server's shared state.
 pub struct AppState {
-    name: String,
+    /// The ids served: the model (or the one adapter merged into it), then
+    /// the adapters served beside it; a request's index into them is its
+    /// row's adapter.
+    names: Vec<String>,
     api_key: Option<String>,
     tok: Arc<ChatTokenizer>,
     engine: Engine,
@@ -95,7 +108,9 @@ impl AppState {
         let mut tok = ChatTokenizer::from_dir(&opts.model_dir)?;
         tok.set_specials_in_messages(opts.special_tokens_in_messages);
         let tok = Arc::new(tok);
-        let model = engine::load_model(&opts.model_dir, opts.adapter.as_deref(), &opts.device)?;
+        let names = served_names(opts)?;
+        let adapter_dirs: Vec<PathBuf> = opts.adapters.iter().map(|(_, d)| d.clone()).collect();
+        let model = engine::load_model(&opts.model_dir, &adapter_dirs, &opts.device)?;
         tok.check_against_vocab(model.model.vocab_size())?;
         let config_path = opts.model_dir.join(crate::model::CONFIG_FILE);
         let config: Value = serde_json::from_slice(
@@ -115,13 +130,6 @@ impl AppState {
             (None, t) => t.map_or(DEFAULT_MAX_MODEL_LEN, |t| t.min(DEFAULT_MAX_MODEL_LEN)),
         };
         anyhow::ensure!(max_model_len >= 2, "--max_model_len must be at least 2");
-        let name = opts.name.clone().unwrap_or_else(|| {
-            let dir = opts.adapter.as_ref().unwrap_or(&opts.model_dir);
-            let canonical = dir.canonicalize().unwrap_or_else(|_| dir.clone());
-            canonical
-                .file_name()
-                .map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned())
-        });
         let metrics = Arc::new(Metrics::default());
         let engine = Engine::start(
             model,
@@ -136,7 +144,7 @@ impl AppState {
         )?;
         let context = engine.capacity().context;
         Ok(Arc::new(AppState {
-            name,
+            names,
             api_key: opts.api_key.clone().filter(|k| !k.is_empty()),
             tok,
             engine,
@@ -149,9 +157,9 @@ impl AppState {
         }))
     }
 
-    /// The id the model is served under.
-    pub fn name(&self) -> &str {
-        &self.name
+    /// The ids served: the model's, then any adapters' beside it.
+    pub fn names(&self) -> &[String] {
+        &self.names
     }
 
     /// The server's counters of ended requests by outcome (JSON), and
@@ -186,10 +194,47 @@ impl AppState {
         self.engine.capacity()
     }
 
-    fn next_id(&self) -> String {
+    fn next_id(&self, kind: Kind) -> String {
         let n = self.ids.fetch_add(1, Ordering::Relaxed);
-        format!("chatcmpl-{:x}{n:08x}", self.created)
+        let prefix = match kind {
+            Kind::Chat => "chatcmpl",
+            Kind::Completion => "cmpl",
+        };
+        format!("{prefix}-{:x}{n:08x}", self.created)
     }
+}
+
+/// The ids `opts` serves (see [`AppState::names`]), each distinct.
+fn served_names(opts: &ServeOptions) -> anyhow::Result<Vec<String>> {
+    let folder = |dir: &std::path::Path| {
+        let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+        canonical
+            .file_name()
+            .map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned())
+    };
+    let names: Vec<String> = match &opts.adapters[..] {
+        [] => vec![opts.name.clone().unwrap_or_else(|| folder(&opts.model_dir))],
+        [(name, dir)] => vec![
+            opts.name
+                .clone()
+                .or_else(|| name.clone())
+                .unwrap_or_else(|| folder(dir)),
+        ],
+        many => std::iter::once(opts.name.clone().unwrap_or_else(|| folder(&opts.model_dir)))
+            .chain(
+                many.iter()
+                    .map(|(name, dir)| name.clone().unwrap_or_else(|| folder(dir))),
+            )
+            .collect(),
+    };
+    for (i, n) in names.iter().enumerate() {
+        anyhow::ensure!(!n.is_empty(), "a served model's id is empty");
+        anyhow::ensure!(
+            !names[..i].contains(n),
+            "two served models are both called `{n}`\nhint: name them: --adapter NAME=DIR, and --name for the base"
+        );
+    }
+    Ok(names)
 }
 
 /// The routes.
@@ -198,6 +243,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(text))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
     Router::new()
         .route(
@@ -208,7 +254,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(v1)
         .fallback(|| async {
             ApiError::not_found(
-                "no such route (this server has /health, /metrics, /v1/models and /v1/chat/completions)",
+                "no such route (this server has /health, /metrics, /v1/models, /v1/chat/completions and /v1/completions)",
                 None,
             )
         })
@@ -382,8 +428,8 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn model_json(state: &AppState) -> Value {
-    json!({"id": state.name, "object": "model", "created": state.created, "owned_by": "trace-train"})
+fn model_json(state: &AppState, name: &str) -> Value {
+    json!({"id": name, "object": "model", "created": state.created, "owned_by": "trace-train"})
 }
 
 async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
@@ -398,20 +444,21 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Response {
-    axum::Json(json!({"object": "list", "data": [model_json(&state)]})).into_response()
+    let data: Vec<Value> = state.names.iter().map(|n| model_json(&state, n)).collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn model(
     State(state): State<Arc<AppState>>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
-    if id == state.name {
-        axum::Json(model_json(&state)).into_response()
+    if state.names.contains(&id) {
+        axum::Json(model_json(&state, &id)).into_response()
     } else {
         ApiError::not_found(
             format!(
-                "The model `{id}` does not exist; this server serves `{}`",
-                state.name
+                "The model `{id}` does not exist; this server serves {}",
+                state.names.join(", ")
             ),
             Some("model_not_found"),
         )
@@ -420,39 +467,79 @@ async fn model(
 }
 
 async fn chat(State(state): State<Arc<AppState>>, body: axum::body::Body) -> Response {
+    answer(state, body, Kind::Chat).await
+}
+
+async fn text(State(state): State<Arc<AppState>>, body: axum::body::Body) -> Response {
+    answer(state, body, Kind::Completion).await
+}
+
+async fn answer(state: Arc<AppState>, body: axum::body::Body, kind: Kind) -> Response {
     let body = match read_body(body, state.deadlines.body).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    match start(&state, &body) {
-        Ok((req, id, updates)) if req.stream => stream(state, req, id, updates),
-        Ok((_, id, updates)) => whole(&state, id, updates).await,
+    match start(&state, &body, kind) {
+        Ok((req, id, updates)) if req.stream => stream(state, req, kind, id, updates),
+        Ok((req, id, updates)) => whole(&state, &req, kind, id, updates).await,
         Err(e) => e.into_response(),
     }
 }
+
+/// New tokens a completion gets when it does not say (OpenAI's default
+/// for `/v1/completions`).
+pub const COMPLETION_MAX_TOKENS: usize = 16;
 
 /// Checks the request, renders and tokenizes the prompt, queues the job.
 fn start(
     state: &AppState,
     body: &[u8],
+    kind: Kind,
 ) -> Result<(ChatRequest, String, UnboundedReceiver<Update>), ApiError> {
-    let req = api::parse_chat(body, &state.name)?;
-    let prompt = state.tok.encode_prompt(&req.messages).map_err(|e| {
-        ApiError::invalid(
-            format!("the chat template refused the messages: {e}"),
-            Some("messages"),
-            None,
-        )
-    })?;
+    let req = match kind {
+        Kind::Chat => api::parse_chat(body, &state.names)?,
+        Kind::Completion => api::parse_completion(body, &state.names)?,
+    };
+    let (prompt, what, param) = match &req.input {
+        Input::Messages(messages) => (
+            state.tok.encode_prompt(messages).map_err(|e| {
+                ApiError::invalid(
+                    format!("the chat template refused the messages: {e}"),
+                    Some("messages"),
+                    None,
+                )
+            })?,
+            "the messages take",
+            "messages",
+        ),
+        Input::Prompt(text) => {
+            let mut ids: Vec<u32> = state.tok.bos().map(|b| b.id).into_iter().collect();
+            ids.extend(state.tok.encode(text).map_err(|e| {
+                ApiError::invalid(
+                    format!("cannot tokenize the prompt: {e}"),
+                    Some("prompt"),
+                    None,
+                )
+            })?);
+            if ids.is_empty() {
+                return Err(ApiError::invalid(
+                    "`prompt` is empty",
+                    Some("prompt"),
+                    Some("invalid_value"),
+                ));
+            }
+            (ids, "the prompt takes", "prompt")
+        }
+    };
     let room = state.context.saturating_sub(prompt.len());
     if room == 0 {
         return Err(ApiError::invalid(
             format!(
-                "This model's maximum context length is {} tokens; the messages take {} (the server's --max_model_len sets it)",
+                "This model's maximum context length is {} tokens; {what} {} (the server's --max_model_len sets it)",
                 state.context,
                 prompt.len()
             ),
-            Some("messages"),
+            Some(param),
             Some("context_length_exceeded"),
         ));
     }
@@ -470,7 +557,7 @@ fn start(
         Some(n) if n > room => {
             return Err(ApiError::invalid(
                 format!(
-                    "This model's maximum context length is {} tokens; the messages take {} and `max_tokens` asks {n} more (the server's --max_model_len sets it)",
+                    "This model's maximum context length is {} tokens; {what} {} and `max_tokens` asks {n} more (the server's --max_model_len sets it)",
                     state.context,
                     prompt.len()
                 ),
@@ -479,7 +566,10 @@ fn start(
             ));
         }
         Some(n) => n,
-        None => room.min(state.max_tokens),
+        None => match kind {
+            Kind::Chat => room.min(state.max_tokens),
+            Kind::Completion => room.min(state.max_tokens).min(COMPLETION_MAX_TOKENS),
+        },
     };
     let seed = req.seed.unwrap_or_else(|| {
         // Unseeded requests differ from each other.
@@ -492,11 +582,13 @@ fn start(
             .wrapping_mul(0x9e37_79b9_7f4a_7c15)
     });
     let (tx, rx) = unbounded_channel();
-    let id = state.next_id();
+    let id = state.next_id(kind);
     let job = Job {
         id: id.clone(),
         queued: std::time::Instant::now(),
         prompt,
+        // With adapters beside the base, the model named is the row's adapter.
+        adapter: if state.names.len() > 1 { req.model } else { 0 },
         params: Params {
             max_tokens,
             temperature: req.temperature,
@@ -515,7 +607,18 @@ fn start(
 }
 
 /// A non-streamed answer: collects the text, then one JSON object.
-async fn whole(state: &AppState, id: String, mut updates: UnboundedReceiver<Update>) -> Response {
+async fn whole(
+    state: &AppState,
+    req: &ChatRequest,
+    kind: Kind,
+    id: String,
+    mut updates: UnboundedReceiver<Update>,
+) -> Response {
+    let model = &state.names[req.model];
+    let answer = match kind {
+        Kind::Chat => api::completion,
+        Kind::Completion => api::text_completion,
+    };
     let mut text = String::new();
     while let Some(u) = updates.recv().await {
         match u {
@@ -525,10 +628,10 @@ async fn whole(state: &AppState, id: String, mut updates: UnboundedReceiver<Upda
                 prompt_tokens,
                 completion_tokens,
             } => {
-                return axum::Json(api::completion(
+                return axum::Json(answer(
                     &id,
                     unix_now(),
-                    &state.name,
+                    model,
                     &text,
                     reason.as_str(),
                     api::usage(prompt_tokens, completion_tokens),
@@ -546,51 +649,60 @@ async fn whole(state: &AppState, id: String, mut updates: UnboundedReceiver<Upda
 fn stream(
     state: Arc<AppState>,
     req: ChatRequest,
+    kind: Kind,
     id: String,
     mut updates: UnboundedReceiver<Update>,
 ) -> Response {
     let (tx, rx) = unbounded_channel::<Result<Event, std::convert::Infallible>>();
     let created = unix_now();
     let usage_too = req.include_usage;
+    let model = state.names[req.model].clone();
     // The relay ends when the client leaves (its stream, and so `tx`, is
     // dropped); dropping `updates` then tells the engine to stop the row.
     tokio::spawn(async move {
         let data = |v: Value| Ok(Event::default().data(v.to_string()));
-        let chunk = |delta: Value, finish: Option<&str>| {
-            data(api::chunk(
-                &id,
-                created,
-                &state.name,
-                Some((delta, finish)),
-                None,
-                usage_too,
-            ))
+        // A piece of text (None: the opening role chunk) and how it ended.
+        let chunk = |text: Option<&str>, finish: Option<&str>| {
+            data(match kind {
+                Kind::Chat => {
+                    let delta = match (text, finish) {
+                        (None, _) => json!({"role": "assistant", "content": ""}),
+                        (Some(_), Some(_)) => json!({}),
+                        (Some(t), None) => json!({"content": t}),
+                    };
+                    api::chunk(&id, created, &model, Some((delta, finish)), None, usage_too)
+                }
+                Kind::Completion => api::text_chunk(
+                    &id,
+                    created,
+                    &model,
+                    Some((text.unwrap_or(""), finish)),
+                    None,
+                    usage_too,
+                ),
+            })
         };
-        if tx
-            .send(chunk(json!({"role": "assistant", "content": ""}), None))
-            .is_err()
-        {
+        if kind == Kind::Chat && tx.send(chunk(None, None)).is_err() {
             return;
         }
         while let Some(u) = updates.recv().await {
             let sent = match u {
-                Update::Text(t) => tx.send(chunk(json!({"content": t}), None)),
+                Update::Text(t) => tx.send(chunk(Some(&t), None)),
                 Update::Done {
                     reason,
                     prompt_tokens,
                     completion_tokens,
                 } => {
-                    let _ = tx.send(chunk(json!({}), Some(reason.as_str())));
+                    let _ = tx.send(chunk(Some(""), Some(reason.as_str())));
                     if usage_too {
                         let usage = api::usage(prompt_tokens, completion_tokens);
-                        let _ = tx.send(data(api::chunk(
-                            &id,
-                            created,
-                            &state.name,
-                            None,
-                            Some(usage),
-                            true,
-                        )));
+                        let last = match kind {
+                            Kind::Chat => api::chunk(&id, created, &model, None, Some(usage), true),
+                            Kind::Completion => {
+                                api::text_chunk(&id, created, &model, None, Some(usage), true)
+                            }
+                        };
+                        let _ = tx.send(data(last));
                     }
                     let _ = tx.send(Ok(Event::default().data("[DONE]")));
                     return;
@@ -616,4 +728,50 @@ fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(name: Option<&str>, adapters: &[(Option<&str>, &str)]) -> ServeOptions {
+        ServeOptions {
+            model_dir: PathBuf::from("/m/base"),
+            adapters: adapters
+                .iter()
+                .map(|(n, d)| (n.map(str::to_owned), PathBuf::from(d)))
+                .collect(),
+            name: name.map(str::to_owned),
+            api_key: None,
+            max_batch: 1,
+            max_tokens: 1,
+            max_model_len: None,
+            log_requests: false,
+            device: Device::Cpu,
+            deadlines: Deadlines::default(),
+            special_tokens_in_messages: false,
+        }
+    }
+
+    #[test]
+    fn served_names_come_from_flags_or_folders_and_are_distinct() {
+        let names = |o| served_names(&o).map_err(|e| e.to_string());
+        assert_eq!(names(opts(None, &[])), Ok(vec!["base".into()]));
+        // One adapter is merged and served under its own name.
+        assert_eq!(names(opts(None, &[(None, "/r/a1")])), Ok(vec!["a1".into()]));
+        assert_eq!(
+            names(opts(Some("x"), &[(Some("y"), "/r/a1")])),
+            Ok(vec!["x".into()])
+        );
+        // Several are served beside the base.
+        assert_eq!(
+            names(opts(None, &[(None, "/r/a1"), (Some("b"), "/r/a2")])),
+            Ok(vec!["base".into(), "a1".into(), "b".into()])
+        );
+        let e = names(opts(None, &[(None, "/r/final"), (None, "/s/final")])).unwrap_err();
+        assert!(
+            e.contains("both called `final`") && e.contains("NAME=DIR"),
+            "{e}"
+        );
+    }
 }

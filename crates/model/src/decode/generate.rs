@@ -479,6 +479,7 @@ mod fast {
                         budget: a.max_new_tokens,
                         draw: a.draw,
                         seed: seed(p),
+                        adapter: 0,
                     })
                     .collect();
                 let picked = rows.admit(&joins)?;

@@ -38,6 +38,10 @@ pub struct Join<'a> {
     pub draw: Draw,
     /// The seed of its first draw.
     pub seed: u64,
+    /// Its adapter among several served side by side (0: the base alone;
+    /// see [`crate::layers::lora::with_row_adapters`]); 0 for a model
+    /// without them.
+    pub adapter: usize,
 }
 
 /// A live row fed its last drawn token.
@@ -118,6 +122,8 @@ pub struct HostSlots<'m> {
     at: Vec<Option<usize>>,
     /// Each cache row's row, `None` once it finished.
     of: Vec<Option<usize>>,
+    /// Each row's adapter ([`Join::adapter`]).
+    adapter: Vec<usize>,
 }
 
 impl<'m> HostSlots<'m> {
@@ -137,6 +143,7 @@ impl<'m> HostSlots<'m> {
             len: vec![None; rows],
             at: vec![None; rows],
             of: Vec::new(),
+            adapter: vec![0; rows],
         }
     }
 
@@ -157,13 +164,16 @@ impl<'m> HostSlots<'m> {
             .new_cache()
             .with_capacity(width + budget)
             .with_left_padding(pads);
-        let logits = crate::decode::prefill::prefill(
-            self.model,
-            &ids,
-            0,
-            &mut cache,
-            crate::decode::prefill::PREFILL_CHUNK,
-        )?;
+        let adapters: Vec<usize> = joins.iter().map(|j| j.adapter).collect();
+        let logits = crate::layers::lora::with_row_adapters(&adapters, || {
+            crate::decode::prefill::prefill(
+                self.model,
+                &ids,
+                0,
+                &mut cache,
+                crate::decode::prefill::PREFILL_CHUNK,
+            )
+        })?;
         self.cache = Some(cache);
         self.of = joins.iter().map(|j| Some(j.row)).collect();
         for (i, j) in joins.iter().enumerate() {
@@ -205,13 +215,16 @@ impl<'m> HostSlots<'m> {
             .starting_at(start);
         let prompts: Vec<&[u32]> = joins.iter().map(|j| j.prompt).collect();
         let ids = self.padded(&prompts, longest)?;
-        let logits = crate::decode::prefill::prefill(
-            self.model,
-            &ids,
-            start,
-            &mut fresh,
-            crate::decode::prefill::PREFILL_CHUNK,
-        )?;
+        let adapters: Vec<usize> = joins.iter().map(|j| j.adapter).collect();
+        let logits = crate::layers::lora::with_row_adapters(&adapters, || {
+            crate::decode::prefill::prefill(
+                self.model,
+                &ids,
+                start,
+                &mut fresh,
+                crate::decode::prefill::PREFILL_CHUNK,
+            )
+        })?;
         let free: Vec<usize> = (0..self.of.len())
             .filter(|&c| self.of[c].is_none())
             .collect();
@@ -266,6 +279,7 @@ impl Slots for HostSlots<'_> {
         let picks = pick_rows(&logits, &seeds, &draws)?;
         for j in joins {
             self.len[j.row] = Some(j.prompt.len());
+            self.adapter[j.row] = j.adapter;
         }
         Ok(picks)
     }
@@ -306,7 +320,14 @@ impl Slots for HostSlots<'_> {
         }
         let rows = ids.len();
         let ids = Tensor::from_vec(ids, (rows, 1), &self.device)?;
-        let logits = self.model.forward_with_cache(&ids, len, cache)?;
+        let adapters: Vec<usize> = self
+            .of
+            .iter()
+            .map(|r| r.map_or(0, |r| self.adapter[r]))
+            .collect();
+        let logits = crate::layers::lora::with_row_adapters(&adapters, || {
+            self.model.forward_with_cache(&ids, len, cache)
+        })?;
         let at = Tensor::from_vec(
             feeds
                 .iter()
@@ -403,6 +424,11 @@ mod fused {
     ) -> Result<std::result::Result<Plan, String>> {
         if !device.is_cuda() {
             return Ok(Err("the device is not a CUDA device".into()));
+        }
+        if model.projections().iter().any(|p| p.bank().is_some()) {
+            return Ok(Err(
+                "the fused step serves one adapter (several run op by op)".into(),
+            ));
         }
         let dec = model.decoder();
         let Some(free) = fast_decode::free_memory(device)? else {
@@ -679,6 +705,7 @@ mod tests {
                         budget: n,
                         draw: draws[p],
                         seed: 1000 + p as u64,
+                        adapter: 0,
                     })
                     .collect();
                 for (p, (t, _)) in which.zip(slots.admit(&joins).unwrap()) {
@@ -755,6 +782,7 @@ mod tests {
                     budget: 8,
                     draw: draws[p],
                     seed: 1000 + p as u64,
+                    adapter: 0,
                 }])
                 .unwrap();
             alone[p].push(first[0].0);
@@ -777,6 +805,7 @@ mod tests {
             budget,
             draw: Draw::GREEDY,
             seed: 0,
+            adapter: 0,
         };
         assert!(
             s.admit(&[j(0, 3)])

@@ -232,6 +232,103 @@ pub fn load(
     dtype: DType,
     device: &Device,
 ) -> Result<LoadedModel> {
+    let (config, lora) = read_config(adapter_dir)?;
+    let model = crate::arch::load(base_dir, Some(&lora), dtype, device)?;
+    let factors = read_factors(adapter_dir, &config, &lora, &model, base_dir, device)?;
+    for proj in model.model.projections() {
+        let Some(ad) = proj.adapter() else { continue };
+        let (a, b) = &factors[proj.name()];
+        for (suffix, var, t) in [("lora_A", &ad.a, a), ("lora_B", &ad.b, b)] {
+            t.to_dtype(DType::F32)
+                .and_then(|t| var.set(&t))
+                .map_err(|source| ModelError::Tensor {
+                    context: format!("cannot set `{PEFT_PREFIX}{}.{suffix}.weight`", proj.name()),
+                    source,
+                })?;
+        }
+    }
+    Ok(model)
+}
+
+/// Loads the base model in `base_dir` once with every adapter in
+/// `adapter_dirs` beside it, unmerged: a forward runs each batch row
+/// through the adapter [`crate::layers::lora::with_row_adapters`] names
+/// (0: the base alone; `k`: `adapter_dirs[k - 1]`). What `serve` runs when
+/// it serves several adapters. The adapters may differ in rank, scale and
+/// target modules.
+pub fn load_bank(
+    base_dir: &Path,
+    adapter_dirs: &[PathBuf],
+    dtype: DType,
+    device: &Device,
+) -> Result<LoadedModel> {
+    let mut model = crate::arch::load(base_dir, None, dtype, device)?;
+    let mut adapters = Vec::with_capacity(adapter_dirs.len());
+    for dir in adapter_dirs {
+        let (config, lora) = read_config(dir)?;
+        let factors = read_factors(dir, &config, &lora, &model, base_dir, device)?;
+        adapters.push((lora, factors));
+    }
+    let rank = adapters
+        .iter()
+        .map(|(l, _)| l.r)
+        .max()
+        .unwrap_or(1)
+        .div_ceil(8)
+        * 8;
+    for proj in model.model.decoder_mut().projections_mut() {
+        let bank =
+            bank_of(proj, &adapters, rank, dtype, device).map_err(|source| ModelError::Tensor {
+                context: format!("cannot put the adapters of `{}` side by side", proj.name()),
+                source,
+            })?;
+        proj.set_bank(bank);
+    }
+    Ok(model)
+}
+
+/// `proj`'s factors of every adapter as blocks of `rank` (see
+/// [`crate::layers::lora::AdapterBank`]).
+fn bank_of(
+    proj: &crate::layers::lora::LoraLinear,
+    adapters: &[(LoraConfig, Factors)],
+    rank: usize,
+    dtype: DType,
+    device: &Device,
+) -> candle_core::Result<crate::layers::lora::AdapterBank> {
+    let (out, inp) = proj.base().dims()?;
+    let (mut a_blocks, mut b_blocks) = (Vec::new(), Vec::new());
+    for (lora, factors) in adapters {
+        let (a, b) = match factors.get(proj.name()) {
+            Some((a, b)) => {
+                let pad = rank - lora.r;
+                let scaled = (b.to_dtype(DType::F32)? * lora.scale())?;
+                (
+                    a.to_dtype(DType::F32)?.pad_with_zeros(0, 0, pad)?,
+                    scaled.pad_with_zeros(1, 0, pad)?,
+                )
+            }
+            None => (
+                Tensor::zeros((rank, inp), DType::F32, device)?,
+                Tensor::zeros((out, rank), DType::F32, device)?,
+            ),
+        };
+        a_blocks.push(a);
+        b_blocks.push(b);
+    }
+    Ok(crate::layers::lora::AdapterBank {
+        a: Tensor::cat(&a_blocks, 0)?.to_dtype(dtype)?,
+        b: Tensor::cat(&b_blocks, 1)?.to_dtype(dtype)?,
+        rank,
+        count: adapters.len(),
+    })
+}
+
+/// An adapter's `(A, B)` of each projection it adapts, by module path.
+type Factors = HashMap<String, (Tensor, Tensor)>;
+
+/// An adapter folder's `adapter_config.json`, and the LoRA it describes.
+fn read_config(adapter_dir: &Path) -> Result<(AdapterConfig, LoraConfig)> {
     let config_path = adapter_dir.join(ADAPTER_CONFIG_FILE);
     let value = crate::common::read_json(
         &config_path,
@@ -249,7 +346,20 @@ pub fn load(
             path: config_path,
             problems,
         })?;
-    let model = crate::arch::load(base_dir, Some(&lora), dtype, device)?;
+    Ok((config, lora))
+}
+
+/// The factors `(A, B)` of each projection `lora` targets, by module path,
+/// read from `adapter_dir` and checked against `model`'s projections: every
+/// tensor present with its shape, none left over.
+fn read_factors(
+    adapter_dir: &Path,
+    config: &AdapterConfig,
+    lora: &LoraConfig,
+    model: &LoadedModel,
+    base_dir: &Path,
+    device: &Device,
+) -> Result<Factors> {
     let weights_path = adapter_dir.join(ADAPTER_WEIGHTS_FILE);
     if !weights_path.exists() {
         return Err(ModelError::Missing {
@@ -265,25 +375,31 @@ pub fn load(
         }
     })?;
     let mut problems = Vec::new();
+    let mut factors = HashMap::new();
     for proj in model.model.projections() {
-        let Some(ad) = proj.adapter() else { continue };
-        for (suffix, var) in [("lora_A", &ad.a), ("lora_B", &ad.b)] {
+        let module = proj.name().rsplit('.').next().and_then(TargetModule::parse);
+        if !module.is_some_and(|m| lora.targets(m)) {
+            continue;
+        }
+        let (out, inp) = proj.base().dims().map_err(|source| ModelError::Tensor {
+            context: format!("cannot read the shape of `{}`", proj.name()),
+            source,
+        })?;
+        let mut pair = Vec::with_capacity(2);
+        for (suffix, dims) in [("lora_A", [lora.r, inp]), ("lora_B", [out, lora.r])] {
             let name = format!("{PEFT_PREFIX}{}.{suffix}.weight", proj.name());
             match stored.remove(&name) {
                 None => problems.push(format!("tensor `{name}` is missing")),
-                Some(t) if t.dims() != var.dims() => problems.push(format!(
+                Some(t) if t.dims() != dims => problems.push(format!(
                     "tensor `{name}` has shape {:?}, the model needs {:?}",
                     t.dims(),
-                    var.dims()
+                    dims
                 )),
-                Some(t) => t
-                    .to_dtype(DType::F32)
-                    .and_then(|t| var.set(&t))
-                    .map_err(|source| ModelError::Tensor {
-                        context: format!("cannot set `{name}`"),
-                        source,
-                    })?,
+                Some(t) => pair.push(t),
             }
+        }
+        if let [a, b] = &pair[..] {
+            factors.insert(proj.name().to_owned(), (a.clone(), b.clone()));
         }
     }
     let mut unexpected: Vec<_> = stored.into_keys().collect();
@@ -294,7 +410,7 @@ pub fn load(
             .map(|n| format!("tensor `{n}` matches no adapted module")),
     );
     if problems.is_empty() {
-        Ok(model)
+        Ok(factors)
     } else {
         Err(ModelError::AdapterMismatch {
             path: weights_path,

@@ -811,24 +811,32 @@ impl Decoder {
     /// Holds every projection's frozen weight in NF4 (QLoRA); embeddings,
     /// norms and `lm_head` stay as they are.
     pub fn quantize_projections(&mut self) -> Result<()> {
-        for layer in &mut self.layers {
-            let (a, m) = (&mut layer.self_attn, &mut layer.mlp);
-            for p in [
-                &mut a.q_proj,
-                &mut a.k_proj,
-                &mut a.v_proj,
-                &mut a.o_proj,
-                &mut m.gate_proj,
-                &mut m.up_proj,
-                &mut m.down_proj,
-            ] {
-                let name = p.name().to_owned();
-                p.quantize_base().map_err(|e| {
-                    e.context(format!("cannot hold `{name}` in 4 bits\nhint: pass --no_4bit to keep the base weights in 16 bits"))
-                })?;
-            }
+        for p in self.projections_mut() {
+            let name = p.name().to_owned();
+            p.quantize_base().map_err(|e| {
+                e.context(format!("cannot hold `{name}` in 4 bits\nhint: pass --no_4bit to keep the base weights in 16 bits"))
+            })?;
         }
         Ok(())
+    }
+
+    /// Every projection, layer by layer in checkpoint order, to change.
+    pub fn projections_mut(&mut self) -> Vec<&mut LoraLinear> {
+        self.layers
+            .iter_mut()
+            .flat_map(|layer| {
+                let (a, m) = (&mut layer.self_attn, &mut layer.mlp);
+                [
+                    &mut a.q_proj,
+                    &mut a.k_proj,
+                    &mut a.v_proj,
+                    &mut a.o_proj,
+                    &mut m.gate_proj,
+                    &mut m.up_proj,
+                    &mut m.down_proj,
+                ]
+            })
+            .collect()
     }
 
     /// Query heads of each attention layer (0 without layers).

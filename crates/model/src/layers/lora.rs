@@ -370,6 +370,97 @@ pub struct LoraLinear {
     name: String,
     base: BaseLinear,
     adapter: Option<LoraAdapter>,
+    /// Several served adapters side by side (`serve` with more than one).
+    bank: Option<AdapterBank>,
+}
+
+/// Several adapters over one frozen base, served side by side: adapter
+/// `k`'s factors are block `k` of `a` (its rows `k r .. (k + 1) r`) and of
+/// `b` (those columns), `b` already multiplied by the adapter's scale, so
+/// one product serves a batch whose rows take different adapters
+/// ([`with_row_adapters`] says which row takes which). An adapter of lower
+/// rank, or one that leaves this projection alone, is zeros in its block.
+#[derive(Debug, Clone)]
+pub struct AdapterBank {
+    /// `(count r, in)`, in the model's dtype.
+    pub a: Tensor,
+    /// `(out, count r)`, scaled.
+    pub b: Tensor,
+    /// Each adapter's block (the largest rank, rounded up to 8).
+    pub rank: usize,
+    pub count: usize,
+}
+
+thread_local! {
+    /// Each batch row's adapter for the forwards inside
+    /// [`with_row_adapters`] on this thread, and the mask built from it.
+    static ROW_ADAPTERS: std::cell::RefCell<Option<RowAdapters>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+struct RowAdapters {
+    rows: Vec<usize>,
+    /// `(rows, count rank)`: 1 over each row's block; built at first use.
+    mask: Option<Tensor>,
+}
+
+/// Runs `f` with batch row `i` of its forwards taking adapter `rows[i]` of
+/// the projections' [`AdapterBank`]s: 0 for the base alone, `k` for the
+/// bank's `k`-th adapter. Projections without a bank ignore it.
+/// Thread-local, like [`without_adapters`]; restored on return and panic.
+pub fn with_row_adapters<R>(rows: &[usize], f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<RowAdapters>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ROW_ADAPTERS.with(|c| *c.borrow_mut() = self.0.take());
+        }
+    }
+    let now = RowAdapters {
+        rows: rows.to_vec(),
+        mask: None,
+    };
+    let _restore = Restore(ROW_ADAPTERS.with(|c| c.replace(Some(now))));
+    f()
+}
+
+/// The `(rows, count rank)` mask of the rows' adapters on this thread.
+fn row_mask(bank: &AdapterBank, rows: usize, like: &Tensor) -> Result<Tensor> {
+    ROW_ADAPTERS.with(|c| {
+        let mut chosen = c.borrow_mut();
+        let Some(chosen) = chosen.as_mut() else {
+            candle_core::bail!(
+                "a forward through {} served adapters without each row's adapter (with_row_adapters)",
+                bank.count
+            );
+        };
+        if chosen.rows.len() != rows {
+            candle_core::bail!(
+                "a forward of {rows} rows with {} rows' adapters chosen",
+                chosen.rows.len()
+            );
+        }
+        let width = bank.count * bank.rank;
+        if let Some(m) = &chosen.mask
+            && m.dims() == [rows, width]
+            && m.dtype() == like.dtype()
+            && m.device().same_device(like.device())
+        {
+            return Ok(m.clone());
+        }
+        let mut values = vec![0f32; rows * width];
+        for (i, &k) in chosen.rows.iter().enumerate() {
+            if k > bank.count {
+                candle_core::bail!("row {i} asks for adapter {k} of {}", bank.count);
+            }
+            if k > 0 {
+                let at = i * width + (k - 1) * bank.rank;
+                values[at..at + bank.rank].fill(1.0);
+            }
+        }
+        let m = Tensor::from_vec(values, (rows, width), like.device())?.to_dtype(like.dtype())?;
+        chosen.mask = Some(m.clone());
+        Ok(m)
+    })
 }
 
 impl LoraLinear {
@@ -413,6 +504,7 @@ impl LoraLinear {
             name,
             base,
             adapter,
+            bank: None,
         })
     }
 
@@ -422,6 +514,7 @@ impl LoraLinear {
             name,
             base,
             adapter,
+            bank: None,
         }
     }
 
@@ -444,6 +537,16 @@ impl LoraLinear {
         self.adapter.as_ref()
     }
 
+    /// The served adapters side by side, when there are several.
+    pub fn bank(&self) -> Option<&AdapterBank> {
+        self.bank.as_ref()
+    }
+
+    /// Serves `bank`'s adapters beside the base from now on.
+    pub fn set_bank(&mut self, bank: AdapterBank) {
+        self.bank = Some(bank);
+    }
+
     /// `(.., in) -> (.., out)`: `x W^T (+ bias) + scale * dropout(x) A^T B^T`,
     /// one node of the graph whose backward gives the input and factor
     /// gradients only ([`ops::lora_matmul`]).
@@ -464,6 +567,9 @@ impl LoraLinear {
     /// The forward both share: the factors `track`ed or detached, dropout
     /// drawn from `seed` when `train`.
     fn project(&self, x: &Tensor, track: bool, train: bool, seed: u64) -> Result<Tensor> {
+        if let Some(bank) = self.bank.as_ref().filter(|_| adapters_enabled()) {
+            return self.project_bank(x, bank);
+        }
         let Some(ad) = self.adapter.as_ref().filter(|_| adapters_enabled()) else {
             return self.base.forward(x);
         };
@@ -472,6 +578,24 @@ impl LoraLinear {
         let mask = self.mask(&x2, train, seed)?;
         let y = ops::lora_matmul(&x2, &a, &b, self.base.frozen(), ad.scale, mask)?;
         self.base.finish(y, out_shape)
+    }
+
+    /// `x W^T + ((x A^T) * mask) B^T` for `x` `(B, .., in)`: each batch
+    /// row through its own adapter of the bank (inference only).
+    fn project_bank(&self, x: &Tensor, bank: &AdapterBank) -> Result<Tensor> {
+        let y = self.base.forward(x)?;
+        let rows = x.dim(0)?;
+        let (x2, _) = flatten(x, bank.b.dim(0)?)?;
+        let xa = x2.matmul(&bank.a.to_dtype(x.dtype())?.t()?)?; // (N, count r)
+        let width = bank.count * bank.rank;
+        let mask = row_mask(bank, rows, &xa)?.unsqueeze(1)?;
+        let xa = xa
+            .reshape((rows, (), width))?
+            .broadcast_mul(&mask)?
+            .reshape(((), width))?;
+        let delta = xa.matmul(&bank.b.to_dtype(x.dtype())?.t()?)?;
+        let delta = delta.reshape(y.shape())?;
+        y + delta
     }
 
     /// Gradients for `dL/dy = g` of [`Self::forward_detached`] at `x`
