@@ -421,7 +421,7 @@ fn the_binary_reports_each_broken_row_once_and_stops_on_a_dataset_of_them() {
     let last = metrics.last().unwrap();
     assert_eq!(last["bad_rows"], 8, "{last}");
     assert!(
-        last["skipped_tasks_total/bad_row"].as_f64().unwrap() > 0.0,
+        last["skipped_tasks_total/bad_row_again"].as_f64().unwrap() > 0.0,
         "{last}"
     );
     assert!(t.elapsed() < Duration::from_secs(120), "{:?}", t.elapsed());

@@ -725,6 +725,44 @@ fn a_diverged_run_stops_and_keeps_only_good_checkpoints() {
     );
 }
 
+/// Regression: Stage 3 had no divergence guard. At learning rate 1e6 with
+/// an entropy bonus the policy is uniform from step 2 (its entropy sits at
+/// ln(vocabulary)) and the run exited 0 with a final model of those
+/// weights. Now it stops, writes no final model, and sets aside the
+/// checkpoints of the diverged weights.
+#[test]
+fn a_diverged_rl_run_stops_and_writes_no_final_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = trace_train(dir.path(), &["model", "tiny", "base"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(
+        dir.path().join("s3.json"),
+        r#"{"ppo": {"algorithm": "ppo", "batch_size": 4, "num_train_steps": 12, "max_new_tokens": 8,
+                    "mini_batch_size": 4, "save_steps": 2, "learning_rate": 1e6, "entropy_coef": 0.01,
+                    "max_prompt_tokens": 2000, "num_workers": 2}}"#,
+    )
+    .unwrap();
+    let o = trace_train(dir.path(), &common::ppo_args("run", &[]));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("stage3_ppo diverged") && err.contains("entropy sat at ln(vocabulary)"),
+        "{err}"
+    );
+    assert!(err.contains("hint: lower the learning rate"), "{err}");
+    let run = dir.path().join("run");
+    assert!(!run.join("final").exists() && !run.join("merged").exists());
+    let names: Vec<String> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("diverged-step_")),
+        "{names:?}"
+    );
+    assert!(!names.iter().any(|n| n.starts_with("step_")), "{names:?}");
+}
+
 /// A run whose stderr is a file (a scheduler's log, `nohup`, `tee`) says
 /// where it is: a line when it starts, one at least every `--log_every`
 /// seconds while it runs, one when it ends; no colour escapes. With

@@ -53,7 +53,9 @@ pub const TASK_IDS: u64 = 1_000_000;
 pub const ORIGINAL: &str = "original_";
 
 /// The skip reason of a draw of a row already known to be bad (not run).
-pub const BAD_ROW: &str = "bad_row";
+/// It counts draws, as every skip reason does (`skipped_tasks_total/...`);
+/// the rows found bad are counted apart (`bad_rows`), once each.
+pub const BAD_ROW: &str = "bad_row_again";
 
 /// Draws in a row that made no usable task before a run gives up on its
 /// data (see [`Barren`]).
@@ -755,6 +757,44 @@ pub fn part_name(env: &dyn Environment, task_id: u64) -> &'static str {
         .unwrap_or_else(|| env.name())
 }
 
+/// A task's prompt measured against a budget of tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptLength {
+    /// Its chat-template tokens, within the budget.
+    Fits(Vec<u32>),
+    /// Over the budget: `tokens` it takes, or at least takes when
+    /// `unread` (surely too long by its bytes alone, so never tokenised:
+    /// a huge row would take gigabytes only to be dropped).
+    TooLong { tokens: usize, unread: bool },
+}
+
+/// `text` as a user message's chat-template tokens, if they fit `limit`.
+pub fn prompt_within(
+    tok: &crate::data::ChatTokenizer,
+    text: &str,
+    limit: usize,
+) -> anyhow::Result<PromptLength> {
+    let at_least = tok.fewest_tokens(text.len());
+    if at_least > limit {
+        return Ok(PromptLength::TooLong {
+            tokens: at_least,
+            unread: true,
+        });
+    }
+    let ids = tok.encode_prompt(&[crate::data::Message::new(
+        crate::data::Role::User,
+        text.to_owned(),
+    )])?;
+    Ok(if ids.len() > limit || ids.is_empty() {
+        PromptLength::TooLong {
+            tokens: ids.len(),
+            unread: false,
+        }
+    } else {
+        PromptLength::Fits(ids)
+    })
+}
+
 /// Counts a prompt of `len` tokens from environment `name` against the
 /// budget `limit`, and says whether it fits. Stops the run when the first
 /// [`PROMPT_FIT_PROBE`] prompts of an environment were all too long: the
@@ -794,6 +834,37 @@ fn tally<K: std::fmt::Display>(counts: &BTreeMap<K, u64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: an RL prompt was tokenised whole before its length was
+    /// checked, so a huge row took gigabytes only to be dropped. One surely
+    /// too long by its bytes is refused unread; one that might fit is
+    /// tokenised and measured.
+    #[test]
+    fn a_prompt_surely_too_long_is_refused_before_tokenising() {
+        let tok = crate::data::testing::tokenizer();
+        let limit = 64;
+        let huge = "x".repeat((limit + 1) * tok.longest_token_bytes());
+        assert_eq!(
+            prompt_within(&tok, &huge, limit).unwrap(),
+            PromptLength::TooLong {
+                tokens: limit + 1,
+                unread: true
+            }
+        );
+        // The bound never refuses what fits.
+        assert!(tok.encode(&huge).unwrap().len() > limit);
+        match prompt_within(&tok, &"y ".repeat(limit), limit).unwrap() {
+            PromptLength::TooLong {
+                tokens,
+                unread: false,
+            } => assert!(tokens > limit),
+            other => panic!("measured, then too long: {other:?}"),
+        }
+        match prompt_within(&tok, "print(1)", limit).unwrap() {
+            PromptLength::Fits(ids) => assert!(!ids.is_empty() && ids.len() <= limit),
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn an_environment_whose_prompts_never_fit_stops_the_run() {

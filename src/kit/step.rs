@@ -155,6 +155,62 @@ impl Guard {
         Ok(false)
     }
 
+    /// RL's check after a step's update, in place of [`Self::admits`]:
+    /// `finite` is false when every minibatch of the step had a non-finite
+    /// loss or gradient (and was skipped); `entropy` is the policy's mean
+    /// token entropy over the step, in nats. A policy at ln(vocabulary) is
+    /// uniform: its logits no longer depend on the input, the mark of
+    /// weights blown apart. A zero gradient is no sign in RL (a batch whose
+    /// groups all scored alike has no advantage to follow), so it is not
+    /// counted. Stops the run as [`Self::admits`] does.
+    pub fn admits_rl(
+        &mut self,
+        stage: &str,
+        state: &mut TrainerState,
+        finite: bool,
+        entropy: f64,
+    ) -> anyhow::Result<()> {
+        if !finite {
+            // Counted as skipped where the minibatches were.
+            self.dead_in_a_row = 0;
+            if self.bad_in_a_row == 0 {
+                self.onset = Some(state.step);
+            }
+            self.bad_in_a_row += 1;
+            if self.bad_in_a_row >= MAX_BAD_STEPS {
+                let aside = self.set_aside()?;
+                bail!(
+                    "{stage} stopped: {} steps in a row had a non-finite loss or gradient in every minibatch{aside}\nhint: lower the learning rate",
+                    self.bad_in_a_row
+                );
+            }
+            return Ok(());
+        }
+        self.bad_in_a_row = 0;
+        let uniform = self
+            .uniform_loss
+            .filter(|u| entropy.is_finite() && (entropy - u).abs() <= 1e-3 * u);
+        match uniform {
+            Some(u) => {
+                self.onset.get_or_insert(state.step);
+                self.dead_in_a_row += 1;
+                if self.dead_in_a_row >= MAX_DEAD_STEPS {
+                    let aside = self.set_aside()?;
+                    bail!(
+                        "{stage} diverged: the policy's entropy sat at ln(vocabulary) = {u:.4}, the uniform distribution's, for {} steps in a row, from step {}{aside}\nhint: lower the learning rate",
+                        self.dead_in_a_row,
+                        self.onset.unwrap_or(state.step) + 1
+                    );
+                }
+            }
+            None => {
+                self.dead_in_a_row = 0;
+                self.onset = None;
+            }
+        }
+        Ok(())
+    }
+
     /// The end of a run that was not interrupted: a streak of dead or
     /// non-finite steps still running at the last step stops it too, so no
     /// final model comes from the weights that produced it.
@@ -253,6 +309,55 @@ mod tests {
             .finish("warmup")
             .err()
             .map(|e| (s.step, format!("{e:#}")))
+    }
+
+    /// RL: `(finite, entropy)` a step; the step at which it stopped.
+    fn run_rl(guard: &mut Guard, steps: &[(bool, f64)]) -> Option<(u64, String)> {
+        let mut s = state();
+        for &(finite, entropy) in steps {
+            if let Err(e) = guard.admits_rl("stage3_ppo", &mut s, finite, entropy) {
+                return Some((s.step, format!("{e:#}")));
+            }
+            s.step += 1;
+        }
+        guard
+            .finish("stage3_ppo")
+            .err()
+            .map(|e| (s.step, format!("{e:#}")))
+    }
+
+    #[test]
+    fn an_rl_policy_collapsed_to_uniform_stops_and_its_checkpoints_go_aside() {
+        let v = 50_000f64.ln();
+        // A live policy, even a near-uniform random one, passes; zero
+        // gradients are not counted in RL (GRPO groups that all scored
+        // alike have none).
+        let live: Vec<_> = (0..20).map(|i| (true, v - 0.05 - 0.1 * i as f64)).collect();
+        assert!(run_rl(&mut Guard::default().with_vocab(50_000), &live).is_none());
+        let d = tempfile::tempdir().unwrap();
+        for step in [2, 4, 6] {
+            std::fs::create_dir(d.path().join(format!("step_{step}"))).unwrap();
+        }
+        let mut steps = vec![(true, 3.0); 3];
+        steps.extend([(true, v); 10]);
+        let mut g = Guard::new(Some(d.path()), "step_").with_vocab(50_000);
+        let (at, e) = run_rl(&mut g, &steps).unwrap();
+        assert_eq!(at, 3 + MAX_DEAD_STEPS - 1);
+        assert!(
+            e.contains("stage3_ppo diverged") && e.contains("entropy") && e.contains("from step 4"),
+            "{e}"
+        );
+        assert!(d.path().join("step_2").is_dir());
+        assert!(
+            d.path().join("diverged-step_4").is_dir() && d.path().join("diverged-step_6").is_dir()
+        );
+        assert!(e.contains("`step_2`") || e.contains("step_2`"), "{e}");
+        // Every minibatch non-finite, ten steps in a row: stopped too.
+        let mut steps = vec![(true, 3.0)];
+        steps.extend([(false, f64::NAN); 10]);
+        let (at, e) = run_rl(&mut Guard::default().with_vocab(50_000), &steps).unwrap();
+        assert_eq!(at, 10);
+        assert!(e.contains("non-finite"), "{e}");
     }
 
     #[test]

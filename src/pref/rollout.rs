@@ -9,8 +9,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::data::ChatTokenizer;
 use crate::data::buckets::UpToBucket;
-use crate::data::{ChatTokenizer, Message, Role};
 use crate::env::{self, Environment, MAX_BARREN_DRAWS, Score, Task};
 use crate::model::LoadedModel;
 use crate::model::decode::generate::{self, Sampling};
@@ -149,7 +149,13 @@ pub fn roll_out(
 ) -> anyhow::Result<(Vec<Rollout>, RolloutStats)> {
     let mut stats = RolloutStats::default();
     let tasks = draw_prompts(plan, &mut stats, |text| {
-        Ok(tok.encode_prompt(&[Message::new(Role::User, text.to_owned())])?)
+        // Too long (and, by its bytes alone, not even tokenised): empty.
+        Ok(
+            match env::prompt_within(tok, text, plan.max_prompt_tokens)? {
+                env::PromptLength::Fits(ids) => ids,
+                env::PromptLength::TooLong { .. } => Vec::new(),
+            },
+        )
     })?;
     let k = plan.num_samples;
     let prompts: Vec<Vec<u32>> = tasks

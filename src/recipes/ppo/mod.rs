@@ -149,6 +149,14 @@ pub fn run_with(
         Some(task_stream(job, &rl, comm))
     };
 
+    // Stops a run whose policy collapsed to uniform or whose every
+    // minibatch is non-finite, setting aside the checkpoints since.
+    let vocab = policy.loaded.model.lm_head().weight()?.dim(0)?;
+    let mut guard =
+        crate::kit::step::Guard::new(run.lead().then_some(job.output_dir.as_path()), STEP_PREFIX)
+            .with_vocab(vocab);
+    let keep = |guard: &crate::kit::step::Guard| guard.keep(cfg.save.keep());
+
     // 2-5. The loop.
     progress.start(Some(total_steps), state.step);
     let (mut first_reward, mut last_reward) = (None, None);
@@ -182,6 +190,8 @@ pub fn run_with(
             sampling = policy.trainable_values()?;
         }
         let trained = train(&mut policy, &mut got, step, train_comm)?;
+        let finite = trained.up.minibatches > 0 || trained.up.skipped_minibatches == 0;
+        guard.admits_rl(STAGE, &mut state, finite, trained.up.entropy)?;
         if got.layout.lens.is_empty() {
             state.skipped_steps += 1;
         }
@@ -237,7 +247,18 @@ pub fn run_with(
         ));
 
         let sampled_with = off_policy.then_some(&sampling[..]);
-        let checkpoint_now = || save(job, &mut state, &rl, &curriculum, &policy, sampled_with);
+        let kept = keep(&guard);
+        let checkpoint_now = || {
+            save(
+                job,
+                &mut state,
+                &rl,
+                &curriculum,
+                &policy,
+                sampled_with,
+                kept,
+            )
+        };
         let vars = policy.trainable_vars();
         interrupted = run.after_step(
             step + 1,
@@ -260,9 +281,20 @@ pub fn run_with(
 
     let (final_dir, merged_dir) = outputs::dirs(&job.output_dir);
     run.check_in_sync(&policy.trainable_vars())?;
+    if !interrupted {
+        guard.finish(STAGE)?;
+    }
     if !interrupted && run.lead() {
         let sampled_with = off_policy.then_some(&sampling[..]);
-        save(job, &mut state, &rl, &curriculum, &policy, sampled_with)?;
+        save(
+            job,
+            &mut state,
+            &rl,
+            &curriculum,
+            &policy,
+            sampled_with,
+            keep(&guard),
+        )?;
         write_outputs(
             job,
             &policy,

@@ -31,6 +31,9 @@ use crate::rl::loss::{KlEstimator, effective_sample_share, tis_weights};
 /// Checkpoint folders: `step_<N>/`.
 pub const STEP_PREFIX: &str = "step_";
 
+/// The stage's name in errors and model cards.
+pub const STAGE: &str = "stage3_ppo";
+
 /// The truncated importance weights' cap of an off-policy run whose
 /// `tis_cap` is 0.
 pub const OFF_POLICY_TIS_CAP: f64 = 2.0;
@@ -174,14 +177,21 @@ pub(super) fn draw(
             barren.made();
             continue;
         }
-        let ids = policy.encode(&task.prompt)?;
         let part = crate::env::part_name(stream.env(), id);
         let limit = policy.cfg.max_prompt_tokens;
-        if ids.is_empty() || !crate::env::prompt_fits(&mut rl.prompt_fit, part, ids.len(), limit)? {
+        let (ids, len) = match crate::env::prompt_within(&policy.tok, &task.prompt, limit)? {
+            crate::env::PromptLength::Fits(ids) => {
+                let n = ids.len();
+                (Some(ids), n)
+            }
+            crate::env::PromptLength::TooLong { tokens, .. } => (None, tokens),
+        };
+        let fits = crate::env::prompt_fits(&mut rl.prompt_fit, part, len, limit)?;
+        let Some(ids) = ids.filter(|_| fits) else {
             let (env, why) = (stream.env(), "prompt_too_long".to_owned());
             barren.skip(env, id, why, &mut rl.bad_rows, &mut rl.skipped_tasks)?;
             continue;
-        }
+        };
         barren.made();
         let bucket = curriculum.bucket_of(&task.difficulty);
         tasks.push((task, ids, bucket));
@@ -862,13 +872,13 @@ pub(super) fn save(
     curriculum: &Curriculum,
     policy: &Policy,
     sampled_with: Option<&[Tensor]>,
+    keep: usize,
 ) -> anyhow::Result<()> {
     let mut extra = rl.clone();
     extra.curriculum = Some(curriculum.clone());
     extra.optimizer_steps = policy.opt.step;
     extra.value_optimizer_steps = policy.value_opt.as_ref().map_or(0, |o| o.step);
     state.extra = serde_json::to_value(&extra)?;
-    let keep = job.config.save.keep();
     let mut params = policy.params();
     for ((name, _), t) in policy
         .named_trainables()
@@ -912,7 +922,7 @@ pub(super) fn write_outputs(
         base_model,
         origin,
         base_commit: None,
-        stage: "stage3_ppo".into(),
+        stage: STAGE.into(),
         train_file: job.env.name().to_string(),
         steps,
         lora: cfg.lora.clone(),

@@ -12,7 +12,7 @@ use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{ModelConfig, RlConfig};
-use crate::data::{ChatTokenizer, Message, Role};
+use crate::data::ChatTokenizer;
 use crate::dist::{self, Communicator, Single, stats};
 use crate::kit::checkpoint::{self};
 use crate::kit::{clip_scale, load};
@@ -208,9 +208,10 @@ impl Policy {
 
     /// The chat-template tokens of a user message.
     pub fn encode(&self, prompt: &str) -> anyhow::Result<Vec<u32>> {
-        Ok(self
-            .tok
-            .encode_prompt(&[Message::new(Role::User, prompt.to_owned())])?)
+        Ok(self.tok.encode_prompt(&[crate::data::Message::new(
+            crate::data::Role::User,
+            prompt.to_owned(),
+        )])?)
     }
 
     /// Samples one completion of each prompt from the live model.
