@@ -38,7 +38,10 @@ impl ProtectionReport {
     pub fn missing(&self) -> Vec<&Protection> {
         self.protections
             .iter()
-            .filter(|p| !p.in_force && !(self.mode == "rootless" && p.needs_root))
+            .filter(|p| {
+                let excused = self.mode == "rootless" && p.needs_root;
+                !(p.in_force || excused)
+            })
             .collect()
     }
 }

@@ -87,12 +87,12 @@ impl Executor {
                 reason: with_sysctls(e),
             })?;
         }
-        if let Isolation::Sandbox { uid_base, .. } = &mut config.isolation {
-            if uid_base.is_none() {
-                let (base, guard) = claim_uid_block(config.workers)?;
-                *uid_base = Some(base);
-                uid_block = Some(guard);
-            }
+        if let Isolation::Sandbox { uid_base, .. } = &mut config.isolation
+            && uid_base.is_none()
+        {
+            let (base, guard) = claim_uid_block(config.workers)?;
+            *uid_base = Some(base);
+            uid_block = Some(guard);
         }
         check_python(&config.python)?;
         let seccomp = match config.isolation {
