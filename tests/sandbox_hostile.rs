@@ -3,9 +3,14 @@
 //! outcome (status, exit code or signal, output, time bound) and that
 //! nothing of it is left on the host afterwards.
 //!
-//! Needs root, like the sandbox itself. Tests share one executor and run one
-//! at a time (see `serial`): "no process of this file's slot uids is alive"
-//! is only a sharp assertion when no other test's program is running.
+//! Run as root, the tests check the full sandbox, and the last test runs
+//! this whole file again as uid 65534 (nobody), where the sandbox isolates
+//! with user namespaces: every test passes rootless too, with the few
+//! expectations that differ (every slot is the caller's uid) written out.
+//! Run as another user, the tests check the rootless sandbox directly.
+//! Tests share one executor and run one at a time (see `serial`): "no
+//! process of this file's slot uids is alive" is only a sharp assertion
+//! when no other test's program is running.
 
 mod common;
 
@@ -36,6 +41,12 @@ fn executor() -> &'static Executor {
 /// An executor with one worker: consecutive runs land on the same zygote.
 fn one_worker() -> Executor {
     Executor::new(sandbox_config(1, UIDS.start + 2)).expect("sandbox executor")
+}
+
+/// Whether this test process runs without root, so the sandbox is rootless.
+fn rootless() -> bool {
+    // SAFETY: geteuid(2) cannot fail.
+    unsafe { libc::geteuid() != 0 }
 }
 
 fn nothing_left(what: &str) {
@@ -718,8 +729,13 @@ fn killing_the_parent_or_everyone_spares_the_harness_and_other_runs() {
         expect_status(out, Status::Ok);
         // The zygote runs as root and ignores what its namespace sends it;
         // kill(-1) finds no other process of the program's uid to hit.
+        // Rootless, the zygote is the program's uid: the kill is sent, and
+        // the kernel drops it (a namespace's init takes no SIGKILL from
+        // inside); the victim and the workers below show that it did.
         let expected: &[u8] = if p.contains("-1") {
             b"ProcessLookupError\n"
+        } else if rootless() {
+            b"sent\n"
         } else {
             b"PermissionError\n"
         };
@@ -971,6 +987,8 @@ fn check_protections_reports_every_protection_in_force() {
         names,
         [
             "unprivileged uid",
+            "own host uid per slot",
+            "no capabilities",
             "pid namespace",
             "network namespace",
             "uts namespace",
@@ -985,10 +1003,25 @@ fn check_protections_reports_every_protection_in_force() {
             "cleared environment",
         ]
     );
+    let own_uid = "own host uid per slot";
     for p in &report.protections {
-        assert!(p.in_force, "{} not in force: {}", p.name, p.evidence);
+        assert_eq!(p.needs_root, p.name == own_uid, "{}", p.name);
+        if rootless() && p.name == own_uid {
+            // Every slot is the caller's uid: said, never claimed.
+            assert!(!p.in_force, "{own_uid} claimed rootless: {}", p.evidence);
+            let me = unsafe { libc::geteuid() };
+            assert!(
+                p.evidence.contains(&format!("host uid {me}")),
+                "{}",
+                p.evidence
+            );
+        } else {
+            assert!(p.in_force, "{} not in force: {}", p.name, p.evidence);
+        }
     }
-    assert!(report.all_in_force());
+    assert_eq!(report.mode, if rootless() { "rootless" } else { "root" });
+    assert_eq!(report.all_in_force(), !rootless());
+    assert!(report.missing().is_empty(), "{:?}", report.missing());
     assert_eq!(report.python, "3.11.2");
     assert_eq!(report.workers, 2);
 }
@@ -1038,9 +1071,11 @@ fn zygote_killed_mid_run_is_a_sandbox_failure_and_the_worker_is_replaced() {
         let deadline = Instant::now() + Duration::from_secs(5);
         let zygote = loop {
             let found = all_pids().into_iter().find_map(|p| {
-                let uid_ok = status_field(p, "Uid")
-                    .and_then(|u| u.split_whitespace().next()?.parse::<u32>().ok())
-                    .is_some_and(|u| UIDS.contains(&u));
+                // Rootless, the program is the caller's uid on the host.
+                let uid_ok = rootless()
+                    || status_field(p, "Uid")
+                        .and_then(|u| u.split_whitespace().next()?.parse::<u32>().ok())
+                        .is_some_and(|u| UIDS.contains(&u));
                 let parent: i32 = status_field(p, "PPid")?.parse().ok()?;
                 (uid_ok && zygotes.contains(&parent)).then_some(parent)
             });
@@ -1107,6 +1142,9 @@ fn failed_program_setup_is_a_sandbox_failure_with_its_reason() {
 #[test]
 fn executors_running_at_once_get_their_own_uids() {
     let _g = serial();
+    if rootless() {
+        return executors_running_at_once_count_their_processes_apart();
+    }
     // RLIMIT_NPROC counts per uid machine-wide: a fork bomb under one
     // executor must not starve another, so their uids never overlap.
     let a = Executor::new(ExecutorConfig::new(PYTHON, 2, false)).expect("executor a");
@@ -1123,6 +1161,51 @@ fn executors_running_at_once_get_their_own_uids() {
     drop(a);
     let c = Executor::new(ExecutorConfig::new(PYTHON, 2, false)).expect("executor c");
     assert_ne!(uid(&c) / 256, ub / 256);
+}
+
+/// Rootless, every slot of every executor is the caller's uid, and
+/// RLIMIT_NPROC counts a uid's processes per user namespace: a program that
+/// holds all the processes its limit allows leaves another executor's
+/// program free to fork.
+fn executors_running_at_once_count_their_processes_apart() {
+    let a = Executor::new(ExecutorConfig::new(PYTHON, 1, false)).expect("executor a");
+    let b = Executor::new(ExecutorConfig::new(PYTHON, 1, false)).expect("executor b");
+    let limits = Limits {
+        wall_ms: 10_000,
+        ..small_limits()
+    };
+    // Fork until the limit, say so, then hold the processes.
+    let hog = "import os, sys, time\n\
+n = 0\n\
+try:\n    \
+while True:\n        \
+if os.fork() == 0:\n            \
+time.sleep(3600)\n        \
+n += 1\n\
+except OSError:\n    \
+pass\n\
+print(n, flush=True)\n\
+time.sleep(3)\n";
+    let forker = "import os\npids = []\nfor _ in range(8):\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n    pids.append(pid)\nfor p in pids:\n    os.waitpid(p, 0)\nprint('forked', len(pids))\n";
+    let (hogged, free) = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            a.run(&Request {
+                limits,
+                ..Request::new(hog, "")
+            })
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        let f = b.run(&Request {
+            limits,
+            ..Request::new(forker, "")
+        });
+        (h.join().unwrap(), f)
+    });
+    expect_status(&hogged, Status::Ok);
+    let n: u64 = text(&hogged.stdout).trim().parse().expect("fork count");
+    assert!(n >= 1 && n < limits.processes, "{n} forks");
+    expect_status(&free, Status::Ok);
+    assert_eq!(free.stdout, b"forked 8\n");
 }
 
 /// Regressions: `/run` was visible (read-only), and a program connected to
@@ -1147,11 +1230,23 @@ fn the_host_folders_are_hidden_and_unix_sockets_refused() {
         here.display()
     );
     assert!(hidden.iter().any(|h| h == "/run"), "{hidden:?}");
-    // A socket a host service might leave in /run, open to everyone.
+    // A socket a host service might leave in /run, open to everyone (in
+    // /run/lock, open to every user, when this user may not write /run).
+    let run_dir = ["/run", "/run/lock"]
+        .into_iter()
+        .find(|d| nix_access_w(d))
+        .expect("a writable /run or /run/lock");
     let planted = std::path::PathBuf::from(format!(
-        "/run/trace-train-planted-{}.sock",
+        "{run_dir}/trace-train-planted-{}.sock",
         std::process::id()
     ));
+    // The project file is there for this user to read: hidden, not denied.
+    let project_file = here.join("Cargo.toml");
+    assert!(
+        std::fs::read(&project_file).is_ok(),
+        "{}",
+        project_file.display()
+    );
     let listener = std::os::unix::net::UnixListener::bind(&planted).unwrap();
     listener.set_nonblocking(true).unwrap();
     std::fs::set_permissions(
@@ -1180,7 +1275,7 @@ except OSError as e:
 a, b = socket.socketpair(); a.sendall(b'x'); r['socketpair'] = b.recv(1).decode()
 print(json.dumps(r))
 "#,
-        cargo = here.join("Cargo.toml").display().to_string(),
+        cargo = project_file.display().to_string(),
         planted = planted.display().to_string(),
     );
     let (out, _) = run(&program);
@@ -1203,4 +1298,82 @@ print(json.dumps(r))
     );
     drop(listener);
     std::fs::remove_file(&planted).unwrap();
+}
+
+/// Whether this process may write in `dir`.
+fn nix_access_w(dir: &str) -> bool {
+    let c = std::ffi::CString::new(dir).unwrap();
+    // SAFETY: access(2) on a NUL-terminated path.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+}
+
+/// As root: runs every other test of this file again as uid 65534
+/// (nobody), where the sandbox is rootless, and asserts they all pass.
+/// Skipped, saying why, only where the kernel refuses that user a user
+/// namespace.
+#[test]
+fn every_test_here_passes_rootless_as_nobody() {
+    const ME: &str = "every_test_here_passes_rootless_as_nobody";
+    if rootless() {
+        println!("this run is rootless already: every other test here ran without root");
+        return;
+    }
+    let _g = serial();
+    use std::os::unix::process::CommandExt;
+    let nobody = |c: &mut Command| {
+        c.uid(65534)
+            .gid(65534)
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", "/nonexistent")
+            .env("RUST_BACKTRACE", "1");
+    };
+    // Can nobody have a user namespace here at all?
+    let mut probe = Command::new("unshare");
+    probe.args([
+        "--user",
+        "--map-root-user",
+        "--mount",
+        "--pid",
+        "--net",
+        "--fork",
+        "true",
+    ]);
+    nobody(&mut probe);
+    match probe.output() {
+        Ok(o) if !o.status.success() => {
+            println!(
+                "SKIPPED: the kernel refuses uid 65534 a user namespace here ({}), so the rootless sandbox cannot run",
+                text(&o.stderr).trim()
+            );
+            return;
+        }
+        _ => {}
+    }
+    let exe = std::env::current_exe().expect("test binary");
+    let list = Command::new(&exe)
+        .args(["--list", "--format", "terse"])
+        .output()
+        .expect("list tests");
+    let tests = text(&list.stdout)
+        .lines()
+        .filter(|l| l.ends_with(": test") && !l.contains(ME))
+        .count();
+    assert!(tests >= 30, "{tests} tests listed");
+    let mut run = Command::new(&exe);
+    run.args(["--skip", ME, "--test-threads", "1"])
+        .current_dir(std::env::current_dir().unwrap());
+    nobody(&mut run);
+    let out = run.output().expect("run the tests as nobody");
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "rootless run failed\nstdout:\n{stdout}\nstderr:\n{}",
+        text(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("test result: ok. {tests} passed; 0 failed")),
+        "expected {tests} tests to pass rootless:\n{stdout}"
+    );
+    println!("{tests} tests passed rootless as uid 65534");
 }

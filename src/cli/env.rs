@@ -88,7 +88,7 @@ pub struct SandboxInfo {
     pub python_version: String,
     /// The protections found in force, when the sandbox started.
     pub protections: Option<ProtectionReport>,
-    /// Why the sandbox did not start (it needs root).
+    /// Why the sandbox did not start (no root and no user namespaces).
     pub error: Option<String>,
 }
 
@@ -197,17 +197,19 @@ pub fn text(r: &Report) -> String {
     match (&sb.protections, &sb.error) {
         (Some(p), _) => {
             out += &format!(
-                "sandbox: {} of {} protections in force\n",
+                "sandbox: {} of {} protections in force; mode {}\n",
                 p.protections.iter().filter(|p| p.in_force).count(),
-                p.protections.len()
+                p.protections.len(),
+                super::sandbox::mode_line(p.mode)
             );
+            let rootless = p.mode == "rootless";
             for p in &p.protections {
-                out += &format!(
-                    "  {:<22} {:<3} {}\n",
-                    p.name,
-                    if p.in_force { "yes" } else { "NO" },
-                    p.evidence
-                );
+                let held = match (p.in_force, p.needs_root && rootless) {
+                    (true, _) => "yes",
+                    (false, true) => "no (needs root)",
+                    (false, false) => "NO",
+                };
+                out += &format!("  {:<22} {:<15} {}\n", p.name, held, p.evidence);
             }
         }
         (None, e) => {

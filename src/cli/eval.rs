@@ -152,7 +152,7 @@ fn heldout_items(args: &EvalArgs, name: &str) -> anyhow::Result<Vec<EvalItem>> {
         workers,
         args.unsafe_no_sandbox,
     ))
-    .context("cannot start the sandbox for the held-out programs\nhint: the sandbox needs root; on a machine you trust pass --unsafe_no_sandbox")?;
+    .context("cannot start the sandbox for the held-out programs")?;
     let (mut items, dropped) = heldout::short_items(
         &exec,
         &heldout::Options {

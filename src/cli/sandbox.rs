@@ -44,23 +44,24 @@ pub struct SandboxCommon {
     pub unsafe_flag: UnsafeFlag,
 }
 
-/// Runs a `sandbox` subcommand; `check` exits 3 when a protection is not
-/// in force.
+/// Runs a `sandbox` subcommand; `check` exits 3 when a protection of its
+/// mode is not in force (rootless, those that need root are listed apart).
 pub fn run(cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         SandboxCommand::Check(c) => {
             let exec = executor(&c, 1)?;
             let report = sandbox::check_protections(&exec);
             println!("{}", serde_json::to_string_pretty(&report)?);
+            eprintln!("mode: {}", mode_line(report.mode));
             for p in &report.protections {
-                eprintln!(
-                    "{:<22} {:<3} {}",
-                    p.name,
-                    if p.in_force { "yes" } else { "NO" },
-                    p.evidence
-                );
+                let held = match (p.in_force, p.needs_root && report.mode == "rootless") {
+                    (true, _) => "yes",
+                    (false, true) => "no (needs root)",
+                    (false, false) => "NO",
+                };
+                eprintln!("{:<22} {:<15} {}", p.name, held, p.evidence);
             }
-            Ok(if report.all_in_force() {
+            Ok(if report.missing().is_empty() {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(3)
@@ -89,6 +90,17 @@ pub fn run(cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&out.to_json())?);
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// What each mode of `sandbox check` means, in one line.
+pub fn mode_line(mode: &str) -> &'static str {
+    match mode {
+        "root" => "root: full isolation, each slot a host uid of its own",
+        "rootless" => {
+            "rootless: user namespaces; every protection but a host uid per slot (needs root)"
+        }
+        _ => "unsafe: no isolation, rlimits only",
     }
 }
 

@@ -200,7 +200,7 @@ impl<'a> Builder<'a> {
             workers,
             self.unsafe_no_sandbox,
         ))
-        .context("ABD, DED and trace run programs in the sandbox\nhint: run as root, or pass --unsafe_no_sandbox on a machine you trust")
+        .context("ABD, DED and trace run programs in the sandbox")
     }
 
     fn workers(&self) -> usize {

@@ -159,7 +159,7 @@ pub fn sandbox_config(workers: usize, uid_base: u32) -> ExecutorConfig {
     let mut config = ExecutorConfig::new(PYTHON, workers, false);
     match &mut config.isolation {
         Isolation::Sandbox { uid_base: base, .. } => *base = Some(uid_base),
-        Isolation::Unsafe => unreachable!("asked for a sandbox"),
+        Isolation::Rootless { .. } | Isolation::Unsafe => unreachable!("asked for a sandbox"),
     }
     config
 }

@@ -7,18 +7,22 @@
 use serde::Serialize;
 
 use crate::executor::Executor;
-use crate::request::{Request, Status};
+use crate::request::{Isolation, Request, Status};
 
 /// One protection and whether the probe found it in force.
 #[derive(Debug, Clone, Serialize)]
 pub struct Protection {
     pub name: &'static str,
     pub in_force: bool,
+    /// Only root can give it: a rootless sandbox does without it.
+    pub needs_root: bool,
     pub evidence: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ProtectionReport {
+    /// `root` (full isolation), `rootless` (user namespaces) or `unsafe`.
+    pub mode: &'static str,
     pub python: String,
     pub workers: usize,
     pub protections: Vec<Protection>,
@@ -27,6 +31,27 @@ pub struct ProtectionReport {
 impl ProtectionReport {
     pub fn all_in_force(&self) -> bool {
         self.protections.iter().all(|p| p.in_force)
+    }
+
+    /// The protections this mode gives that are not in force: every one
+    /// missing as root, those that do not need root when rootless.
+    pub fn missing(&self) -> Vec<&Protection> {
+        self.protections
+            .iter()
+            .filter(|p| {
+                let excused = self.mode == "rootless" && p.needs_root;
+                !(p.in_force || excused)
+            })
+            .collect()
+    }
+}
+
+/// The mode an executor isolates programs in, as `sandbox check` names it.
+pub fn mode_of(exec: &Executor) -> &'static str {
+    match exec.isolation() {
+        Isolation::Sandbox { .. } => "root",
+        Isolation::Rootless { .. } => "rootless",
+        Isolation::Unsafe => "unsafe",
     }
 }
 
@@ -42,6 +67,8 @@ r['pid'] = os.getpid()
 r['procs_visible'] = len([p for p in os.listdir('/proc') if p.isdigit()])
 r['no_new_privs'] = status_field('NoNewPrivs')
 r['seccomp'] = status_field('Seccomp')
+r['caps'] = {k: status_field(k) for k in ['CapEff', 'CapPrm', 'CapInh', 'CapAmb', 'CapBnd']}
+r['uid_map'] = ' '.join(open('/proc/self/uid_map').read().split())
 r['hostname'] = os.uname().nodename
 try:
     s = socket.create_connection(('10.0.0.1', 53), timeout=1); s.close(); r['net'] = 'connected'
@@ -67,6 +94,10 @@ r['env'] = sorted(os.environ)
 print(json.dumps(r))
 "#;
 
+/// Each slot runs as a host uid of its own (as root); rootless, every slot
+/// is the caller's uid.
+const OWN_HOST_UID: &str = "own host uid per slot";
+
 /// Runs the probe on `exec` and judges each protection.
 pub fn check_protections(exec: &Executor) -> ProtectionReport {
     let hidden: Vec<String> = exec
@@ -80,11 +111,13 @@ pub fn check_protections(exec: &Executor) -> ProtectionReport {
     );
     let req = Request::new(probe.as_str(), "");
     let out = exec.run(&req);
+    let mode = mode_of(exec);
     let mut protections = Vec::new();
     let mut add = |name: &'static str, in_force: bool, evidence: String| {
         protections.push(Protection {
             name,
             in_force,
+            needs_root: name == OWN_HOST_UID,
             evidence,
         })
     };
@@ -100,6 +133,7 @@ pub fn check_protections(exec: &Executor) -> ProtectionReport {
             ),
         );
         return ProtectionReport {
+            mode,
             python: exec.python_version().to_owned(),
             workers: exec.workers(),
             protections,
@@ -112,6 +146,39 @@ pub fn check_protections(exec: &Executor) -> ProtectionReport {
         "unprivileged uid",
         uid != 0 && r["euid"].as_u64() == Some(uid),
         format!("uid {} euid {} groups {}", uid, s("euid"), s("groups")),
+    );
+    // In the host's user namespace the map is the identity over every id:
+    // the program's uid is a host uid, given to this slot alone.
+    let uid_map = r["uid_map"].as_str().unwrap_or("");
+    let host_ns = uid_map == "0 0 4294967295";
+    add(
+        OWN_HOST_UID,
+        host_ns && uid != 0,
+        if host_ns {
+            format!("host uid {uid}, this slot's alone")
+        } else {
+            let host = uid_map.split(' ').nth(1).unwrap_or("?");
+            format!(
+                "uid {uid} in a user namespace is host uid {host}, as is every slot (uid_map `{uid_map}`; needs root)"
+            )
+        },
+    );
+    let caps = &r["caps"];
+    let cap = |k: &str| caps[k].as_str().unwrap_or("?").to_owned();
+    let zero = |k: &str| u64::from_str_radix(&cap(k), 16) == Ok(0);
+    add(
+        "no capabilities",
+        ["CapEff", "CapPrm", "CapInh", "CapAmb"]
+            .iter()
+            .all(|k| zero(k)),
+        format!(
+            "CapEff {} CapPrm {} CapInh {} CapAmb {} CapBnd {}",
+            cap("CapEff"),
+            cap("CapPrm"),
+            cap("CapInh"),
+            cap("CapAmb"),
+            cap("CapBnd")
+        ),
     );
     add(
         "pid namespace",
@@ -190,6 +257,7 @@ pub fn check_protections(exec: &Executor) -> ProtectionReport {
     });
     add("cleared environment", env_ok, s("env"));
     ProtectionReport {
+        mode,
         python: exec.python_version().to_owned(),
         workers: exec.workers(),
         protections,

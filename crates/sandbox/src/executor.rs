@@ -1,5 +1,6 @@
 //! The [`Executor`]: a pool of warm, isolated Python workers that runs
-//! requests in parallel, each worker slot under its own uid.
+//! requests in parallel, each worker slot under its own uid (as root) or in
+//! its own user namespace (without root).
 
 use std::path::PathBuf;
 use std::sync::{Condvar, Mutex};
@@ -66,20 +67,36 @@ impl Executor {
     /// Starts every worker slot now, so set-up problems surface before work.
     pub fn new(mut config: ExecutorConfig) -> Result<Self, SandboxError> {
         let mut uid_block = None;
-        if let Isolation::Sandbox { uid_base, .. } = &mut config.isolation {
-            let uid = nix::unistd::geteuid().as_raw();
-            if uid != 0 {
-                return Err(SandboxError::NotRoot { uid });
+        let uid = nix::unistd::geteuid().as_raw();
+        if uid != 0
+            && let Isolation::Sandbox { uid_base, hide } = &mut config.isolation
+        {
+            // Without root: user namespaces, where the kernel allows them.
+            config.isolation = Isolation::Rootless {
+                uid_base: uid_base.unwrap_or(DEFAULT_UID_BASE),
+                hide: std::mem::take(hide),
+            };
+            if config.workers as u32 > UID_BLOCK {
+                return Err(SandboxError::Setup(format!(
+                    "{} workers is more than the {UID_BLOCK} a sandbox supports",
+                    config.workers
+                )));
             }
-            if uid_base.is_none() {
-                let (base, guard) = claim_uid_block(config.workers)?;
-                *uid_base = Some(base);
-                uid_block = Some(guard);
-            }
+            crate::worker::probe_rootless(&config).map_err(|e| SandboxError::NoUserNamespaces {
+                uid,
+                reason: with_sysctls(e),
+            })?;
+        }
+        if let Isolation::Sandbox { uid_base, .. } = &mut config.isolation
+            && uid_base.is_none()
+        {
+            let (base, guard) = claim_uid_block(config.workers)?;
+            *uid_base = Some(base);
+            uid_block = Some(guard);
         }
         check_python(&config.python)?;
         let seccomp = match config.isolation {
-            Isolation::Sandbox { .. } => seccomp::filters()?,
+            Isolation::Sandbox { .. } | Isolation::Rootless { .. } => seccomp::filters()?,
             Isolation::Unsafe => Vec::new(),
         };
         // Zygotes start in parallel: each spends ~60 ms importing.
@@ -127,7 +144,7 @@ impl Executor {
     /// The host folders hidden from programs (none without isolation).
     pub fn hidden(&self) -> &[PathBuf] {
         match &self.config.isolation {
-            Isolation::Sandbox { hide, .. } => hide,
+            Isolation::Sandbox { hide, .. } | Isolation::Rootless { hide, .. } => hide,
             Isolation::Unsafe => &[],
         }
     }
@@ -193,6 +210,27 @@ impl Executor {
     /// Runs `f` inside the executor's thread pool (one thread per slot).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
+    }
+}
+
+/// `reason`, and the kernel settings that refuse user namespaces to
+/// unprivileged users, where one does.
+fn with_sysctls(reason: String) -> String {
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|v| v.trim().to_owned());
+    let mut why = Vec::new();
+    if read("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
+        why.push("user.max_user_namespaces is 0");
+    }
+    if read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+        why.push("kernel.unprivileged_userns_clone is 0");
+    }
+    if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
+        why.push("kernel.apparmor_restrict_unprivileged_userns is 1");
+    }
+    if why.is_empty() {
+        reason
+    } else {
+        format!("{reason}; {}", why.join(", "))
     }
 }
 

@@ -12,6 +12,13 @@
 //! and UTS namespaces. Per program: a fresh pid namespace whose init is ours,
 //! a fresh size-capped tmpfs as `/tmp`, rlimits, no_new_privs, seccomp, a
 //! cleared environment, output caps enforced while reading, a wall deadline.
+//!
+//! Without root, each slot gets an unprivileged user namespace as well
+//! ([`Isolation::Rootless`]): everything above holds but the host uid of
+//! its own, as every slot is the caller's uid on the host. Inside, the
+//! program is a non-zero uid with no capabilities. Where the kernel refuses
+//! unprivileged user namespaces, [`Executor::new`] refuses with
+//! [`SandboxError::NoUserNamespaces`].
 
 mod check;
 mod executor;
@@ -19,7 +26,7 @@ mod request;
 mod seccomp;
 mod worker;
 
-pub use check::{Protection, ProtectionReport, check_protections};
+pub use check::{Protection, ProtectionReport, check_protections, mode_of};
 pub use executor::{DEFAULT_UID_BASE, Executor};
 pub use request::{
     ExecutorConfig, HOST_FOLDERS, Isolation, Limits, Outcome, Request, SandboxError, Status,

@@ -50,9 +50,23 @@ pub enum Isolation {
     /// Full isolation (needs root). Slot `i` runs as uid/gid `uid_base + i`;
     /// `None` claims a free block of uids for the executor's lifetime, so
     /// that executors running at once never share a uid (RLIMIT_NPROC is
-    /// counted per uid, machine-wide).
+    /// counted per uid, machine-wide). Without root, [`Executor::new`]
+    /// turns this into [`Isolation::Rootless`] where the kernel allows it.
+    ///
+    /// [`Executor::new`]: crate::Executor::new
     Sandbox {
         uid_base: Option<u32>,
+        /// Paths hidden behind an empty read-only tmpfs.
+        hide: Vec<PathBuf>,
+    },
+    /// Isolation without root, through unprivileged user namespaces. Each
+    /// slot gets its own user namespace with the other namespaces, the
+    /// mount view, `/tmp`, rlimits, no_new_privs and seccomp of
+    /// [`Isolation::Sandbox`]. Slot `i` is uid/gid `uid_base + i` inside
+    /// its namespace, with no capabilities; on the host every slot is the
+    /// caller's own uid, so slots do not each have a uid of their own.
+    Rootless {
+        uid_base: u32,
         /// Paths hidden behind an empty read-only tmpfs.
         hide: Vec<PathBuf>,
     },
@@ -273,9 +287,9 @@ pub enum SandboxError {
     )]
     Python { path: PathBuf, reason: String },
     #[error(
-        "the sandbox needs root to drop each worker to its own uid and create namespaces (running as uid {uid})\nhint: run as root, or pass `--unsafe_no_sandbox` to run programs without isolation on a machine you trust"
+        "the sandbox cannot isolate programs: not running as root (uid {uid}) and {reason}\nhint: run as root; or let unprivileged users create user namespaces (`sysctl -w user.max_user_namespaces=15000`, `sysctl -w kernel.unprivileged_userns_clone=1` on Debian kernels, `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` on Ubuntu); or pass `--unsafe_no_sandbox` to run programs without isolation on a machine you trust"
     )]
-    NotRoot { uid: u32 },
+    NoUserNamespaces { uid: u32, reason: String },
     #[error("sandbox setup failed: {0}")]
     Setup(String),
     #[error("sandbox worker failed to start: {0}")]

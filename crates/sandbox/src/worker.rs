@@ -80,12 +80,21 @@ impl Worker {
                     "tmp_bytes": config.tmp_bytes,
                     "tmp_inodes": config.tmp_inodes,
                 });
-                let flags = CloneFlags::CLONE_NEWPID
-                    | CloneFlags::CLONE_NEWNS
-                    | CloneFlags::CLONE_NEWNET
-                    | CloneFlags::CLONE_NEWIPC
-                    | CloneFlags::CLONE_NEWUTS;
-                (init, Some(NamespaceSetup::new(hide)?), flags)
+                (init, Some(NamespaceSetup::new(hide, None)?), NAMESPACES)
+            }
+            Isolation::Rootless { uid_base, hide } => {
+                let uid = uid_base + slot as u32;
+                let init = serde_json::json!({
+                    "mode": "sandbox",
+                    "rootless": true,
+                    "uid": uid,
+                    "gid": uid,
+                    "seccomp": seccomp.iter().map(|p| trace_train_base::hex(p)).collect::<Vec<_>>(),
+                    "tmp_bytes": config.tmp_bytes,
+                    "tmp_inodes": config.tmp_inodes,
+                });
+                let setup = NamespaceSetup::new(hide, Some(UserNs::new(uid, config)?))?;
+                (init, Some(setup), NAMESPACES | CloneFlags::CLONE_NEWUSER)
             }
             Isolation::Unsafe => (
                 serde_json::json!({ "mode": "unsafe" }),
@@ -97,28 +106,16 @@ impl Worker {
         let spawn_err = |e: String| SandboxError::Spawn(format!("slot {slot}: {e}"));
         let (in_r, in_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| spawn_err(e.to_string()))?;
         let (out_r, out_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| spawn_err(e.to_string()))?;
-        let mut stack = vec![0u8; 256 * 1024];
         let (in_raw, out_raw) = (in_r.as_raw_fd(), out_w.as_raw_fd());
-        let child = Box::new(move || -> isize {
-            // Runs in the new process, a copy of a multithreaded parent:
-            // raw syscalls on prepared data only, no allocation, no locks.
-            if let Some(setup) = &setup
-                && setup.apply().is_err()
-            {
-                return 126;
-            }
-            exec.run(in_raw, out_raw)
-        });
-        // SAFETY: the child only runs the async-signal-safe closure above on
-        // its own copy of memory (no CLONE_VM), then execs or exits.
-        let pid = unsafe { clone(child, &mut stack, flags, Some(libc::SIGCHLD)) }.map_err(|e| {
-            let hint = if e == nix::errno::Errno::EPERM {
-                " (creating namespaces needs root)"
-            } else {
-                ""
-            };
-            spawn_err(format!("clone: {e}{hint}"))
-        })?;
+        let (pid, err_r) =
+            clone_with(flags, setup, move || exec.run(in_raw, out_raw)).map_err(|e| {
+                let hint = match (e, flags.contains(CloneFlags::CLONE_NEWUSER)) {
+                    (nix::errno::Errno::EPERM, false) => " (creating namespaces needs root)",
+                    (_, true) => " (the kernel refused an unprivileged user namespace)",
+                    _ => "",
+                };
+                spawn_err(format!("clone: {e}{hint}"))
+            })?;
         drop((in_r, out_w));
         let mut w = Worker {
             slot,
@@ -130,15 +127,37 @@ impl Worker {
                 stdout: File::from(out_r),
             }),
         };
-        let hello = w.handshake(&init).map_err(|e| {
-            let why = match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(_, 126)) => "; namespace or mount setup failed".to_owned(),
-                Ok(WaitStatus::Exited(_, 127)) => "; could not exec the interpreter".to_owned(),
-                Ok(WaitStatus::Exited(_, c)) => format!("; zygote exited with {c}"),
-                _ => String::new(),
-            };
-            spawn_err(format!("{e}{why}"))
-        })?;
+        let hello = match w.handshake(&init) {
+            Ok(hello) => hello,
+            Err(e) => {
+                // The pipe closes as the child exits: give it a moment to
+                // become reapable, so its exit code can say why.
+                let mut status = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+                for _ in 0..50 {
+                    if !matches!(status, Ok(WaitStatus::StillAlive)) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                    status = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+                }
+                if matches!(
+                    status,
+                    Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..))
+                ) {
+                    // Reaped: there is nothing left for `drop` to kill.
+                    w.proc = None;
+                }
+                let why = match status {
+                    Ok(WaitStatus::Exited(_, 126)) => {
+                        format!("; namespace or mount setup failed: {}", setup_error(&err_r))
+                    }
+                    Ok(WaitStatus::Exited(_, 127)) => "; could not exec the interpreter".to_owned(),
+                    Ok(WaitStatus::Exited(_, c)) => format!("; zygote exited with {c}"),
+                    _ => String::new(),
+                };
+                return Err(spawn_err(format!("{e}{why}")));
+            }
+        };
         w.python_version = hello["python"].as_str().unwrap_or("").to_owned();
         Ok(w)
     }
@@ -175,6 +194,84 @@ impl Worker {
             serde_json::from_slice(&report).map_err(|e| format!("bad report from zygote: {e}"))?;
         self.retired = report.retire;
         Ok(report.into_outcome(req, stdout, stderr))
+    }
+}
+
+/// The namespaces of every sandboxed slot; rootless adds a user namespace.
+const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWPID
+    .union(CloneFlags::CLONE_NEWNS)
+    .union(CloneFlags::CLONE_NEWNET)
+    .union(CloneFlags::CLONE_NEWIPC)
+    .union(CloneFlags::CLONE_NEWUTS);
+
+/// Clones a child into `flags`' namespaces, applies `setup` there, then runs
+/// `then` (which execs, or returns the child's exit code). A failed setup
+/// exits 126 and leaves its step and errno on the returned pipe, which an
+/// exec closes.
+fn clone_with(
+    flags: CloneFlags,
+    setup: Option<NamespaceSetup>,
+    then: impl Fn() -> isize,
+) -> Result<(Pid, std::os::fd::OwnedFd), nix::errno::Errno> {
+    let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+    let err_raw = err_w.as_raw_fd();
+    let mut stack = vec![0u8; 256 * 1024];
+    let child = Box::new(move || -> isize {
+        // Runs in the new process, a copy of a multithreaded parent:
+        // raw syscalls on prepared data only, no allocation, no locks.
+        if let Some(setup) = &setup
+            && let Err(failed) = setup.apply()
+        {
+            failed.report(err_raw);
+            return 126;
+        }
+        then()
+    });
+    // SAFETY: the child only runs the async-signal-safe closure above on
+    // its own copy of memory (no CLONE_VM), then execs or exits.
+    let pid = unsafe { clone(child, &mut stack, flags, Some(libc::SIGCHLD)) }?;
+    drop(err_w);
+    Ok((pid, err_r))
+}
+
+/// What a child that exited 126 left on its error pipe: the failed step
+/// and its errno.
+fn setup_error(err_r: &std::os::fd::OwnedFd) -> String {
+    let mut buf = [0u8; 256];
+    let n = nix::unistd::read(err_r, &mut buf).unwrap_or(0);
+    if n < 4 {
+        return "no reason given".into();
+    }
+    let errno = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    format!(
+        "{}: {}",
+        String::from_utf8_lossy(&buf[4..n]),
+        std::io::Error::from_raw_os_error(errno)
+    )
+}
+
+/// Whether this process can isolate a slot without root: a child is cloned
+/// into a new user namespace with every other namespace and goes through
+/// the whole set-up of a rootless worker, then exits. `Err` names the step
+/// the kernel refused.
+pub(super) fn probe_rootless(config: &ExecutorConfig) -> Result<(), String> {
+    let Isolation::Rootless { uid_base, hide } = &config.isolation else {
+        return Ok(());
+    };
+    let setup = NamespaceSetup::new(
+        hide,
+        Some(UserNs::new(*uid_base, config).map_err(|e| e.to_string())?),
+    )
+    .map_err(|e| e.to_string())?;
+    let (pid, err_r) = clone_with(NAMESPACES | CloneFlags::CLONE_NEWUSER, Some(setup), || 0)
+        .map_err(|e| format!("the kernel refused to create a user namespace (clone: {e})"))?;
+    match waitpid(pid, None) {
+        Ok(WaitStatus::Exited(_, 0)) => Ok(()),
+        Ok(WaitStatus::Exited(_, 126)) => Err(format!(
+            "a user namespace could not be set up ({})",
+            setup_error(&err_r)
+        )),
+        other => Err(format!("the user namespace probe ended with {other:?}")),
     }
 }
 
@@ -340,9 +437,62 @@ fn read_exact_by(r: &mut File, mut buf: &mut [u8], deadline: Instant) -> Result<
     Ok(())
 }
 
+/// The user namespace of a rootless slot: the caller's uid and gid mapped
+/// to `inside`, and the slot's `/tmp`, mounted before the exec because the
+/// zygote has no capabilities left to mount it.
+struct UserNs {
+    setgroups: CString,
+    deny: CString,
+    uid_map: CString,
+    gid_map: CString,
+    uid_line: CString,
+    gid_line: CString,
+    tmp: CString,
+    tmp_opts: CString,
+}
+
+impl UserNs {
+    fn new(inside: u32, config: &ExecutorConfig) -> Result<Self, SandboxError> {
+        let c = |s: String| CString::new(s).map_err(|e| SandboxError::Setup(e.to_string()));
+        let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+        Ok(UserNs {
+            setgroups: c("/proc/self/setgroups".into())?,
+            deny: c("deny".into())?,
+            uid_map: c("/proc/self/uid_map".into())?,
+            gid_map: c("/proc/self/gid_map".into())?,
+            uid_line: c(format!("{inside} {uid} 1"))?,
+            gid_line: c(format!("{inside} {gid} 1"))?,
+            tmp: c("/tmp".into())?,
+            tmp_opts: c(format!(
+                "size={},nr_inodes={},mode=1777",
+                config.tmp_bytes, config.tmp_inodes
+            ))?,
+        })
+    }
+}
+
+/// A set-up step that failed, with its errno.
+struct Failed {
+    step: &'static str,
+    errno: i32,
+}
+
+impl Failed {
+    /// Writes errno and step to `fd`: raw writes only, no allocation.
+    fn report(&self, fd: RawFd) {
+        let mut buf = [0u8; 128];
+        buf[..4].copy_from_slice(&self.errno.to_ne_bytes());
+        let n = self.step.len().min(buf.len() - 4);
+        buf[4..4 + n].copy_from_slice(&self.step.as_bytes()[..n]);
+        // SAFETY: write(2) of a local buffer.
+        unsafe { libc::write(fd, buf.as_ptr().cast(), 4 + n) };
+    }
+}
+
 /// Namespace and mount setup run between fork and exec of a zygote. All
 /// strings are prepared beforehand: `apply` must not allocate.
 struct NamespaceSetup {
+    user: Option<UserNs>,
     root: CString,
     hide: Vec<CString>,
     tmpfs: CString,
@@ -354,7 +504,7 @@ struct NamespaceSetup {
 }
 
 impl NamespaceSetup {
-    fn new(hide: &[std::path::PathBuf]) -> Result<Self, SandboxError> {
+    fn new(hide: &[std::path::PathBuf], user: Option<UserNs>) -> Result<Self, SandboxError> {
         let c = |s: &str| CString::new(s).map_err(|e| SandboxError::Setup(e.to_string()));
         let hide = hide
             .iter()
@@ -362,6 +512,7 @@ impl NamespaceSetup {
             .map(|p| c(&p.to_string_lossy()))
             .collect::<Result<_, _>>()?;
         Ok(NamespaceSetup {
+            user,
             root: c("/")?,
             hide,
             tmpfs: c("tmpfs")?,
@@ -373,34 +524,69 @@ impl NamespaceSetup {
         })
     }
 
-    fn apply(&self) -> std::io::Result<()> {
-        use std::io::Error;
+    fn apply(&self) -> Result<(), Failed> {
         use std::ptr::null;
-        fn ok(rc: libc::c_long) -> std::io::Result<()> {
+        fn ok(rc: libc::c_long, step: &'static str) -> Result<(), Failed> {
             if rc < 0 {
-                Err(Error::last_os_error())
+                Err(Failed {
+                    step,
+                    errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+                })
             } else {
                 Ok(())
             }
         }
+        /// Writes `data` to the file at `path`, as the kernel's id maps want
+        /// it: one write.
+        unsafe fn write_file(
+            path: &CString,
+            data: &CString,
+            step: &'static str,
+        ) -> Result<(), Failed> {
+            // SAFETY: open/write/close on NUL-terminated prepared strings.
+            unsafe {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                ok(fd as _, step)?;
+                let n = data.as_bytes().len();
+                let rc = libc::write(fd, data.as_ptr().cast(), n);
+                let done = if rc == n as isize { 0 } else { -1 };
+                let res = ok(done, step);
+                libc::close(fd);
+                res
+            }
+        }
         // SAFETY: raw syscalls with valid NUL-terminated strings.
         unsafe {
-            ok(libc::mount(
-                null(),
-                self.root.as_ptr(),
-                null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                null(),
-            ) as _)?;
+            if let Some(u) = &self.user {
+                // The caller's ids become the slot's ids inside; the kernel
+                // lets an unprivileged process map only these, and only once
+                // setgroups is denied.
+                write_file(&u.setgroups, &u.deny, "writing /proc/self/setgroups")?;
+                write_file(&u.uid_map, &u.uid_line, "writing /proc/self/uid_map")?;
+                write_file(&u.gid_map, &u.gid_line, "writing /proc/self/gid_map")?;
+            }
+            ok(
+                libc::mount(
+                    null(),
+                    self.root.as_ptr(),
+                    null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    null(),
+                ) as _,
+                "making the mounts private",
+            )?;
             let ro = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
             for p in &self.hide {
-                ok(libc::mount(
-                    self.tmpfs.as_ptr(),
-                    p.as_ptr(),
-                    self.tmpfs.as_ptr(),
-                    ro,
-                    self.hide_opts.as_ptr().cast(),
-                ) as _)?;
+                ok(
+                    libc::mount(
+                        self.tmpfs.as_ptr(),
+                        p.as_ptr(),
+                        self.tmpfs.as_ptr(),
+                        ro,
+                        self.hide_opts.as_ptr().cast(),
+                    ) as _,
+                    "hiding a host folder",
+                )?;
             }
             // /dev/shm would be a shared writable place: blank it (it may not exist).
             let _ = libc::mount(
@@ -411,13 +597,16 @@ impl NamespaceSetup {
                 self.hide_opts.as_ptr().cast(),
             );
             // A /proc of this pid namespace: the program sees only its own.
-            ok(libc::mount(
-                self.proc_.as_ptr(),
-                self.proc_dir.as_ptr(),
-                self.proc_.as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                null(),
-            ) as _)?;
+            ok(
+                libc::mount(
+                    self.proc_.as_ptr(),
+                    self.proc_dir.as_ptr(),
+                    self.proc_.as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    null(),
+                ) as _,
+                "mounting /proc",
+            )?;
             // The whole tree read-only, submounts included (Linux 5.12+).
             let attr = MountAttr {
                 attr_set: MOUNT_ATTR_RDONLY,
@@ -425,15 +614,46 @@ impl NamespaceSetup {
                 propagation: 0,
                 userns_fd: 0,
             };
-            ok(libc::syscall(
-                libc::SYS_mount_setattr,
-                libc::AT_FDCWD,
-                self.root.as_ptr(),
-                AT_RECURSIVE,
-                &attr as *const MountAttr,
-                std::mem::size_of::<MountAttr>(),
-            ))?;
-            ok(libc::sethostname(self.hostname.as_ptr(), self.hostname.as_bytes().len()) as _)?;
+            ok(
+                libc::syscall(
+                    libc::SYS_mount_setattr,
+                    libc::AT_FDCWD,
+                    self.root.as_ptr(),
+                    AT_RECURSIVE,
+                    &attr as *const MountAttr,
+                    std::mem::size_of::<MountAttr>(),
+                ),
+                "making the mounts read-only",
+            )?;
+            ok(
+                libc::sethostname(self.hostname.as_ptr(), self.hostname.as_bytes().len()) as _,
+                "setting the hostname",
+            )?;
+            if let Some(u) = &self.user {
+                // The slot's /tmp, on top of the read-only tree.
+                ok(
+                    libc::mount(
+                        self.tmpfs.as_ptr(),
+                        u.tmp.as_ptr(),
+                        self.tmpfs.as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NODEV,
+                        u.tmp_opts.as_ptr().cast(),
+                    ) as _,
+                    "mounting /tmp",
+                )?;
+                // No capability can come back, not even through an exec:
+                // empty the bounding set (the exec of the zygote as a
+                // non-zero uid then clears the rest).
+                for cap in 0..64 {
+                    let rc = libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+                    if rc < 0 && *libc::__errno_location() != libc::EINVAL {
+                        return Err(Failed {
+                            step: "dropping the capability bounding set",
+                            errno: *libc::__errno_location(),
+                        });
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -16,6 +16,12 @@
 # grandchildren and fork bombs never outlive their program, and nothing of
 # the program's files remains.
 #
+# Rootless (not run as root): the executor clones the zygote into a user
+# namespace of its own as well, mapping the caller's uid to the slot's uid,
+# and mounts /tmp before the exec; the exec then leaves the zygote with no
+# capabilities. P keeps that uid instead of switching to it. Every slot is
+# the caller's uid on the host.
+#
 # Unsafe mode (--unsafe_no_sandbox): P gets its own session and rlimits only;
 # leftovers are killed by process group, the temp dir is removed.
 #
@@ -130,15 +136,23 @@ signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 CONFIG = json.loads(read_frame(0))
 SANDBOXED = CONFIG["mode"] == "sandbox"
+# Rootless: the zygote already is the slot's uid in its own user namespace,
+# with no capabilities; the executor mounted /tmp before the exec.
+ROOTLESS = SANDBOXED and CONFIG.get("rootless", False)
 UID = CONFIG.get("uid", 0)
 GID = CONFIG.get("gid", 0)
 if SANDBOXED:
     if os.getpid() != 1:
         # kill(-1) below is only safe from a namespace's init.
         raise SystemExit("trace-train sandbox: zygote must be pid 1 of its namespace")
-    # One size-capped tmpfs for the slot's programs, emptied after each.
-    TMP_OPTS = "size=%d,nr_inodes=%d,mode=1777" % (CONFIG["tmp_bytes"], CONFIG["tmp_inodes"])
-    check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, TMP_OPTS.encode()), "mount /tmp")
+    if ROOTLESS:
+        # Programs share the zygote's uid: a zygote that cannot be dumped
+        # cannot be read or written through /proc/1 by them.
+        check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(DUMPABLE)")
+    else:
+        # One size-capped tmpfs for the slot's programs, emptied after each.
+        TMP_OPTS = "size=%d,nr_inodes=%d,mode=1777" % (CONFIG["tmp_bytes"], CONFIG["tmp_inodes"])
+        check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, TMP_OPTS.encode()), "mount /tmp")
     # Lock the zygote itself down: every program inherits the seccomp filters
     # and no_new_privs through fork. The zygote needs none of what they deny
     # (it mounted everything it ever will just above).
@@ -261,9 +275,10 @@ def become_program(limits, program, stdin_fd, out_w, err_w, setup_w, work):
         os.closerange(setup_w + 1, 1 << 16)
         os.chdir(work)
         if SANDBOXED:
-            os.setgroups([])
-            os.setresgid(GID, GID, GID)
-            os.setresuid(UID, UID, UID)
+            if not ROOTLESS:
+                os.setgroups([])
+                os.setresgid(GID, GID, GID)
+                os.setresuid(UID, UID, UID)
             check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(DUMPABLE)")
         else:
             os.setsid()
