@@ -29,7 +29,7 @@ c["model"]["max_length"] = 512
 c["stage0"]["max_samples"] = 24
 json.dump(c, open(p, "w"), indent=2)
 EOF
-step "$BIN" config --config config/pipeline_config.json > resolved.txt
+step "$BIN" config config/pipeline_config.json > resolved.txt
 grep -q '"base"\|base' resolved.txt
 # The whole pipeline, a few steps a stage, from this folder.
 step "$BIN" pipeline --device cpu --max_steps 3 --set stage3.ppo.batch_size=2 \

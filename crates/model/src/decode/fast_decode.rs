@@ -535,6 +535,17 @@ impl<'w> Engine<'w> {
         })
     }
 
+    /// Whether rows pick among several adapters ([`Self::set_row_adapters`]).
+    pub fn row_adapters(&self) -> bool {
+        self.products.row_mask.is_some()
+    }
+
+    /// Row `r` decodes through adapter `adapters[r]` (0: the base alone)
+    /// from the next step on.
+    pub fn set_row_adapters(&mut self, adapters: &[usize]) -> Result<()> {
+        self.products.set_row_adapters(adapters)
+    }
+
     /// The mode steps run in now (a failed capture falls back to eager).
     pub fn mode(&self) -> Mode {
         self.mode
@@ -949,6 +960,15 @@ pub struct Products {
     /// cuBLASLt plans for the folded bf16 copies at the engine's rows
     /// (`TRACE_TRAIN_DECODE_LT`).
     lt: Option<LtProducts>,
+    /// With several adapters side by side (`DecodeLora::blocks` > 1):
+    /// for products of 1, 2 and 3 segments, `(rows, segments r)` in the
+    /// model's dtype, 1 over each row's adapter's columns of `x A^T` in
+    /// every segment; and the adapters' count. Written in place between
+    /// steps ([`Engine::set_row_adapters`]), so a captured graph reads
+    /// them; whole rows, so the product with `x A^T` is of two contiguous
+    /// tensors (a broadcast would copy its layout from the host, which a
+    /// graph cannot replay).
+    row_mask: Option<(Vec<Tensor>, usize)>,
 }
 
 impl Products {
@@ -991,6 +1011,22 @@ impl Products {
         } else {
             None
         };
+        // Several adapters: one row mask for every product (they share
+        // the bank's width).
+        let banked = all.iter().find_map(|p| match p {
+            DecodeProj::Parts { lora: Some(l), .. } if l.blocks > 1 => Some((l.rank, l.blocks)),
+            _ => None,
+        });
+        let row_mask = match banked {
+            Some((width, blocks)) => {
+                let device = Device::Cuda(dev.clone());
+                let masks = (1..=3)
+                    .map(|segments| Tensor::zeros((rows, segments * width), dtype, &device))
+                    .collect::<Result<Vec<_>>>()?;
+                Some((masks, blocks))
+            }
+            None => None,
+        };
         Ok(Self {
             part: dev.alloc_zeros::<f32>(part_len)?,
             counters: dev.alloc_zeros::<u32>(tiles_max)?,
@@ -998,7 +1034,56 @@ impl Products {
             dtype,
             sms,
             lt,
+            row_mask,
         })
+    }
+
+    /// Writes the row masks for row `r` taking adapter `adapters[r]` (0:
+    /// the base alone; `k`: the bank's `k`-th), in place.
+    fn set_row_adapters(&self, adapters: &[usize]) -> Result<()> {
+        let Some((masks, blocks)) = &self.row_mask else {
+            bail!("decode: row adapters without several adapters");
+        };
+        let one = match self.dtype {
+            DType::BF16 => half::bf16::ONE.to_bits(),
+            DType::F16 => half::f16::ONE.to_bits(),
+            other => bail!("decode: a row mask in {other:?}"),
+        };
+        for (i, mask) in masks.iter().enumerate() {
+            let segments = i + 1;
+            let (rows, all) = mask.dims2()?;
+            if adapters.len() != rows {
+                bail!("decode: {} rows' adapters for {rows} rows", adapters.len());
+            }
+            let width = all / segments;
+            let block = width / blocks;
+            let mut host = vec![0u16; rows * all];
+            for (r, &k) in adapters.iter().enumerate() {
+                if k > *blocks {
+                    bail!("decode: row {r} asks for adapter {k} of {blocks}");
+                }
+                if k == 0 {
+                    continue;
+                }
+                for s in 0..segments {
+                    let at = r * all + s * width + (k - 1) * block;
+                    host[at..at + block].fill(one);
+                }
+            }
+            // SAFETY: `mask` is a contiguous (rows, all) 2-byte tensor on
+            // this stream's device; `host` lives until the stream is
+            // synchronised below.
+            unsafe {
+                candle_core::cuda_backend::cudarc::driver::result::memcpy_htod_async(
+                    ptr(mask)?,
+                    &host,
+                    self.stream.cu_stream(),
+                )
+            }
+            .w()?;
+            self.stream.synchronize().w()?;
+        }
+        Ok(())
     }
 
     /// `x W^T` for `x` `(rows, in)`: for a folded copy cuBLASLt's timed
@@ -1051,6 +1136,18 @@ impl Products {
         // The kernel writes every element of y.
         let y = uninit(dev, DType::BF16, rows, out)?;
         let xa = match lora {
+            Some(lora) if lora.blocks > 1 => {
+                // Each row keeps its own adapter's columns of every segment.
+                let Some((masks, _)) = &self.row_mask else {
+                    bail!("decode: several adapters and no row mask");
+                };
+                let xa = x.matmul(&lora.a.t()?)?;
+                let segments = xa.dim(1)? / lora.rank;
+                let Some(mask) = masks.get(segments.wrapping_sub(1)) else {
+                    bail!("decode: a product of {segments} segments with several adapters");
+                };
+                Some(((xa * mask.narrow(0, 0, rows)?)?, lora))
+            }
             Some(lora) => Some((x.matmul(&lora.a.t()?)?, lora)),
             None => None,
         };
@@ -1294,6 +1391,7 @@ pub(super) mod tests {
                 a: bf(&a),
                 b: bf(&b),
                 rank,
+                blocks: 1,
             })
         };
         let one = DecodeProj::Parts {

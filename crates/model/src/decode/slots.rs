@@ -425,9 +425,11 @@ mod fused {
         if !device.is_cuda() {
             return Ok(Err("the device is not a CUDA device".into()));
         }
-        if model.projections().iter().any(|p| p.bank().is_some()) {
+        let banked = model.projections().iter().any(|p| p.bank().is_some());
+        if banked && !model.decoder().decode_can_read_bases() {
             return Ok(Err(
-                "the fused step serves one adapter (several run op by op)".into(),
+                "several adapters need the bases read in place (a bf16 model, inner sizes in 64s)"
+                    .into(),
             ));
         }
         let dec = model.decoder();
@@ -466,6 +468,10 @@ mod fused {
         if !dec.decode_can_read_bases() {
             return Ok(false);
         }
+        if model.projections().iter().any(|p| p.bank().is_some()) {
+            // Several adapters side by side are never folded.
+            return Ok(true);
+        }
         if let Some(forced) = forced {
             return Ok(forced);
         }
@@ -494,6 +500,10 @@ mod fused {
         eng: Engine<'w>,
         /// Tokens in each live row's slot; `None` while free.
         len: Vec<Option<u32>>,
+        /// Each row's adapter ([`Join::adapter`]), and what the engine's
+        /// row mask holds now.
+        adapter: Vec<usize>,
+        masked: Option<Vec<usize>>,
     }
 
     impl<'w> FusedSlots<'w> {
@@ -521,6 +531,8 @@ mod fused {
                 prefill_tokens: prefill_tokens.max(1),
                 eng: Engine::new(w, device, rows, cap, mode)?,
                 len: vec![None; rows],
+                adapter: vec![0; rows],
+                masked: None,
             })
         }
 
@@ -631,7 +643,9 @@ mod fused {
                 let (group, later) = rest.split_at(n);
                 rest = later;
                 let prompts: Vec<&[u32]> = group.iter().map(|j| j.prompt).collect();
-                let (logits, cache, pads) = self.prefill(&prompts)?;
+                let adapters: Vec<usize> = group.iter().map(|j| j.adapter).collect();
+                let (logits, cache, pads) =
+                    crate::layers::lora::with_row_adapters(&adapters, || self.prefill(&prompts))?;
                 let at: Vec<usize> = group.iter().map(|j| j.row).collect();
                 let lens: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
                 self.eng.load_rows(&cache, &at, &pads, &lens)?;
@@ -641,6 +655,7 @@ mod fused {
                 picks.extend(sample_rows(&logits, &seeds, &draws)?);
                 for j in group {
                     self.len[j.row] = Some(j.prompt.len() as u32);
+                    self.adapter[j.row] = j.adapter;
                 }
             }
             Ok(picks)
@@ -660,6 +675,10 @@ mod fused {
                 pos[f.row] = len;
                 ids[f.row] = f.token;
                 draws[f.row] = f.draw;
+            }
+            if self.eng.row_adapters() && self.masked.as_ref() != Some(&self.adapter) {
+                self.eng.set_row_adapters(&self.adapter)?;
+                self.masked = Some(self.adapter.clone());
             }
             let picks = self.eng.step(&seeds, &ids, &pos, &draws)?;
             for f in feeds {

@@ -536,6 +536,30 @@ fn parts_proj(ps: &[&LoraLinear], dtype: DType) -> Result<DecodeProj> {
             BaseLinear::Dense { weight, .. } => DecodeBase::Dense(weight.clone()),
         });
     }
+    if let Some(first) = ps[0].bank().filter(|_| lora::adapters_enabled()) {
+        // Several adapters side by side: each segment's blocks, the row
+        // mask applied to x A^T picks each row's (`fast_decode`).
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for p in ps {
+            let Some(bank) = p.bank() else {
+                candle_core::bail!(
+                    "decode: {} has no served adapters beside the others",
+                    p.name()
+                );
+            };
+            a.push(bank.a.to_dtype(dtype)?);
+            b.push(bank.b.to_dtype(dtype)?);
+        }
+        return Ok(DecodeProj::Parts {
+            parts,
+            lora: Some(DecodeLora {
+                a: Tensor::cat(&a, 0)?.contiguous()?,
+                b: Tensor::cat(&b, 0)?.contiguous()?,
+                rank: first.count * first.rank,
+                blocks: first.count,
+            }),
+        });
+    }
     let adapters: Vec<_> = ps
         .iter()
         .map(|p| p.adapter().filter(|_| lora::adapters_enabled()))
@@ -570,6 +594,7 @@ fn parts_proj(ps: &[&LoraLinear], dtype: DType) -> Result<DecodeProj> {
             a: Tensor::cat(&a, 0)?.contiguous()?,
             b: Tensor::cat(&b, 0)?.contiguous()?,
             rank,
+            blocks: 1,
         }),
     })
 }
@@ -675,6 +700,10 @@ pub struct DecodeLora {
     /// `(out, r)`: every segment's `B` times its scale, stacked.
     pub b: Tensor,
     pub rank: usize,
+    /// Adapters side by side in each segment's `r` columns (1: one
+    /// adapter); with more, each row keeps its own adapter's `r / blocks`
+    /// columns of `x A^T` (the decode step's row mask).
+    pub blocks: usize,
 }
 
 impl DecodeProj {
@@ -1052,10 +1081,15 @@ impl Decoder {
         let mut bytes = 0;
         for p in self.projections() {
             let (o, i) = p.base().dims()?;
-            bytes += match (as_parts, p.adapter()) {
-                (false, _) => o * i * elt,
-                (true, Some(ad)) => (o + i) * ad.a.dim(0)? * elt + o * i / 32,
-                (true, None) => o * i / 32,
+            let factors = match (p.adapter(), p.bank()) {
+                (Some(ad), _) => (o + i) * ad.a.dim(0)? * elt,
+                (None, Some(bank)) => (o + i) * bank.count * bank.rank * elt,
+                (None, None) => 0,
+            };
+            bytes += if as_parts {
+                factors + o * i / 32
+            } else {
+                o * i * elt
             };
         }
         Ok(bytes)
@@ -1099,6 +1133,10 @@ impl Decoder {
             return Ok(None);
         }
         let as_parts = in_place && self.decode_can_read_bases();
+        if !as_parts && self.projections().iter().any(|p| p.bank().is_some()) {
+            // Several adapters cannot fold into one copy of the weights.
+            return Ok(None);
+        }
         let proj = |ps: &[&LoraLinear]| -> Result<DecodeProj> {
             if as_parts {
                 parts_proj(ps, self.embed_tokens.dtype())
