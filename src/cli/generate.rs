@@ -63,9 +63,9 @@ pub struct GenerateArgs {
     /// Small built-in run that finishes in seconds.
     #[arg(long)]
     pub quick_test: bool,
-    /// Instead of the trace datasets: SFT records of the sibling
-    /// environments (sat, abd, ded, joined by `+`, each optionally
-    /// weighted), one file each and their weighted mixture; `trace` in the
+    /// Instead of the trace datasets: SFT records of other environments
+    /// (sat, abd, ded, answers, joined by `+`, each optionally weighted),
+    /// one file each and their weighted mixture; `trace` in the
     /// list adds this folder's Stage 2 training set to the mixture.
     #[arg(long)]
     pub environment: Option<String>,

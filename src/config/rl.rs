@@ -252,9 +252,10 @@ pub struct RlConfig {
     /// Hidden width of the value head. Default 256.
     pub value_hidden: usize,
     /// `trace` (the Trace task, programs run in the sandbox), `word`
-    /// (answer with a given word; tests), or a mixture of trace, sat, abd
-    /// and ded joined by `+`, each optionally weighted (`trace:2+abd+ded`;
-    /// ABD reads `abd_dataset`, DED `ded_dataset`). Default `trace`.
+    /// (answer with a given word; tests), or a mixture of trace, sat, abd,
+    /// ded and answers joined by `+`, each optionally weighted
+    /// (`trace:2+abd+ded`; ABD reads `abd_dataset`, DED `ded_dataset`,
+    /// answers `answers_dataset`). Default `trace`.
     pub environment: String,
     /// Rows the trace environment draws from: `builtin`, a JSONL path, a
     /// hub dataset id, or several joined by `+` (as `generate`'s `dataset`).
@@ -267,6 +268,13 @@ pub struct RlConfig {
     /// `verification_info`): `ded-builtin`, `humaneval:PATH`, a JSONL path
     /// or a hub id; several joined by `+`. Default `ded-builtin`.
     pub ded_dataset: String,
+    /// Questions of `answers` in a mixture: `builtin` (arithmetic word
+    /// problems made from the task id) or a JSONL path of GSM8K
+    /// (`question`, `answer` ending in `#### N`), MATH (`problem`,
+    /// `solution` with `\boxed{}`), plain (`question`, `answer`) or
+    /// multiple-choice (`question`, `choices`, `answer`) rows. Default
+    /// `builtin`.
+    pub answers_dataset: String,
     /// File inside a hub dataset. Default `python_dataset.jsonl`.
     pub hub_file: String,
     /// Most injected prints a task. Default 6.
@@ -331,6 +339,7 @@ impl Default for RlConfig {
             environment: "trace".into(),
             dataset: "builtin".into(),
             abd_dataset: "builtin".into(),
+            answers_dataset: "builtin".into(),
             ded_dataset: "ded-builtin".into(),
             hub_file: "python_dataset.jsonl".into(),
             max_injections: 6,

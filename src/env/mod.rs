@@ -25,6 +25,7 @@
 //! row is bad, or when [`MAX_BARREN_DRAWS`] draws in a row made no task.
 
 pub mod affine;
+pub mod answers;
 pub mod mixture;
 pub mod registry;
 

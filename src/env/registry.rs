@@ -11,6 +11,7 @@ use anyhow::Context;
 
 use super::affine::split::{Part, Split};
 use super::affine::{abd::AbdEnv, ded::DedEnv, rows, sat::SatEnv};
+use super::answers::AnswersEnv;
 use super::mixture::Mixture;
 use super::{Environment, TraceEnv, WordEnv};
 use crate::config::RlConfig;
@@ -68,6 +69,11 @@ pub const ENVIRONMENTS: &[Registered] = &[
         split: false,
         build: |_| Ok(Arc::new(WordEnv::new(&WORDS))),
     },
+    Registered {
+        name: "answers",
+        split: true,
+        build: |b| Ok(Arc::new(AnswersEnv::load(&b.data.answers_dataset)?)),
+    },
 ];
 
 /// The names in [`ENVIRONMENTS`].
@@ -94,6 +100,11 @@ pub struct EnvData {
     /// joined by `+`.
     #[arg(long, default_value_t = EnvData::default().ded_dataset)]
     pub ded_dataset: String,
+    /// Questions of `answers`: `builtin` (arithmetic word problems made
+    /// from the task id) or a JSONL path (GSM8K, MATH, plain or
+    /// multiple-choice rows).
+    #[arg(long, default_value_t = EnvData::default().answers_dataset)]
+    pub answers_dataset: String,
     /// The file to read inside a hub dataset.
     #[arg(long, default_value_t = EnvData::default().hub_file)]
     pub hub_file: String,
@@ -114,6 +125,7 @@ impl Default for EnvData {
             trace_dataset: "builtin".into(),
             abd_dataset: "builtin".into(),
             ded_dataset: "ded-builtin".into(),
+            answers_dataset: "builtin".into(),
             hub_file: "python_dataset.jsonl".into(),
             python: PathBuf::from("/usr/bin/python3"),
             num_workers: None,
@@ -130,6 +142,7 @@ impl From<&RlConfig> for EnvData {
             trace_dataset: c.dataset.clone(),
             abd_dataset: c.abd_dataset.clone(),
             ded_dataset: c.ded_dataset.clone(),
+            answers_dataset: c.answers_dataset.clone(),
             hub_file: c.hub_file.clone(),
             python: c.python.clone(),
             num_workers: (c.num_workers > 0).then_some(c.num_workers),
@@ -312,6 +325,9 @@ pub fn for_training(
             }
             if data.ded_dataset != d.ded_dataset {
                 text += &format!(" ded_rows:{}", data.ded_dataset);
+            }
+            if data.answers_dataset != d.answers_dataset {
+                text += &format!(" answers_rows:{}", data.answers_dataset);
             }
             Ok((Arc::new(mixture), text))
         }
