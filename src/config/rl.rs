@@ -275,6 +275,12 @@ pub struct RlConfig {
     /// multiple-choice (`question`, `choices`, `answer`) rows. Default
     /// `builtin`.
     pub answers_dataset: String,
+    /// How `answers` rewards a completion: `exact` (1 right, 0 wrong) or
+    /// `tiered` (1 right after `####` or in `\boxed{}`, 0.7 right without
+    /// the mark or a marked number within 1%, 0.4 the right answer shown but
+    /// another final, 0.2 a wrong answer in the asked form, 0 otherwise).
+    /// Default `exact`.
+    pub answers_reward: String,
     /// File inside a hub dataset. Default `python_dataset.jsonl`.
     pub hub_file: String,
     /// Most injected prints a task. Default 6.
@@ -340,6 +346,7 @@ impl Default for RlConfig {
             dataset: "builtin".into(),
             abd_dataset: "builtin".into(),
             answers_dataset: "builtin".into(),
+            answers_reward: "exact".into(),
             ded_dataset: "ded-builtin".into(),
             hub_file: "python_dataset.jsonl".into(),
             max_injections: 6,
@@ -443,9 +450,19 @@ impl RlConfig {
     }
 }
 
+/// The values `answers_reward` takes (`env::answers::Grading`).
+pub const ANSWERS_REWARDS: [&str; 2] = ["exact", "tiered"];
+
 impl Validate for RlConfig {
     fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
+        if !ANSWERS_REWARDS.contains(&self.answers_reward.as_str()) {
+            p.push(format!(
+                "answers_reward: `{}` is not one of {}",
+                self.answers_reward,
+                ANSWERS_REWARDS.join(", ")
+            ));
+        }
         if Algorithm::parse(&self.algorithm).is_none() {
             p.push(format!(
                 "algorithm: `{}` is not one of {}",

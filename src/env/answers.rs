@@ -17,7 +17,11 @@
 //! right when both parse as numbers within a relative 1e-6 (commas, `$`,
 //! `%`, `a/b` and `\frac{a}{b}` understood), or when they are the same
 //! text once lowercased, with whitespace, a trailing period, `$` and
-//! `\text{}` removed. Reward 1 or 0.
+//! `\text{}` removed. Reward 1 or 0 (`answers_reward: exact`), or in tiers
+//! (`tiered`): 1 for a right answer after `####` or in `\boxed{}`, 0.7
+//! for a right answer without the mark or a marked number within 1%, 0.4
+//! when the right answer appears but another is final, 0.2 for a marked
+//! wrong answer (an attempt in the asked form), 0 otherwise.
 
 use anyhow::Context;
 
@@ -35,10 +39,36 @@ pub struct QaRow {
     pub solution: Option<String>,
 }
 
+/// How a completion's answer is rewarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grading {
+    /// 1 right, 0 wrong.
+    Exact,
+    /// 1, 0.7, 0.4, 0.2 or 0 (see the module header).
+    Tiered,
+}
+
+impl Grading {
+    /// The names `answers_reward` takes.
+    pub const NAMES: [&str; 2] = crate::config::ANSWERS_REWARDS;
+
+    pub fn parse(name: &str) -> anyhow::Result<Self> {
+        match name {
+            "exact" => Ok(Grading::Exact),
+            "tiered" => Ok(Grading::Tiered),
+            other => anyhow::bail!(
+                "answers_reward `{other}` is not one of {}",
+                Self::NAMES.join(", ")
+            ),
+        }
+    }
+}
+
 /// The question-and-answer environment; see the module header.
 pub struct AnswersEnv {
     /// Empty for the built-in word problems.
     rows: Vec<QaRow>,
+    grading: Grading,
 }
 
 /// What the prompt asks for after the question.
@@ -48,7 +78,10 @@ impl AnswersEnv {
     /// The environment on `dataset`: `builtin`, or a JSONL path.
     pub fn load(dataset: &str) -> anyhow::Result<Self> {
         if dataset == "builtin" {
-            return Ok(Self { rows: Vec::new() });
+            return Ok(Self {
+                rows: Vec::new(),
+                grading: Grading::Exact,
+            });
         }
         let text = std::fs::read_to_string(dataset)
             .with_context(|| format!("cannot read the answers dataset `{dataset}`"))?;
@@ -57,12 +90,24 @@ impl AnswersEnv {
             !rows.is_empty(),
             "`{dataset}` holds no question\nhint: one JSON object a line, as {{\"question\": ..., \"answer\": ...}}"
         );
-        Ok(Self { rows })
+        Ok(Self {
+            rows,
+            grading: Grading::Exact,
+        })
     }
 
     /// The environment on `rows` (tests).
     pub fn from_rows(rows: Vec<QaRow>) -> Self {
-        Self { rows }
+        Self {
+            rows,
+            grading: Grading::Exact,
+        }
+    }
+
+    /// Rewards answers by `grading` from now on.
+    pub fn with_grading(mut self, grading: Grading) -> Self {
+        self.grading = grading;
+        self
     }
 
     fn row(&self, task_id: u64) -> QaRow {
@@ -90,10 +135,7 @@ impl Environment for AnswersEnv {
     }
 
     fn score(&self, task: &Task, completion: &str) -> Score {
-        let numeric = number(&task.expected).is_some();
-        let right = final_answer(completion, numeric)
-            .is_some_and(|given| same_answer(&given, &task.expected));
-        Score::Reward(if right { 1.0 } else { 0.0 })
+        Score::Reward(grade(completion, &task.expected, self.grading))
     }
 
     fn demonstration(&self, task: &Task) -> Option<String> {
@@ -197,9 +239,63 @@ fn row_of(v: &serde_json::Value) -> anyhow::Result<QaRow> {
     })
 }
 
+/// The reward of `completion` against `expected` by `grading`.
+pub fn grade(completion: &str, expected: &str, grading: Grading) -> f64 {
+    let numeric = number(expected).is_some();
+    let found = find_answer(completion, numeric);
+    let right = found
+        .as_ref()
+        .is_some_and(|(given, _)| same_answer(given, expected));
+    if grading == Grading::Exact {
+        return if right { 1.0 } else { 0.0 };
+    }
+    let near = |given: &str| match (number(given), number(expected)) {
+        (Some(a), Some(b)) => (a - b).abs() <= 0.01 * b.abs().max(1.0),
+        _ => false,
+    };
+    match &found {
+        Some((_, true)) if right => 1.0,
+        Some(_) if right => 0.7,
+        Some((given, true)) if near(given) => 0.7,
+        _ if mentions(completion, expected, numeric) => 0.4,
+        Some((_, true)) => 0.2,
+        _ => 0.0,
+    }
+}
+
+/// Whether the right answer appears anywhere in `completion`: one of its
+/// numbers, or its normalised text.
+fn mentions(completion: &str, expected: &str, numeric: bool) -> bool {
+    if numeric {
+        let mut rest = completion;
+        while let Some(n) = first_number(rest) {
+            if same_answer(&n, expected) {
+                return true;
+            }
+            let at = rest.find(n.as_str()).map_or(rest.len(), |i| i + n.len());
+            rest = &rest[at.clamp(1, rest.len())..];
+        }
+        return false;
+    }
+    let norm = |s: &str| {
+        s.to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric())
+            .collect::<String>()
+    };
+    let e = norm(expected);
+    !e.is_empty() && norm(completion).contains(&e)
+}
+
 /// The final answer of `completion` (see the module header); `numeric`:
 /// the expected answer is a number, so a last number counts.
 pub fn final_answer(completion: &str, numeric: bool) -> Option<String> {
+    find_answer(completion, numeric).map(|(a, _)| a)
+}
+
+/// [`final_answer`], and whether it was marked as asked (after `####` or
+/// in `\boxed{}`).
+fn find_answer(completion: &str, numeric: bool) -> Option<(String, bool)> {
     if let Some(at) = completion.rfind("####") {
         let line = completion[at + 4..]
             .trim()
@@ -209,13 +305,18 @@ pub fn final_answer(completion: &str, numeric: bool) -> Option<String> {
             .trim();
         // `#### 42 apples`: the number, when a number is wanted.
         if numeric && let Some(n) = first_number(line) {
-            return Some(n);
+            return Some((n, true));
         }
-        return Some(line.to_owned());
+        return Some((line.to_owned(), true));
     }
     if let Some(b) = last_boxed(completion) {
-        return Some(b);
+        return Some((b, true));
     }
+    unmarked(completion, numeric).map(|a| (a, false))
+}
+
+/// The final answer of a completion with no `####` or `\boxed{}`.
+fn unmarked(completion: &str, numeric: bool) -> Option<String> {
     let lower = completion.to_lowercase();
     if let Some(at) = lower.rfind("answer is") {
         let rest = completion[at + "answer is".len()..].trim_start_matches([':', ' ']);
@@ -440,6 +541,28 @@ mod tests {
         for (given, expected) in [("18.5", "18"), ("", ""), ("Lyon", "Paris"), ("7", "-7")] {
             assert!(!same_answer(given, expected), "{given} vs {expected}");
         }
+    }
+
+    #[test]
+    fn tiers_reward_form_closeness_and_attempts() {
+        let t = |c: &str, e: &str| grade(c, e, Grading::Tiered);
+        assert_eq!(t("3 + 4 = 7\n#### 7", "7"), 1.0);
+        assert_eq!(t("so \\boxed{7}", "7"), 1.0);
+        assert_eq!(t("The answer is 7.", "7"), 0.7);
+        assert_eq!(t("#### 1000", "1005"), 0.7);
+        assert_eq!(t("3 + 4 = 7, plus 1 is 8\n#### 8", "7"), 0.4);
+        assert_eq!(t("#### 12", "7"), 0.2);
+        assert_eq!(t("no idea", "7"), 0.0);
+        assert_eq!(t("I think Paris, not Lyon\n#### Lyon", "Paris"), 0.4);
+        // Exact grading gives 1 or 0 for the same completions.
+        assert_eq!(grade("The answer is 7.", "7", Grading::Exact), 1.0);
+        assert_eq!(grade("#### 1000", "1005", Grading::Exact), 0.0);
+        assert!(
+            Grading::parse("tiers")
+                .unwrap_err()
+                .to_string()
+                .contains("exact, tiered")
+        );
     }
 
     #[test]

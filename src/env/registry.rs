@@ -11,7 +11,7 @@ use anyhow::Context;
 
 use super::affine::split::{Part, Split};
 use super::affine::{abd::AbdEnv, ded::DedEnv, rows, sat::SatEnv};
-use super::answers::AnswersEnv;
+use super::answers::{AnswersEnv, Grading};
 use super::mixture::Mixture;
 use super::{Environment, TraceEnv, WordEnv};
 use crate::config::RlConfig;
@@ -72,7 +72,12 @@ pub const ENVIRONMENTS: &[Registered] = &[
     Registered {
         name: "answers",
         split: true,
-        build: |b| Ok(Arc::new(AnswersEnv::load(&b.data.answers_dataset)?)),
+        build: |b| {
+            let grading = Grading::parse(&b.data.answers_reward)?;
+            Ok(Arc::new(
+                AnswersEnv::load(&b.data.answers_dataset)?.with_grading(grading),
+            ))
+        },
     },
 ];
 
@@ -105,6 +110,12 @@ pub struct EnvData {
     /// multiple-choice rows).
     #[arg(long, default_value_t = EnvData::default().answers_dataset)]
     pub answers_dataset: String,
+    /// How `answers` rewards a completion: `exact` (1 or 0) or `tiered`
+    /// (1 right in the asked form, 0.7 right without it or a number within
+    /// 1%, 0.4 the right answer shown but another final, 0.2 a wrong answer
+    /// in the asked form, 0 otherwise).
+    #[arg(long, default_value_t = EnvData::default().answers_reward)]
+    pub answers_reward: String,
     /// The file to read inside a hub dataset.
     #[arg(long, default_value_t = EnvData::default().hub_file)]
     pub hub_file: String,
@@ -126,6 +137,7 @@ impl Default for EnvData {
             abd_dataset: "builtin".into(),
             ded_dataset: "ded-builtin".into(),
             answers_dataset: "builtin".into(),
+            answers_reward: "exact".into(),
             hub_file: "python_dataset.jsonl".into(),
             python: PathBuf::from("/usr/bin/python3"),
             num_workers: None,
@@ -143,6 +155,7 @@ impl From<&RlConfig> for EnvData {
             abd_dataset: c.abd_dataset.clone(),
             ded_dataset: c.ded_dataset.clone(),
             answers_dataset: c.answers_dataset.clone(),
+            answers_reward: c.answers_reward.clone(),
             hub_file: c.hub_file.clone(),
             python: c.python.clone(),
             num_workers: (c.num_workers > 0).then_some(c.num_workers),
@@ -328,6 +341,9 @@ pub fn for_training(
             }
             if data.answers_dataset != d.answers_dataset {
                 text += &format!(" answers_rows:{}", data.answers_dataset);
+            }
+            if data.answers_reward != d.answers_reward {
+                text += &format!(" answers_reward:{}", data.answers_reward);
             }
             Ok((Arc::new(mixture), text))
         }
