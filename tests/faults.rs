@@ -181,19 +181,7 @@ fn grpo_args(out: &str, device: &str) -> Vec<String> {
 
 fn dpo_prepare(dir: &Path) {
     tiny(dir);
-    let words = ["apple", "river", "stone", "cloud"];
-    let pairs: String = (0..8)
-        .map(|i| {
-            let w = words[i % 4];
-            let p = serde_json::json!({
-                "prompt_id": i, "prompt": format!("Answer with the word {w} and nothing else."),
-                "chosen": w, "rejected": "no idea", "kind": "correctness",
-                "chosen_reward": 1.0, "rejected_reward": 0.0, "edit_distance": 5
-            });
-            format!("{p}\n")
-        })
-        .collect();
-    std::fs::write(dir.join("pairs.jsonl"), pairs).unwrap();
+    common::write_word_pairs(dir, 8);
     std::fs::write(
         dir.join("dpo.json"),
         r#"{"learning_rate": 0.001, "batch_size": 2, "epochs": 30, "save_steps": 10,

@@ -348,19 +348,7 @@ fn prefs_pairs_correct_over_incorrect_and_says_why_a_prompt_gave_none() {
 
 /// Pairs for the word task: the asked word over a refusal.
 fn word_pairs(dir: &Path, n: usize) {
-    let words = ["apple", "river", "stone", "cloud"];
-    let text: String = (0..n)
-        .map(|i| {
-            let (w, o) = (words[i % 4], "no idea");
-            let p = serde_json::json!({
-                "prompt_id": i, "prompt": format!("Answer with the word {w} and nothing else."),
-                "chosen": w, "rejected": o, "kind": "correctness",
-                "chosen_reward": 1.0, "rejected_reward": 0.0, "edit_distance": 5
-            });
-            format!("{p}\n")
-        })
-        .collect();
-    std::fs::write(dir.join("pairs.jsonl"), text).unwrap();
+    common::write_word_pairs(dir, n);
     std::fs::write(
         dir.join("dpo.json"),
         r#"{"learning_rate": 0.001, "batch_size": 2, "epochs": 3, "save_steps": 2,

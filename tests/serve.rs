@@ -59,18 +59,7 @@ fn server() -> &'static TestServer {
             special_tokens_in_messages: false,
         })
         .unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let url = format!("http://{}/v1", listener.local_addr().unwrap());
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Runtime::new().unwrap();
-            rt.block_on(async {
-                let l = tokio::net::TcpListener::from_std(listener).unwrap();
-                serve::serve(l, state, std::future::pending(), std::future::pending())
-                    .await
-                    .unwrap();
-            });
-        });
+        let url = common::serve_in_process(state);
         TestServer {
             url,
             model_dir,

@@ -5,6 +5,8 @@
 //! batch; every answer must be the library's greedy decoding of the same
 //! prompt by that model alone (the base, or the base with that adapter).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -23,7 +25,7 @@ use trace_train::data::{ChatTokenizer, Message, Role};
 use trace_train::model::layers::init::Rng;
 use trace_train::model::layers::lora::{LoraConfig, TargetModule};
 use trace_train::model::{self, LoadedModel};
-use trace_train::serve::{self, AppState, ServeOptions};
+use trace_train::serve::{AppState, ServeOptions};
 
 const BASE: &str = "tiny-base";
 /// The served ids, in the server's order: the base, then each adapter.
@@ -95,18 +97,7 @@ fn server() -> &'static TestServer {
         })
         .unwrap();
         assert_eq!(state.names(), NAMES);
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let url = format!("http://{}/v1", listener.local_addr().unwrap());
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Runtime::new().unwrap();
-            rt.block_on(async {
-                let l = tokio::net::TcpListener::from_std(listener).unwrap();
-                serve::serve(l, state, std::future::pending(), std::future::pending())
-                    .await
-                    .unwrap();
-            });
-        });
+        let url = common::serve_in_process(state);
         TestServer {
             url,
             base,

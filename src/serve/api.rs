@@ -648,17 +648,15 @@ pub fn text_chunk(
         }]),
         None => json!([]),
     };
-    let mut m = Map::new();
-    m.insert("id".into(), id.into());
-    m.insert("object".into(), "text_completion".into());
-    m.insert("created".into(), created.into());
-    m.insert("model".into(), model.into());
-    m.insert("system_fingerprint".into(), Value::Null);
-    m.insert("choices".into(), choices);
-    if with_usage {
-        m.insert("usage".into(), usage.unwrap_or(Value::Null));
-    }
-    Value::Object(m)
+    stream_chunk(
+        "text_completion",
+        id,
+        created,
+        model,
+        choices,
+        usage,
+        with_usage,
+    )
 }
 
 /// One stream chunk (`chat.completion.chunk`); `choice: None` is the usage
@@ -680,14 +678,35 @@ pub fn chunk(
         }]),
         None => json!([]),
     };
+    stream_chunk(
+        "chat.completion.chunk",
+        id,
+        created,
+        model,
+        choices,
+        usage,
+        with_usage,
+    )
+}
+
+/// A stream chunk of `object` around `choices`. With include_usage every
+/// chunk has the `usage` field, null but in the last.
+fn stream_chunk(
+    object: &str,
+    id: &str,
+    created: u64,
+    model: &str,
+    choices: Value,
+    usage: Option<Value>,
+    with_usage: bool,
+) -> Value {
     let mut m = Map::new();
     m.insert("id".into(), id.into());
-    m.insert("object".into(), "chat.completion.chunk".into());
+    m.insert("object".into(), object.into());
     m.insert("created".into(), created.into());
     m.insert("model".into(), model.into());
     m.insert("system_fingerprint".into(), Value::Null);
     m.insert("choices".into(), choices);
-    // With include_usage every chunk has the field, null but in the last.
     if with_usage {
         m.insert("usage".into(), usage.unwrap_or(Value::Null));
     }

@@ -22,6 +22,42 @@ pub fn exec() -> &'static Executor {
     })
 }
 
+/// Serves `state` on a free local port from a thread and runtime of its
+/// own, until the test binary ends; the server's `/v1` URL.
+pub fn serve_in_process(state: std::sync::Arc<trace_train::serve::AppState>) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let l = tokio::net::TcpListener::from_std(listener).unwrap();
+            trace_train::serve::serve(l, state, std::future::pending(), std::future::pending())
+                .await
+                .unwrap();
+        });
+    });
+    url
+}
+
+/// `n` DPO pairs at `dir/pairs.jsonl` of the `word` environment's kind:
+/// the asked word chosen over "no idea".
+pub fn write_word_pairs(dir: &Path, n: usize) {
+    let words = ["apple", "river", "stone", "cloud"];
+    let text: String = (0..n)
+        .map(|i| {
+            let (w, o) = (words[i % 4], "no idea");
+            let p = serde_json::json!({
+                "prompt_id": i, "prompt": format!("Answer with the word {w} and nothing else."),
+                "chosen": w, "rejected": o, "kind": "correctness",
+                "chosen_reward": 1.0, "rejected_reward": 0.0, "edit_distance": 5
+            });
+            format!("{p}\n")
+        })
+        .collect();
+    std::fs::write(dir.join("pairs.jsonl"), text).unwrap();
+}
+
 /// The `trace-train` binary, run in `dir`.
 pub fn trace_train(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_trace-train"))
