@@ -28,17 +28,17 @@ pub fn run_generate(g: &SiblingData) -> anyhow::Result<()> {
     let named = parse(&g.spec)?;
     std::fs::create_dir_all(&g.output_dir)
         .with_context(|| format!("cannot create `{}`", g.output_dir.display()))?;
-    let siblings: Vec<String> = named
+    let siblings: Vec<_> = named
         .iter()
-        .filter(|(n, _)| n != "trace")
-        .map(|(n, _)| n.clone())
+        .filter(|n| n.name != "trace")
+        .cloned()
         .collect();
     // Training tasks only: the held-out ones are `eval --environment`'s.
-    let envs = build(&siblings, &g.data, g.unsafe_no_sandbox, Part::Train)?;
+    let mut envs = build(&siblings, &g.data, g.unsafe_no_sandbox, Part::Train)?.into_iter();
     let mut files: Vec<(PathBuf, f64)> = Vec::new();
     let mut stats = Vec::new();
-    for (name, weight) in &named {
-        let path = if name == "trace" {
+    for n in &named {
+        let path = if n.name == "trace" {
             let p = g.output_dir.join("stage2_transformed_train.jsonl");
             anyhow::ensure!(
                 p.is_file(),
@@ -48,11 +48,12 @@ pub fn run_generate(g: &SiblingData) -> anyhow::Result<()> {
             );
             p
         } else {
-            let env = envs.iter().find(|e| e.name() == name).expect("built above");
+            let env = envs.next().expect("built above, in order");
+            let name = file_stem(&n.label());
             let end = env.task_count().map_or(g.tasks, |n| g.tasks.min(n));
             let ids: Vec<u64> = (0..end).collect();
             let p = g.output_dir.join(format!("{name}_sft.jsonl"));
-            let counts = trace_train::env::affine::sft::write_records(&**env, &ids, &p)?;
+            let counts = trace_train::env::affine::sft::write_records(&*env, &ids, &p)?;
             eprintln!(
                 "{name}: {} records of {} tasks (dropped: {}) -> {}",
                 counts.written,
@@ -63,7 +64,7 @@ pub fn run_generate(g: &SiblingData) -> anyhow::Result<()> {
             stats.push(counts);
             p
         };
-        files.push((path, *weight));
+        files.push((path, n.weight));
     }
     let mixture = g.output_dir.join("mixture_sft.jsonl");
     let refs: Vec<(&std::path::Path, f64)> = files.iter().map(|(p, w)| (p.as_path(), *w)).collect();
@@ -80,6 +81,24 @@ pub fn run_generate(g: &SiblingData) -> anyhow::Result<()> {
     )?;
     println!("{}", g.output_dir.display());
     Ok(())
+}
+
+/// An environment's label as a file name's start: `python:envs/my.py` →
+/// `python-envs-my.py`, a URL → its host and port.
+fn file_stem(label: &str) -> String {
+    let label = label.split_once("://").map_or(label, |(_, rest)| rest);
+    label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect::<String>()
+        .trim_matches('-')
+        .to_owned()
 }
 
 #[derive(Args, Clone, Debug)]
@@ -107,13 +126,7 @@ pub fn run_task(args: &TaskArgs) -> anyhow::Result<()> {
         "`task` shows one environment's task; got `{}`",
         args.environment
     );
-    let env = build(
-        &[names[0].0.clone()],
-        &args.data,
-        args.unsafe_no_sandbox,
-        Part::All,
-    )?
-    .remove(0);
+    let env = build(&names, &args.data, args.unsafe_no_sandbox, Part::All)?.remove(0);
     let task = env.task(args.task_id).map_err(|why| {
         let range = env
             .task_count()

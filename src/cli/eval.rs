@@ -345,17 +345,16 @@ impl Sampler {
 pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> {
     let feedback = feedback_kind(args)?;
     let named = trace_train::env::registry::parse(spec)?;
-    let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
     let weights: Option<Vec<f64>> = named
         .iter()
-        .any(|(_, w)| *w != 1.0)
-        .then(|| named.iter().map(|(_, w)| *w).collect());
+        .any(|n| n.weight != 1.0)
+        .then(|| named.iter().map(|n| n.weight).collect());
     let resolved = resolve_model(args)?;
     let part = trace_train::env::affine::split::Part::parse(
         args.envs.split.as_deref().unwrap_or("heldout"),
     )?;
     let envs =
-        trace_train::env::registry::build(&names, &args.envs.data, args.unsafe_no_sandbox, part)?;
+        trace_train::env::registry::build(&named, &args.envs.data, args.unsafe_no_sandbox, part)?;
     let mut tasks = Vec::new();
     for env in &envs {
         let end = args.envs.task_offset.saturating_add(args.envs.tasks);

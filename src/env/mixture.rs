@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use super::{Environment, Score, Task};
+use super::{Environment, Episode, Score, Task};
 use crate::rng;
 
 /// Weighted environments behind one [`Environment`].
@@ -135,6 +135,17 @@ impl Environment for Mixture {
     fn output_lines_at_least(&self, task_id: u64) -> Option<u32> {
         let (i, inner) = self.route(task_id);
         self.envs[i].output_lines_at_least(inner)
+    }
+
+    fn multi_step(&self) -> bool {
+        self.envs.iter().any(|e| e.multi_step())
+    }
+
+    /// The episode of the task's own environment (one answer where that
+    /// is a one-answer environment).
+    fn start(&self, task: &Task) -> Result<Box<dyn Episode + '_>, String> {
+        let (i, t) = self.inner(task);
+        super::begin(&*self.envs[i], &t)
     }
 
     fn parts(&self) -> Vec<&'static str> {

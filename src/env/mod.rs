@@ -81,6 +81,83 @@ pub enum Score {
     Masked(String),
 }
 
+/// What the environment answers one action of an episode: the action's
+/// reward, the next observation, and whether the episode is over.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// The action's reward (a step reward; a one-answer task's whole
+    /// reward), or why it cannot be known: [`Score::Masked`] masks the
+    /// whole episode, none of it trained.
+    pub score: Score,
+    /// The next observation, the next user turn (empty once done).
+    pub observation: String,
+    /// The episode is over: its goal reached, failed for good, or the
+    /// environment's own limit met.
+    pub done: bool,
+    /// Whether the episode reached its goal (read once it is done).
+    pub success: bool,
+}
+
+impl Step {
+    /// The last step of an episode: `reward`, a success when `success`.
+    pub fn last(reward: f64, success: bool) -> Self {
+        Self {
+            score: Score::Reward(reward),
+            observation: String::new(),
+            done: true,
+            success,
+        }
+    }
+
+    /// A step that cannot be scored (`why`): the episode ends, masked.
+    pub fn masked(why: impl Into<String>) -> Self {
+        Self {
+            score: Score::Masked(why.into()),
+            observation: String::new(),
+            done: true,
+            success: false,
+        }
+    }
+}
+
+/// One episode in progress: the environment's side of one conversation,
+/// from a task's prompt (the first observation) to the step that is done.
+/// An environment server's session, a Python worker's state, or (for a
+/// one-answer environment) nothing but the task.
+pub trait Episode: Send {
+    /// Answers the model's `action` (its whole completion of the turn).
+    fn act(&mut self, action: &str) -> Step;
+}
+
+/// The episode of a one-answer environment: the first action is scored and
+/// ends it, a success when its reward is 1.
+pub struct OneAnswer<'a> {
+    env: &'a dyn Environment,
+    task: Task,
+}
+
+/// The episode of `task` in `env`: its own ([`Environment::start`]) when
+/// `env` is multi-step, else one answer scored by [`Environment::score`].
+pub fn begin<'a>(env: &'a dyn Environment, task: &Task) -> Result<Box<dyn Episode + 'a>, String> {
+    if env.multi_step() {
+        env.start(task)
+    } else {
+        Ok(Box::new(OneAnswer {
+            env,
+            task: task.clone(),
+        }))
+    }
+}
+
+impl Episode for OneAnswer<'_> {
+    fn act(&mut self, action: &str) -> Step {
+        match self.env.score(&self.task, action) {
+            Score::Reward(r) => Step::last(r, r >= 1.0),
+            Score::Masked(why) => Step::masked(why),
+        }
+    }
+}
+
 pub trait Environment: Send + Sync {
     /// Short name for logs and metrics.
     fn name(&self) -> &'static str;
@@ -161,6 +238,22 @@ pub trait Environment: Send + Sync {
     /// sandbox runs). It must never exceed what the task would have.
     fn output_lines_at_least(&self, _task_id: u64) -> Option<u32> {
         None
+    }
+
+    /// Whether tasks are episodes of several steps: each action answered
+    /// with an observation and a step reward until the environment says
+    /// done ([`Self::start`]). A one-answer environment's episode is one
+    /// step (retries after feedback are `max_turns`'s, not steps).
+    fn multi_step(&self) -> bool {
+        false
+    }
+
+    /// Starts the episode of `task`, whose prompt is its first
+    /// observation; or why it cannot start (counted as that reason, the
+    /// episode masked). Called by [`begin`] for a [`Self::multi_step`]
+    /// environment only; a one-answer environment leaves the default.
+    fn start(&self, _task: &Task) -> Result<Box<dyn Episode + '_>, String> {
+        Err(format!("{} has one-answer tasks, no episodes", self.name()))
     }
 
     /// The id `trace-train task --task_id` takes for task `task_id`: the

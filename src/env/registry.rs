@@ -29,7 +29,23 @@ pub struct Registered {
     /// [`super::affine::split`] (Trace keeps held-out programs of its own;
     /// `word` has nothing to hold out).
     pub split: bool,
-    build: fn(&mut Builder) -> anyhow::Result<Arc<dyn Environment>>,
+    /// What may follow its name after a `:`.
+    pub arg: Arg,
+    build: BuildFn,
+}
+
+/// How an entry is built: from the shared builder and what followed its
+/// name in the spec.
+type BuildFn = fn(&mut Builder, Option<&str>) -> anyhow::Result<Arc<dyn Environment>>;
+
+/// What follows an environment's name in a spec (`name:ARG`).
+pub enum Arg {
+    /// Nothing (a number there is the weight).
+    None,
+    /// Optionally this (what it stands for).
+    Optional(&'static str),
+    /// Always this.
+    Required(&'static str),
 }
 
 /// Every environment there is.
@@ -37,17 +53,20 @@ pub const ENVIRONMENTS: &[Registered] = &[
     Registered {
         name: "trace",
         split: false,
-        build: |b| b.trace(None),
+        arg: Arg::None,
+        build: |b, _| b.trace(None),
     },
     Registered {
         name: "sat",
         split: true,
-        build: |_| Ok(Arc::new(SatEnv)),
+        arg: Arg::None,
+        build: |_, _| Ok(Arc::new(SatEnv)),
     },
     Registered {
         name: "abd",
         split: true,
-        build: |b| {
+        arg: Arg::None,
+        build: |b, _| {
             let data = b.data;
             let rows = rows::load(&data.abd_dataset, &data.hub_file)
                 .with_context(|| format!("reading ABD's rows from `{}`", data.abd_dataset))?;
@@ -57,7 +76,8 @@ pub const ENVIRONMENTS: &[Registered] = &[
     Registered {
         name: "ded",
         split: true,
-        build: |b| {
+        arg: Arg::None,
+        build: |b, _| {
             let data = b.data;
             let rows = rows::load(&data.ded_dataset, &data.hub_file)
                 .with_context(|| format!("reading DED's rows from `{}`", data.ded_dataset))?;
@@ -67,16 +87,17 @@ pub const ENVIRONMENTS: &[Registered] = &[
     Registered {
         name: "word",
         split: false,
-        build: |_| Ok(Arc::new(WordEnv::new(&WORDS))),
+        arg: Arg::None,
+        build: |_, _| Ok(Arc::new(WordEnv::new(&WORDS))),
     },
     Registered {
         name: "answers",
         split: true,
-        build: |b| {
+        arg: Arg::Optional("its questions' JSONL file, in place of `answers_dataset`"),
+        build: |b, file| {
             let grading = Grading::parse(&b.data.answers_reward)?;
-            Ok(Arc::new(
-                AnswersEnv::load(&b.data.answers_dataset)?.with_grading(grading),
-            ))
+            let rows = file.unwrap_or(&b.data.answers_dataset);
+            Ok(Arc::new(AnswersEnv::load(rows)?.with_grading(grading)))
         },
     },
 ];
@@ -164,42 +185,106 @@ impl From<&RlConfig> for EnvData {
     }
 }
 
-/// `sat+abd:2+ded` (or commas) → names and weights (1 when not given).
-pub fn parse(spec: &str) -> anyhow::Result<Vec<(String, f64)>> {
-    let mut out: Vec<(String, f64)> = Vec::new();
+/// One environment a spec names: `abd`, `abd:2` (weighted),
+/// `answers:gsm.jsonl` (with its argument), `answers:gsm.jsonl:2`, or a URL
+/// (`http://localhost:36001`, weighted `http://localhost:36001:2`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Named {
+    /// Its name in [`ENVIRONMENTS`] (`http` for a URL).
+    pub name: String,
+    /// What follows the name (the whole URL for `http`).
+    pub arg: Option<String>,
+    pub weight: f64,
+}
+
+impl Named {
+    /// How logs, metrics and reports name it: `abd`, `python:my.py`, the URL.
+    pub fn label(&self) -> String {
+        match (&self.arg, self.name.as_str()) {
+            (Some(url), "http") => url.clone(),
+            (Some(arg), name) => format!("{name}:{arg}"),
+            (None, name) => name.to_owned(),
+        }
+    }
+}
+
+/// A weight written after a last `:`, when it is a number.
+fn trailing_weight(part: &str) -> Option<(&str, &str)> {
+    let (body, w) = part.rsplit_once(':')?;
+    w.parse::<f64>().is_ok().then_some((body, w))
+}
+
+/// `sat+abd:2+ded` (or commas) → each environment with its argument and
+/// weight (1 when not given).
+pub fn parse(spec: &str) -> anyhow::Result<Vec<Named>> {
+    let mut out: Vec<Named> = Vec::new();
     for part in spec.split(['+', ',']) {
-        let (name, weight) = match part.split_once(':') {
-            Some((n, w)) => {
-                let w: f64 = w
-                    .parse()
-                    .ok()
-                    .filter(|w: &f64| w.is_finite() && *w > 0.0)
-                    .with_context(|| {
-                        format!(
-                            "--environment `{spec}`: weight `{w}` of `{n}` is not a number above 0"
-                        )
-                    })?;
-                (n, w)
+        let url = part.starts_with("http://") || part.starts_with("https://");
+        // A URL's port is not a weight: a weight follows the port.
+        let (body, weight) = match trailing_weight(part) {
+            Some((body, w))
+                if !url || body.split_once("://").is_some_and(|(_, r)| r.contains(':')) =>
+            {
+                (body, Some(w))
             }
-            None => (part, 1.0),
+            _ => (part, None),
+        };
+        let (name, arg) = if url {
+            ("http", Some(body.to_owned()))
+        } else {
+            match body.split_once(':') {
+                Some((n, a)) => (n, Some(a.to_owned())),
+                None => (body, None),
+            }
+        };
+        let weight = match weight {
+            None => 1.0,
+            Some(w) => w
+                .parse()
+                .ok()
+                .filter(|w: &f64| w.is_finite() && *w > 0.0)
+                .with_context(|| {
+                    format!(
+                        "--environment `{spec}`: weight `{w}` of `{body}` is not a number above 0"
+                    )
+                })?,
+        };
+        let Some(entry) = ENVIRONMENTS.iter().find(|e| e.name == name) else {
+            anyhow::bail!(
+                "--environment `{spec}`: unknown environment `{name}`\nhint: choose from {}, joined by `+`, each optionally weighted as `abd:2`",
+                names().join(", ")
+            );
+        };
+        match (&entry.arg, &arg) {
+            (Arg::None, Some(a)) => anyhow::bail!(
+                "--environment `{spec}`: `{name}` takes no argument, but `{a}` follows it\nhint: a weight is a number above 0, as `{name}:2`"
+            ),
+            (Arg::Required(what), None) => {
+                anyhow::bail!("--environment `{spec}`: `{name}` needs {what}, as `{name}:ARG`")
+            }
+            (_, Some(a)) if a.is_empty() => {
+                anyhow::bail!("--environment `{spec}`: `{name}:` is followed by nothing")
+            }
+            _ => {}
+        }
+        let named = Named {
+            name: name.to_owned(),
+            arg,
+            weight,
         };
         anyhow::ensure!(
-            ENVIRONMENTS.iter().any(|e| e.name == name),
-            "--environment `{spec}`: unknown environment `{name}`\nhint: choose from {}, joined by `+`, each optionally weighted as `abd:2`",
-            names().join(", ")
+            !out.iter().any(|n| n.label() == named.label()),
+            "--environment `{spec}`: `{}` is named twice",
+            named.label()
         );
-        anyhow::ensure!(
-            !out.iter().any(|(n, _)| n == name),
-            "--environment `{spec}`: `{name}` is named twice"
-        );
-        out.push((name.to_owned(), weight));
+        out.push(named);
     }
     Ok(out)
 }
 
 /// Whether `spec` reads the trace environment's rows.
 pub fn reads_trace(spec: &str) -> anyhow::Result<bool> {
-    Ok(parse(spec)?.iter().any(|(n, _)| n == "trace"))
+    Ok(parse(spec)?.iter().any(|n| n.name == "trace"))
 }
 
 /// Builds environments from their data, with the sandbox executors they
@@ -274,21 +359,22 @@ impl<'a> Builder<'a> {
 /// Builds the environments `names` from `data`; those that split (SAT,
 /// ABD, DED) seen through `part`, their training or held-out tasks.
 pub fn build(
-    names: &[String],
+    named: &[Named],
     data: &EnvData,
     unsafe_no_sandbox: bool,
     part: Part,
 ) -> anyhow::Result<Vec<Arc<dyn Environment>>> {
     let mut b = Builder::new(data, unsafe_no_sandbox);
     let mut envs: Vec<Arc<dyn Environment>> = Vec::new();
-    for name in names {
-        let Some(entry) = ENVIRONMENTS.iter().find(|e| e.name == name) else {
+    for n in named {
+        let Some(entry) = ENVIRONMENTS.iter().find(|e| e.name == n.name) else {
             anyhow::bail!(
-                "unknown environment `{name}`\nhint: choose from {}",
+                "unknown environment `{}`\nhint: choose from {}",
+                n.name,
                 self::names().join(", ")
             );
         };
-        let env = (entry.build)(&mut b)?;
+        let env = (entry.build)(&mut b, n.arg.as_deref())?;
         envs.push(if entry.split && part != Part::All {
             Arc::new(Split::new(env, part))
         } else {
@@ -321,12 +407,11 @@ pub fn for_training(
         }
         spec => {
             let named = parse(spec)?;
-            let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
             // Training tasks only: the held-out ones are `eval --environment`'s.
-            let envs = build(&names, data, unsafe_no_sandbox, Part::Train)?;
+            let envs = build(&named, data, unsafe_no_sandbox, Part::Train)?;
             let mixture = Mixture::new(
                 envs.into_iter()
-                    .zip(named.iter().map(|(_, w)| *w))
+                    .zip(named.iter().map(|n| n.weight))
                     .collect(),
             )?;
             // Rows other than the defaults named, so a checkpoint of a
@@ -355,19 +440,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn environment_lists_parse_with_weights() {
+    fn environment_lists_parse_with_weights() -> anyhow::Result<()> {
+        let pairs = |spec: &str| -> Vec<(String, f64)> {
+            parse(spec)
+                .unwrap()
+                .iter()
+                .map(|n| (n.label(), n.weight))
+                .collect()
+        };
         assert_eq!(
-            parse("trace+abd:2,ded").unwrap(),
+            pairs("trace+abd:2,ded"),
             [
                 ("trace".into(), 1.0),
                 ("abd".into(), 2.0),
                 ("ded".into(), 1.0)
             ]
         );
-        for bad in ["sat+", "foo", "abd:0", "abd:x", "sat+sat"] {
+        // Arguments, with and without a weight.
+        assert_eq!(
+            pairs("answers:gsm.jsonl:2+sat:0.5"),
+            [("answers:gsm.jsonl".into(), 2.0), ("sat".into(), 0.5)]
+        );
+        let a = &parse("answers")?[0];
+        assert_eq!((a.name.as_str(), a.arg.as_deref()), ("answers", None));
+        let a = &parse("answers:data/q.jsonl")?[0];
+        assert_eq!(a.arg.as_deref(), Some("data/q.jsonl"));
+        for bad in [
+            "sat+", "foo", "abd:0", "abd:x", "sat+sat", "answers:", "sat:x:2",
+        ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
         assert!(format!("{:#}", parse("foo").unwrap_err()).contains("hint:"));
+        Ok(())
     }
 
     #[test]
@@ -375,7 +479,7 @@ mod tests {
         // Those that need no sandbox or data here: the others are built by
         // the sandbox tests (tests/affine_envs.rs, tests/rl.rs).
         for name in ["sat", "word"] {
-            let envs = build(&[name.into()], &EnvData::default(), false, Part::All).unwrap();
+            let envs = build(&parse(name).unwrap(), &EnvData::default(), false, Part::All).unwrap();
             assert_eq!(envs[0].name(), name);
         }
         let mut seen = std::collections::BTreeSet::new();
