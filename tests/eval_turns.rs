@@ -358,7 +358,7 @@ fn environment_episodes_take_the_environments_feedback() {
         .collect();
     let firsts: Vec<Vec<u32>> = tasks.iter().map(|t| first_turn(&tok, &t.prompt)).collect();
     let mut calls: Vec<Vec<(usize, Vec<u32>)>> = Vec::new();
-    let preds = run_env_episodes(&flat, &tok, 2, "line", |prompts| {
+    let preds = run_env_episodes(&flat, &tok, 2, 20, "line", |prompts| {
         Ok(scripted(&tok, &firsts, prompts, &mut calls, |i, turn| {
             script[i][turn]
         }))
@@ -511,4 +511,98 @@ fn bad_turn_flags_name_the_flag_with_a_hint() {
         }
         assert!(e.contains("hint:"), "{flags:?}: {e}");
     }
+}
+
+/// Multi-step episodes (`eval --environment word_steps`): each action is
+/// answered by the environment until it says done or the step limit is
+/// met, the observation the next user turn; the prediction's score is the
+/// return, `success` the environment's, `earlier` the earlier actions with
+/// their step rewards; a one-answer task beside them gets one answer.
+#[test]
+fn multi_step_episodes_run_until_the_environment_is_done() {
+    use trace_train::env::{Environment, Task, WordEnv, WordStepsEnv};
+    use trace_train::eval::envs::{EnvMetrics, EnvPrediction};
+    use trace_train::eval::turns::run_env_episodes;
+    let dir = tempfile::tempdir().unwrap();
+    trace_train::model::arch::tiny::write_tiny_chat_model(dir.path(), 7).unwrap();
+    let tok = ChatTokenizer::from_dir(dir.path()).unwrap();
+    let steps = WordStepsEnv::new(&["a", "b", "c"], 3);
+    let word = WordEnv::new(&["z"]);
+    let tasks: Vec<Task> = (0..3).map(|id| steps.task(id).unwrap()).collect();
+    let z = word.task(0).unwrap();
+    let mut flat: Vec<(&dyn Environment, &Task)> = tasks
+        .iter()
+        .map(|t| (&steps as &dyn Environment, t))
+        .collect();
+    flat.push((&word, &z));
+    let firsts: Vec<Vec<u32>> = flat
+        .iter()
+        .map(|(_, t)| first_turn(&tok, &t.prompt))
+        .collect();
+    // Task 0 asks a, b, c: all right. Task 1 asks b, c, a: wrong at the
+    // second. Task 2 asks c, a, b: all right. The word task: wrong.
+    let script: [[&str; 3]; 4] = [
+        ["a", "b", "c"],
+        ["b", "x", "-"],
+        ["c", "a", "b"],
+        ["y", "-", "-"],
+    ];
+    let run = |max_steps: usize| {
+        let mut calls: Vec<Vec<(usize, Vec<u32>)>> = Vec::new();
+        let preds = run_env_episodes(&flat, &tok, 1, max_steps, "verdict", |prompts| {
+            Ok(scripted(&tok, &firsts, prompts, &mut calls, |i, turn| {
+                script[i][turn]
+            }))
+        })
+        .unwrap();
+        (preds, calls)
+    };
+    let (preds, calls) = run(20);
+    let who: Vec<Vec<usize>> = calls
+        .iter()
+        .map(|c| c.iter().map(|(i, _)| *i).collect())
+        .collect();
+    assert_eq!(who, [vec![0, 1, 2, 3], vec![0, 1, 2], vec![0, 2]]);
+    // Turn 2's prompt: the first turn as read and written, then the
+    // observation as a user turn.
+    let (_, p) = &calls[1][0];
+    let chat = [
+        Message::new(Role::User, tasks[0].prompt.clone()),
+        Message::new(Role::Assistant, "a"),
+        Message::new(Role::User, "Answer with the word b and nothing else."),
+    ];
+    assert_eq!(p, &tok.encode_prompt(&chat).unwrap());
+    let third = 1.0 / 3.0;
+    let got: Vec<(Option<bool>, usize)> = preds.iter().map(|p| (p.success, p.answers())).collect();
+    assert_eq!(
+        got,
+        [
+            (Some(true), 3),
+            (Some(false), 2),
+            (Some(true), 3),
+            (None, 1)
+        ]
+    );
+    assert!((preds[0].score.unwrap() - 1.0).abs() < 1e-12);
+    assert!((preds[1].score.unwrap() - third).abs() < 1e-12);
+    assert_eq!(preds[3].score, Some(0.0));
+    assert_eq!(preds[1].earlier[0].completion, "b");
+    assert!((preds[1].earlier[0].score - third).abs() < 1e-12);
+    assert_eq!(
+        preds[1].earlier[0].feedback,
+        "Answer with the word c and nothing else."
+    );
+    let m = EnvMetrics::new("word_steps", &preds[..3], DEFAULT_LEVEL);
+    assert_eq!((m.n, m.correct), (3, 2));
+    assert_eq!(m.mean_steps, Some(8.0 / 3.0));
+    assert!((m.success_rate - 2.0 / 3.0).abs() < 1e-12);
+    // At a limit of 2 steps no episode of 3 succeeds: cut, not done.
+    let (preds, calls) = run(2);
+    assert_eq!(calls.len(), 2);
+    let cut: Vec<&EnvPrediction> = preds[..3].iter().collect();
+    assert!(
+        cut.iter()
+            .all(|p| p.success == Some(false) && p.answers() <= 2)
+    );
+    assert!((cut[0].score.unwrap() - 2.0 * third).abs() < 1e-12);
 }

@@ -17,7 +17,7 @@ use common::{
 use trace_train::config::{CurriculumConfig, ModelConfig, RlConfig};
 use trace_train::dataset::SourceRow;
 use trace_train::dist::inprocess::run_ranks;
-use trace_train::env::{Environment, TraceEnv, WordEnv};
+use trace_train::env::{Environment, TraceEnv, WordEnv, WordStepsEnv};
 use trace_train::model::decode::generate::Generation;
 use trace_train::recipes::ppo::{self, Policy, RlJob, Sample};
 use trace_train::recipes::sft::NoProgress;
@@ -906,4 +906,60 @@ fn a_resumed_off_policy_run_repeats_the_uninterrupted_run() {
         std::fs::read(dir.path().join("cut/final/adapter_model.safetensors")).unwrap(),
         "final adapters differ"
     );
+}
+
+/// Multi-step episodes (`word_steps`: the word twice, one step at a time,
+/// a wrong word ending the episode): PPO with GAE over the steps and GRPO
+/// over whole episodes raise the return, and episodes grow to both steps.
+fn learns_over_steps(algorithm: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let base = tiny_model(dir.path());
+    let (word, temperature) = learnable_word(&base);
+    let mut config = tiny_config(algorithm);
+    config.temperature = temperature;
+    config.environment = "word_steps".into();
+    config.max_steps_per_episode = 4;
+    let mut job = word_job(&config, &base, &dir.path().join("out"), &[&word]);
+    job.env = Arc::new(WordStepsEnv::new(&[&word], 2));
+    job.env_description = format!("word_steps:{word}");
+    let s = ppo::run(&job, &NoProgress).unwrap();
+    assert_eq!(s.steps, 20);
+    let lines = lines_of(&dir.path().join("out/metrics.jsonl"));
+    let metric = |k: &str| -> Vec<f64> { lines.iter().map(|l| l[k].as_f64().unwrap()).collect() };
+    let (ret, len, success) = (
+        metric("episode_return"),
+        metric("episode_length"),
+        metric("episode_success"),
+    );
+    assert_eq!(ret, metric("reward"));
+    let tail = |v: &[f64]| v[v.len() - 3..].iter().sum::<f64>() / 3.0;
+    assert!(
+        tail(&ret) >= 0.8 && tail(&ret) > ret[0] + 0.3,
+        "{algorithm}: return {:.3} -> {:.3}: {ret:?}",
+        ret[0],
+        tail(&ret)
+    );
+    // Two steps at most (the environment is done after the second word),
+    // and most episodes reach it once the word is learned.
+    assert!(len.iter().all(|&l| (1.0..=2.0).contains(&l)), "{len:?}");
+    assert!(
+        tail(&len) > 1.6 && tail(&success) > 0.6,
+        "{len:?} {success:?}"
+    );
+    assert!(len[0] < tail(&len));
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["policy_loss"].as_f64().unwrap().is_finite())
+    );
+}
+
+#[test]
+fn ppo_learns_over_the_steps_of_an_episode() {
+    learns_over_steps("ppo");
+}
+
+#[test]
+fn grpo_learns_over_whole_episodes() {
+    learns_over_steps("grpo");
 }

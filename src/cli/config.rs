@@ -119,13 +119,27 @@ fn check_config_file(path: &Path) -> anyhow::Result<String> {
         _ => kind_by_keys(path)?,
     };
     match kind.as_str() {
-        "pipeline_config" => config::load::<PipelineConfig>(path).map(|_| ())?,
+        "pipeline_config" => {
+            let c = config::load::<PipelineConfig>(path)?;
+            check_environment(path, "stage3.ppo", &c.stage3.ppo.environment)?;
+        }
         "generate" => config::load::<GenerateConfig>(path).map(|_| ())?,
         "warmup" | "sft" => config::load::<config::SftConfig>(path).map(|_| ())?,
-        "stage3_ppo_config" => config::load::<config::Stage3Config>(path).map(|_| ())?,
+        "stage3_ppo_config" => {
+            let c = config::load::<config::Stage3Config>(path)?;
+            check_environment(path, "ppo", &c.ppo.environment)?;
+        }
         _ => config::load::<config::DpoConfig>(path).map(|_| ())?,
     }
     Ok(kind)
+}
+
+/// The environments `spec` names, checked against the registry (the
+/// configs sit below it and check the key's form only).
+fn check_environment(path: &Path, section: &str, spec: &str) -> anyhow::Result<()> {
+    trace_train::env::registry::parse(spec)
+        .map(|_| ())
+        .with_context(|| format!("{section}.environment in `{}`", path.display()))
 }
 
 /// Which config a file of another name is, from its top-level keys: a

@@ -84,6 +84,12 @@ pub struct EvalArgs {
     /// differs; the default) or `line` (also what that line should be).
     #[arg(long, value_name = "KIND", value_parser = parse_feedback)]
     pub feedback: Option<String>,
+    /// With --environment naming a multi-step environment (`word_steps`,
+    /// `python:` with an `Episode`, `http://`): the most actions an
+    /// episode takes (Stage 3's `max_steps_per_episode`); it ends sooner
+    /// when the environment says done.
+    #[arg(long, default_value_t = 20, value_name = "N", value_parser = parse_max_turns)]
+    pub max_steps_per_episode: usize,
     /// `cpu`, `cuda`, `cuda:N` or `auto`.
     #[arg(long)]
     pub device: Option<String>,
@@ -386,11 +392,15 @@ pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> 
     anyhow::ensure!(!flat.is_empty(), "no task was made in {spec}");
     let sampler = Sampler::load(args, &resolved.dir)?;
     // Each turn's prompts of every task still going, decoded together.
-    let mut predictions =
-        turns::run_env_episodes(&flat, &sampler.tok, args.max_turns, feedback, |p| {
-            sampler.greedy(p)
-        })?
-        .into_iter();
+    let mut predictions = turns::run_env_episodes(
+        &flat,
+        &sampler.tok,
+        args.max_turns,
+        args.max_steps_per_episode,
+        feedback,
+        |p| sampler.greedy(p),
+    )?
+    .into_iter();
     let sections: Vec<(String, Vec<EnvPrediction>)> = envs
         .iter()
         .zip(&tasks)

@@ -184,6 +184,7 @@ impl Gate {
             // stages never trained on feedback turns.
             max_turns: 1,
             feedback: None,
+            max_steps_per_episode: trace_train::config::RlConfig::default().max_steps_per_episode,
             device: Some(self.device.clone()),
             revision: model.revision.clone(),
             unsafe_no_sandbox: self.unsafe_no_sandbox,

@@ -511,7 +511,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
         // 0-2 have run: a path that is not there stops the pipeline now.
         super::ppo::check_local_datasets(&cfg.stage3.ppo).map_err(|e| {
             e.context(format!(
-                "stage3.ppo.dataset in `{}` (checked before the first stage)",
+                "stage3.ppo.environment and its data in `{}` (checked before the first stage)",
                 args.config.display()
             ))
         })?;
@@ -809,6 +809,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             batch_size: 8,
             max_turns,
             feedback: feedback.clone(),
+            max_steps_per_episode: rl.max_steps_per_episode,
             device: Some(cfg.hardware.device.clone()),
             revision: final_revision.clone(),
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
@@ -832,6 +833,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             batch_size: 8,
             max_turns,
             feedback: feedback.clone(),
+            max_steps_per_episode: rl.max_steps_per_episode,
             device: Some(cfg.hardware.device.clone()),
             revision: final_revision.clone(),
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,

@@ -73,9 +73,10 @@ pub struct PpoArgs {
     #[arg(long)]
     /// Seed of task draws, sampling and minibatch order.
     pub seed: Option<u64>,
-    /// `trace` (programs in the sandbox), `word` (answer with a given
-    /// word), or a mixture of trace, sat, abd and ded joined by `+`, each
-    /// optionally weighted (`trace:2+abd+ded`).
+    /// `trace` (programs in the sandbox), any other environment of
+    /// `eval --environment` (`word`, `sat`, `abd`, `ded`, `answers`,
+    /// `word_steps`, ...), or a mixture joined by `+`, each optionally
+    /// weighted (`trace:2+abd+ded`).
     #[arg(long)]
     pub environment: Option<String>,
     /// Rows of the trace environment: `builtin`, a JSONL path, `humaneval:PATH`,

@@ -473,6 +473,7 @@ fn select_items(
         batch_size: sc.batch_size,
         max_turns: 1,
         feedback: None,
+        max_steps_per_episode: trace_train::config::RlConfig::default().max_steps_per_episode,
         device: Some(device.to_owned()),
         revision: None,
         unsafe_no_sandbox,

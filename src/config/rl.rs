@@ -214,10 +214,20 @@ pub struct RlConfig {
     /// Default 1.
     pub turn_discount: f64,
     /// Longest conversation a turn may start from, in tokens (prompt,
-    /// earlier answers and feedback); an episode that would pass it ends.
-    /// 0: `max_prompt_tokens + max_turns x (max_new_tokens + 256)`.
-    /// Default 0.
+    /// earlier answers and feedback or observations); an episode that
+    /// would pass it ends. 0: `max_prompt_tokens + turns x
+    /// (max_new_tokens + 256)`, where turns is `max_turns`, or
+    /// `max_steps_per_episode` for a multi-step environment. Default 0.
     pub max_episode_tokens: usize,
+    /// Actions an episode of a multi-step environment (a `python:` file
+    /// with an `Episode` class, an `http://` server) takes at most; it
+    /// ends sooner when the environment says done. Each action trains as
+    /// a completion of the conversation so far (the observations sit in
+    /// its prompt, never trained). PPO's advantages run over the steps
+    /// (GAE with `gamma` and `lam`, each step's value read at its action's
+    /// last token), GRPO's over whole episodes (their return, the sum of
+    /// the step rewards). Default 20.
+    pub max_steps_per_episode: usize,
     /// Nucleus sampling mass (1 = off). Default 1.
     pub top_p: f64,
     /// Top-k sampling (0 = off). Default 0.
@@ -251,11 +261,13 @@ pub struct RlConfig {
     pub lora: LoraSettings,
     /// Hidden width of the value head. Default 256.
     pub value_hidden: usize,
-    /// `trace` (the Trace task, programs run in the sandbox), `word`
-    /// (answer with a given word; tests), or a mixture of trace, sat, abd,
-    /// ded and answers joined by `+`, each optionally weighted
-    /// (`trace:2+abd+ded`; ABD reads `abd_dataset`, DED `ded_dataset`,
-    /// answers `answers_dataset`). Default `trace`.
+    /// `trace` (the Trace task, programs run in the sandbox), another
+    /// environment of `eval --environment` (`sat`, `abd`, `ded`,
+    /// `answers`, `word` and `word_steps` for tests, `python:FILE.py`, an
+    /// `http://` server), or a mixture joined by `+`, each optionally
+    /// weighted (`trace:2+abd+ded`; ABD reads `abd_dataset`, DED
+    /// `ded_dataset`, answers `answers_dataset` or its own file,
+    /// `answers:FILE`). Default `trace`.
     pub environment: String,
     /// Rows the trace environment draws from: `builtin`, a JSONL path, a
     /// hub dataset id, or several joined by `+` (as `generate`'s `dataset`).
@@ -333,6 +345,7 @@ impl Default for RlConfig {
             feedback: "first_diff".into(),
             turn_discount: 1.0,
             max_episode_tokens: 0,
+            max_steps_per_episode: 20,
             top_p: 1.0,
             top_k: 0,
             max_new_tokens: 512,
@@ -540,6 +553,9 @@ impl Validate for RlConfig {
         if self.max_turns == 0 {
             p.push("max_turns: must be at least 1".into());
         }
+        if self.max_steps_per_episode == 0 {
+            p.push("max_steps_per_episode: must be at least 1".into());
+        }
         if !crate::reward::FEEDBACK_KINDS.contains(&self.feedback.as_str()) {
             p.push(format!(
                 "feedback: `{}` is not verdict, first_diff or line",
@@ -561,16 +577,15 @@ impl Validate for RlConfig {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             p.push(format!("top_p: {} is not in (0, 1]", self.top_p));
         }
-        let known = |part: &str| {
-            let (name, weight) = part.split_once(':').unwrap_or((part, "1"));
-            matches!(name, "trace" | "sat" | "abd" | "ded")
-                && weight
-                    .parse::<f64>()
-                    .is_ok_and(|w| w.is_finite() && w > 0.0)
-        };
-        if self.environment != "word" && !self.environment.split(['+', ',']).all(known) {
+        // The names are the environment registry's to check (it is above
+        // the configs): `ppo` and the pipeline parse this before they run.
+        if self
+            .environment
+            .split(['+', ','])
+            .any(|part| part.trim().is_empty())
+        {
             p.push(format!(
-                "environment: `{}` is not `word` or trace, sat, abd, ded joined by `+` (each optionally weighted, `abd:2`)",
+                "environment: `{}` has an empty part\nhint: name environments joined by `+`, each optionally weighted (`trace:2+abd`)",
                 self.environment
             ));
         }

@@ -424,6 +424,92 @@ impl Environment for WordEnv {
     }
 }
 
+/// "Answer with each word in turn", a multi-step environment without a
+/// sandbox (for tests and demonstrations): task `id` asks for `steps`
+/// words, `words[(id + k) mod n]` at step `k`, one at a time. Each action
+/// is scored by the Trace rule against its word; the step reward is that
+/// score over `steps` (so a whole episode's return is at most 1). A wrong
+/// word ends the episode, the last right one is a success; the
+/// observation after a right word asks for the next.
+pub struct WordStepsEnv {
+    pub words: Vec<String>,
+    pub steps: usize,
+}
+
+impl WordStepsEnv {
+    pub fn new(words: &[&str], steps: usize) -> Self {
+        Self {
+            words: words.iter().map(|w| (*w).to_owned()).collect(),
+            steps: steps.max(1),
+        }
+    }
+
+    fn word(&self, task_id: u64, k: usize) -> &str {
+        &self.words[((task_id + k as u64) % self.words.len() as u64) as usize]
+    }
+
+    fn ask(word: &str) -> String {
+        format!("Answer with the word {word} and nothing else.")
+    }
+}
+
+impl Environment for WordStepsEnv {
+    fn name(&self) -> &'static str {
+        "word_steps"
+    }
+
+    fn task(&self, task_id: u64) -> Result<Task, String> {
+        let words: Vec<&str> = (0..self.steps).map(|k| self.word(task_id, k)).collect();
+        Ok(Task {
+            task_id,
+            prompt: Self::ask(words[0]),
+            expected: words.join(" "),
+            difficulty: Difficulty::default(),
+        })
+    }
+
+    /// One answer (as `eval` without steps reads it): the first word.
+    fn score(&self, task: &Task, completion: &str) -> Score {
+        Score::Reward(reward::score(completion, self.word(task.task_id, 0)))
+    }
+
+    fn multi_step(&self) -> bool {
+        true
+    }
+
+    fn start(&self, task: &Task) -> Result<Box<dyn Episode + '_>, String> {
+        Ok(Box::new(WordSteps {
+            env: self,
+            task_id: task.task_id,
+            at: 0,
+        }))
+    }
+}
+
+/// An episode of [`WordStepsEnv`]: the index of the word asked for now.
+struct WordSteps<'a> {
+    env: &'a WordStepsEnv,
+    task_id: u64,
+    at: usize,
+}
+
+impl Episode for WordSteps<'_> {
+    fn act(&mut self, action: &str) -> Step {
+        let steps = self.env.steps;
+        let r = reward::score(action, self.env.word(self.task_id, self.at));
+        self.at += 1;
+        if r < 1.0 || self.at == steps {
+            return Step::last(r / steps as f64, r >= 1.0);
+        }
+        Step {
+            score: Score::Reward(r / steps as f64),
+            observation: WordStepsEnv::ask(self.env.word(self.task_id, self.at)),
+            done: false,
+            success: false,
+        }
+    }
+}
+
 /// The Trace task on a set of source rows: task `id` is row `id mod N`
 /// transformed with seed `id` (the environment's `__DBG_` injection, in the
 /// sandbox), its ground truth the transformed program's stripped stdout on
@@ -1042,5 +1128,34 @@ mod tests {
         let mut share = TaskStream::strided(Arc::clone(&env), 3, 11, 2, 1, 3);
         let cursors: Vec<u64> = (0..4).map(|_| share.recv().unwrap().0).collect();
         assert_eq!(cursors, [13, 16, 19, 22]);
+    }
+
+    #[test]
+    fn word_steps_episodes_answer_each_action_until_done() {
+        let env = WordStepsEnv::new(&["a", "b", "c"], 3);
+        let task = env.task(1).unwrap();
+        assert_eq!(task.prompt, "Answer with the word b and nothing else.");
+        assert!(env.multi_step());
+        let mut ep = begin(&env, &task).unwrap();
+        let s = ep.act("b");
+        assert_eq!(s.score, Score::Reward(1.0 / 3.0));
+        assert!(!s.done && s.observation.contains("word c"));
+        let s = ep.act("c");
+        assert!(!s.done && s.observation.contains("word a"));
+        let s = ep.act("a");
+        assert!(s.done && s.success);
+        // A wrong word ends the episode, no success.
+        let mut ep = begin(&env, &task).unwrap();
+        let s = ep.act("x");
+        assert!(s.done && !s.success && s.score == Score::Reward(0.0));
+        // A one-answer environment's episode is one scored step.
+        let word = WordEnv::new(&["a"]);
+        let t = word.task(0).unwrap();
+        let s = begin(&word, &t).unwrap().act("a");
+        assert_eq!(
+            (s.score, s.done, s.success),
+            (Score::Reward(1.0), true, true)
+        );
+        assert!(word.start(&t).is_err());
     }
 }

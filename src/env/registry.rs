@@ -13,7 +13,7 @@ use super::affine::split::{Part, Split};
 use super::affine::{abd::AbdEnv, ded::DedEnv, rows, sat::SatEnv};
 use super::answers::{AnswersEnv, Grading};
 use super::mixture::Mixture;
-use super::{Environment, TraceEnv, WordEnv};
+use super::{Environment, TraceEnv, WordEnv, WordStepsEnv};
 use crate::config::RlConfig;
 use crate::dataset::Source;
 use crate::sandbox::{self, Executor, ExecutorConfig};
@@ -89,6 +89,12 @@ pub const ENVIRONMENTS: &[Registered] = &[
         split: false,
         arg: Arg::None,
         build: |_, _| Ok(Arc::new(WordEnv::new(&WORDS))),
+    },
+    Registered {
+        name: "word_steps",
+        split: false,
+        arg: Arg::None,
+        build: |_, _| Ok(Arc::new(WordStepsEnv::new(&WORDS, 3))),
     },
     Registered {
         name: "answers",
@@ -478,7 +484,7 @@ mod tests {
     fn every_registered_environment_builds_and_names_itself() {
         // Those that need no sandbox or data here: the others are built by
         // the sandbox tests (tests/affine_envs.rs, tests/rl.rs).
-        for name in ["sat", "word"] {
+        for name in ["sat", "word", "word_steps"] {
             let envs = build(&parse(name).unwrap(), &EnvData::default(), false, Part::All).unwrap();
             assert_eq!(envs[0].name(), name);
         }

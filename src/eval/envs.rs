@@ -6,6 +6,9 @@
 //!
 //! Accuracy counts scores of 1.0; success counts scores above 0 (the
 //! original's `success = score > 0`); with binary rewards the two agree.
+//! A multi-step environment's episode counts by what the environment says
+//! at its end: accuracy and success are the share of episodes that reached
+//! their goal, the score is the return, and the mean steps are reported.
 //! Completions that could not be scored (the sandbox failed) are counted
 //! as `masked` and left out of every metric.
 
@@ -40,6 +43,12 @@ pub struct EnvPrediction {
     /// last.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub earlier: Vec<EnvAttempt>,
+    /// A multi-step environment's episode: whether it reached its goal
+    /// (`score` is then its return, the sum of its step rewards, and
+    /// `earlier` its earlier actions, each with its step reward and the
+    /// observation after it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success: Option<bool>,
 }
 
 /// An earlier answer of an environment's episode and the feedback turn
@@ -57,6 +66,12 @@ impl EnvPrediction {
     /// Answers the episode took (1 without feedback turns).
     pub fn answers(&self) -> usize {
         self.earlier.len() + 1
+    }
+
+    /// Whether it counts as right: a multi-step episode's success, else a
+    /// score of 1.
+    pub fn correct(&self) -> bool {
+        self.success.unwrap_or(self.score == Some(1.0))
     }
 }
 
@@ -79,8 +94,12 @@ pub struct EnvMetrics {
     /// Population standard deviation of the scores.
     pub std: f64,
     pub median: f64,
-    /// Share of scores above 0.
+    /// Share of scores above 0 (of successes, for a multi-step
+    /// environment's episodes).
     pub success_rate: f64,
+    /// A multi-step environment's mean steps an episode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_steps: Option<f64>,
 }
 
 impl EnvMetrics {
@@ -89,7 +108,10 @@ impl EnvMetrics {
         let mut scores: Vec<f64> = predictions.iter().filter_map(|p| p.score).collect();
         let n = scores.len();
         let masked = predictions.len() - n;
-        let correct = scores.iter().filter(|&&s| s == 1.0).count();
+        let scored = || predictions.iter().filter(|p| p.score.is_some());
+        let correct = scored().filter(|p| p.correct()).count();
+        let stepped = scored().any(|p| p.success.is_some());
+        let steps: usize = scored().map(EnvPrediction::answers).sum();
         let sum: f64 = scores.iter().sum();
         let mean = if n == 0 { 0.0 } else { sum / n as f64 };
         let var = if n == 0 {
@@ -115,7 +137,12 @@ impl EnvMetrics {
             mean_score: mean,
             std: var.sqrt(),
             median,
-            success_rate: ratio(scores.iter().filter(|&&s| s > 0.0).count() as f64, n),
+            success_rate: if stepped {
+                ratio(correct as f64, n)
+            } else {
+                ratio(scores.iter().filter(|&&s| s > 0.0).count() as f64, n)
+            },
+            mean_steps: stepped.then(|| ratio(steps as f64, n)),
         }
     }
 }
@@ -289,7 +316,7 @@ impl EnvsReport {
         for s in &self.environments {
             let m = &s.metrics;
             out.push_str(&format!(
-                "{:<6} n {:>5}  acc {:>5.1}% [{:.1}, {:.1}]  mean {:.3}  std {:.3}  median {:.2}  success {:.1}%{}\n",
+                "{:<6} n {:>5}  acc {:>5.1}% [{:.1}, {:.1}]  mean {:.3}  std {:.3}  median {:.2}  success {:.1}%{}{}\n",
                 m.environment,
                 m.n,
                 100.0 * m.accuracy,
@@ -299,6 +326,7 @@ impl EnvsReport {
                 m.std,
                 m.median,
                 100.0 * m.success_rate,
+                m.mean_steps.map(|k| format!("  steps {k:.1}")).unwrap_or_default(),
                 if m.masked > 0 { format!("  ({} masked)", m.masked) } else { String::new() }
             ));
             if !s.by_turn.is_empty() {
@@ -338,6 +366,7 @@ mod tests {
                 masked: score.is_none().then(|| "sandbox_failure".into()),
                 stopped: true,
                 earlier: Vec::new(),
+                success: None,
             })
             .collect()
     }

@@ -249,6 +249,7 @@ mod tests {
                         masked: None,
                         stopped: true,
                         earlier: Vec::new(),
+                        success: None,
                     })
                     .collect();
                 (name.to_owned(), preds)

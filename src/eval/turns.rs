@@ -16,14 +16,16 @@
 //! accuracy is the accuracy after turn K.
 
 use std::fmt::Write;
+use std::sync::Mutex;
 
 use anyhow::Context;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::envs::{EnvAttempt, EnvPrediction};
 use super::{EvalItem, Interval, Prediction, TurnAccuracy, jeffreys_interval};
 use crate::data::{ChatTokenizer, Message, Role};
-use crate::env::{Environment, Score, Task};
+use crate::env::{Environment, Episode, Score, Step, Task};
 use crate::model::decode::generate::Generation;
 use crate::reward;
 
@@ -171,7 +173,7 @@ fn ratio(a: usize, b: usize) -> f64 {
 /// first prompts, each turn's scored prediction, and what the environment
 /// replies to a wrong answer.
 trait Episodes {
-    type Prediction;
+    type Prediction: Send;
     fn len(&self) -> usize;
     /// Episode `i`'s first user message.
     fn prompt(&self, i: usize) -> String;
@@ -201,7 +203,7 @@ trait Episodes {
 /// every episode still going (all of them at turn 1) and returns their
 /// generations in the same order: it is called once a turn, and not after
 /// a turn where every episode ended.
-fn drive<E: Episodes>(
+fn drive<E: Episodes + Sync>(
     eps: &E,
     tok: &ChatTokenizer,
     max_turns: usize,
@@ -250,11 +252,20 @@ fn drive<E: Episodes>(
             gens.len(),
             batch.len()
         );
+        // The turn's answers scored (or acted on) in parallel: an
+        // environment may be a server or a sandboxed worker.
+        let mut work = Vec::with_capacity(going.len());
         for (&i, g) in going.iter().zip(gens) {
             let text = tok.decode(&g.tokens, true)?;
-            let before = predictions[i].take();
-            predictions[i] = Some(eps.answer(i, text, g.stopped, before));
+            work.push((i, text, g.stopped, predictions[i].take()));
             answers[i] = g.tokens;
+        }
+        let answered: Vec<(usize, E::Prediction)> = work
+            .into_par_iter()
+            .map(|(i, text, stopped, before)| (i, eps.answer(i, text, stopped, before)))
+            .collect();
+        for (i, p) in answered {
+            predictions[i] = Some(p);
         }
     }
     Ok(predictions
@@ -326,22 +337,77 @@ pub fn run_episodes(
 }
 
 /// Environments' tasks: task `.1` of environment `.0`, scored by its
-/// environment, answered with the environment's own feedback.
-struct EnvTasks<'a>(&'a [(&'a dyn Environment, &'a Task)]);
+/// environment, answered with the environment's own feedback (at most
+/// `max_turns` answers); a multi-step environment's task is an episode
+/// (its actions answered by the environment, which says when it is done).
+struct EnvTasks<'a> {
+    tasks: &'a [(&'a dyn Environment, &'a Task)],
+    max_turns: usize,
+    /// Each multi-step task's episode in progress and its last step
+    /// (`None` for a one-answer task, or once the episode ended).
+    running: Vec<Mutex<Running<'a>>>,
+}
+
+/// A multi-step episode of an eval: the environment's side and what it
+/// answered last.
+#[derive(Default)]
+struct Running<'a> {
+    episode: Option<Box<dyn Episode + 'a>>,
+    last: Option<Step>,
+}
+
+impl<'a> EnvTasks<'a> {
+    fn new(tasks: &'a [(&'a dyn Environment, &'a Task)], max_turns: usize) -> Self {
+        Self {
+            tasks,
+            max_turns,
+            running: tasks.iter().map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    /// Episode `i`'s state (poisoning is not possible: nothing panics
+    /// while holding it, and a panic would end the eval anyway).
+    fn state(&self, i: usize) -> std::sync::MutexGuard<'_, Running<'a>> {
+        self.running[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Episode `i`'s next step: its action answered by its environment
+    /// (the episode started at its first action).
+    fn act(&self, i: usize, action: &str, first: bool) -> Step {
+        let (env, task) = self.tasks[i];
+        let mut st = self.state(i);
+        if first {
+            match env.start(task) {
+                Ok(ep) => st.episode = Some(ep),
+                Err(why) => return Step::masked(why),
+            }
+        }
+        let step = match st.episode.as_mut() {
+            Some(ep) => ep.act(action),
+            None => Step::masked("episode_not_started"),
+        };
+        if step.done {
+            // Its session (a server's, a worker's) ends now.
+            st.episode = None;
+        }
+        st.last = Some(step.clone());
+        step
+    }
+}
 
 impl Episodes for EnvTasks<'_> {
     type Prediction = EnvPrediction;
 
     fn len(&self) -> usize {
-        self.0.len()
+        self.tasks.len()
     }
 
     fn prompt(&self, i: usize) -> String {
-        self.0[i].1.prompt.clone()
+        self.tasks[i].1.prompt.clone()
     }
 
     fn name(&self, i: usize) -> String {
-        let (env, task) = self.0[i];
+        let (env, task) = self.tasks[i];
         format!("{} task {}", env.name(), task.task_id)
     }
 
@@ -352,8 +418,20 @@ impl Episodes for EnvTasks<'_> {
         stopped: bool,
         before: Option<EnvPrediction>,
     ) -> EnvPrediction {
-        let (env, task) = self.0[i];
-        let (score, masked) = match env.score(task, &completion) {
+        let (env, task) = self.tasks[i];
+        let earlier = before.map(|p| p.earlier).unwrap_or_default();
+        let (score, success) = if env.multi_step() {
+            let step = self.act(i, &completion, earlier.is_empty());
+            let so_far: f64 = earlier.iter().map(|a| a.score).sum();
+            let score = match step.score {
+                Score::Reward(r) => Score::Reward(so_far + r),
+                masked => masked,
+            };
+            (score, Some(step.done && step.success))
+        } else {
+            (env.score(task, &completion), None)
+        };
+        let (score, masked) = match score {
             Score::Reward(r) => (Some(r), None),
             Score::Masked(why) => (None, Some(why)),
         };
@@ -365,15 +443,32 @@ impl Episodes for EnvTasks<'_> {
             score,
             masked,
             stopped,
-            earlier: before.map(|p| p.earlier).unwrap_or_default(),
+            earlier,
+            success,
         }
     }
 
     fn again(&self, i: usize, last: &mut EnvPrediction, feedback: &str) -> Option<String> {
-        if last.masked.is_some() || last.score == Some(1.0) {
+        let (env, task) = self.tasks[i];
+        if env.multi_step() {
+            let step = self.state(i).last.clone()?;
+            if last.masked.is_some() || step.done {
+                return None;
+            }
+            let Score::Reward(r) = step.score else {
+                return None;
+            };
+            last.earlier.push(EnvAttempt {
+                completion: std::mem::take(&mut last.completion),
+                score: r,
+                stopped: last.stopped,
+                feedback: step.observation.clone(),
+            });
+            return Some(step.observation);
+        }
+        if last.masked.is_some() || last.score == Some(1.0) || last.answers() >= self.max_turns {
             return None;
         }
-        let (env, task) = self.0[i];
         match env.feedback(task, &last.completion, feedback) {
             Ok(reply) => {
                 last.earlier.push(EnvAttempt {
@@ -401,14 +496,29 @@ impl Episodes for EnvTasks<'_> {
 /// is answered again, up to `max_turns` answers; an episode ends at a
 /// score of 1.0. A masked score, or feedback the environment cannot give
 /// (a sandbox failure), masks the episode, as in Stage 3.
+///
+/// A multi-step environment's task is an episode of up to `max_steps`
+/// actions (`eval --max_steps_per_episode`), each answered by the
+/// environment until it says done: its prediction's score is the return,
+/// `success` what the environment said at the end, `earlier` its earlier
+/// actions with their step rewards and observations. A masked step masks
+/// the episode.
 pub fn run_env_episodes(
     tasks: &[(&dyn Environment, &Task)],
     tok: &ChatTokenizer,
     max_turns: usize,
+    max_steps: usize,
     feedback: &str,
     decode: impl FnMut(&[Vec<u32>]) -> anyhow::Result<Vec<Generation>>,
 ) -> anyhow::Result<Vec<EnvPrediction>> {
-    drive(&EnvTasks(tasks), tok, max_turns, feedback, decode)
+    let stepped = tasks.iter().any(|(env, _)| env.multi_step());
+    let cap = if stepped {
+        max_turns.max(max_steps)
+    } else {
+        max_turns
+    };
+    // An episode cut at the cap ends there, not done: no success.
+    drive(&EnvTasks::new(tasks, max_turns), tok, cap, feedback, decode)
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use crate::model::{self};
 use crate::reward;
 use crate::rng::keyed;
 
-use crate::env::{Barren, Environment, Score, SharedTasks, Task};
+use crate::env::{self, Barren, Environment, Episode, Score, SharedTasks, Step, Task};
 use crate::rl::advantage::informative;
 use crate::rl::curriculum::Curriculum;
 use crate::rl::loss::{KlEstimator, effective_sample_share, tis_weights};
@@ -222,6 +222,7 @@ pub(super) fn fingerprinted(cfg: &RlConfig) -> anyhow::Result<serde_json::Value>
             "feedback",
             "turn_discount",
             "max_episode_tokens",
+            "max_steps_per_episode",
             "tis_cap",
             "sampler_ranks",
         ] {
@@ -287,11 +288,29 @@ pub(super) struct Turn {
     pub(super) sampled: Generation,
     pub(super) text: String,
     pub(super) score: Score,
-    /// The environment's feedback on this answer, once the episode went on.
+    /// The environment's feedback on this answer, or the observation after
+    /// it, once the episode went on.
     pub(super) reply: Option<String>,
+    /// A multi-step environment's answer to this action (its score is
+    /// `score`); `None` for a one-answer environment.
+    pub(super) step: Option<Step>,
 }
 
 impl Turn {
+    /// The sampled answer, not scored yet.
+    fn sampled(policy: &Policy, prompt: Vec<u32>, sampled: Generation) -> anyhow::Result<Self> {
+        let text = policy.tok.decode(&sampled.tokens, true)?;
+        Ok(Self {
+            prompt,
+            sampled,
+            text,
+            score: Score::Masked("unscored".into()),
+            reply: None,
+            step: None,
+        })
+    }
+
+    /// The sampled answer of a one-answer environment, scored.
     pub(super) fn scored(
         job: &RlJob,
         policy: &Policy,
@@ -299,20 +318,76 @@ impl Turn {
         prompt: Vec<u32>,
         sampled: Generation,
     ) -> anyhow::Result<Self> {
-        let text = policy.tok.decode(&sampled.tokens, true)?;
-        let score = if job.config.mask_truncated && !sampled.stopped {
+        let mut t = Self::sampled(policy, prompt, sampled)?;
+        t.score = if job.config.mask_truncated && !t.sampled.stopped {
             Score::Masked("truncated".into())
         } else {
-            job.env.score(task, &text)
+            job.env.score(task, &t.text)
         };
-        Ok(Self {
-            prompt,
-            sampled,
-            text,
-            score,
-            reply: None,
-        })
+        Ok(t)
     }
+}
+
+/// The episodes of a multi-step environment in progress, by episode
+/// (`None` once one could not start).
+type Running<'e> = Vec<Option<Box<dyn Episode + 'e>>>;
+
+/// Each of `turns` (the new answers of episodes `who`) answered by its
+/// episode's environment, in parallel: the step's score, observation and
+/// whether it is done. A truncated answer ends its episode masked when
+/// `mask_truncated`; an episode that could not start stays masked.
+fn act(job: &RlJob, running: &mut Running<'_>, who: &[usize], turns: &mut [Turn]) {
+    use rayon::prelude::*;
+    let mask_truncated = job.config.mask_truncated;
+    let mut slots: Vec<Option<&mut Option<Box<dyn Episode + '_>>>> =
+        running.iter_mut().map(Some).collect();
+    let mut work: Vec<(&mut Option<Box<dyn Episode + '_>>, &mut Turn)> = who
+        .iter()
+        .zip(turns.iter_mut())
+        .map(|(&j, t)| (slots[j].take().expect("one new answer an episode"), t))
+        .collect();
+    work.par_iter_mut().for_each(|(ep, t)| {
+        let step = match ep.as_mut() {
+            _ if mask_truncated && !t.sampled.stopped => Step::masked("truncated"),
+            Some(ep) => ep.act(&t.text),
+            None => Step::masked("episode_not_started"),
+        };
+        if step.done {
+            // Its session (a server's, a worker's) ends now.
+            **ep = None;
+        }
+        t.score = step.score.clone();
+        t.step = Some(step);
+    });
+}
+
+/// Starts the episode of each first answer (`firsts[j]`, a completion of
+/// `mine[j / group]`) and has it answered; an episode that cannot start is
+/// masked with the environment's reason.
+fn first_steps<'e>(
+    job: &'e RlJob,
+    mine: &[(Task, Vec<u32>, Option<usize>)],
+    group: usize,
+    firsts: &mut [Turn],
+) -> Running<'e> {
+    use rayon::prelude::*;
+    let started: Vec<Result<Box<dyn Episode + 'e>, String>> = (0..firsts.len())
+        .into_par_iter()
+        .map(|j| env::begin(&*job.env, &mine[j / group].0))
+        .collect();
+    let mut why_not = Vec::new();
+    let mut running: Running<'e> = started
+        .into_iter()
+        .enumerate()
+        .map(|(j, s)| s.map_err(|why| why_not.push((j, why))).ok())
+        .collect();
+    let who: Vec<usize> = (0..firsts.len()).collect();
+    act(job, &mut running, &who, firsts);
+    for (j, why) in why_not {
+        firsts[j].score = Score::Masked(why.clone());
+        firsts[j].step = Some(Step::masked(why));
+    }
+    running
 }
 
 /// Where a turn's sampling stands: the step, its sampling round, the turn
@@ -324,18 +399,23 @@ pub(super) struct TurnAt {
     pub(super) first: u64,
 }
 
-/// One more answer for every episode of `episodes` whose last answer was
-/// scored wrong (below 1): its last prompt and answer, then the
-/// environment's feedback as a user turn ([`ChatTokenizer::next_turn`]),
-/// sampled together; `false` when no episode continues. Episodes whose
-/// conversation would pass `max_episode_tokens` end instead; an episode
-/// whose feedback cannot be made (a sandbox failure) is masked.
+/// One more answer for every episode of `episodes` that goes on: a
+/// one-answer environment's whose last answer was scored wrong (below 1),
+/// after the environment's feedback; a multi-step environment's (with
+/// `running`) whose last step is not done, after its observation. The
+/// feedback or observation is a user turn after the last prompt and answer
+/// ([`ChatTokenizer::next_turn`]); all are sampled together; `false` when
+/// no episode continues. Episodes whose conversation would pass
+/// `max_episode_tokens` end instead; an episode whose feedback cannot be
+/// made (a sandbox failure) is masked.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn more_turns(
     job: &RlJob,
     policy: &Policy,
     mine: &[(Task, Vec<u32>, Option<usize>)],
     group: usize,
     episodes: &mut [Vec<Turn>],
+    running: Option<&mut Running<'_>>,
     at: TurnAt,
     c: &mut Collected,
 ) -> anyhow::Result<bool> {
@@ -346,23 +426,37 @@ pub(super) fn more_turns(
         turn,
         first,
     } = at;
+    let turns = match running {
+        Some(_) => cfg.max_steps_per_episode,
+        None => cfg.max_turns,
+    };
     let budget = match cfg.max_episode_tokens {
-        0 => cfg.max_prompt_tokens + cfg.max_turns * (cfg.max_new_tokens + 256),
+        0 => cfg.max_prompt_tokens + turns * (cfg.max_new_tokens + 256),
         n => n,
     };
     let (mut who, mut prompts, mut replies) = (Vec::new(), Vec::new(), Vec::new());
     let mut unsaid = Vec::new();
     for (j, ep) in episodes.iter().enumerate() {
         let last = ep.last().expect("an episode has its first answer");
-        if !matches!(last.score, Score::Reward(r) if r < 1.0) {
-            continue;
-        }
         let task = &mine[j / group].0;
-        let reply = match job.env.feedback(task, &last.text, &cfg.feedback) {
-            Ok(reply) => reply,
-            Err(why) => {
-                unsaid.push((j, why));
-                continue;
+        let reply = match &last.step {
+            Some(s) => {
+                if s.done || !matches!(s.score, Score::Reward(_)) {
+                    continue;
+                }
+                s.observation.clone()
+            }
+            None => {
+                if !matches!(last.score, Score::Reward(r) if r < 1.0) {
+                    continue;
+                }
+                match job.env.feedback(task, &last.text, &cfg.feedback) {
+                    Ok(reply) => reply,
+                    Err(why) => {
+                        unsaid.push((j, why));
+                        continue;
+                    }
+                }
             }
         };
         let ids = policy
@@ -402,9 +496,17 @@ pub(super) fn more_turns(
     }
     let key = (round as u64) | ((turn as u64) << 32);
     let gens = policy.sample_share(&prompts, keyed(cfg.seed, step, key), first)?;
-    for (((j, ids), reply), g) in who.into_iter().zip(prompts).zip(replies).zip(gens) {
-        let task = &mine[j / group].0;
-        let t = Turn::scored(job, policy, task, ids, g)?;
+    let mut new = Vec::with_capacity(who.len());
+    for ((&j, ids), g) in who.iter().zip(prompts).zip(gens) {
+        new.push(match running {
+            Some(_) => Turn::sampled(policy, ids, g)?,
+            None => Turn::scored(job, policy, &mine[j / group].0, ids, g)?,
+        });
+    }
+    if let Some(running) = running {
+        act(job, running, &who, &mut new);
+    }
+    for ((j, reply), t) in who.into_iter().zip(replies).zip(new) {
         let ep = &mut episodes[j];
         ep.last_mut()
             .expect("an episode has its first answer")
@@ -450,14 +552,31 @@ pub(super) fn collect(
         c.sample_secs += t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         // Each completion's episode: its first answer, then (multi-turn)
-        // an answer a feedback turn while it is wrong.
+        // an answer a feedback turn while it is wrong, or (multi-step) an
+        // action an observation until the environment says done.
+        let stepped = job.env.multi_step();
         let mut episodes: Vec<Vec<Turn>> = Vec::with_capacity(gens.len());
-        for (j, g) in gens.into_iter().enumerate() {
-            let (task, ids, _) = &mine[j / group];
-            episodes.push(vec![Turn::scored(job, policy, task, ids.clone(), g)?]);
+        let mut running = None;
+        if stepped {
+            let mut firsts = Vec::with_capacity(gens.len());
+            for (j, g) in gens.into_iter().enumerate() {
+                firsts.push(Turn::sampled(policy, mine[j / group].1.clone(), g)?);
+            }
+            running = Some(first_steps(job, mine, group, &mut firsts));
+            episodes.extend(firsts.into_iter().map(|t| vec![t]));
+        } else {
+            for (j, g) in gens.into_iter().enumerate() {
+                let (task, ids, _) = &mine[j / group];
+                episodes.push(vec![Turn::scored(job, policy, task, ids.clone(), g)?]);
+            }
         }
+        let turns = if stepped {
+            cfg.max_steps_per_episode
+        } else {
+            cfg.max_turns
+        };
         let mut retry_secs = 0.0;
-        for turn in 1..cfg.max_turns {
+        for turn in 1..turns {
             let t = Instant::now();
             let at = TurnAt {
                 step,
@@ -465,11 +584,23 @@ pub(super) fn collect(
                 turn,
                 first: (share.start * group) as u64,
             };
-            if !more_turns(job, policy, mine, group, &mut episodes, at, &mut c)? {
+            if !more_turns(
+                job,
+                policy,
+                mine,
+                group,
+                &mut episodes,
+                running.as_mut(),
+                at,
+                &mut c,
+            )? {
                 break;
             }
             retry_secs += t.elapsed().as_secs_f64();
         }
+        // Sessions still open (episodes cut by the step limit or the
+        // token budget) end here.
+        drop(running);
         let (mut kept_here, mut scored_here, mut members_here) = (0usize, Vec::new(), Vec::new());
         for (k, (task, _, bucket)) in mine.iter().enumerate() {
             let gid = c.groups_seen + share.start + k;
@@ -482,17 +613,40 @@ pub(super) fn collect(
                     c.stopped += t.sampled.stopped as usize;
                 }
                 let last = ep.last().expect("an episode has its first answer");
-                let r = match &last.score {
-                    Score::Reward(r) => *r,
-                    Score::Masked(why) => {
-                        // The episode's outcome is unknown: none of its
-                        // answers trains.
-                        *c.masked.entry(why.clone()).or_default() += 1;
-                        continue;
-                    }
+                // A multi-step episode is masked when any step is; a
+                // one-answer episode's outcome is its last answer's.
+                let masked = match stepped {
+                    true => ep.iter().find_map(|t| match &t.score {
+                        Score::Masked(why) => Some(why),
+                        Score::Reward(_) => None,
+                    }),
+                    false => match &last.score {
+                        Score::Masked(why) => Some(why),
+                        Score::Reward(_) => None,
+                    },
+                };
+                if let Some(why) = masked {
+                    // The episode's outcome is unknown: none of its
+                    // answers trains.
+                    *c.masked.entry(why.clone()).or_default() += 1;
+                    continue;
+                }
+                let step_reward = |t: &Turn| match t.score {
+                    Score::Reward(r) => r,
+                    Score::Masked(_) => unreachable!("masked episodes are passed over"),
                 };
                 let answers = ep.len();
-                let reward = r * cfg.turn_discount.powi(answers as i32 - 1);
+                // A multi-step episode's reward is its return (the sum of
+                // its step rewards), a success when the environment says
+                // so; a one-answer episode's its last answer's, discounted
+                // by the answers before it, a success at 1.
+                let (reward, solved) = if stepped {
+                    let success = last.step.as_ref().is_some_and(|s| s.done && s.success);
+                    (ep.iter().map(step_reward).sum::<f64>(), success)
+                } else {
+                    let r = step_reward(last);
+                    (r * cfg.turn_discount.powi(answers as i32 - 1), r == 1.0)
+                };
                 let unchanged = ep
                     .windows(2)
                     .filter(|w| reward::same_answer(&w[0].text, &w[1].text))
@@ -502,17 +656,18 @@ pub(super) fn collect(
                     reward,
                     bucket.map_or(-1.0, |b| b as f64),
                     part.map_or(-1.0, |p| p as f64),
-                    if r == 1.0 { answers as f64 } else { -1.0 },
+                    if solved { answers as f64 } else { -1.0 },
                     (answers - 1) as f64,
                     unchanged as f64,
                 ]);
                 rewards.push(reward);
-                let episode = (cfg.max_turns > 1).then_some(gid * group + m);
+                let episode = (cfg.max_turns > 1 || stepped).then_some(gid * group + m);
                 for t in ep {
                     let mut smp =
                         Sample::new(gid, t.prompt.clone(), &t.sampled, policy.stop_id(), reward);
                     smp.bucket = *bucket;
                     smp.episode = episode;
+                    smp.step_reward = stepped.then(|| step_reward(t));
                     members.push(smp);
                 }
             }
@@ -757,6 +912,22 @@ impl StepRecord<'_> {
             );
             put("template_drift", got.template_drift as f64);
             put("episodes_over_budget", got.over_budget as f64);
+        }
+        if job.env.multi_step() {
+            // Multi-step episodes: the mean return (`reward` too), steps
+            // and the share the environment called a success (`accuracy`
+            // too), and the mean reward a step.
+            let steps: usize = got.scored.iter().map(|x| x.retries + 1).sum();
+            let successes = got.scored.iter().filter(|x| x.solved_at.is_some()).count();
+            put("episode_return", rewards.iter().sum::<f64>() / n_scored);
+            put("episode_length", steps as f64 / n_scored);
+            put("episode_success", successes as f64 / n_scored);
+            put(
+                "step_reward",
+                rewards.iter().sum::<f64>() / steps.max(1) as f64,
+            );
+            put("episodes_over_budget", got.over_budget as f64);
+            put("template_drift", got.template_drift as f64);
         }
         put("scored", rewards.len() as f64);
         put("trained_samples", got.layout.lens.len() as f64);

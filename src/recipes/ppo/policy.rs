@@ -45,6 +45,10 @@ pub struct Sample {
     /// The multi-turn episode this answer is a turn of (its answers share
     /// the episode's reward and GRPO advantage); `None`: an episode alone.
     pub episode: Option<usize>,
+    /// A multi-step episode's reward for this action (`reward` is then
+    /// the episode's return): PPO's advantages run over its steps.
+    #[serde(default)]
+    pub step_reward: Option<f64>,
     /// The sampler's log-probs of the response's tokens, the stop token's
     /// included (empty where the sampler kept none).
     pub sampler_logp: Vec<f32>,
@@ -81,6 +85,7 @@ impl Sample {
             reward,
             bucket: None,
             episode: None,
+            step_reward: None,
             sampler_logp,
             old_logp: Vec::new(),
             ref_logp: Vec::new(),
@@ -378,6 +383,44 @@ impl Policy {
                     samples[i].returns = vec![0.0; n];
                 }
             }
+        } else if samples.iter().any(|s| s.step_reward.is_some()) {
+            // Multi-step episodes: GAE over each episode's steps, an
+            // episode's samples being its actions in order.
+            let coef = c.kl_coef();
+            let mut episodes: BTreeMap<Option<usize>, Vec<usize>> = BTreeMap::new();
+            for (i, s) in samples.iter().enumerate() {
+                episodes.entry(s.episode).or_default().push(i);
+            }
+            for (key, idx) in episodes {
+                // Samples of no episode are each an episode of one step.
+                let runs: Vec<Vec<usize>> = match key {
+                    Some(_) => vec![idx],
+                    None => idx.into_iter().map(|i| vec![i]).collect(),
+                };
+                for steps in runs {
+                    let (rewards, values): (Vec<f64>, Vec<f64>) = steps
+                        .iter()
+                        .map(|&i| {
+                            let s = &samples[i];
+                            let kl: f64 = s
+                                .old_logp
+                                .iter()
+                                .zip(&s.ref_logp)
+                                .map(|(&lp, &rp)| KlEstimator::K1.value(lp, rp))
+                                .sum();
+                            let r = s.step_reward.unwrap_or(s.reward) - coef * kl;
+                            (r, s.old_values.last().copied().unwrap_or(0.0))
+                        })
+                        .unzip();
+                    let (a, r) = gae(&rewards, &values, c.gamma, c.lam);
+                    for (k, &i) in steps.iter().enumerate() {
+                        let n = samples[i].response.len();
+                        samples[i].advantages = vec![a[k]; n];
+                        samples[i].returns = vec![r[k]; n];
+                    }
+                }
+            }
+            self.whiten(samples, comm)?;
         } else {
             let coef = c.kl_coef();
             for s in samples.iter_mut() {
@@ -392,17 +435,24 @@ impl Policy {
                 s.advantages = a;
                 s.returns = r;
             }
-            if c.whiten_advantages {
-                let mut rows: Vec<Vec<f64>> = samples
-                    .iter_mut()
-                    .map(|s| std::mem::take(&mut s.advantages))
-                    .collect();
-                let flat: Vec<f64> = rows.iter().flatten().copied().collect();
-                let m = stats::moments(comm, &flat)?;
-                whiten_with(&mut rows, m.mean, m.var.sqrt());
-                for (s, a) in samples.iter_mut().zip(rows) {
-                    s.advantages = a;
-                }
+            self.whiten(samples, comm)?;
+        }
+        Ok(())
+    }
+
+    /// PPO's advantages whitened over every rank's tokens, when
+    /// `whiten_advantages`.
+    fn whiten(&self, samples: &mut [Sample], comm: &dyn Communicator) -> anyhow::Result<()> {
+        if self.cfg.whiten_advantages {
+            let mut rows: Vec<Vec<f64>> = samples
+                .iter_mut()
+                .map(|s| std::mem::take(&mut s.advantages))
+                .collect();
+            let flat: Vec<f64> = rows.iter().flatten().copied().collect();
+            let m = stats::moments(comm, &flat)?;
+            whiten_with(&mut rows, m.mean, m.var.sqrt());
+            for (s, a) in samples.iter_mut().zip(rows) {
+                s.advantages = a;
             }
         }
         Ok(())

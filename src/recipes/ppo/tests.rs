@@ -100,6 +100,7 @@ fn samples(p: &Policy, n: usize, group: usize) -> Vec<Sample> {
                 reward: ((i * 7) % 5) as f64 / 4.0,
                 bucket: None,
                 episode: None,
+                step_reward: None,
                 sampler_logp: Vec::new(),
                 old_logp: Vec::new(),
                 ref_logp: Vec::new(),
@@ -539,4 +540,68 @@ fn tis_weighs_the_policy_term_by_the_truncated_ratio() {
             assert!((g.1[k] - off.1[k]).abs() < 1e-6, "shift {shift}: term {k}");
         }
     }
+}
+
+/// PPO over a multi-step episode: each action's step reward (less its KL
+/// penalty) and the value at its last token make one step of GAE, and
+/// every token of the action takes that step's advantage and return.
+#[test]
+fn ppo_advantages_run_over_an_episodes_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = policy(dir.path(), "ppo", "token_mean");
+    p.cfg.gamma = 0.9;
+    p.cfg.lam = 0.8;
+    p.cfg.whiten_advantages = false;
+    p.cfg.kl_coef = Some(0.0);
+    let action = |episode: usize, step_reward: f64, values: &[f64]| {
+        let g = Generation {
+            tokens: vec![5; values.len() - 1],
+            logprobs: Vec::new(),
+            stopped: true,
+            stop_logprob: None,
+        };
+        let mut s = Sample::new(0, vec![1, 2], &g, 9, 0.0);
+        s.episode = Some(episode);
+        s.step_reward = Some(step_reward);
+        s.old_values = values.to_vec();
+        s.old_logp = vec![-1.0; values.len()];
+        s.ref_logp = vec![-1.0; values.len()];
+        s
+    };
+    // Episode 7: three actions, rewards 0, 0.2, 1; values at their last
+    // tokens 0.5, 0.6, 0.7 (the earlier tokens' values play no part).
+    // delta2 = 1 - 0.7 = 0.3; delta1 = 0.2 + 0.9*0.7 - 0.6 = 0.23;
+    // delta0 = 0 + 0.9*0.6 - 0.5 = 0.04.
+    // A2 = 0.3; A1 = 0.23 + 0.72*0.3 = 0.446; A0 = 0.04 + 0.72*0.446 = 0.36112.
+    // Episode 8, one action: A = 0.5 - 0.1 = 0.4.
+    let mut samples = vec![
+        action(7, 0.0, &[9.0, 0.5]),
+        action(8, 0.5, &[3.0, 3.0, 0.1]),
+        action(7, 0.2, &[0.6]),
+        action(7, 1.0, &[-4.0, 0.7]),
+    ];
+    p.advantages_with(&mut samples, &Single).unwrap();
+    let want = [(0.36112, 0.86112), (0.4, 0.5), (0.446, 1.046), (0.3, 1.0)];
+    for (s, (a, r)) in samples.iter().zip(want) {
+        assert_eq!(s.advantages.len(), s.response.len());
+        for (&x, &y) in s.advantages.iter().zip(&s.returns) {
+            assert!(
+                (x - a).abs() < 1e-9 && (y - r).abs() < 1e-9,
+                "{:?} {:?} against {a} {r}",
+                s.advantages,
+                s.returns
+            );
+        }
+    }
+    // A KL penalty in the reward is paid a step, summed over its tokens:
+    // episode 8's action with k1 = 0.5 on each of its 3 tokens at 0.1.
+    p.cfg.kl_coef = Some(0.1);
+    let mut one = vec![action(8, 0.5, &[3.0, 3.0, 0.1])];
+    one[0].ref_logp = vec![-1.5; 3];
+    p.advantages_with(&mut one, &Single).unwrap();
+    assert!(
+        (one[0].advantages[0] - (0.5 - 0.15 - 0.1)).abs() < 1e-9,
+        "{:?}",
+        one[0].advantages
+    );
 }
