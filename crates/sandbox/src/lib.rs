@@ -24,6 +24,7 @@ mod check;
 mod executor;
 mod request;
 mod seccomp;
+mod session;
 mod worker;
 
 pub use check::{Protection, ProtectionReport, check_protections, mode_of};
@@ -32,3 +33,4 @@ pub use request::{
     ExecutorConfig, HOST_FOLDERS, Isolation, Limits, Outcome, Request, SandboxError, Status,
     default_workers, host_folders,
 };
+pub use session::{Session, SessionError};
