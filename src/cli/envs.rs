@@ -111,6 +111,11 @@ pub struct TaskArgs {
     /// row `id mod N`, transform seed `id`).
     #[arg(long)]
     pub task_id: u64,
+    /// Prints this many tasks, from `task_id` on, one JSON object a line
+    /// (a file a `python:` environment can list in `FILES`); an id whose
+    /// task cannot be made is skipped, named on stderr with its reason.
+    #[arg(long, default_value_t = 1)]
+    pub tasks: u64,
     #[command(flatten)]
     pub data: EnvData,
     /// Run programs WITHOUT isolation (only on machines you trust).
@@ -126,24 +131,59 @@ pub fn run_task(args: &TaskArgs) -> anyhow::Result<()> {
         "`task` shows one environment's task; got `{}`",
         args.environment
     );
+    anyhow::ensure!(args.tasks >= 1, "--tasks must be at least 1");
     let env = build(&names, &args.data, args.unsafe_no_sandbox, Part::All)?.remove(0);
-    let task = env.task(args.task_id).map_err(|why| {
-        let range = env
-            .task_count()
-            .map(|n| format!(" (its ids are 0..{n})"))
-            .unwrap_or_default();
-        anyhow::anyhow!(
-            "{} task {} cannot be made: {why}{range}",
-            env.name(),
-            args.task_id
-        )
-    })?;
-    let out = serde_json::json!({
-        "environment": env.name(),
-        "task_id": task.task_id,
-        "prompt": task.prompt,
-        "key": env.key(&task),
-    });
-    println!("{}", serde_json::to_string_pretty(&out)?);
+    let ids: Vec<u64> = (args.task_id..args.task_id.saturating_add(args.tasks)).collect();
+    let made = env.tasks(&ids);
+    let mut lines = Vec::with_capacity(made.len());
+    let mut skipped = std::collections::BTreeMap::<String, u64>::new();
+    for (id, task) in ids.iter().zip(made) {
+        let task = match task {
+            Ok(t) => t,
+            Err(why) if args.tasks > 1 => {
+                eprintln!("{} task {id} skipped: {why}", env.name());
+                *skipped.entry(why).or_default() += 1;
+                continue;
+            }
+            Err(why) => {
+                let range = env
+                    .task_count()
+                    .map(|n| format!(" (its ids are 0..{n})"))
+                    .unwrap_or_default();
+                anyhow::bail!(
+                    "{} task {id} cannot be made: {why}{range}\nhint: choose another task id; `trace-train generate` counts which rows fail and why",
+                    env.name(),
+                )
+            }
+        };
+        let out = serde_json::json!({
+            "environment": env.name(),
+            "task_id": task.task_id,
+            "prompt": task.prompt,
+            "key": env.key(&task),
+        });
+        lines.push(if args.tasks == 1 {
+            serde_json::to_string_pretty(&out)?
+        } else {
+            out.to_string()
+        });
+    }
+    anyhow::ensure!(
+        !lines.is_empty(),
+        "{}: none of tasks {}..{} can be made ({})",
+        env.name(),
+        args.task_id,
+        args.task_id.saturating_add(args.tasks),
+        super::counts(&skipped)
+    );
+    if !skipped.is_empty() {
+        eprintln!(
+            "{} of {} tasks written; skipped: {}",
+            lines.len(),
+            ids.len(),
+            super::counts(&skipped)
+        );
+    }
+    println!("{}", lines.join("\n"));
     Ok(())
 }

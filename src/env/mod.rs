@@ -27,6 +27,7 @@
 pub mod affine;
 pub mod answers;
 pub mod mixture;
+pub mod python;
 pub mod registry;
 
 use std::collections::BTreeMap;

@@ -13,6 +13,7 @@ use super::affine::split::{Part, Split};
 use super::affine::{abd::AbdEnv, ded::DedEnv, rows, sat::SatEnv};
 use super::answers::{AnswersEnv, Grading};
 use super::mixture::Mixture;
+use super::python::PythonEnv;
 use super::{Environment, TraceEnv, WordEnv, WordStepsEnv};
 use crate::config::RlConfig;
 use crate::dataset::Source;
@@ -105,6 +106,12 @@ pub const ENVIRONMENTS: &[Registered] = &[
             let rows = file.unwrap_or(&b.data.answers_dataset);
             Ok(Arc::new(AnswersEnv::load(rows)?.with_grading(grading)))
         },
+    },
+    Registered {
+        name: "python",
+        split: false,
+        arg: Arg::Required("a Python file, as `python:my_env.py`"),
+        build: |b, file| b.python(file.unwrap_or_default()),
     },
 ];
 
@@ -333,6 +340,26 @@ impl<'a> Builder<'a> {
         let e = Arc::new(self.executor(self.workers())?);
         self.shared = Some(Arc::clone(&e));
         Ok(e)
+    }
+
+    /// The environment of the Python file `file`, with its own sandbox
+    /// slots (one session each): the data's workers, at most 8 unless set.
+    fn python(&self, file: &str) -> anyhow::Result<Arc<dyn Environment>> {
+        let workers = self
+            .data
+            .num_workers
+            .unwrap_or_else(|| sandbox::default_workers().min(8));
+        let exec = Executor::new(ExecutorConfig::new(
+            &self.data.python,
+            workers,
+            self.unsafe_no_sandbox,
+        ))
+        .with_context(|| format!("the Python environment `{file}` runs in the sandbox"))?;
+        Ok(Arc::new(PythonEnv::new(
+            std::path::Path::new(file),
+            &format!("python:{file}"),
+            exec,
+        )?))
     }
 
     /// The trace environment on its dataset, with `workers` slots (None:

@@ -3,10 +3,11 @@
 //! its own user namespace (without root).
 
 use std::path::PathBuf;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
-use crate::request::{ExecutorConfig, Isolation, Outcome, Request, SandboxError};
+use crate::request::{ExecutorConfig, Isolation, Limits, Outcome, Request, SandboxError};
 use crate::seccomp;
+use crate::session::{Session, SessionError};
 use crate::worker::Worker;
 
 /// Fixed uid bases (`Isolation::Sandbox { uid_base: Some(..) }`) belong in
@@ -53,14 +54,56 @@ fn claim_uid_block(
 
 /// A pool of isolated workers that runs programs.
 pub struct Executor {
-    config: ExecutorConfig,
-    /// Holds this executor's block of slot uids (see `claim_uid_block`).
-    _uid_block: Option<nix::fcntl::Flock<std::fs::File>>,
-    seccomp: Vec<Vec<u8>>,
-    idle: Mutex<Vec<Worker>>,
-    freed: Condvar,
+    slots: Arc<Slots>,
     pool: rayon::ThreadPool,
     python_version: String,
+}
+
+/// The worker slots, shared with the [`Session`]s that hold one: a
+/// session gives its slot back (with a fresh zygote) when it ends, even
+/// after the executor is gone.
+pub(crate) struct Slots {
+    pub(crate) config: ExecutorConfig,
+    /// Holds this executor's block of slot uids (see `claim_uid_block`)
+    /// while any of its slots' processes may run.
+    _uid_block: Option<nix::fcntl::Flock<std::fs::File>>,
+    pub(crate) seccomp: Vec<Vec<u8>>,
+    idle: Mutex<Vec<Worker>>,
+    freed: Condvar,
+}
+
+impl Slots {
+    /// The next free worker, waiting for one.
+    pub(crate) fn take(&self) -> Worker {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(w) = idle.pop() {
+                return w;
+            }
+            idle = self.freed.wait(idle).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Gives a worker back to the pool.
+    pub(crate) fn give_back(&self, worker: Worker) {
+        self.idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(worker);
+        self.freed.notify_one();
+    }
+
+    /// A fresh zygote for `slot`, or a dead one whose runs fail (a later
+    /// run retries the spawn).
+    pub(crate) fn respawn(&self, slot: usize) -> Worker {
+        match Worker::spawn(slot, &self.config, &self.seccomp) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::error!("sandbox worker {slot} could not restart: {e}");
+                Worker::dead(slot)
+            }
+        }
+    }
 }
 
 impl Executor {
@@ -122,11 +165,13 @@ impl Executor {
             .build()
             .map_err(|e| SandboxError::Setup(format!("thread pool: {e}")))?;
         Ok(Executor {
-            config,
-            _uid_block: uid_block,
-            seccomp,
-            idle: Mutex::new(workers),
-            freed: Condvar::new(),
+            slots: Arc::new(Slots {
+                config,
+                _uid_block: uid_block,
+                seccomp,
+                idle: Mutex::new(workers),
+                freed: Condvar::new(),
+            }),
             pool,
             python_version,
         })
@@ -138,33 +183,25 @@ impl Executor {
     }
 
     pub fn workers(&self) -> usize {
-        self.config.workers
+        self.slots.config.workers
     }
 
     /// The host folders hidden from programs (none without isolation).
     pub fn hidden(&self) -> &[PathBuf] {
-        match &self.config.isolation {
+        match &self.slots.config.isolation {
             Isolation::Sandbox { hide, .. } | Isolation::Rootless { hide, .. } => hide,
             Isolation::Unsafe => &[],
         }
     }
 
     pub fn isolation(&self) -> &Isolation {
-        &self.config.isolation
+        &self.slots.config.isolation
     }
 
     /// Runs one program on the next free worker. Never fails: problems of
     /// the sandbox come back as `Status::SandboxFailure`.
     pub fn run(&self, req: &Request) -> Outcome {
-        let mut worker = {
-            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-            loop {
-                if let Some(w) = idle.pop() {
-                    break w;
-                }
-                idle = self.freed.wait(idle).unwrap_or_else(|e| e.into_inner());
-            }
-        };
+        let mut worker = self.slots.take();
         let outcome = match worker.run(req) {
             Ok(o) if !worker.retired => o,
             Ok(o) => {
@@ -172,7 +209,7 @@ impl Executor {
                 // fresh one rather than let anything reach the next program.
                 let slot = worker.slot;
                 drop(worker);
-                worker = Worker::spawn(slot, &self.config, &self.seccomp)
+                worker = Worker::spawn(slot, &self.slots.config, &self.slots.seccomp)
                     .unwrap_or_else(|_| Worker::dead(slot));
                 o
             }
@@ -181,7 +218,7 @@ impl Executor {
                 let slot = worker.slot;
                 drop(worker);
                 let out = Outcome::sandbox_failure(detail);
-                worker = match Worker::spawn(slot, &self.config, &self.seccomp) {
+                worker = match Worker::spawn(slot, &self.slots.config, &self.slots.seccomp) {
                     Ok(w) => w,
                     Err(e) => {
                         // Keep the slot count: a later run retries the spawn.
@@ -192,12 +229,17 @@ impl Executor {
                 out
             }
         };
-        self.idle
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(worker);
-        self.freed.notify_one();
+        self.slots.give_back(worker);
         outcome
+    }
+
+    /// Starts `program` as a long-lived [`Session`] on the next free
+    /// worker slot (waiting for one), under `limits` (`stdout_bytes` is
+    /// the longest line it may write; `cpu_seconds` its CPU time in all).
+    /// The slot serves nothing else until the session ends; then it gets
+    /// a fresh zygote.
+    pub fn session(&self, program: &[u8], limits: Limits) -> Result<Session, SessionError> {
+        Session::start(Arc::clone(&self.slots), program, limits)
     }
 
     /// Runs many programs in parallel over the worker slots, in order.

@@ -13,6 +13,10 @@
 //! a fresh size-capped tmpfs as `/tmp`, rlimits, no_new_privs, seccomp, a
 //! cleared environment, output caps enforced while reading, a wall deadline.
 //!
+//! A [`Session`] keeps one program running in a slot, with the same
+//! isolation, answering newline-delimited JSON calls, each by a timeout;
+//! a fault or its drop kills it and every process it started.
+//!
 //! Without root, each slot gets an unprivileged user namespace as well
 //! ([`Isolation::Rootless`]): everything above holds but the host uid of
 //! its own, as every slot is the caller's uid on the host. Inside, the
@@ -24,6 +28,7 @@ mod check;
 mod executor;
 mod request;
 mod seccomp;
+mod session;
 mod worker;
 
 pub use check::{Protection, ProtectionReport, check_protections, mode_of};
@@ -32,3 +37,4 @@ pub use request::{
     ExecutorConfig, HOST_FOLDERS, Isolation, Limits, Outcome, Request, SandboxError, Status,
     default_workers, host_folders,
 };
+pub use session::{Session, SessionError};

@@ -16,7 +16,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, pipe2};
 
-use crate::request::{ExecutorConfig, Isolation, Outcome, Request, SandboxError, Status};
+use crate::request::{ExecutorConfig, Isolation, Limits, Outcome, Request, SandboxError, Status};
 
 const ZYGOTE: &str = include_str!("zygote.py");
 
@@ -197,6 +197,52 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// Turns this worker into a session running `program` (see the
+    /// session wire format in `zygote.py`): after this the worker serves
+    /// only [`Self::session_send`] and [`Self::session_recv`], and is
+    /// dropped (killed) at the session's end.
+    pub fn start_session(&mut self, program: &[u8], limits: &Limits) -> Result<(), String> {
+        let p = self
+            .proc
+            .as_mut()
+            .ok_or_else(|| "worker is down and could not be restarted".to_owned())?;
+        let mut header = serde_json::to_value(limits).map_err(|e| e.to_string())?;
+        header["session"] = serde_json::Value::Bool(true);
+        let header = header.to_string();
+        let mut msg = Vec::with_capacity(12 + header.len() + program.len());
+        for part in [header.as_bytes(), program, &[]] {
+            msg.extend_from_slice(&(part.len() as u32).to_be_bytes());
+            msg.extend_from_slice(part);
+        }
+        p.stdin
+            .write_all(&msg)
+            .and_then(|_| p.stdin.flush())
+            .map_err(|e| format!("writing the session request to the zygote: {e}"))
+    }
+
+    /// Sends one line to a session's program.
+    pub fn session_send(&mut self, line: &[u8]) -> Result<(), String> {
+        let p = self.proc.as_mut().ok_or("the session is over")?;
+        write_frame(&mut p.stdin, line).map_err(|e| format!("writing to the session: {e}"))
+    }
+
+    /// The next frame from a session's zygote (`L` + a line, or `E` + the
+    /// end report), by `deadline`.
+    pub fn session_recv(&mut self, deadline: Instant) -> Result<Vec<u8>, ReadError> {
+        let p = self
+            .proc
+            .as_mut()
+            .ok_or_else(|| ReadError::Io("the session is over".into()))?;
+        read_frame_by(&mut p.stdout, deadline)
+    }
+
+    /// Whether a zygote runs in this slot.
+    pub fn is_up(&self) -> bool {
+        self.proc.is_some()
+    }
+}
+
 /// The namespaces of every sandboxed slot; rootless adds a user namespace.
 const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWPID
     .union(CloneFlags::CLONE_NEWNS)
@@ -276,7 +322,7 @@ pub(super) fn probe_rootless(config: &ExecutorConfig) -> Result<(), String> {
 }
 
 #[derive(serde::Deserialize)]
-struct Report {
+pub(crate) struct Report {
     #[serde(default)]
     wall_ms: f64,
     #[serde(default)]
@@ -291,7 +337,7 @@ struct Report {
 }
 
 #[derive(serde::Deserialize)]
-struct ChildReport {
+pub(crate) struct ChildReport {
     wait: Option<i32>,
     #[serde(default)]
     cpu: f64,
@@ -303,7 +349,7 @@ struct ChildReport {
 }
 
 impl Report {
-    fn into_outcome(self, req: &Request, stdout: Vec<u8>, stderr: Vec<u8>) -> Outcome {
+    pub(crate) fn into_outcome(self, req: &Request, stdout: Vec<u8>, stderr: Vec<u8>) -> Outcome {
         let mut out = Outcome {
             status: Status::SandboxFailure,
             exit_code: None,
@@ -399,6 +445,31 @@ fn write_frame(w: &mut impl Write, data: &[u8]) -> std::io::Result<()> {
 }
 
 fn read_frame(r: &mut File, deadline: Instant) -> Result<Vec<u8>, String> {
+    read_frame_by(r, deadline).map_err(|e| e.to_string())
+}
+
+/// Why a frame could not be read from a zygote.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    /// Nothing came before the deadline.
+    Timeout,
+    /// The zygote closed its end (it exited).
+    Closed,
+    Io(String),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Timeout => f.write_str("sandbox worker did not answer in time"),
+            ReadError::Closed => f.write_str("sandbox worker exited unexpectedly"),
+            ReadError::Io(e) => f.write_str(e),
+        }
+    }
+}
+
+/// One length-prefixed frame, read by `deadline`.
+pub(crate) fn read_frame_by(r: &mut File, deadline: Instant) -> Result<Vec<u8>, ReadError> {
     let mut len = [0u8; 4];
     read_exact_by(r, &mut len, deadline)?;
     let n = u32::from_be_bytes(len) as usize;
@@ -408,11 +479,11 @@ fn read_frame(r: &mut File, deadline: Instant) -> Result<Vec<u8>, String> {
 }
 
 /// `read_exact` that gives up at `deadline` (the zygote may hang or die).
-fn read_exact_by(r: &mut File, mut buf: &mut [u8], deadline: Instant) -> Result<(), String> {
+fn read_exact_by(r: &mut File, mut buf: &mut [u8], deadline: Instant) -> Result<(), ReadError> {
     while !buf.is_empty() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err("sandbox worker did not answer in time".into());
+            return Err(ReadError::Timeout);
         }
         let ms = left.as_millis().min(i32::MAX as u128) as i32;
         let ready = {
@@ -421,16 +492,16 @@ fn read_exact_by(r: &mut File, mut buf: &mut [u8], deadline: Instant) -> Result<
                 &mut fds,
                 PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
             )
-            .map_err(|e| format!("poll: {e}"))?
+            .map_err(|e| ReadError::Io(format!("poll: {e}")))?
         };
         if ready == 0 {
             continue;
         }
         let n = r
             .read(buf)
-            .map_err(|e| format!("reading from sandbox worker: {e}"))?;
+            .map_err(|e| ReadError::Io(format!("reading from sandbox worker: {e}")))?;
         if n == 0 {
-            return Err("sandbox worker exited unexpectedly".into());
+            return Err(ReadError::Closed);
         }
         buf = &mut buf[n..];
     }

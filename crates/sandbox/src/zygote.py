@@ -30,6 +30,17 @@
 #   request:  len + JSON limits, len + program bytes, len + stdin bytes
 #   response: len + JSON outcome, len + stdout bytes, len + stderr bytes
 #
+# Session (the request's JSON has "session": true; the slot serves nothing
+# else afterwards): P runs the program long-lived, its stdin, stdout and
+# stderr pipes to the zygote, which relays lines until P or the executor
+# ends, then kills every process of the namespace and exits:
+#   executor -> zygote:  len + one line (no newline; the zygote adds it)
+#   zygote -> executor:  len + "L" + one line of P's stdout (no newline),
+#                        and once, at the end: len + "E" + JSON report
+#                        (P's wait status, killed_for, P's stderr's tail)
+# A line of P longer than the request's stdout_bytes kills P
+# (killed_for "output_limit"); stderr keeps only its last bytes.
+#
 # This file is trusted code; it never evaluates anything from a request
 # except inside P, after every protection is in place.
 
@@ -413,6 +424,137 @@ def serve_one(limits, program, stdin_data):
     return report, b"".join(bufs[out_r]), b"".join(bufs[err_r])
 
 
+def serve_session(limits, program):
+    """Runs `program` as P, long-lived, and relays lines between the
+    executor and P (see the wire format above). Never returns: the zygote
+    exits after P, so nothing of the session outlives it."""
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    setup_r, setup_w = os.pipe()
+    if SANDBOXED:
+        work = "/tmp"
+    else:
+        import tempfile
+
+        work = tempfile.mkdtemp(prefix="trace-train-")
+    child = os.fork()
+    if child == 0:
+        try:
+            for fd in (in_w, out_r, err_r, setup_r):
+                os.close(fd)
+            become_program(limits, program, in_r, out_w, err_w, setup_w, work)
+        finally:
+            os._exit(127)
+    for fd in (in_r, out_w, err_w, setup_w):
+        os.close(fd)
+    del program
+    child_fd = os.pidfd_open(child)
+    # P may stop reading its stdin: lines wait here rather than block the
+    # zygote, which must go on reading P's output and the executor's frames.
+    os.set_blocking(in_w, False)
+    line_cap = limits["stdout_bytes"]
+    tail_cap = min(limits["stderr_bytes"], 1 << 16)
+    # bytearrays: appending and dropping a consumed front are cheap.
+    from_host = bytearray()
+    to_child = bytearray()
+    line = []  # the pieces of P's unfinished line
+    line_len = 0
+    tail = b""
+    status = None
+    killed_for = None
+    readers = [0, out_r, err_r, child_fd]
+
+    def forward(chunk):
+        """Sends P's complete lines on; False when a line is over the cap.
+        A long line's pieces wait in a list (joined once, when it ends)."""
+        nonlocal line, line_len
+        if b"\n" not in chunk:
+            line.append(chunk)
+            line_len += len(chunk)
+            return line_len <= line_cap
+        parts = chunk.split(b"\n")
+        line.append(parts[0])
+        parts[0] = b"".join(line)
+        last = parts.pop()
+        line, line_len = [last], len(last)
+        for p in parts:
+            if len(p) > line_cap:
+                return False
+            write_frames(1, b"L" + p)
+        return line_len <= line_cap
+
+    while status is None and killed_for is None:
+        writers = [in_w] if to_child else []
+        ready, writable, _ = select.select(readers, writers, [])
+        if writable:
+            try:
+                n = os.write(in_w, to_child)
+                del to_child[:n]
+            except BlockingIOError:
+                pass
+            except BrokenPipeError:
+                to_child.clear()  # P closed its stdin; its exit is seen below
+        for fd in ready:
+            if fd == 0:
+                chunk = os.read(0, 1 << 16)
+                if not chunk:
+                    killed_for = "closed"  # the executor is gone
+                    break
+                from_host += chunk
+                while len(from_host) >= 4:
+                    (n,) = struct.unpack(">I", from_host[:4])
+                    if len(from_host) < 4 + n:
+                        break
+                    to_child += from_host[4 : 4 + n]
+                    to_child += b"\n"
+                    del from_host[: 4 + n]
+            elif fd == out_r:
+                chunk = os.read(out_r, 1 << 16)
+                if not chunk:
+                    readers.remove(out_r)
+                elif not forward(chunk):
+                    killed_for = "output_limit"
+                    break
+            elif fd == err_r:
+                chunk = os.read(err_r, 1 << 16)
+                if not chunk:
+                    readers.remove(err_r)
+                tail = (tail + chunk)[-tail_cap:]
+            elif fd == child_fd:
+                _, st, ru = os.wait4(child, 0)
+                status = {"wait": st, "cpu": ru.ru_utime + ru.ru_stime, "maxrss_kb": ru.ru_maxrss}
+    if status is None:
+        os.kill(child, signal.SIGKILL)
+        _, st, ru = os.wait4(child, 0)
+        status = {"wait": st, "cpu": ru.ru_utime + ru.ru_stime, "maxrss_kb": ru.ru_maxrss}
+    kill_leftovers(child)
+    # Every writer is gone: what P wrote before it ended is read to the end
+    # (its last answer may precede its exit).
+    if killed_for is None:
+        for fd, keep in ((out_r, True), (err_r, False)):
+            while fd in readers:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                if keep and not forward(chunk):
+                    killed_for = "output_limit"
+                    break
+                if not keep:
+                    tail = (tail + chunk)[-tail_cap:]
+    setup_error = os.read(setup_r, 4096)
+    if setup_error:
+        status["error"] = setup_error.decode("utf-8", "replace")
+    if not SANDBOXED:
+        shutil.rmtree(work, ignore_errors=True)
+    report = {"killed_for": killed_for, "child": status, "stderr": tail.decode("utf-8", "replace")}
+    try:
+        write_frames(1, b"E" + json.dumps(report).encode())
+    except OSError:
+        pass
+    os._exit(0)
+
+
 while True:
     try:
         header = read_frame(0)
@@ -423,6 +565,14 @@ while True:
         # quietly, there is nobody to answer.
         os._exit(0)
     limits = json.loads(header)
+    if limits.get("session"):
+        try:
+            serve_session(limits, program)
+        except BaseException as e:
+            try:
+                write_frames(1, b"E" + json.dumps({"zygote_error": repr(e)}).encode())
+            finally:
+                os._exit(1)
     try:
         report, out, err = serve_one(limits, program, stdin_data)
     except BaseException as e:  # a zygote fault is a sandbox failure, not a program failure
