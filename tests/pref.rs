@@ -1129,6 +1129,7 @@ fn a_cap_on_output_lines_passes_over_long_rows_unmade_with_the_same_prompts() {
             model: "none".into(),
             model_commit: None,
             adapter: None,
+            variants: Vec::new(),
         };
         let mut stats = RolloutStats::default();
         let tasks = draw_prompts(&plan, &mut stats, |t| {
@@ -1205,6 +1206,7 @@ fn rollouts_add_the_greedy_answer_eval_would_give() {
             model: "base".into(),
             model_commit: None,
             adapter: None,
+            variants: Vec::new(),
         };
         roll_out(&model, &tok, &plan).unwrap()
     };
@@ -1251,4 +1253,101 @@ fn rollouts_add_the_greedy_answer_eval_would_give() {
     }
     let differs = (0..15).any(|i| i % 5 != 4 && a[i].completion != b[i].completion);
     assert!(differs, "the sampled answers follow the seed");
+}
+
+/// Prompt variants (`rollouts --prompt_variants`): each sample is drawn
+/// under one variant, named on its line, with the task's own prompt kept
+/// for the pairs; a variant that asks the prompt as it is samples what no
+/// variant does, and another template changes what is sampled.
+#[test]
+fn rollouts_draw_a_prompt_variant_a_sample() {
+    use candle_core::{DType, Device};
+    use trace_train::env::WordEnv;
+    use trace_train::pref::rollout::{PromptVariant, RolloutPlan, SamplingSettings, roll_out};
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let base = dir.path().join("base");
+    let tok = ChatTokenizer::from_dir(&base).unwrap();
+    let model = trace_train::model::load(&base, None, DType::F32, &Device::Cpu).unwrap();
+    let env = WordEnv::new(&["alpha", "beta", "gamma"]);
+    let run = |variants: Vec<PromptVariant>| {
+        let plan = RolloutPlan {
+            env: &env,
+            num_prompts: 3,
+            num_samples: 6,
+            greedy: true,
+            task_seed: 3,
+            first_draw: 0,
+            max_prompt_tokens: usize::MAX,
+            up_to: None,
+            sampling: SamplingSettings {
+                max_new_tokens: 6,
+                seed: 1,
+                ..Default::default()
+            },
+            max_rows: 0,
+            model: "base".into(),
+            model_commit: None,
+            adapter: None,
+            variants,
+        };
+        roll_out(&model, &tok, &plan).unwrap().0
+    };
+    let plain = run(Vec::new());
+    let same = run(vec![PromptVariant {
+        name: "as_is".into(),
+        template: "{prompt}".into(),
+    }]);
+    let text = |rs: &[trace_train::pref::rollout::Rollout]| -> Vec<String> {
+        rs.iter().map(|r| r.completion.clone()).collect()
+    };
+    assert_eq!(text(&same), text(&plain));
+    assert!(
+        same.iter()
+            .all(|r| r.variant.as_deref() == if r.is_greedy() { None } else { Some("as_is") })
+    );
+    let styled = run(PromptVariant::builtin());
+    let names: std::collections::BTreeSet<&str> =
+        styled.iter().filter_map(|r| r.variant.as_deref()).collect();
+    assert_eq!(
+        names.len(),
+        3,
+        "every style drawn over 18 samples: {names:?}"
+    );
+    for (a, b) in styled.iter().zip(&plain) {
+        assert_eq!((a.prompt_id, &a.prompt), (b.prompt_id, &b.prompt));
+    }
+    // The greedy answers read the task's own prompt; the sampled ones
+    // read their variant's.
+    let greedy = |rs: &[trace_train::pref::rollout::Rollout]| -> Vec<String> {
+        rs.iter()
+            .filter(|r| r.is_greedy())
+            .map(|r| r.completion.clone())
+            .collect()
+    };
+    assert_eq!(greedy(&styled), greedy(&plain));
+    assert_ne!(text(&styled), text(&plain));
+    // A variants file: refused without `{prompt}`, or with a name twice.
+    let f = dir.path().join("v.json");
+    std::fs::write(&f, r#"[{"name": "a", "template": "Answer."}]"#).unwrap();
+    let e = format!(
+        "{:#}",
+        PromptVariant::load(f.to_str().unwrap()).unwrap_err()
+    );
+    assert!(
+        e.contains("variant 0 (`a`)") && e.contains("{prompt}"),
+        "{e}"
+    );
+    std::fs::write(
+        &f,
+        r#"[{"name": "a", "template": "{prompt}"}, {"name": "a", "template": "x {prompt}"}]"#,
+    )
+    .unwrap();
+    assert!(
+        format!(
+            "{:#}",
+            PromptVariant::load(f.to_str().unwrap()).unwrap_err()
+        )
+        .contains("twice")
+    );
 }

@@ -1072,6 +1072,7 @@ fn dpo_rounds(
             adapter: None,
             num_samples: d.num_samples,
             greedy: d.greedy,
+            prompt_variants: None,
             num_prompts: d.num_prompts,
             // Each round asks fresh prompts of the stream.
             first_draw: (round * d.num_prompts * 2) as u64,

@@ -15,7 +15,8 @@ use trace_train::kit::RunOptions;
 use trace_train::model;
 use trace_train::pref::pairs::{Criterion, PairRules, make_pairs};
 use trace_train::pref::rollout::{
-    Rollout, RolloutPlan, RolloutStats, SamplingSettings, read_jsonl, roll_out, write_jsonl,
+    PromptVariant, Rollout, RolloutPlan, RolloutStats, SamplingSettings, read_jsonl, roll_out,
+    write_jsonl,
 };
 use trace_train::recipes::dpo::{self, DpoJob, DpoSummary};
 
@@ -36,6 +37,12 @@ pub struct RolloutsArgs {
     /// `sampling`), whose pairs `prefs` keeps first under its cap.
     #[arg(long)]
     pub greedy: bool,
+    /// Ask each sample in one of several ways, drawn a sample: `builtin`
+    /// (the reasoning styles `direct`, `reflective`, `deliberative`) or a
+    /// JSON file `[{"name": ..., "template": "... {prompt} ..."}]`. Each
+    /// line names its variant; the pairs keep the task's own prompt.
+    #[arg(long, value_name = "builtin|FILE")]
+    pub prompt_variants: Option<String>,
     /// Prompts (draws that give no prompt are passed over and counted).
     #[arg(long, default_value_t = 64)]
     pub num_prompts: usize,
@@ -154,6 +161,10 @@ pub fn rollouts(args: &RolloutsArgs) -> anyhow::Result<RolloutStats> {
             .unwrap_or_else(|| resolved.dir.display().to_string()),
         model_commit: resolved.commit.clone(),
         adapter: args.adapter.as_ref().map(|a| a.display().to_string()),
+        variants: match &args.prompt_variants {
+            Some(spec) => PromptVariant::load(spec).context("--prompt_variants")?,
+            None => Vec::new(),
+        },
     };
     let (rows, stats) = roll_out(&loaded, &tok, &plan)?;
     write_jsonl(&args.output, &rows)?;
@@ -191,7 +202,9 @@ pub struct PrefsArgs {
     #[arg(long, default_value = "pairs.jsonl")]
     pub output: PathBuf,
     /// Also pair correct answers, the better over the worse: `shorter`
-    /// (fewer tokens) or `fewer_lines` (trailing blank lines not counted).
+    /// (fewer tokens), `fewer_lines` (trailing blank lines not counted) or
+    /// `score:NAME` (the higher of a score the lines hold in `scores`,
+    /// added by your own script; `score:reward` for the reward).
     #[arg(long)]
     pub among_correct: Option<String>,
     /// Drop pairs whose texts are fewer than this many character edits

@@ -43,13 +43,16 @@ use super::rollout::Rollout;
 use crate::reward::{extract_answer, first_different_line, python_strip};
 
 /// How to rank correct answers against each other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Criterion {
     /// Fewer completion tokens is better.
     Shorter,
     /// Fewer lines in the completion text is better.
     FewerLines,
+    /// A higher score of this name is better: one of the line's `scores`
+    /// (added by the user), or `reward`.
+    Score(String),
 }
 
 impl Criterion {
@@ -57,22 +60,31 @@ impl Criterion {
         match name {
             "shorter" => Ok(Self::Shorter),
             "fewer_lines" => Ok(Self::FewerLines),
-            other => Err(format!("`{other}` is not one of shorter, fewer_lines")),
+            s => match s.strip_prefix("score:") {
+                Some(field) if !field.is_empty() => Ok(Self::Score(field.to_owned())),
+                _ => Err(format!(
+                    "`{s}` is not one of shorter, fewer_lines, score:NAME (a score the rollouts' lines hold in `scores`, or `reward`)"
+                )),
+            },
         }
     }
 
-    /// The amount that ranks a rollout (lower is better).
-    fn cost(self, r: &Rollout) -> usize {
+    /// The amount that ranks a rollout (lower is better); `None` where the
+    /// rollout lacks the score.
+    fn cost(&self, r: &Rollout) -> Option<f64> {
         match self {
-            Self::Shorter => r.tokens,
-            Self::FewerLines => line_count(&r.completion),
+            Self::Shorter => Some(r.tokens as f64),
+            Self::FewerLines => Some(line_count(&r.completion) as f64),
+            Self::Score(f) if f == "reward" => Some(-r.reward),
+            Self::Score(f) => r.scores.get(f).map(|x| -x),
         }
     }
 
-    fn name(self) -> &'static str {
+    fn name(&self) -> String {
         match self {
-            Self::Shorter => "shorter",
-            Self::FewerLines => "fewer_lines",
+            Self::Shorter => "shorter".into(),
+            Self::FewerLines => "fewer_lines".into(),
+            Self::Score(f) => format!("score:{f}"),
         }
     }
 }
@@ -234,7 +246,7 @@ struct Candidate<'a> {
     rejected_open: bool,
     /// The wrong (or worse) answer the rejected side comes from.
     from: &'a Rollout,
-    kind: &'static str,
+    kind: Cow<'a, str>,
     /// The prompt's greedy answer is one of the two answers it comes from.
     greedy: bool,
 }
@@ -245,7 +257,7 @@ impl<'a> Candidate<'a> {
         chosen: &'a str,
         chosen_reward: f64,
         from: &'a Rollout,
-        kind: &'static str,
+        kind: &str,
         greedy_text: Option<&str>,
     ) -> Self {
         Candidate {
@@ -255,7 +267,7 @@ impl<'a> Candidate<'a> {
             rejected: Cow::Borrowed(&from.completion),
             rejected_open: false,
             from,
-            kind,
+            kind: Cow::Owned(kind.to_owned()),
             greedy: greedy_text.is_some_and(|g| g == chosen || g == from.completion),
         }
     }
@@ -311,7 +323,7 @@ fn prompt_pairs(
                     rejected: Cow::Owned(rejected),
                     rejected_open,
                     from: w,
-                    kind: "first_error",
+                    kind: Cow::Borrowed("first_error"),
                     greedy: greedy_text == Some(w.completion.as_str()),
                 }),
                 Some(FirstError::NotBare) => not_bare += 1,
@@ -323,16 +335,21 @@ fn prompt_pairs(
         }
     }
     let mut ties = 0usize;
-    if let Some(crit) = rules.among_correct {
+    let mut unscored = 0usize;
+    if let Some(crit) = &rules.among_correct {
+        let name = crit.name();
         for (i, a) in correct.iter().enumerate() {
             for b in &correct[i + 1..] {
-                let (ca, cb) = (crit.cost(a), crit.cost(b));
+                let (Some(ca), Some(cb)) = (crit.cost(a), crit.cost(b)) else {
+                    unscored += 1;
+                    continue;
+                };
                 if ca < cb {
                     candidates.push(Candidate::whole(
                         &a.completion,
                         a.reward,
                         b,
-                        crit.name(),
+                        &name,
                         greedy_text,
                     ));
                 } else if cb < ca {
@@ -340,7 +357,7 @@ fn prompt_pairs(
                         &b.completion,
                         b.reward,
                         a,
-                        crit.name(),
+                        &name,
                         greedy_text,
                     ));
                 } else {
@@ -348,6 +365,10 @@ fn prompt_pairs(
                 }
             }
         }
+    }
+    if unscored > 0 {
+        // A pair of correct answers one of which lacks the score.
+        *dropped.entry("no_score".into()).or_default() += unscored;
     }
     if ties > 0 {
         *dropped.entry("tie".into()).or_default() += ties;
@@ -387,7 +408,7 @@ fn prompt_pairs(
             rejected: c.rejected.into_owned(),
             chosen_open: c.chosen_open,
             rejected_open: c.rejected_open,
-            kind: c.kind.into(),
+            kind: c.kind.into_owned(),
             chosen_reward: c.chosen_reward,
             rejected_reward: c.from.reward,
             edit_distance: d,
@@ -527,7 +548,49 @@ mod tests {
             model: "m".into(),
             model_commit: None,
             adapter: None,
+            variant: None,
+            scores: BTreeMap::new(),
         }
+    }
+
+    /// `score:NAME` ranks correct answers by a score the lines hold, higher
+    /// first; a pair where one side lacks it is dropped and counted.
+    #[test]
+    fn a_score_ranks_correct_answers_higher_first() {
+        let scored = |text: &str, q: Option<f64>| {
+            let mut r = roll(1, text, true, 5);
+            r.scores.extend(q.map(|q| ("quality".to_owned(), q)));
+            r
+        };
+        let rolls = vec![
+            scored("a", Some(0.9)),
+            scored("b", Some(0.2)),
+            scored("c", Some(0.9)),
+            scored("d", None),
+        ];
+        let rules = PairRules {
+            among_correct: Some(Criterion::parse("score:quality").unwrap()),
+            max_pairs_per_prompt: 0,
+            ..PairRules::default()
+        };
+        let (pairs, stats) = make_pairs(&rolls, &rules);
+        let got: Vec<(&str, &str, &str)> = pairs
+            .iter()
+            .map(|p| (p.chosen.as_str(), p.rejected.as_str(), p.kind.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [("a", "b", "score:quality"), ("c", "b", "score:quality")]
+        );
+        assert_eq!(stats.dropped.get("tie"), Some(&1));
+        assert_eq!(stats.dropped.get("no_score"), Some(&3));
+        for bad in ["score:", "longer", "score"] {
+            assert!(Criterion::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            Criterion::parse("score:reward"),
+            Ok(Criterion::Score("reward".into()))
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::data::ChatTokenizer;
@@ -82,6 +83,77 @@ pub struct Rollout {
     pub model_commit: Option<String>,
     /// The adapter applied on it, if any.
     pub adapter: Option<String>,
+    /// The prompt variant it was sampled under (`rollouts
+    /// --prompt_variants`); `prompt` stays the task's own, which the pairs
+    /// train on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    /// Scores of the user's own added to the line (a reasoning-quality
+    /// score, a length penalty): `prefs --among_correct score:NAME` ranks
+    /// correct answers by one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub scores: BTreeMap<String, f64>,
+}
+
+/// A way of asking a task: its name and its user message, `{prompt}`
+/// standing for the task's own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptVariant {
+    pub name: String,
+    pub template: String,
+}
+
+impl PromptVariant {
+    /// The user message of `prompt` under this variant.
+    pub fn apply(&self, prompt: &str) -> String {
+        self.template.replace("{prompt}", prompt)
+    }
+
+    /// Three reasoning styles (the DPO guide's): `direct`, `reflective`,
+    /// `deliberative`.
+    pub fn builtin() -> Vec<Self> {
+        [
+            ("direct", "{prompt}\n\nBe brief: give the answer with as little working as it needs."),
+            ("reflective", "{prompt}\n\nWork it out step by step, then check your answer once before you give it."),
+            ("deliberative", "{prompt}\n\nThink of two ways to solve it, say which you trust more and why, then give the answer."),
+        ]
+        .into_iter()
+        .map(|(name, template)| Self {
+            name: name.into(),
+            template: template.into(),
+        })
+        .collect()
+    }
+
+    /// `builtin`, or a JSON file of variants (`[{"name": ..., "template":
+    /// ...}]`), each template holding `{prompt}` once at least, the names
+    /// distinct.
+    pub fn load(spec: &str) -> anyhow::Result<Vec<Self>> {
+        if spec == "builtin" {
+            return Ok(Self::builtin());
+        }
+        let text = std::fs::read_to_string(spec)
+            .with_context(|| format!("cannot read the prompt variants `{spec}`"))?;
+        let variants: Vec<Self> = serde_json::from_str(&text).with_context(|| {
+            format!("`{spec}` is not a JSON list of prompt variants\nhint: write [{{\"name\": \"direct\", \"template\": \"{{prompt}}\\n\\nAnswer briefly.\"}}, ...]")
+        })?;
+        anyhow::ensure!(!variants.is_empty(), "`{spec}` holds no prompt variant");
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, v) in variants.iter().enumerate() {
+            anyhow::ensure!(
+                v.template.contains("{prompt}"),
+                "`{spec}`: variant {i} (`{}`) has no `{{prompt}}` in its template\nhint: `{{prompt}}` stands for the task's own user message",
+                v.name
+            );
+            anyhow::ensure!(
+                seen.insert(v.name.as_str()),
+                "`{spec}`: the name `{}` is given twice",
+                v.name
+            );
+        }
+        Ok(variants)
+    }
 }
 
 impl Rollout {
@@ -117,6 +189,10 @@ pub struct RolloutPlan<'a> {
     pub model: String,
     pub model_commit: Option<String>,
     pub adapter: Option<String>,
+    /// Ways of asking each task, one drawn a sample (seeded by the
+    /// sampling seed, the task and the sample); empty: the task's own
+    /// prompt. The greedy answer reads the task's own.
+    pub variants: Vec<PromptVariant>,
 }
 
 /// What a rollout run made and passed over.
@@ -158,11 +234,32 @@ pub fn roll_out(
         )
     })?;
     let k = plan.num_samples;
-    let prompts: Vec<Vec<u32>> = tasks
-        .iter()
-        .flat_map(|(_, ids)| std::iter::repeat_n(ids.clone(), k))
-        .collect();
     let s = &plan.sampling;
+    // Each sample's variant (none without variants) and its prompt.
+    let mut chosen: Vec<Option<usize>> = Vec::with_capacity(tasks.len() * k);
+    let mut prompts: Vec<Vec<u32>> = Vec::with_capacity(tasks.len() * k);
+    for (task, ids) in &tasks {
+        for j in 0..k {
+            if plan.variants.is_empty() {
+                chosen.push(None);
+                prompts.push(ids.clone());
+                continue;
+            }
+            let v = (crate::rng::keyed(s.seed, task.task_id, j as u64) % plan.variants.len() as u64)
+                as usize;
+            let text = plan.variants[v].apply(&task.prompt);
+            let ids = tok
+                .encode_prompt(&[crate::data::Message::new(crate::data::Role::User, text)])
+                .with_context(|| {
+                    format!(
+                        "task {}'s prompt under variant `{}`",
+                        task.task_id, plan.variants[v].name
+                    )
+                })?;
+            chosen.push(Some(v));
+            prompts.push(ids);
+        }
+    }
     let gens = generate::sample(
         &model.model,
         &prompts,
@@ -213,6 +310,12 @@ pub fn roll_out(
             .map(|g| (g, s))
             .chain(greedy.get(i).map(|g| (g, &greedy_settings)));
         for (j, (g, settings)) in answers.enumerate() {
+            let variant = chosen
+                .get(i * k + j)
+                .filter(|_| j < k)
+                .copied()
+                .flatten()
+                .map(|v| plan.variants[v].name.clone());
             let text = tok.decode(&g.tokens, true)?;
             let reward = match plan.env.score(task, &text) {
                 Score::Reward(r) => r,
@@ -240,6 +343,8 @@ pub fn roll_out(
                 model: plan.model.clone(),
                 model_commit: plan.model_commit.clone(),
                 adapter: plan.adapter.clone(),
+                variant,
+                scores: BTreeMap::new(),
             });
         }
     }
