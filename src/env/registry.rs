@@ -12,6 +12,7 @@ use anyhow::Context;
 use super::affine::split::{Part, Split};
 use super::affine::{abd::AbdEnv, ded::DedEnv, rows, sat::SatEnv};
 use super::answers::{AnswersEnv, Grading};
+use super::http::HttpEnv;
 use super::mixture::Mixture;
 use super::{Environment, TraceEnv, WordEnv};
 use crate::config::RlConfig;
@@ -99,6 +100,12 @@ pub const ENVIRONMENTS: &[Registered] = &[
             let rows = file.unwrap_or(&b.data.answers_dataset);
             Ok(Arc::new(AnswersEnv::load(rows)?.with_grading(grading)))
         },
+    },
+    Registered {
+        name: "http",
+        split: false,
+        arg: Arg::Required("the server's URL"),
+        build: |_, url| Ok(Arc::new(HttpEnv::connect(url.unwrap_or_default())?)),
     },
 ];
 
