@@ -117,7 +117,18 @@ fn an_episode_of_several_steps_has_step_rewards_and_ends_done() {
     )
     .unwrap()[0];
     assert!(env.multi_step());
+    assert_eq!(env.name(), server.url(""), "metrics name the server");
     assert_eq!(env.task_count(), Some(100), "GET / says how many");
+    // Many tasks at once, in order.
+    let ids: Vec<u64> = (0..10).collect();
+    for (k, t) in env.tasks(&ids).into_iter().enumerate() {
+        let t = t.unwrap();
+        assert_eq!(t.task_id, k as u64);
+        assert!(
+            t.prompt
+                .starts_with(&format!("Count to exactly {}.", 3 + k % 4))
+        );
+    }
     let task = env.task(1).unwrap();
     assert_eq!(
         task.prompt,

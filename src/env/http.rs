@@ -54,10 +54,10 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use rayon::prelude::*;
 use serde_json::{Value, json};
 
 use super::{Environment, Episode, Score, Step, Task};
@@ -368,6 +368,9 @@ impl Drop for Place<'_> {
 pub struct HttpEnv {
     /// The URL as the spec gave it (for messages).
     url: String,
+    /// The server's base URL, as logs and metrics name the environment
+    /// (leaked once an environment built: `name` is `&'static`).
+    name: &'static str,
     /// Where the calls go: the URL without its query.
     base: String,
     settings: Settings,
@@ -390,6 +393,7 @@ impl HttpEnv {
             .build();
         let mut env = Self {
             url: url.to_owned(),
+            name: Box::leak(base.clone().into_boxed_str()),
             base,
             opening: String::new(),
             tasks: settings.tasks,
@@ -600,15 +604,15 @@ fn clip(text: &str) -> String {
     }
 }
 
-/// The action of a completion (the module header's rule): `Err` when it
+/// The action of a completion (the module header's rule); `None` when it
 /// gives more than one `Action:`.
-pub fn parse_action(completion: &str) -> Result<String, ()> {
+pub fn parse_action(completion: &str) -> Option<String> {
     let mut marks = completion.match_indices("Action:");
     let Some((at, _)) = marks.next() else {
-        return Ok(String::new());
+        return Some(String::new());
     };
     if marks.next().is_some() {
-        return Err(());
+        return None;
     }
     let rest = completion[at + "Action:".len()..].trim_start();
     let line = rest.lines().next().unwrap_or("");
@@ -616,7 +620,7 @@ pub fn parse_action(completion: &str) -> Result<String, ()> {
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == ',' || *c == ' ')
         .collect();
-    Ok(kept.split_whitespace().collect::<Vec<_>>().join(" "))
+    Some(kept.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 /// One open session on the server, closed on drop.
@@ -713,7 +717,7 @@ impl Episode for HttpEpisode<'_> {
         if self.session.done {
             return Step::masked("http_after_done");
         }
-        let Ok(action) = parse_action(completion) else {
+        let Some(action) = parse_action(completion) else {
             return Step {
                 score: Score::Reward(0.0),
                 observation: ONE_ACTION.to_owned(),
@@ -733,8 +737,10 @@ impl Episode for HttpEpisode<'_> {
 }
 
 impl Environment for HttpEnv {
+    /// The server's URL without its settings, as `http://127.0.0.1:36001`:
+    /// two servers in one mixture are told apart in the metrics.
     fn name(&self) -> &'static str {
-        "http"
+        self.name
     }
 
     fn task(&self, task_id: u64) -> Result<Task, String> {
@@ -752,8 +758,33 @@ impl Environment for HttpEnv {
         })
     }
 
+    /// On threads of their own (up to the pool's size, at most 16), not
+    /// rayon's: they wait on the network, and rayon's threads are the
+    /// trainer's.
     fn tasks(&self, ids: &[u64]) -> Vec<Result<Task, String>> {
-        ids.par_iter().map(|&id| self.task(id)).collect()
+        let next = AtomicUsize::new(0);
+        let made: Vec<Mutex<Option<Result<Task, String>>>> =
+            ids.iter().map(|_| Mutex::new(None)).collect();
+        let threads = ids.len().min(self.settings.sessions).min(16);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&id) = ids.get(i) else { break };
+                        let task = self.task(id);
+                        *made[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+                    }
+                });
+            }
+        });
+        made.into_iter()
+            .map(|m| {
+                m.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .unwrap_or_else(|| Err("http_not_made".into()))
+            })
+            .collect()
     }
 
     /// One answer scored as a one-step episode: the reward of the task's
@@ -815,7 +846,7 @@ mod tests {
         );
         assert_eq!(parse_action("turn left").unwrap(), "");
         assert_eq!(parse_action("Action:").unwrap(), "");
-        assert!(parse_action("Action: a\nAction: b").is_err());
+        assert_eq!(parse_action("Action: a\nAction: b"), None);
     }
 
     #[test]
