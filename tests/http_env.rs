@@ -343,8 +343,47 @@ fn steps_a_second() {
     }
 }
 
-/// BabyAI's `go to` levels: a scripted policy goes to the object named in
-/// the goal when it sees it, else turns and walks.
+/// One BabyAI `go to` episode of task `k` by a scripted policy: go to the
+/// object named in the goal when it is in sight, else turn and walk.
+/// (steps, success).
+fn babyai_episode(env: &HttpEnv, k: u64) -> (u64, bool) {
+    let task = env.task(k).unwrap();
+    assert!(
+        task.prompt.contains("\n\nYour goal: go to "),
+        "{}",
+        task.prompt
+    );
+    let goal = task.prompt.split("Your goal: go to ").nth(1).unwrap();
+    let goal = goal.lines().next().unwrap();
+    let object = goal.trim_start_matches("the ").trim_start_matches("a ");
+    let mut ep = begin(env, &task).unwrap();
+    let mut seen = task.prompt.clone();
+    for turn in 0..30 {
+        let target = format!("\"go to {object} 1\"");
+        let action = if seen.contains(&target) {
+            format!("go to {object} 1")
+        } else if turn % 4 == 3 && seen.contains("\"move forward\"") {
+            "move forward".into()
+        } else {
+            "turn left".into()
+        };
+        let s = ep.act(&format!(
+            "Thought:\nlooking for the {object}.\n\nAction:\n{action}"
+        ));
+        if s.done {
+            if s.success {
+                assert_eq!(reward(&s), 1.0);
+            }
+            return (turn + 1, s.success);
+        }
+        assert_eq!(reward(&s), 0.0);
+        seen = s.observation;
+    }
+    (30, false)
+}
+
+/// BabyAI's `go to` levels through `env::begin`/`act`: a scripted policy
+/// reaches the goal; then the steps a second of 8 episodes at once.
 #[test]
 fn babyai_example_server_reaches_a_goal() {
     if !have("minigrid") {
@@ -354,44 +393,30 @@ fn babyai_example_server_reaches_a_goal() {
     let server = Server::start("babyai_server.py", &["--levels", levels]);
     let env = HttpEnv::connect(&server.url("")).unwrap();
     assert_eq!(env.opening(), trace_train::env::http::BABYAI_OPENING);
-    let mut wins = 0;
-    for k in 0..6 {
-        let task = env.task(k).unwrap();
-        assert!(
-            task.prompt.contains("\n\nYour goal: go to "),
-            "{}",
-            task.prompt
-        );
-        let goal = task.prompt.split("Your goal: go to ").nth(1).unwrap();
-        let goal = goal.lines().next().unwrap();
-        let object = goal.trim_start_matches("the ").trim_start_matches("a ");
-        let mut ep = begin(&env, &task).unwrap();
-        let mut seen = task.prompt.clone();
-        for turn in 0..30 {
-            let target = format!("\"go to {object} 1\"");
-            let action = if seen.contains(&target) {
-                format!("go to {object} 1")
-            } else if turn % 4 == 3 && seen.contains("\"move forward\"") {
-                "move forward".into()
-            } else {
-                "turn left".into()
-            };
-            let s = ep.act(&format!(
-                "Thought:\nlooking for the {object}.\n\nAction:\n{action}"
-            ));
-            if s.done {
-                if s.success {
-                    assert_eq!(reward(&s), 1.0);
-                    wins += 1;
-                }
-                break;
-            }
-            assert_eq!(reward(&s), 0.0);
-            seen = s.observation;
-        }
-    }
+    let wins = (0..6).filter(|&k| babyai_episode(&env, k).1).count();
     println!("babyai: {wins} of 6 episodes reached the goal");
     assert!(wins >= 3, "{wins}");
+    let t = Instant::now();
+    let (steps, wins) = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..8u64)
+            .map(|w| {
+                let env = &env;
+                s.spawn(move || {
+                    (0..4u64)
+                        .map(|i| babyai_episode(env, 100 + w * 4 + i))
+                        .fold((0, 0), |(n, won), (s, ok)| (n + s, won + ok as u64))
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().unwrap())
+            .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
+    });
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "babyai server, 8 episodes at once: {steps} steps of 32 episodes ({wins} reached the goal) in {secs:.2} s: {:.0} steps/s",
+        steps as f64 / secs
+    );
 }
 
 /// TextCraft: a scripted policy gets each ingredient of the goal's recipe
