@@ -176,6 +176,9 @@ fn an_episode_of_several_steps_has_step_rewards_and_ends_done() {
         e.contains(&server.url("")) && e.contains("hint: add `?opening="),
         "{e}"
     );
+    // A server keyed by another field: the counting server knows `id` only.
+    let env = HttpEnv::connect(&server.url("?opening=none&id_key=env_idx")).unwrap();
+    assert_eq!(env.task(1), Err("http_bad_reply".into()));
     // reward=score: the change in the running total, the same here.
     let env = HttpEnv::connect(&server.url("?opening=babyai&reward=score")).unwrap();
     let task = env.task(1).unwrap();

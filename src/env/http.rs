@@ -3,16 +3,18 @@
 //! `examples/agentgym/`) plug in unchanged.
 //!
 //! The protocol, one session an episode:
-//! - `GET /` once when the environment is built: the server answers; a
-//!   JSON object's `name` picks the opening instructions and its `tasks`
-//!   gives [`Environment::task_count`] (AgentGym answers a sentence,
-//!   "This is environment BabyAI.", whose last word names it);
+//! - `GET /` once when the environment is built: any answer shows the
+//!   server is up; a JSON object's `name` picks the opening instructions
+//!   and its `tasks` gives [`Environment::task_count`] (AgentGym answers a
+//!   sentence, "This is environment BabyAI.", whose last word names it);
 //! - `POST /create` (body `{}`) answers `{"id": N}`;
 //! - `POST /reset` `{"id", "data_idx"}` answers the first `observation`;
 //! - `POST /step` `{"id", "action"}` answers `observation`, `reward`,
 //!   `done`, and where the server has them `score` (a running total, as
 //!   AgentGym's BabyAI sends) and `success`;
 //! - `POST /close` `{"id"}` when the episode is dropped.
+//!
+//! (`id_key=NAME` renames `id` for a server that keys sessions otherwise.)
 //!
 //! An answer `{"error": "..."}` (AgentGym's servers answer their failures
 //! so, with status 200) is a failure of the server.
@@ -138,6 +140,10 @@ pub struct Settings {
     pub tasks: Option<u64>,
     /// `reward=reward|score` (default `reward`).
     pub reward: RewardField,
+    /// `id_key=NAME` (default `id`): the field that names a session in
+    /// `/create`'s answer and in every later body, for a server that keys
+    /// its sessions otherwise.
+    pub id_key: String,
 }
 
 impl Default for Settings {
@@ -149,12 +155,13 @@ impl Default for Settings {
             sessions: 64,
             tasks: None,
             reward: RewardField::Reward,
+            id_key: "id".into(),
         }
     }
 }
 
 /// The query parameters [`Settings`] reads.
-pub const PARAMETERS: [&str; 7] = [
+pub const PARAMETERS: [&str; 8] = [
     "opening",
     "opening_file",
     "timeout",
@@ -162,12 +169,13 @@ pub const PARAMETERS: [&str; 7] = [
     "sessions",
     "tasks",
     "reward",
+    "id_key",
 ];
 
 /// Splits `url` into the server's base (no query, no trailing `/`) and its
 /// settings.
 pub fn parse_url(url: &str) -> anyhow::Result<(String, Settings)> {
-    let hint = "hint: an http environment is `http://HOST:PORT[/PATH][?KEY=VALUE&...]` with keys opening, opening_file, timeout, retries, sessions, tasks, reward";
+    let hint = "hint: an http environment is `http://HOST:PORT[/PATH][?KEY=VALUE&...]` with keys opening, opening_file, timeout, retries, sessions, tasks, reward, id_key";
     anyhow::ensure!(
         url.starts_with("http://") || url.starts_with("https://"),
         "environment `{url}` is not an http:// or https:// URL\n{hint}"
@@ -234,6 +242,7 @@ pub fn parse_url(url: &str) -> anyhow::Result<(String, Settings)> {
                     _ => return Err(bad("is neither `reward` nor `score`")),
                 }
             }
+            "id_key" if !value.is_empty() => s.id_key = value.to_owned(),
             _ => {
                 return Err(anyhow::anyhow!(
                     "environment `{url}`: unknown setting `{key}` (known: {})\n{hint}",
@@ -402,13 +411,17 @@ impl HttpEnv {
             warned: Mutex::new(BTreeSet::new()),
             settings,
         };
-        let hello = env.call("GET", "/", None, true).map_err(|f| {
-            anyhow::anyhow!(
+        // Any answer shows the server is up; only one that says nothing
+        // useful (a status, a page that is not JSON) names nothing.
+        let hello = match env.call("GET", "/", None, true) {
+            Ok(v) => v,
+            Err(Failure::Status(_) | Failure::BadReply(_) | Failure::Server(_)) => Value::Null,
+            Err(f) => anyhow::bail!(
                 "http environment `{url}`: `GET {}/` failed: {f}\nhint: {}",
                 env.base,
                 f.hint()
-            )
-        })?;
+            ),
+        };
         // Our servers name themselves in an object; AgentGym's in a sentence.
         let name = match &hello {
             Value::Object(m) => m.get("name").and_then(Value::as_str).map(str::to_lowercase),
@@ -521,13 +534,14 @@ impl HttpEnv {
         let created = self
             .call("POST", "/create", Some(&json!({})), true)
             .inspect_err(|f| self.warn("`/create`", f))?;
+        let key = self.settings.id_key.as_str();
         let id = created
-            .get("id")
+            .get(key)
             .cloned()
             .filter(|v| v.is_i64() || v.is_u64() || v.is_string());
         let Some(id) = id else {
             let f = Failure::BadReply(format!(
-                "`/create` answered no id: {}",
+                "`/create` answered no `{key}`: {}",
                 clip(&created.to_string())
             ));
             self.warn("`/create`", &f);
@@ -545,7 +559,7 @@ impl HttpEnv {
             .call(
                 "POST",
                 "/reset",
-                Some(&json!({"id": session.id, "data_idx": data_idx})),
+                Some(&session.body(json!({"data_idx": data_idx}))),
                 true,
             )
             .inspect_err(|f| self.warn("`/reset`", f))?;
@@ -638,7 +652,7 @@ impl Drop for Session<'_> {
     fn drop(&mut self) {
         if let Err(f) = self
             .env
-            .call("POST", "/close", Some(&json!({"id": self.id})), true)
+            .call("POST", "/close", Some(&self.body(json!({}))), true)
         {
             self.env.warn("`/close`", &f);
         }
@@ -646,11 +660,17 @@ impl Drop for Session<'_> {
 }
 
 impl Session<'_> {
+    /// `fields` with the session's id added (under `id_key`).
+    fn body(&self, mut fields: Value) -> Value {
+        fields[self.env.settings.id_key.as_str()] = self.id.clone();
+        fields
+    }
+
     fn step(&mut self, action: &str) -> Result<Step, Failure> {
         let a = self.env.call(
             "POST",
             "/step",
-            Some(&json!({"id": self.id, "action": action})),
+            Some(&self.body(json!({"action": action}))),
             false,
         )?;
         let observation = observation(&a)?;
@@ -857,20 +877,24 @@ mod tests {
             ("http://127.0.0.1:36001", &Settings::default())
         );
         let (base, s) = parse_url(
-            "http://h:1/env/?opening=textcraft&timeout=2.5&retries=0&sessions=3&tasks=40&reward=score",
+            "http://h:1/env/?opening=textcraft&timeout=2.5&retries=0&sessions=3&tasks=40&reward=score&id_key=env_idx",
         )
         .unwrap();
         assert_eq!(base, "http://h:1/env");
         assert_eq!(s.opening.as_deref(), Some(TEXTCRAFT_OPENING));
         assert_eq!(s.timeout, Duration::from_millis(2500));
         assert_eq!((s.retries, s.sessions, s.tasks), (0, 3, Some(40)));
-        assert_eq!(s.reward, RewardField::Score);
+        assert_eq!(
+            (s.reward, s.id_key.as_str()),
+            (RewardField::Score, "env_idx")
+        );
         for bad in [
             "http://h:1?sessions=0",
             "http://h:1?timeout=-1",
             "http://h:1?opening=chess",
             "http://h:1?reward=x",
             "http://h:1?colour=red",
+            "http://h:1?id_key=",
             "http://?tasks=3",
             "ftp://h:1",
         ] {
