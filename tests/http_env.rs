@@ -348,8 +348,8 @@ fn steps_a_second() {
 
 /// One BabyAI `go to` episode of task `k` by a scripted policy: go to the
 /// object named in the goal when it is in sight, else turn and walk.
-/// (steps, success).
-fn babyai_episode(env: &HttpEnv, k: u64) -> (u64, bool) {
+/// (steps, success, the last step's reward).
+fn babyai_episode(env: &HttpEnv, k: u64) -> (u64, bool, f64) {
     let task = env.task(k).unwrap();
     assert!(
         task.prompt.contains("\n\nYour goal: go to "),
@@ -374,15 +374,12 @@ fn babyai_episode(env: &HttpEnv, k: u64) -> (u64, bool) {
             "Thought:\nlooking for the {object}.\n\nAction:\n{action}"
         ));
         if s.done {
-            if s.success {
-                assert_eq!(reward(&s), 1.0);
-            }
-            return (turn + 1, s.success);
+            return (turn + 1, s.success, reward(&s));
         }
         assert_eq!(reward(&s), 0.0);
         seen = s.observation;
     }
-    (30, false)
+    (30, false, 0.0)
 }
 
 /// BabyAI's `go to` levels through `env::begin`/`act`: a scripted policy
@@ -396,7 +393,13 @@ fn babyai_example_server_reaches_a_goal() {
     let server = Server::start("babyai_server.py", &["--levels", levels]);
     let env = HttpEnv::connect(&server.url("")).unwrap();
     assert_eq!(env.opening(), trace_train::env::http::BABYAI_OPENING);
-    let wins = (0..6).filter(|&k| babyai_episode(&env, k).1).count();
+    let wins = (0..6)
+        .map(|k| babyai_episode(&env, k))
+        .filter(|&(_, won, r)| {
+            assert!(!won || r == 1.0, "1.0 at the goal, {r}");
+            won
+        })
+        .count();
     println!("babyai: {wins} of 6 episodes reached the goal");
     assert!(wins >= 3, "{wins}");
     let t = Instant::now();
@@ -407,7 +410,7 @@ fn babyai_example_server_reaches_a_goal() {
                 s.spawn(move || {
                     (0..4u64)
                         .map(|i| babyai_episode(env, 100 + w * 4 + i))
-                        .fold((0, 0), |(n, won), (s, ok)| (n + s, won + ok as u64))
+                        .fold((0, 0), |(n, won), (s, ok, _)| (n + s, won + ok as u64))
                 })
             })
             .collect();
@@ -482,4 +485,29 @@ fn textcraft_example_server_crafts_a_goal() {
     }
     println!("textcraft: {wins} of 12 goals crafted, {progress} steps of progress");
     assert!(wins >= 1 && progress >= 1, "{wins} {progress}");
+}
+
+/// AgentGym's own BabyAI server (agentenv-babyai, run apart: it needs
+/// minigrid < 2.5 and FastAPI) at the URL in `TRACE_TRAIN_AGENTGYM_BABYAI`,
+/// driven by the same policy: its data indices 0, 1, 40, 41, 80, 81 are
+/// `go to` levels. Run by hand: `cargo test --release --test http_env --
+/// --ignored agentgym`.
+#[test]
+#[ignore = "needs AgentGym's BabyAI server running; see the doc comment"]
+fn agentgym_babyai_server_plugs_in_unchanged() {
+    let url = std::env::var("TRACE_TRAIN_AGENTGYM_BABYAI")
+        .expect("TRACE_TRAIN_AGENTGYM_BABYAI=http://HOST:PORT of AgentGym's BabyAI server");
+    let env = HttpEnv::connect(&url).unwrap();
+    assert_eq!(
+        env.opening(),
+        trace_train::env::http::BABYAI_OPENING,
+        "named by GET /"
+    );
+    let mut wins = 0;
+    for k in [0, 1, 40, 41, 80, 81] {
+        let (steps, won, r) = babyai_episode(&env, k);
+        println!("agentgym babyai task {k}: {steps} steps, success {won}, last reward {r}");
+        wins += won as usize;
+    }
+    assert!(wins >= 3, "{wins}");
 }
