@@ -425,19 +425,12 @@ fn babyai_example_server_reaches_a_goal() {
     );
 }
 
-/// TextCraft: a scripted policy gets each ingredient of the goal's recipe
-/// (one level of crafting below it) and crafts it.
-#[test]
-fn textcraft_example_server_crafts_a_goal() {
-    if !have("textcraft") {
-        return;
-    }
-    let server = Server::start("textcraft_server.py", &[]);
-    let env = HttpEnv::connect(&server.url("")).unwrap();
-    assert_eq!(env.opening(), trace_train::env::http::TEXTCRAFT_OPENING);
-    assert!(env.task_count().unwrap() > 100);
+/// TextCraft tasks `ids` by a scripted policy: get each ingredient of the
+/// goal's recipe (one level of crafting below it), then craft it.
+/// (goals crafted, steps of progress rewarded 0.15).
+fn textcraft_episodes(env: &HttpEnv, ids: std::ops::Range<u64>) -> (usize, usize) {
     let (mut wins, mut progress) = (0, 0);
-    for k in 0..12 {
+    for k in ids {
         let task = env.task(k).unwrap();
         let goal = task
             .prompt
@@ -457,9 +450,13 @@ fn textcraft_example_server_crafts_a_goal() {
         }) else {
             continue;
         };
-        let mut ep = begin(&env, &task).unwrap();
+        let (out, ingredients) = recipe
+            .trim_start_matches("craft ")
+            .split_once(" using ")
+            .unwrap();
+        let mut ep = begin(env, &task).unwrap();
         let mut over = false;
-        for ingredient in recipe.split(" using ").nth(1).unwrap().split(", ") {
+        for ingredient in ingredients.split(", ") {
             let s = ep.act(&format!(
                 "Thought: I need {ingredient}.\nAction: get {ingredient}"
             ));
@@ -469,22 +466,48 @@ fn textcraft_example_server_crafts_a_goal() {
         if over {
             continue;
         }
-        let out = recipe
-            .split(" using ")
-            .next()
-            .unwrap()
-            .trim_start_matches("craft ");
-        let s = ep.act(&format!(
-            "Action: craft {out} using {}",
-            recipe.split(" using ").nth(1).unwrap()
-        ));
+        let s = ep.act(&format!("Action: craft {out} using {ingredients}"));
         if s.success {
             assert_eq!((reward(&s), s.done), (1.0, true));
             wins += 1;
         }
     }
+    (wins, progress)
+}
+
+/// TextCraft through `env::begin`/`act`: goals crafted, with steps of
+/// progress on the way.
+#[test]
+fn textcraft_example_server_crafts_a_goal() {
+    if !have("textcraft") {
+        return;
+    }
+    let server = Server::start("textcraft_server.py", &[]);
+    let env = HttpEnv::connect(&server.url("")).unwrap();
+    assert_eq!(env.opening(), trace_train::env::http::TEXTCRAFT_OPENING);
+    assert!(env.task_count().unwrap() > 100);
+    let (wins, progress) = textcraft_episodes(&env, 0..12);
     println!("textcraft: {wins} of 12 goals crafted, {progress} steps of progress");
     assert!(wins >= 1 && progress >= 1, "{wins} {progress}");
+}
+
+/// AgentGym's own TextCraft server (agentenv-textcraft under uvicorn, run
+/// from its folder) at `TRACE_TRAIN_AGENTGYM_TEXTCRAFT`: the same policy
+/// crafts goals (its reward is 1 at the goal only).
+#[test]
+#[ignore = "needs AgentGym's TextCraft server running; see the doc comment"]
+fn agentgym_textcraft_server_plugs_in_unchanged() {
+    let url = std::env::var("TRACE_TRAIN_AGENTGYM_TEXTCRAFT")
+        .expect("TRACE_TRAIN_AGENTGYM_TEXTCRAFT=http://HOST:PORT of AgentGym's TextCraft server");
+    let env = HttpEnv::connect(&format!("{url}?tasks=500")).unwrap();
+    assert_eq!(
+        env.opening(),
+        trace_train::env::http::TEXTCRAFT_OPENING,
+        "named by GET /"
+    );
+    let (wins, _) = textcraft_episodes(&env, 0..12);
+    println!("agentgym textcraft: {wins} of 12 goals crafted");
+    assert!(wins >= 1, "{wins}");
 }
 
 /// AgentGym's own BabyAI server (agentenv-babyai, run apart: it needs
