@@ -26,6 +26,7 @@
 
 pub mod affine;
 pub mod answers;
+pub mod http;
 pub mod mixture;
 pub mod python;
 pub mod registry;

@@ -12,6 +12,7 @@ use anyhow::Context;
 use super::affine::split::{Part, Split};
 use super::affine::{abd::AbdEnv, ded::DedEnv, rows, sat::SatEnv};
 use super::answers::{AnswersEnv, Grading};
+use super::http::HttpEnv;
 use super::mixture::Mixture;
 use super::python::PythonEnv;
 use super::{Environment, TraceEnv, WordEnv, WordStepsEnv};
@@ -112,6 +113,12 @@ pub const ENVIRONMENTS: &[Registered] = &[
         split: false,
         arg: Arg::Required("a Python file, as `python:my_env.py`"),
         build: |b, file| b.python(file.unwrap_or_default()),
+    },
+    Registered {
+        name: "http",
+        split: false,
+        arg: Arg::Required("the server's URL"),
+        build: |_, url| Ok(Arc::new(HttpEnv::connect(url.unwrap_or_default())?)),
     },
 ];
 
