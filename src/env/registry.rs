@@ -94,7 +94,7 @@ pub const ENVIRONMENTS: &[Registered] = &[
     },
     Registered {
         name: "word_steps",
-        split: false,
+        split: true,
         arg: Arg::None,
         build: |_, _| Ok(Arc::new(WordStepsEnv::new(&WORDS, 3))),
     },
@@ -110,13 +110,13 @@ pub const ENVIRONMENTS: &[Registered] = &[
     },
     Registered {
         name: "python",
-        split: false,
+        split: true,
         arg: Arg::Required("a Python file, as `python:my_env.py`"),
         build: |b, file| b.python(file.unwrap_or_default()),
     },
     Registered {
         name: "http",
-        split: false,
+        split: true,
         arg: Arg::Required("the server's URL"),
         build: |_, url| Ok(Arc::new(HttpEnv::connect(url.unwrap_or_default())?)),
     },
