@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use crate::env::{Environment, Score, Task};
+use crate::env::{Environment, Episode, Score, Task};
 
 /// Which of a sibling environment's tasks a command sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +176,15 @@ impl Environment for Split {
     fn own_id(&self, task_id: u64) -> u64 {
         self.inner_id(task_id).unwrap_or(task_id)
     }
+
+    fn multi_step(&self) -> bool {
+        self.inner.multi_step()
+    }
+
+    /// The episode of the task under the environment's own id.
+    fn start(&self, task: &Task) -> Result<Box<dyn Episode + '_>, String> {
+        self.inner.start(&self.inner_task(task)?)
+    }
 }
 
 #[cfg(test)]
@@ -317,5 +326,24 @@ mod tests {
                 .to_string()
                 .contains("heldout")
         );
+    }
+
+    /// A multi-step environment stays one behind the split: its episodes
+    /// start under the environment's own ids.
+    #[test]
+    fn a_split_multi_step_environment_keeps_its_episodes() {
+        let env = Split::new(
+            Arc::new(crate::env::WordStepsEnv::new(&["a", "b", "c"], 2)),
+            Part::HeldOut,
+        );
+        assert!(env.multi_step());
+        // Held-out task 0 is the environment's own task 9: its words are
+        // a (9 mod 3 = 0), then b (10 mod 3 = 1).
+        let task = env.task(0).unwrap();
+        assert_eq!(task.prompt, "Answer with the word a and nothing else.");
+        let mut ep = crate::env::begin(&env, &task).unwrap();
+        let s = ep.act("a");
+        assert!(!s.done && s.observation.contains("word b"));
+        assert!(ep.act("b").success);
     }
 }
