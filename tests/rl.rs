@@ -963,3 +963,59 @@ fn ppo_learns_over_the_steps_of_an_episode() {
 fn grpo_learns_over_whole_episodes() {
     learns_over_steps("grpo");
 }
+
+/// The command line drives multi-step episodes through every wrapper an
+/// environment gets (the registry's training/held-out split, the
+/// mixture): `ppo --environment word_steps` logs episodes of more than
+/// one action at times, and `eval --environment word_steps` reports steps.
+#[test]
+fn the_command_line_runs_multi_step_episodes() {
+    let dir = tempfile::tempdir().unwrap();
+    common::word_grpo(dir.path(), 4, 2, 2);
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("s3.json")).unwrap()).unwrap();
+    let mut cfg = cfg;
+    cfg["ppo"]["environment"] = "word_steps".into();
+    cfg["ppo"]["max_steps_per_episode"] = 3.into();
+    std::fs::write(dir.path().join("s3.json"), cfg.to_string()).unwrap();
+    let o = common::trace_train(
+        dir.path(),
+        &common::ppo_args("out", &["--environment", "word_steps"]),
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let lines = lines_of(&dir.path().join("out/metrics.jsonl"));
+    assert!(
+        lines.iter().all(|l| l["episode_length"].as_f64().is_some()),
+        "{lines:?}"
+    );
+    let o = common::trace_train(
+        dir.path(),
+        &[
+            "eval",
+            "--model",
+            "base",
+            "--environment",
+            "word_steps",
+            "--tasks",
+            "4",
+            "--max_new_tokens",
+            "2",
+            "--device",
+            "cpu",
+            "--output",
+            "e.json",
+        ],
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("e.json")).unwrap()).unwrap();
+    let section = &r["environments"][0];
+    assert!(
+        section["mean_steps"].as_f64().is_some_and(|s| s >= 1.0),
+        "{section}"
+    );
+    assert!(
+        section["predictions"][0]["success"].is_boolean(),
+        "{section}"
+    );
+}

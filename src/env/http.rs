@@ -133,7 +133,10 @@ pub struct Settings {
     pub timeout: Duration,
     /// `retries=N` (default 3): more tries of a call that may be repeated.
     pub retries: u32,
-    /// `sessions=N` (default 64): the most sessions open at once.
+    /// `sessions=N` (default 1024): the most sessions open at once. A
+    /// step's episodes run in lockstep (Stage 3: `batch_size x
+    /// group_size`; eval: every task), so every one of them holds a
+    /// session until it ends: the pool must hold them all.
     pub sessions: usize,
     /// `tasks=N`: how many data indices there are (default: the server's
     /// `GET /` `tasks`, else unbounded).
@@ -152,7 +155,7 @@ impl Default for Settings {
             opening: None,
             timeout: Duration::from_secs(60),
             retries: 3,
-            sessions: 64,
+            sessions: 1024,
             tasks: None,
             reward: RewardField::Reward,
             id_key: "id".into(),
