@@ -509,9 +509,15 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
     if todo(3, &state) {
         // Stage 3 (or DPO's rollouts) reads its dataset only after Stages
         // 0-2 have run: a path that is not there stops the pipeline now.
+        trace_train::env::registry::parse(&cfg.stage3.ppo.environment).map_err(|e| {
+            e.context(format!(
+                "stage3.ppo.environment in `{}` (checked before the first stage)",
+                args.config.display()
+            ))
+        })?;
         super::ppo::check_local_datasets(&cfg.stage3.ppo).map_err(|e| {
             e.context(format!(
-                "stage3.ppo.environment and its data in `{}` (checked before the first stage)",
+                "stage3.ppo.dataset in `{}` (checked before the first stage)",
                 args.config.display()
             ))
         })?;
