@@ -540,3 +540,33 @@ fn the_trace_example_scores_as_the_trace_environment_on_200_tasks() {
     drop((py, trace));
     assert_nothing_left("after the parity run", &UIDS);
 }
+
+/// A training run's description of a `python:` environment holds the
+/// file's content hash, so a resume after the file was edited is refused
+/// by the fingerprint check (the same task ids would be scored otherwise).
+#[test]
+fn a_python_environments_description_changes_with_its_file() {
+    use trace_train::env::registry::{EnvData, for_training};
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("e.py");
+    let version = |expected: &str| {
+        format!(
+            "def task(task_id):\n    return {{'prompt': 'say {expected}', 'expected': '{expected}'}}\n\ndef score(task, completion):\n    return float(completion.strip() == task['expected'])\n"
+        )
+    };
+    let data = EnvData {
+        num_workers: Some(1),
+        ..EnvData::default()
+    };
+    let spec = format!("python:{}", f.display());
+    let described = |text: &str| {
+        std::fs::write(&f, text).unwrap();
+        // Unsandboxed: this test reads the description, not the scores.
+        for_training(&spec, &data, true, 1).unwrap().1
+    };
+    let a = described(&version("x"));
+    assert!(a.contains(&format!("{spec}:sha256:")), "{a}");
+    assert_eq!(a, described(&version("x")));
+    assert_ne!(a, described(&version("y")));
+}

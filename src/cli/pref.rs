@@ -50,7 +50,9 @@ pub struct RolloutsArgs {
     /// continues where an earlier one stopped).
     #[arg(long, default_value_t = 0)]
     pub first_draw: u64,
-    /// `trace` (programs run in the sandbox) or `word`.
+    /// `trace` (programs run in the sandbox), or any environment of `eval
+    /// --environment` (`answers`, `answers:FILE`, `sat`, `python:FILE`,
+    /// ...), or a mixture of them joined by `+`.
     #[arg(long, default_value = "trace")]
     pub environment: String,
     /// Rows of the trace environment: `builtin`, a JSONL path,

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use sha2::Digest;
 
 use super::affine::split::{Part, Split};
 use super::affine::{abd::AbdEnv, ded::DedEnv, rows, sat::SatEnv};
@@ -469,6 +470,15 @@ pub fn for_training(
             }
             if data.answers_reward != d.answers_reward {
                 text += &format!(" answers_reward:{}", data.answers_reward);
+            }
+            // A `python:` file's content: a resume with an edited file
+            // would score the same task ids otherwise.
+            for n in named.iter().filter(|n| n.name == "python") {
+                let file = n.arg.as_deref().unwrap_or_default();
+                let bytes = std::fs::read(file)
+                    .with_context(|| format!("cannot read the Python environment `{file}`"))?;
+                let digest = sha2::Sha256::digest(&bytes);
+                text += &format!(" {}:sha256:{}", n.label(), crate::hex(&digest[..8]));
             }
             Ok((Arc::new(mixture), text))
         }
