@@ -3,11 +3,12 @@
 //! its own user namespace (without root).
 
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use crate::request::{ExecutorConfig, Isolation, Limits, Outcome, Request, SandboxError};
 use crate::seccomp;
 use crate::session::{Session, SessionError};
+use crate::slots::Slots;
 use crate::worker::Worker;
 
 /// Fixed uid bases (`Isolation::Sandbox { uid_base: Some(..) }`) belong in
@@ -57,53 +58,6 @@ pub struct Executor {
     slots: Arc<Slots>,
     pool: rayon::ThreadPool,
     python_version: String,
-}
-
-/// The worker slots, shared with the [`Session`]s that hold one: a
-/// session gives its slot back (with a fresh zygote) when it ends, even
-/// after the executor is gone.
-pub(crate) struct Slots {
-    pub(crate) config: ExecutorConfig,
-    /// Holds this executor's block of slot uids (see `claim_uid_block`)
-    /// while any of its slots' processes may run.
-    _uid_block: Option<nix::fcntl::Flock<std::fs::File>>,
-    pub(crate) seccomp: Vec<Vec<u8>>,
-    idle: Mutex<Vec<Worker>>,
-    freed: Condvar,
-}
-
-impl Slots {
-    /// The next free worker, waiting for one.
-    pub(crate) fn take(&self) -> Worker {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(w) = idle.pop() {
-                return w;
-            }
-            idle = self.freed.wait(idle).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    /// Gives a worker back to the pool.
-    pub(crate) fn give_back(&self, worker: Worker) {
-        self.idle
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(worker);
-        self.freed.notify_one();
-    }
-
-    /// A fresh zygote for `slot`, or a dead one whose runs fail (a later
-    /// run retries the spawn).
-    pub(crate) fn respawn(&self, slot: usize) -> Worker {
-        match Worker::spawn(slot, &self.config, &self.seccomp) {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::error!("sandbox worker {slot} could not restart: {e}");
-                Worker::dead(slot)
-            }
-        }
-    }
 }
 
 impl Executor {
@@ -165,13 +119,7 @@ impl Executor {
             .build()
             .map_err(|e| SandboxError::Setup(format!("thread pool: {e}")))?;
         Ok(Executor {
-            slots: Arc::new(Slots {
-                config,
-                _uid_block: uid_block,
-                seccomp,
-                idle: Mutex::new(workers),
-                freed: Condvar::new(),
-            }),
+            slots: Arc::new(Slots::new(config, uid_block, seccomp, workers)),
             pool,
             python_version,
         })

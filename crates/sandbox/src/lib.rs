@@ -29,6 +29,7 @@ mod executor;
 mod request;
 mod seccomp;
 mod session;
+mod slots;
 mod worker;
 
 pub use check::{Protection, ProtectionReport, check_protections, mode_of};

@@ -12,8 +12,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::executor::Slots;
 use crate::request::{Limits, Outcome, Request, Status};
+use crate::slots::Slots;
 use crate::worker::{ReadError, Report, Worker};
 
 /// Why a session call has no answer. Every variant but
