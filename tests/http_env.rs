@@ -179,6 +179,17 @@ fn an_episode_of_several_steps_has_step_rewards_and_ends_done() {
     // A server keyed by another field: the counting server knows `id` only.
     let env = HttpEnv::connect(&server.url("?opening=none&id_key=env_idx")).unwrap();
     assert_eq!(env.task(1), Err("http_bad_reply".into()));
+    // action=text: the whole completion is the action, no marker read.
+    let env = HttpEnv::connect(&server.url("?opening=none&action=text")).unwrap();
+    let mut ep = env.start(&env.task(1).unwrap()).unwrap();
+    assert_eq!(reward(&ep.act("add 1")), 0.1);
+    let s = ep.act("Action: add 1");
+    assert_eq!(reward(&s), 0.0);
+    assert!(
+        s.observation.contains("Unknown action `Action: add 1`"),
+        "{s:?}"
+    );
+    drop(ep);
     // reward=score: the change in the running total, the same here.
     let env = HttpEnv::connect(&server.url("?opening=babyai&reward=score")).unwrap();
     let task = env.task(1).unwrap();
@@ -533,4 +544,77 @@ fn agentgym_babyai_server_plugs_in_unchanged() {
         wins += won as usize;
     }
     assert!(wins >= 3, "{wins}");
+}
+
+/// Whether the kernel server can compile here: NVRTC from PyPI's
+/// `nvidia-cuda-nvrtc` (or a CUDA toolkit); under CI its absence fails.
+fn have_nvrtc() -> bool {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/agentgym");
+    let ok = Command::new(python())
+        .current_dir(dir)
+        .args(["kernel_server.py", "--self_check", "--compiler", "nvrtc"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the kernel server cannot compile under CI: .ci/run installs nvidia-cuda-nvrtc with pip"
+        );
+        println!(
+            "SKIPPED: no NVRTC for the kernel server (pip install nvidia-cuda-nvrtc==13.0.88)"
+        );
+    }
+    ok
+}
+
+/// The CUDA kernel server of examples/agentgym/ through an `http://`
+/// environment: its `GET /` gives the opening (none) and asks for the whole
+/// completion as the action; a step answers what happened to the code
+/// (no code block, the compiler's error), and a kernel that compiles is run
+/// where there is a GPU (reward at least 0.1) or answered as the server's
+/// error where there is none (masked). The kernel server's own checks
+/// (`--self_check`: code extraction, tiers, every task's reference kernel
+/// and the scripted faults compiled) run first.
+#[test]
+fn the_kernel_server_feeds_back_what_became_of_each_kernel() {
+    if !have_nvrtc() {
+        return;
+    }
+    let server = Server::start("kernel_server.py", &["--compiler", "nvrtc"]);
+    let env = HttpEnv::connect(&server.url("?timeout=120")).unwrap();
+    assert_eq!(env.opening(), "", "the server's GET / gives no opening");
+    assert_eq!(env.action_form(), trace_train::env::http::ActionForm::Text);
+    assert_eq!(env.task_count(), Some(900));
+    let task = env.task(0).unwrap();
+    let signature = "extern \"C\" __global__ void vector_add(";
+    assert!(
+        task.prompt.starts_with("Write a CUDA kernel.") && task.prompt.contains(signature),
+        "{}",
+        task.prompt
+    );
+    let mut ep = begin(&env, &task).unwrap();
+    let s = ep.act("Thought: add them.\nAction: vector_add");
+    assert_eq!((reward(&s), s.done), (0.0, false));
+    assert!(s.observation.starts_with("No code block"), "{s:?}");
+    // The whole answer reaches the server: its code block, compiled.
+    let broken = format!(
+        "Here it is:\n```cuda\n{signature}const float* a, const float* b, float* c, int n) {{\n    int i = blockIdx.x * blockDim.x + threadIdx.x\n    if (i < n) c[i] = a[i] + b[i];\n}}\n```\n"
+    );
+    let s = ep.act(&broken);
+    assert_eq!((reward(&s), s.done), (0.0, false));
+    assert!(
+        s.observation.starts_with("Compile error") && s.observation.contains("kernel.cu"),
+        "{s:?}"
+    );
+    let fixed = broken.replace("threadIdx.x\n", "threadIdx.x;\n");
+    let s = ep.act(&fixed);
+    match &s.score {
+        Score::Masked(why) => assert_eq!(why, "http_server_error", "{s:?}"),
+        Score::Reward(r) => assert!(*r >= 0.1, "{s:?}"),
+    }
+    drop(ep);
+    let st = server.stats();
+    assert_eq!(st["open"], 0, "every session closed: {st}");
 }

@@ -99,10 +99,11 @@ class Sessions:
             }
 
 
-def serve(name, tasks, make_game, fault=None, argv=None, description=None):
+def serve(name, tasks, make_game, fault=None, argv=None, description=None, hello=None):
     """Serves `make_game`'s sessions on --host/--port (port 0: any free one;
     the first line printed is `listening on PORT`). `fault(route, body)`,
-    when given, may answer a request itself (test servers only)."""
+    when given, may answer a request itself (test servers only). `hello`,
+    when given, is a dict whose keys are added to the answer of GET /."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
@@ -133,7 +134,7 @@ def serve(name, tasks, make_game, fault=None, argv=None, description=None):
         def do_GET(self):
             url = urlparse(self.path)
             if url.path in ("", "/"):
-                return self.answer({"name": name, "tasks": tasks})
+                return self.answer({"name": name, "tasks": tasks, **(hello or {})})
             if url.path == "/stats":
                 return self.answer(sessions.stats())
             if url.path == "/observation":

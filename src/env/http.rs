@@ -7,6 +7,8 @@
 //!   server is up; a JSON object's `name` picks the opening instructions
 //!   and its `tasks` gives [`Environment::task_count`] (AgentGym answers a
 //!   sentence, "This is environment BabyAI.", whose last word names it);
+//!   a server of ours may also give its own `opening` text and its
+//!   `action` form (`line` or `text`, below);
 //! - `POST /create` (body `{}`) answers `{"id": N}`;
 //! - `POST /reset` `{"id", "data_idx"}` answers the first `observation`;
 //! - `POST /step` `{"id", "action"}` answers `observation`, `reward`,
@@ -37,7 +39,9 @@
 //! no marker sends the empty action (the server answers what it answers
 //! to it); two markers or more are answered here, reward 0, not done,
 //! asking for one action, and the server is not called. AgentGym's
-//! clients parse actions so.
+//! clients parse actions so. With `action=text` (a URL setting, or the
+//! server's `GET /`) the whole completion is the action, for a server
+//! that reads code or free text itself (examples/agentgym/kernel_server.py).
 //!
 //! Failures never stop a run: a task that cannot be made is `Err` with an
 //! `http_*` reason (counted, passed over), an episode that fails is
@@ -113,6 +117,25 @@ pub const OPENINGS: &[(&str, &str)] = &[
 pub const ONE_ACTION: &str =
     "Error: give exactly one \"Action:\" in your answer, followed by one action.";
 
+/// What of a completion is sent as the action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActionForm {
+    /// The line after one `Action:` marker, cleaned ([`parse_action`]).
+    Line,
+    /// The whole completion, as the model wrote it.
+    Text,
+}
+
+impl ActionForm {
+    fn parse(value: &str) -> Option<Self> {
+        match value {
+            "line" => Some(Self::Line),
+            "text" => Some(Self::Text),
+            _ => None,
+        }
+    }
+}
+
 /// Which field of `/step`'s answer is the step's reward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RewardField {
@@ -147,6 +170,9 @@ pub struct Settings {
     /// `/create`'s answer and in every later body, for a server that keys
     /// its sessions otherwise.
     pub id_key: String,
+    /// `action=line|text`; `None`: the server's `GET /` `action`, else
+    /// `line`.
+    pub action: Option<ActionForm>,
 }
 
 impl Default for Settings {
@@ -159,12 +185,13 @@ impl Default for Settings {
             tasks: None,
             reward: RewardField::Reward,
             id_key: "id".into(),
+            action: None,
         }
     }
 }
 
 /// The query parameters [`Settings`] reads.
-pub const PARAMETERS: [&str; 8] = [
+pub const PARAMETERS: [&str; 9] = [
     "opening",
     "opening_file",
     "timeout",
@@ -173,12 +200,13 @@ pub const PARAMETERS: [&str; 8] = [
     "tasks",
     "reward",
     "id_key",
+    "action",
 ];
 
 /// Splits `url` into the server's base (no query, no trailing `/`) and its
 /// settings.
 pub fn parse_url(url: &str) -> anyhow::Result<(String, Settings)> {
-    let hint = "hint: an http environment is `http://HOST:PORT[/PATH][?KEY=VALUE&...]` with keys opening, opening_file, timeout, retries, sessions, tasks, reward, id_key";
+    let hint = "hint: an http environment is `http://HOST:PORT[/PATH][?KEY=VALUE&...]` with keys opening, opening_file, timeout, retries, sessions, tasks, reward, id_key, action";
     anyhow::ensure!(
         url.starts_with("http://") || url.starts_with("https://"),
         "environment `{url}` is not an http:// or https:// URL\n{hint}"
@@ -246,6 +274,11 @@ pub fn parse_url(url: &str) -> anyhow::Result<(String, Settings)> {
                 }
             }
             "id_key" if !value.is_empty() => s.id_key = value.to_owned(),
+            "action" => {
+                s.action = Some(
+                    ActionForm::parse(value).ok_or_else(|| bad("is neither `line` nor `text`"))?,
+                )
+            }
             _ => {
                 return Err(anyhow::anyhow!(
                     "environment `{url}`: unknown setting `{key}` (known: {})\n{hint}",
@@ -387,6 +420,7 @@ pub struct HttpEnv {
     base: String,
     settings: Settings,
     opening: String,
+    action: ActionForm,
     tasks: Option<u64>,
     agent: ureq::Agent,
     pool: Pool,
@@ -408,6 +442,7 @@ impl HttpEnv {
             name: Box::leak(base.clone().into_boxed_str()),
             base,
             opening: String::new(),
+            action: settings.action.unwrap_or(ActionForm::Line),
             tasks: settings.tasks,
             agent,
             pool: Pool::new(settings.sessions),
@@ -441,8 +476,21 @@ impl HttpEnv {
                 .and_then(Value::as_u64)
                 .filter(|&n| n > 0);
         }
+        let text = |key: &str| hello.get(key).and_then(Value::as_str);
+        if env.settings.action.is_none()
+            && let Some(form) = text("action")
+        {
+            env.action = ActionForm::parse(form).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "http environment `{url}`: the server's `GET /` asks for the action form `{form}`, which is neither `line` nor `text`\nhint: give `?action=line` or `?action=text` in the URL"
+                )
+            })?;
+        }
         env.opening = match (&env.settings.opening, &name) {
             (Some(text), _) => text.clone(),
+            (None, _) if text("opening").is_some() => {
+                text("opening").unwrap_or_default().to_owned()
+            }
             (None, Some(name)) if OPENINGS.iter().any(|(n, _)| n == name) => OPENINGS
                 .iter()
                 .find(|(n, _)| n == name)
@@ -465,6 +513,11 @@ impl HttpEnv {
     /// The opening instructions each prompt begins with.
     pub fn opening(&self) -> &str {
         &self.opening
+    }
+
+    /// What of a completion is sent as the action.
+    pub fn action_form(&self) -> ActionForm {
+        self.action
     }
 
     /// One call: `body` POSTed as JSON (`GET` without), the answer's JSON;
@@ -740,7 +793,11 @@ impl Episode for HttpEpisode<'_> {
         if self.session.done {
             return Step::masked("http_after_done");
         }
-        let Some(action) = parse_action(completion) else {
+        let action = match self.session.env.action {
+            ActionForm::Line => parse_action(completion),
+            ActionForm::Text => Some(completion.to_owned()),
+        };
+        let Some(action) = action else {
             return Step {
                 score: Score::Reward(0.0),
                 observation: ONE_ACTION.to_owned(),
@@ -880,7 +937,7 @@ mod tests {
             ("http://127.0.0.1:36001", &Settings::default())
         );
         let (base, s) = parse_url(
-            "http://h:1/env/?opening=textcraft&timeout=2.5&retries=0&sessions=3&tasks=40&reward=score&id_key=env_idx",
+            "http://h:1/env/?opening=textcraft&timeout=2.5&retries=0&sessions=3&tasks=40&reward=score&id_key=env_idx&action=text",
         )
         .unwrap();
         assert_eq!(base, "http://h:1/env");
@@ -891,6 +948,7 @@ mod tests {
             (s.reward, s.id_key.as_str()),
             (RewardField::Score, "env_idx")
         );
+        assert_eq!(s.action, Some(ActionForm::Text));
         for bad in [
             "http://h:1?sessions=0",
             "http://h:1?timeout=-1",
@@ -898,6 +956,7 @@ mod tests {
             "http://h:1?reward=x",
             "http://h:1?colour=red",
             "http://h:1?id_key=",
+            "http://h:1?action=code",
             "http://?tasks=3",
             "ftp://h:1",
         ] {
