@@ -11,6 +11,7 @@
 //! measure programs per second over the built-in corpus, and the per-program
 //! overhead on a program that does nothing, for both, and report ratios.
 
+pub mod fp8;
 pub mod rl;
 pub mod serve;
 pub mod train;

@@ -172,3 +172,61 @@ fn smollm2_sft_labels_end_with_the_end_of_turn_token_decoding_stops_on() {
         );
     }
 }
+
+/// Greedy decoding from FP8 base weights (E4M3, a scale an output channel,
+/// activations a scale a token) against the weights as imported, on the
+/// CPU (f32; the CPU multiplies the same codes after dequantising them):
+/// how many tokens agree before the first difference, over five prompts of
+/// 24 new tokens. Printed, and held to at least a third of them (NF4,
+/// measured the same way, is printed beside it).
+#[test]
+fn smollm2_greedy_in_fp8_keeps_the_16_bit_tokens() {
+    use trace_train::data::template::{Message, Role};
+    use trace_train::data::tokenizer::ChatTokenizer;
+    use trace_train::model::BasePrecision;
+    let Some(gguf) = smollm2_gguf("smollm2_greedy_in_fp8_keeps_the_16_bit_tokens") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let o = trace_train(
+        dir.path(),
+        &["model", "import_gguf", gguf.to_str().unwrap(), "smol"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let smol = dir.path().join("smol");
+    let tok = ChatTokenizer::from_dir(&smol).unwrap();
+    let prompts: Vec<Vec<u32>> = [
+        "What is the capital of France?",
+        "Write a Python function that adds two numbers.",
+        "Name three colours.",
+        "What does print(2 ** 10) print?",
+        "Explain in one sentence what a list is.",
+    ]
+    .iter()
+    .map(|q| tok.encode_prompt(&[Message::new(Role::User, *q)]).unwrap())
+    .collect();
+    let decode = |precision: BasePrecision| -> Vec<Vec<u32>> {
+        let mut m = model::load(&smol, None, DType::F32, &Device::Cpu).unwrap();
+        m.model.hold_base(precision).unwrap();
+        model::greedy(&m.model, &prompts, 24, &[], 0, 0, &Device::Cpu)
+            .unwrap()
+            .into_iter()
+            .map(|g| g.tokens)
+            .collect()
+    };
+    let reference = decode(BasePrecision::Bf16);
+    let agree = |other: &[Vec<u32>]| -> (usize, usize) {
+        let mut same = 0;
+        let mut all = 0;
+        for (a, b) in reference.iter().zip(other) {
+            same += a.iter().zip(b).take_while(|(x, y)| x == y).count();
+            all += a.len();
+        }
+        (same, all)
+    };
+    let (fp8, all) = agree(&decode(BasePrecision::Fp8));
+    let (nf4, _) = agree(&decode(BasePrecision::Nf4));
+    println!("greedy tokens before the first difference: fp8 {fp8}/{all}, nf4 {nf4}/{all}");
+    assert!(all >= 5, "the model said almost nothing: {reference:?}");
+    assert!(3 * fp8 >= all, "fp8 kept {fp8} of {all} tokens");
+}

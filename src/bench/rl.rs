@@ -192,7 +192,7 @@ fn policy(b: &RlBench, cfg: &RlConfig, device: &Device) -> anyhow::Result<Policy
     };
     // Policy::new turns checkpointing on or off from the config.
     if b.four_bit {
-        loaded.model.quantize_base()?;
+        loaded.model.hold_base(crate::model::BasePrecision::Nf4)?;
     }
     Policy::new(loaded, tok, cfg)
 }

@@ -19,7 +19,7 @@ use serde::Serialize;
 use crate::kit::load;
 use crate::model::decode::generate;
 use crate::model::layers::init::Rng;
-use crate::model::{self, LoadedModel, LoraConfig, TargetModule};
+use crate::model::{self, BasePrecision, LoadedModel, LoraConfig, TargetModule};
 use crate::train::{loss, optim::AdamW};
 
 /// Model shapes, by the peer scripts' names; and `tiny` (the shape of
@@ -151,8 +151,8 @@ pub struct TrainBench {
     pub accum: usize,
     /// Per-layer gradient checkpointing.
     pub gradient_checkpointing: bool,
-    /// Frozen projections in NF4 (QLoRA).
-    pub four_bit: bool,
+    /// How the frozen projections are held.
+    pub base: BasePrecision,
 }
 
 /// What `bench train` measured.
@@ -167,6 +167,8 @@ pub struct TrainResult {
     pub grad_ckpt: bool,
     #[serde(rename = "4bit")]
     pub four_bit: bool,
+    /// `bf16`, `nf4` or `fp8`.
+    pub base_precision: &'static str,
     /// Causal attention through the fused kernel.
     pub fused_attention: bool,
     pub steps: usize,
@@ -206,7 +208,7 @@ pub fn train_with(
         steps,
         accum,
         gradient_checkpointing,
-        four_bit,
+        base,
     } = b.clone();
     anyhow::ensure!(
         accum >= 1 && batch >= 1 && seq >= 2,
@@ -224,9 +226,7 @@ pub fn train_with(
         random_model(&shape, Some(rank), dtype, device)?
     };
     m.model.set_gradient_checkpointing(gradient_checkpointing);
-    if four_bit {
-        m.model.quantize_base()?;
-    }
+    m.model.hold_base(base)?;
     crate::gpu::reset_peak_memory(device)?;
     let vocab = m.model.vocab_size() as u32;
     // Rows of the global batch, numbered as one GPU sees them; this rank's
@@ -337,7 +337,8 @@ pub fn train_with(
         seq,
         rank,
         grad_ckpt: gradient_checkpointing,
-        four_bit,
+        four_bit: base == BasePrecision::Nf4,
+        base_precision: base.as_str(),
         fused_attention: m.model.decoder().fused_attention(),
         steps,
         accum,
@@ -362,6 +363,8 @@ pub struct GenResult {
     pub rank: Option<usize>,
     /// NF4 base weights.
     pub four_bit: bool,
+    /// `bf16`, `nf4` or `fp8`.
+    pub base_precision: &'static str,
     /// The decoding path the timed run took (`graph`, `eager`, `ops`).
     pub path: String,
     pub new_tokens_per_s: f64,
@@ -388,8 +391,8 @@ pub struct GenBench {
     pub new: usize,
     /// A LoRA adapter of this rank, if any.
     pub rank: Option<usize>,
-    /// NF4 base weights.
-    pub four_bit: bool,
+    /// How the frozen projections are held.
+    pub base: BasePrecision,
     /// `graph`, `eager` or `ops` (see [`generate::DecodePath`]).
     pub path: String,
 }
@@ -404,7 +407,7 @@ pub fn sample(bench: &GenBench, device: &Device) -> anyhow::Result<GenResult> {
         prompt,
         new,
         rank,
-        four_bit,
+        base,
         ref path,
     } = *bench;
     let shape = shape.as_str();
@@ -416,9 +419,7 @@ pub fn sample(bench: &GenBench, device: &Device) -> anyhow::Result<GenResult> {
     };
     let dtype = load::train_dtype("bf16", device);
     let mut m = random_model(shape, rank, dtype, device)?;
-    if four_bit {
-        m.model.quantize_base()?;
-    }
+    m.model.hold_base(base)?;
     for (name, var) in m.named_trainable_vars() {
         // B starts at zero; a policy being trained has moved it.
         if name.contains("lora_B") {
@@ -481,7 +482,8 @@ pub fn sample(bench: &GenBench, device: &Device) -> anyhow::Result<GenResult> {
         prompt,
         new,
         rank,
-        four_bit,
+        four_bit: base == BasePrecision::Nf4,
+        base_precision: base.as_str(),
         path: match generate::last_path() {
             Some(generate::DecodePath::Graph) => "graph",
             Some(generate::DecodePath::Eager) => "eager",
@@ -499,6 +501,57 @@ pub fn sample(bench: &GenBench, device: &Device) -> anyhow::Result<GenResult> {
 mod tests {
     use super::*;
 
+    /// A LoRA step's factor gradients with FP8 base weights against the
+    /// same step with the weights as they are (f32 on the CPU; the CPU
+    /// multiplies the same FP8 codes as CUDA after dequantising them), on a
+    /// random model of SmolLM2-135M's shape, and NF4's beside it, printed.
+    #[test]
+    fn lora_gradients_from_fp8_weights_stay_near_the_16_bit_ones() {
+        let cpu = Device::Cpu;
+        let grads = |base: BasePrecision| -> Vec<Tensor> {
+            let mut m = random_model("smollm2-135m", Some(4), DType::F32, &cpu).unwrap();
+            m.model.hold_base(base).unwrap();
+            for (name, var) in m.named_trainable_vars() {
+                // Non-zero B, so that A's gradient is not zero too.
+                if name.contains("lora_B") {
+                    var.set(&(Tensor::ones_like(var.as_tensor()).unwrap() * 1e-2).unwrap())
+                        .unwrap();
+                }
+            }
+            let ids: Vec<u32> = (0..32u32).map(|i| (i * 7919) % 49_152).collect();
+            let ids = Tensor::from_vec(ids, (1, 32), &cpu).unwrap();
+            let labels = ids.to_dtype(DType::I64).unwrap();
+            let hidden = m.model.forward_hidden(&ids, None, true).unwrap();
+            let (sum, _) =
+                loss::lm_head_cross_entropy(&hidden, &m.model.lm_head().weight().unwrap(), &labels)
+                    .unwrap();
+            let opt = AdamW::new(m.named_trainable_vars(), 0.0).unwrap();
+            opt.gradients(&m.model.backward(&sum).unwrap()).unwrap()
+        };
+        let flat = |g: &[Tensor]| {
+            Tensor::cat(
+                &g.iter()
+                    .map(|t| t.flatten_all().unwrap())
+                    .collect::<Vec<_>>(),
+                0,
+            )
+            .unwrap()
+        };
+        let exact = flat(&grads(BasePrecision::Bf16));
+        let rel = |base| {
+            let g = flat(&grads(base));
+            let d = (&g - &exact).unwrap().sqr().unwrap().sum_all().unwrap();
+            let n = exact.sqr().unwrap().sum_all().unwrap();
+            (d.to_scalar::<f32>().unwrap() / n.to_scalar::<f32>().unwrap()).sqrt()
+        };
+        let (fp8, nf4) = (rel(BasePrecision::Fp8), rel(BasePrecision::Nf4));
+        println!("LoRA gradients against f32's: relative error fp8 {fp8:.4}, nf4 {nf4:.4}");
+        // Thirty random layers carry each product's few percent onwards;
+        // NF4's 16 levels move them further.
+        assert!(fp8 > 1e-4 && fp8 < 0.3, "fp8: relative error {fp8}");
+        assert!(fp8 < nf4, "fp8 {fp8} against nf4 {nf4}");
+    }
+
     #[test]
     fn a_random_model_trains_and_samples_on_the_cpu() {
         let cpu = Device::Cpu;
@@ -510,7 +563,7 @@ mod tests {
             steps: 1,
             accum: 1,
             gradient_checkpointing: false,
-            four_bit: false,
+            base: BasePrecision::Bf16,
         };
         let r = train(&bench, &cpu).unwrap();
         // Small random logits (the final norm gives the hidden state unit
@@ -527,7 +580,7 @@ mod tests {
         };
         assert_eq!(train(&checkpointed, &cpu).unwrap().loss, r.loss);
         let quantized = TrainBench {
-            four_bit: true,
+            base: BasePrecision::Nf4,
             ..bench.clone()
         };
         let q = train(&quantized, &cpu).unwrap();
@@ -535,6 +588,25 @@ mod tests {
         // of its block's scale), not the regime.
         assert!(q.loss != r.loss, "NF4 weights left the loss unchanged");
         assert!((q.loss - uniform).abs() < 0.3, "{} vs {uniform}", q.loss);
+        // FP8 weights and products likewise, closer to the 16-bit loss than
+        // NF4 (3 mantissa bits against a 16-value code book).
+        let fp8 = train(
+            &TrainBench {
+                base: BasePrecision::Fp8,
+                ..bench.clone()
+            },
+            &cpu,
+        )
+        .unwrap();
+        assert_eq!(fp8.base_precision, "fp8");
+        assert!(fp8.loss != r.loss, "FP8 weights left the loss unchanged");
+        assert!(
+            (fp8.loss - r.loss).abs() < (q.loss - r.loss).abs(),
+            "fp8 {} nf4 {} bf16 {}",
+            fp8.loss,
+            q.loss,
+            r.loss
+        );
         assert!(r.tokens_per_s > 0.0);
         // The same global batch on 2 ranks (threads): the same losses after
         // three updates, so the same gradients and weights.
@@ -561,7 +633,7 @@ mod tests {
             prompt: 4,
             new: 3,
             rank: Some(4),
-            four_bit: false,
+            base: BasePrecision::Bf16,
             path: "graph".into(),
         };
         let g = sample(&gen_bench, &cpu).unwrap();

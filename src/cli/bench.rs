@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
+use trace_train::model::BasePrecision;
 use trace_train::sandbox;
 
 #[derive(Subcommand)]
@@ -68,10 +69,36 @@ pub enum BenchCommand {
         /// Recompute each layer in the backward pass (the peer's `--gc`).
         #[arg(long = "gradient_checkpointing", alias = "gc", num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
         gc: bool,
-        /// Frozen projections in NF4 with double quantisation (QLoRA; the
-        /// peer's `--4bit`).
-        #[arg(long = "load_in_4bit", alias = "4bit")]
+        /// How the frozen projections are held: bf16, nf4 (QLoRA's NF4
+        /// with double quantisation; the peer's `--4bit`) or fp8 (E4M3, a
+        /// scale an output channel, FP8 products forward).
+        #[arg(long, value_parser = base_precision, default_value = "bf16")]
+        base_precision: BasePrecision,
+        /// The same as `--base_precision nf4`.
+        #[arg(
+            long = "load_in_4bit",
+            alias = "4bit",
+            conflicts_with = "base_precision"
+        )]
         four_bit: bool,
+        /// `cpu`, `cuda`, `cuda:N` or `auto`.
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
+    /// FP8 base projections against bf16 at a model's projection shapes
+    /// (random inputs): each scaling's error against the f32 product, the
+    /// forward and input-gradient products' times (timings on CUDA only).
+    #[command(rename_all = "snake_case")]
+    Fp8 {
+        /// smollm2-135m, qwen3-0.6b, qwen3-1.7b or qwen3-4b.
+        #[arg(long, default_value = "qwen3-4b")]
+        model: String,
+        /// Rows of x: the tokens of a step (bench train's 4 x 1024).
+        #[arg(long, default_value_t = 4096)]
+        tokens: usize,
+        /// Timed repetitions of each product (the median is reported).
+        #[arg(long, default_value_t = 20)]
+        reps: usize,
         /// `cpu`, `cuda`, `cuda:N` or `auto`.
         #[arg(long, default_value = "auto")]
         device: String,
@@ -134,8 +161,16 @@ pub enum BenchCommand {
         /// non-zero factors, as an RL policy samples (the peer has none).
         #[arg(long = "lora_r", alias = "rank")]
         rank: Option<usize>,
-        /// The projections' base weights in NF4, as QLoRA holds them.
-        #[arg(long = "load_in_4bit", alias = "4bit")]
+        /// How the projections' base weights are held: bf16, nf4 (as QLoRA
+        /// holds them) or fp8 (decoded from their dequantised values).
+        #[arg(long, value_parser = base_precision, default_value = "bf16")]
+        base_precision: BasePrecision,
+        /// The same as `--base_precision nf4`.
+        #[arg(
+            long = "load_in_4bit",
+            alias = "4bit",
+            conflicts_with = "base_precision"
+        )]
         four_bit: bool,
         /// The decoding path on CUDA: `graph` (the fused step replayed as a
         /// CUDA graph, the default), `eager` (the fused step launched
@@ -191,6 +226,21 @@ pub enum BenchCommand {
     },
 }
 
+/// `--base_precision`'s value.
+fn base_precision(s: &str) -> Result<BasePrecision, String> {
+    match s {
+        "bf16" => Ok(BasePrecision::Bf16),
+        "nf4" => Ok(BasePrecision::Nf4),
+        "fp8" => Ok(BasePrecision::Fp8),
+        _ => Err(format!("`{s}` is not bf16, nf4 or fp8")),
+    }
+}
+
+/// `--base_precision`, or NF4 where `--load_in_4bit` is given.
+fn with_4bit(base: BasePrecision, four_bit: bool) -> BasePrecision {
+    if four_bit { BasePrecision::Nf4 } else { base }
+}
+
 /// Runs a `bench` subcommand and prints its report.
 pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     match cmd {
@@ -203,6 +253,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
             accum,
             num_gpus,
             gc,
+            base_precision,
             four_bit,
             device,
         } => {
@@ -214,7 +265,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
                 steps,
                 accum,
                 gradient_checkpointing: gc,
-                four_bit,
+                base: with_4bit(base_precision, four_bit),
             };
             let r = match super::launch::role(Some(num_gpus), &device)? {
                 super::launch::Role::Parent { world } => {
@@ -235,6 +286,22 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
                     r
                 }
             };
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Fp8 {
+            model,
+            tokens,
+            reps,
+            device,
+        } => {
+            let device = super::pick_device(&device)?;
+            let bench = trace_train::bench::fp8::Fp8Bench {
+                model,
+                tokens,
+                reps,
+            };
+            let r = trace_train::bench::fp8::run(&bench, &device)?;
             println!("{}", serde_json::to_string(&r)?);
             Ok(ExitCode::SUCCESS)
         }
@@ -280,6 +347,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
             prompt,
             new,
             rank,
+            base_precision,
             four_bit,
             path,
             device,
@@ -291,7 +359,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
                 prompt,
                 new,
                 rank,
-                four_bit,
+                base: with_4bit(base_precision, four_bit),
                 path,
             };
             let r = trace_train::bench::train::sample(&bench, &device)?;

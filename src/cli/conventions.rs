@@ -151,7 +151,7 @@ const HEADINGS: [(&str, &[&str]); 9] = [
 ];
 
 /// Examples shown after each subcommand's options, by its path.
-const EXAMPLES: [(&str, &str); 32] = [
+const EXAMPLES: [(&str, &str); 33] = [
     (
         "generate",
         "trace-train generate                                  # the built-in corpus, config/generate.json\n  trace-train generate --dataset builtin+humaneval:HumanEval.jsonl.gz --output_dir data",
@@ -262,6 +262,10 @@ const EXAMPLES: [(&str, &str); 32] = [
         "trace-train bench serve --model checkpoints/stage2_sft/merged --clients 32",
     ),
     ("bench sandbox", "trace-train bench sandbox --json out.json"),
+    (
+        "bench fp8",
+        "trace-train bench fp8 --model qwen3-4b --tokens 4096",
+    ),
 ];
 
 /// `cmd` and its subcommands, all levels, with the convention applied.

@@ -41,7 +41,7 @@ pub fn trainee(
         Adapter::Trained(dir) => model::io::adapter::load(base_dir, dir, dtype, device)?,
     };
     if four_bit(model_cfg, device) {
-        loaded.model.quantize_base()?;
+        loaded.model.hold_base(crate::model::BasePrecision::Nf4)?;
     }
     tok.check_against_vocab(loaded.model.vocab_size())?;
     Ok((tok, loaded))

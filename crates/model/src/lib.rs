@@ -40,7 +40,9 @@ pub mod layers;
 pub use decode::generate::{Generation, Sampling, greedy, sample};
 pub use io::resolve::resolve;
 pub use layers::attention::Cache;
-pub use layers::lora::{BaseLinear, LoraAdapter, LoraConfig, LoraInit, LoraLinear, TargetModule};
+pub use layers::lora::{
+    BaseLinear, BasePrecision, LoraAdapter, LoraConfig, LoraInit, LoraLinear, TargetModule,
+};
 
 pub use arch::{Architecture, LoadedModel, Model, build, load};
 pub use common::{

@@ -143,10 +143,11 @@ impl Model {
         self.decoder().backward(loss)
     }
 
-    /// Holds every projection's frozen weight in 4 bits (NF4 with double
-    /// quantisation, as QLoRA); the adapters and everything else stay.
-    pub fn quantize_base(&mut self) -> candle_core::Result<()> {
-        self.decoder_mut().quantize_projections()
+    /// Holds every projection's frozen weight in `precision` (4 bits: NF4
+    /// with double quantisation, as QLoRA; 8 bits: FP8); the adapters and
+    /// everything else stay.
+    pub fn hold_base(&mut self, precision: crate::BasePrecision) -> candle_core::Result<()> {
+        self.decoder_mut().hold_projections(precision)
     }
 
     /// Turns per-layer gradient checkpointing on or off for training.

@@ -50,6 +50,8 @@ pub const SAMPLE: Module = module!("sample");
 pub const ATTENTION: Module = module!("attention");
 /// `kernels/train.cu`: the training step's fused kernels.
 pub const TRAIN: Module = module!("train");
+/// `kernels/fp8.cu`: FP8 base weights' quantisation and rescaling.
+pub const FP8: Module = module!("fp8");
 
 /// A kernel of a loaded module and the device stream it launches on.
 pub struct Kernel {
@@ -253,6 +255,7 @@ pub fn ptr(t: &Tensor) -> Result<u64> {
         CudaStorageSlice::F32(x) => (x.device_ptr(&stream).0, 4),
         CudaStorageSlice::U32(x) => (x.device_ptr(&stream).0, 4),
         CudaStorageSlice::U8(x) => (x.device_ptr(&stream).0, 1),
+        CudaStorageSlice::F8E4M3(x) => (x.device_ptr(&stream).0, 1),
         _ => bail!("decode step: unexpected dtype {:?}", t.dtype()),
     };
     Ok(base + (l.start_offset() * size) as u64)

@@ -35,7 +35,7 @@ use candle_nn::VarBuilder;
 
 use crate::layers::attention::{self, Cache};
 use crate::layers::fused;
-use crate::layers::lora::{self, BaseLinear, LoraInit, LoraLinear, TargetModule};
+use crate::layers::lora::{self, BaseLinear, BasePrecision, LoraInit, LoraLinear, TargetModule};
 use crate::layers::nf4::Nf4Weight;
 use crate::layers::norm::RmsNorm;
 use crate::layers::rope::{Positions, RotaryEmbedding, Rotation};
@@ -534,6 +534,9 @@ fn parts_proj(ps: &[&LoraLinear], dtype: DType) -> Result<DecodeProj> {
                 weight: Arc::clone(weight),
             },
             BaseLinear::Dense { weight, .. } => DecodeBase::Dense(weight.clone()),
+            // The decode kernels read bf16 or NF4: an FP8 base decodes from
+            // its dequantised values.
+            BaseLinear::Fp8 { weight, .. } => DecodeBase::Dense(weight.dequantize(dtype)?),
         });
     }
     if let Some(first) = ps[0].bank().filter(|_| lora::adapters_enabled()) {
@@ -837,13 +840,13 @@ impl Decoder {
         self.manual_backward = on;
     }
 
-    /// Holds every projection's frozen weight in NF4 (QLoRA); embeddings,
-    /// norms and `lm_head` stay as they are.
-    pub fn quantize_projections(&mut self) -> Result<()> {
+    /// Holds every projection's frozen weight in `precision` (NF4 as
+    /// QLoRA, or FP8); embeddings, norms and `lm_head` stay as they are.
+    pub fn hold_projections(&mut self, precision: BasePrecision) -> Result<()> {
         for p in self.projections_mut() {
             let name = p.name().to_owned();
-            p.quantize_base().map_err(|e| {
-                e.context(format!("cannot hold `{name}` in 4 bits\nhint: pass --no_4bit to keep the base weights in 16 bits"))
+            p.hold_base(precision).map_err(|e| {
+                e.context(format!("cannot hold `{name}` in {}\nhint: pass --no_4bit to keep the base weights in 16 bits", precision.as_str()))
             })?;
         }
         Ok(())
@@ -1086,7 +1089,8 @@ impl Decoder {
                 (None, Some(bank)) => (o + i) * bank.count * bank.rank * elt,
                 (None, None) => 0,
             };
-            bytes += if as_parts {
+            let fp8 = matches!(p.base(), BaseLinear::Fp8 { .. });
+            bytes += if as_parts && !fp8 {
                 factors + o * i / 32
             } else {
                 o * i * elt

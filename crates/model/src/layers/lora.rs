@@ -18,6 +18,7 @@ use candle_core::{DType, Result, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use serde::{Deserialize, Serialize};
 
+use crate::layers::fp8::Fp8Weight;
 use crate::layers::init::Rng;
 use crate::layers::nf4::Nf4Weight;
 use crate::layers::ops::{self, FrozenWeight};
@@ -121,6 +122,30 @@ pub struct LoraInit<'a> {
     pub varmap: &'a VarMap,
 }
 
+/// How the frozen projections of a model are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BasePrecision {
+    /// As loaded, in the model's dtype (16 bits on a GPU).
+    Bf16,
+    /// NF4 with double quantisation (QLoRA): 4 bits, dequantised for each
+    /// product.
+    Nf4,
+    /// FP8 (E4M3) with a scale an output channel: 8 bits, the forward
+    /// products in FP8.
+    Fp8,
+}
+
+impl BasePrecision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Bf16 => "bf16",
+            Self::Nf4 => "nf4",
+            Self::Fp8 => "fp8",
+        }
+    }
+}
+
 /// The frozen weight of a projection: dense as loaded, or held in 4 bits
 /// (QLoRA's NF4 with double quantisation) and dequantised into a fresh
 /// buffer (from the device's memory pool) each time a forward or backward
@@ -138,6 +163,12 @@ pub enum BaseLinear {
         dtype: DType,
         bias: Option<Tensor>,
     },
+    /// `weight` in FP8 (E4M3, a scale an output channel), multiplied in
+    /// FP8 in the forward; `bias` dense.
+    Fp8 {
+        weight: Arc<Fp8Weight>,
+        bias: Option<Tensor>,
+    },
 }
 
 /// An NF4 weight as the fused ops take it: dequantised on each use.
@@ -149,6 +180,20 @@ struct Nf4Dense {
 impl FrozenWeight for Nf4Dense {
     fn dense(&self) -> Result<Tensor> {
         self.weight.dequantize(self.dtype)
+    }
+}
+
+/// An FP8 weight as the fused ops take it: its own product forward,
+/// dequantised for the input gradient.
+struct Fp8Dense(Arc<Fp8Weight>);
+
+impl FrozenWeight for Fp8Dense {
+    fn dense(&self) -> Result<Tensor> {
+        self.0.dequantize(self.0.dtype())
+    }
+
+    fn product(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        self.0.product(x).map(Some)
     }
 }
 
@@ -177,7 +222,19 @@ impl BaseLinear {
                 dtype: weight.dtype(),
                 bias: bias.clone(),
             }),
-            Self::Nf4 { .. } => Ok(self.clone()),
+            Self::Nf4 { .. } | Self::Fp8 { .. } => Ok(self.clone()),
+        }
+    }
+
+    /// The same weight in FP8 (a no-op if it already is; a 4-bit weight
+    /// stays 4-bit).
+    pub fn to_fp8(&self) -> Result<Self> {
+        match self {
+            Self::Dense { weight, bias } => Ok(Self::Fp8 {
+                weight: Arc::new(Fp8Weight::quantize(weight)?),
+                bias: bias.clone(),
+            }),
+            Self::Nf4 { .. } | Self::Fp8 { .. } => Ok(self.clone()),
         }
     }
 
@@ -186,6 +243,7 @@ impl BaseLinear {
         match self {
             Self::Dense { weight, .. } => weight.dims2(),
             Self::Nf4 { weight, .. } => Ok(weight.shape()),
+            Self::Fp8 { weight, .. } => weight.shape(),
         }
     }
 
@@ -195,6 +253,7 @@ impl BaseLinear {
         match self {
             Self::Dense { weight, .. } => Ok(weight.clone()),
             Self::Nf4 { weight, dtype, .. } => weight.dequantize(*dtype),
+            Self::Fp8 { weight, .. } => weight.dequantize(weight.dtype()),
         }
     }
 
@@ -203,13 +262,16 @@ impl BaseLinear {
         match self {
             Self::Dense { weight, .. } => weight.elem_count() * weight.dtype().size_in_bytes(),
             Self::Nf4 { weight, .. } => weight.storage_bytes(),
+            Self::Fp8 { weight, .. } => weight.storage_bytes(),
         }
     }
 
     /// The bias, if the projection has one.
     pub fn bias(&self) -> Option<&Tensor> {
         match self {
-            Self::Dense { bias, .. } | Self::Nf4 { bias, .. } => bias.as_ref(),
+            Self::Dense { bias, .. } | Self::Nf4 { bias, .. } | Self::Fp8 { bias, .. } => {
+                bias.as_ref()
+            }
         }
     }
 
@@ -221,6 +283,7 @@ impl BaseLinear {
                 weight: Arc::clone(weight),
                 dtype: *dtype,
             }),
+            Self::Fp8 { weight, .. } => Arc::new(Fp8Dense(Arc::clone(weight))),
         }
     }
 
@@ -228,6 +291,10 @@ impl BaseLinear {
     /// to `x` only.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (x2, out_shape) = flatten(x, self.dims()?.0)?;
+        if let Self::Fp8 { .. } = self {
+            let y = ops::frozen_product(&x2, self.frozen())?;
+            return self.finish(y, out_shape);
+        }
         let w = self.weight()?;
         let y = if x.track_op() {
             ops::frozen_matmul(&x2, &w)?
@@ -527,9 +594,14 @@ impl LoraLinear {
         &self.base
     }
 
-    /// Holds the frozen weight in NF4 from now on (QLoRA).
-    pub fn quantize_base(&mut self) -> Result<()> {
-        self.base = self.base.to_nf4()?;
+    /// Holds the frozen weight in `precision` from now on (a dense base
+    /// only: one already quantised stays as it is).
+    pub fn hold_base(&mut self, precision: BasePrecision) -> Result<()> {
+        self.base = match precision {
+            BasePrecision::Bf16 => return Ok(()),
+            BasePrecision::Nf4 => self.base.to_nf4()?,
+            BasePrecision::Fp8 => self.base.to_fp8()?,
+        };
         Ok(())
     }
 
@@ -778,6 +850,61 @@ mod tests {
         assert_eq!(max_diff(&eval1, &eval2), 0.0);
         let train = l.forward(&x, true).unwrap();
         assert!(max_diff(&train, &eval1) > 1e-3);
+    }
+
+    #[test]
+    fn an_fp8_base_multiplies_in_fp8_and_differentiates_through_its_dequantised_weight() {
+        let mut l = layer(1.0, 0.0, 0.3);
+        let dense = l.forward(&input(), false).unwrap();
+        l.hold_base(BasePrecision::Fp8).unwrap();
+        assert!(matches!(l.base(), BaseLinear::Fp8 { .. }));
+        let x = input();
+        let x2 = x.reshape((6, 6)).unwrap();
+        // The base: x quantised a row at a time against the codes; the
+        // adapter's path exact.
+        let xq = crate::layers::fp8::Fp8Rows::quantize(&x2)
+            .unwrap()
+            .dequantize(DType::F32)
+            .unwrap();
+        let wq = l.base().weight().unwrap();
+        let ad = l.adapter().unwrap();
+        let (a, b) = (ad.a.as_tensor(), ad.b.as_tensor());
+        let delta = x2
+            .matmul(&a.t().unwrap())
+            .unwrap()
+            .matmul(&b.t().unwrap())
+            .unwrap();
+        let want = (xq.matmul(&wq.t().unwrap()).unwrap() + delta)
+            .unwrap()
+            .broadcast_add(l.base().bias().unwrap())
+            .unwrap();
+        for train in [false, true] {
+            let y = l.forward(&x, train).unwrap().reshape((6, 5)).unwrap();
+            assert!(max_diff(&y, &want) < 1e-5, "train {train}");
+        }
+        let moved = max_diff(&l.forward(&x, false).unwrap(), &dense);
+        assert!(
+            moved > 1e-4 && moved < 0.05,
+            "fp8 moved the output by {moved}"
+        );
+        // The hand-written backward: dx through the dequantised weight and
+        // the adapter, g (Wq + B A).
+        let g = Tensor::ones((2, 3, 5), DType::F32, &Device::Cpu).unwrap();
+        let (dx, factors) = l.backward(&x, &g, true, 0).unwrap();
+        assert!(factors.is_some());
+        let merged = (&wq + b.matmul(a).unwrap()).unwrap();
+        let want_dx = g.reshape((6, 5)).unwrap().matmul(&merged).unwrap();
+        assert!(max_diff(&dx.reshape((6, 6)).unwrap(), &want_dx) < 1e-5);
+        // Without an adapter, autograd reaches x the same way.
+        let base = l.base().clone();
+        let xv = Var::from_tensor(&x2).unwrap();
+        let y = base.forward(xv.as_tensor()).unwrap();
+        let grads = y.sum_all().unwrap().backward().unwrap();
+        let want_dx = Tensor::ones((6, 5), DType::F32, &Device::Cpu)
+            .unwrap()
+            .matmul(&wq)
+            .unwrap();
+        assert!(max_diff(grads.get(xv.as_tensor()).unwrap(), &want_dx) < 1e-5);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod decoder;
+pub mod fp8;
 pub mod fused;
 pub mod init;
 pub mod lora;

@@ -27,6 +27,12 @@ use candle_core::{
 /// fresh buffer for the forward and again for the backward).
 pub trait FrozenWeight: Send + Sync {
     fn dense(&self) -> Result<Tensor>;
+
+    /// `x (N, in) W^T` computed from the weight as it is held, where that
+    /// is its own product (FP8's); `None`: multiply by [`Self::dense`].
+    fn product(&self, _x: &Tensor) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
 }
 
 impl FrozenWeight for Tensor {
@@ -118,6 +124,43 @@ impl CustomOp1 for Frozen {
     }
 }
 
+/// `x (N, in) -> (N, out)`: `x W^T` by `base`'s own product, differentiable
+/// with respect to `x` only (`dL/dx = g W`, `W` dense).
+pub fn frozen_product(x: &Tensor, base: std::sync::Arc<dyn FrozenWeight>) -> Result<Tensor> {
+    let Some(y) = base.product(&x.detach())? else {
+        return frozen_matmul(x, &base.dense()?);
+    };
+    if !x.track_op() {
+        return Ok(y);
+    }
+    x.apply_op1(Product { y, base })
+}
+
+/// A product computed beforehand (by the weight's own product), with the
+/// input gradient through the dense weight.
+struct Product {
+    y: Tensor,
+    base: std::sync::Arc<dyn FrozenWeight>,
+}
+
+impl CustomOp1 for Product {
+    fn name(&self) -> &'static str {
+        "frozen-product"
+    }
+
+    fn cpu_fwd(&self, _s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
+        cpu_storage_copy(&self.y)
+    }
+
+    fn cuda_fwd(&self, _s: &CudaStorage, _l: &Layout) -> Result<(CudaStorage, Shape)> {
+        cuda_storage_copy(&self.y)
+    }
+
+    fn bwd(&self, _x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(g.contiguous()?.matmul(&self.base.dense()?)?))
+    }
+}
+
 /// LoRA dropout on the `(N, in)` input of the LoRA path: one inverted-
 /// dropout mask `m` applied to the input and, in the backward, to the
 /// input's gradient.
@@ -166,6 +209,7 @@ pub fn lora_matmul(
         Some(d) => Some(d.apply(&x.detach())?.contiguous()?),
         None => None,
     };
+    let base_out = base.product(&x.detach())?;
     x.apply_op3(
         a,
         b,
@@ -174,9 +218,25 @@ pub fn lora_matmul(
             scale,
             dropout,
             dropped,
+            base_out,
         },
     )
 }
+
+/// The base's part of a LoRA product at the storage level: its dense
+/// weight to multiply by, or its product computed beforehand.
+enum BaseIn<'a, S> {
+    Weight(&'a S, &'a Layout),
+    Product(&'a S, &'a Layout),
+}
+
+impl<S> Clone for BaseIn<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S> Copy for BaseIn<'_, S> {}
 
 struct Lora {
     base: std::sync::Arc<dyn FrozenWeight>,
@@ -184,10 +244,12 @@ struct Lora {
     dropout: Option<Dropout>,
     /// `m ⊙ x`, what the LoRA path reads in the forward.
     dropped: Option<Tensor>,
+    /// `x W^T` by the base's own product ([`FrozenWeight::product`]).
+    base_out: Option<Tensor>,
 }
 
 impl Lora {
-    /// The forward on either backend's storage, `w` being the dense base.
+    /// The forward on either backend's storage.
     #[allow(clippy::too_many_arguments)]
     fn fwd<S: BackendStorage>(
         &self,
@@ -197,11 +259,36 @@ impl Lora {
         al: &Layout,
         b: &S,
         bl: &Layout,
-        w: &S,
-        wl: &Layout,
+        base: BaseIn<'_, S>,
         dropped: Option<(&S, &Layout)>,
     ) -> Result<(S, Shape)> {
-        let (y, shape) = matmul_t(x, xl, w, wl)?; // (N, out)
+        let (n, _) = xl.shape().dims2()?;
+        let (out, _) = bl.shape().dims2()?;
+        let shape = Shape::from((n, out));
+        let d = self.delta(x, xl, a, al, b, bl, dropped)?; // (N, out)
+        let dl = Layout::contiguous(&shape);
+        let y = match base {
+            BaseIn::Weight(w, wl) => {
+                let (y, _) = matmul_t(x, xl, w, wl)?;
+                return Ok((y.binary_impl::<candle_core::op::Add>(&d, &dl, &dl)?, shape));
+            }
+            BaseIn::Product(y, yl) => y.binary_impl::<candle_core::op::Add>(&d, yl, &dl)?,
+        };
+        Ok((y, shape))
+    }
+
+    /// `s (m ⊙ x) A^T B^T`, `(N, out)` contiguous.
+    #[allow(clippy::too_many_arguments)]
+    fn delta<S: BackendStorage>(
+        &self,
+        x: &S,
+        xl: &Layout,
+        a: &S,
+        al: &Layout,
+        b: &S,
+        bl: &Layout,
+        dropped: Option<(&S, &Layout)>,
+    ) -> Result<S> {
         let (xd, xdl) = match dropped {
             Some((d, dl)) => (d, dl.clone()),
             None => (x, xl.clone()),
@@ -210,8 +297,43 @@ impl Lora {
         let hl = Layout::contiguous(&hs);
         let h = h.affine(&hl, self.scale, 0.0)?;
         let (d, _) = matmul_t(&h, &hl, b, bl)?; // (N, out)
-        let yl = Layout::contiguous(&shape);
-        Ok((y.binary_impl::<candle_core::op::Add>(&d, &yl, &yl)?, shape))
+        Ok(d)
+    }
+
+    /// [`Self::fwd`] with the base and the dropped input found on the
+    /// backend `with` reads tensors on.
+    #[allow(clippy::too_many_arguments)]
+    fn fwd_on<S: BackendStorage>(
+        &self,
+        with: impl Fn(&Tensor, &mut dyn FnMut(&S, &Layout) -> Result<(S, Shape)>) -> Result<(S, Shape)>,
+        x: &S,
+        xl: &Layout,
+        a: &S,
+        al: &Layout,
+        b: &S,
+        bl: &Layout,
+    ) -> Result<(S, Shape)> {
+        let dense;
+        let (base, is_product) = match &self.base_out {
+            Some(y) => (y, true),
+            None => {
+                dense = self.base.dense()?;
+                (&dense, false)
+            }
+        };
+        with(base, &mut |w, wl| {
+            let base = if is_product {
+                BaseIn::Product(w, wl)
+            } else {
+                BaseIn::Weight(w, wl)
+            };
+            match &self.dropped {
+                Some(m) => with(m, &mut |m, ml| {
+                    self.fwd(x, xl, a, al, b, bl, base, Some((m, ml)))
+                }),
+                None => self.fwd(x, xl, a, al, b, bl, base, None),
+            }
+        })
     }
 }
 
@@ -229,13 +351,7 @@ impl CustomOp3 for Lora {
         b: &CpuStorage,
         bl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let w = self.base.dense()?;
-        with_cpu(&w, |w, wl| match &self.dropped {
-            Some(m) => with_cpu(m, |m, ml| {
-                self.fwd(x, xl, a, al, b, bl, w, wl, Some((m, ml)))
-            }),
-            None => self.fwd(x, xl, a, al, b, bl, w, wl, None),
-        })
+        self.fwd_on(|t, f| with_cpu(t, |s, l| f(s, l)), x, xl, a, al, b, bl)
     }
 
     fn cuda_fwd(
@@ -247,13 +363,7 @@ impl CustomOp3 for Lora {
         b: &CudaStorage,
         bl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let w = self.base.dense()?;
-        with_cuda(&w, |w, wl| match &self.dropped {
-            Some(m) => with_cuda(m, |m, ml| {
-                self.fwd(x, xl, a, al, b, bl, w, wl, Some((m, ml)))
-            }),
-            None => self.fwd(x, xl, a, al, b, bl, w, wl, None),
-        })
+        self.fwd_on(|t, f| with_cuda(t, |s, l| f(s, l)), x, xl, a, al, b, bl)
     }
 
     fn bwd(
