@@ -146,7 +146,10 @@ impl Model {
     /// Holds every projection's frozen weight in `precision` (4 bits: NF4
     /// with double quantisation, as QLoRA; 8 bits: FP8); the adapters and
     /// everything else stay.
-    pub fn hold_base(&mut self, precision: crate::BasePrecision) -> candle_core::Result<()> {
+    pub fn hold_base(
+        &mut self,
+        precision: crate::layers::lora::BasePrecision,
+    ) -> candle_core::Result<()> {
         self.decoder_mut().hold_projections(precision)
     }
 

@@ -1186,7 +1186,9 @@ mod cuda_tests {
         // NF4: the fused step decodes the dequantised weights; the op-by-op
         // path dequantises at every step: the same logits up to rounding.
         let mut q = load(dir.path(), None, DType::BF16, &dev).unwrap();
-        q.model.hold_base(crate::BasePrecision::Nf4).unwrap();
+        q.model
+            .hold_base(crate::layers::lora::BasePrecision::Nf4)
+            .unwrap();
         let on = |path| {
             with_decode_path(path, || greedy(&q.model, &prompts, 8, &[], 0, 0, &dev)).unwrap()
         };
@@ -1213,7 +1215,9 @@ mod cuda_tests {
         for nf4 in [false, true] {
             let mut m = load(dir.path(), Some(&lora), DType::BF16, &dev).unwrap();
             if nf4 {
-                m.model.hold_base(crate::BasePrecision::Nf4).unwrap();
+                m.model
+                    .hold_base(crate::layers::lora::BasePrecision::Nf4)
+                    .unwrap();
             }
             for p in m.model.decoder().projections() {
                 let b = &p.adapter().unwrap().b;
