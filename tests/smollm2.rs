@@ -4,21 +4,15 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::train::smollm2_gguf;
+use common::train::smollm2_folder;
 use common::{max_diff, stderr, trace_train};
 use trace_train::model::{self, io::adapter};
 
 #[test]
 fn smollm2_learns_a_small_set_to_full_exact_match() {
-    let Some(gguf) = smollm2_gguf("smollm2_learns_a_small_set_to_full_exact_match") else {
+    let Some(dir) = smollm2_folder("smollm2_learns_a_small_set_to_full_exact_match") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let o = trace_train(
-        dir.path(),
-        &["model", "import_gguf", gguf.to_str().unwrap(), "smol"],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
     let mut text = String::new();
     for (i, (q, a)) in [
         ("what is 2+5?", "7"),
@@ -141,17 +135,11 @@ fn smollm2_learns_a_small_set_to_full_exact_match() {
 #[test]
 fn smollm2_sft_labels_end_with_the_end_of_turn_token_decoding_stops_on() {
     use trace_train::data::{ChatTokenizer, Example, IGNORE_INDEX, Message, Role};
-    let Some(gguf) =
-        smollm2_gguf("smollm2_sft_labels_end_with_the_end_of_turn_token_decoding_stops_on")
+    let Some(dir) =
+        smollm2_folder("smollm2_sft_labels_end_with_the_end_of_turn_token_decoding_stops_on")
     else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let o = trace_train(
-        dir.path(),
-        &["model", "import_gguf", gguf.to_str().unwrap(), "smol"],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
     let tok = ChatTokenizer::from_dir(&dir.path().join("smol")).unwrap();
     let eot = tok.end_of_turn().clone();
     assert_eq!(eot.text, "<|im_end|>");
@@ -184,15 +172,9 @@ fn smollm2_greedy_in_fp8_keeps_the_16_bit_tokens() {
     use trace_train::data::template::{Message, Role};
     use trace_train::data::tokenizer::ChatTokenizer;
     use trace_train::model::BasePrecision;
-    let Some(gguf) = smollm2_gguf("smollm2_greedy_in_fp8_keeps_the_16_bit_tokens") else {
+    let Some(dir) = smollm2_folder("smollm2_greedy_in_fp8_keeps_the_16_bit_tokens") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let o = trace_train(
-        dir.path(),
-        &["model", "import_gguf", gguf.to_str().unwrap(), "smol"],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
     let smol = dir.path().join("smol");
     let tok = ChatTokenizer::from_dir(&smol).unwrap();
     let prompts: Vec<Vec<u32>> = [

@@ -72,7 +72,7 @@ pub enum BenchCommand {
         /// How the frozen projections are held: bf16, nf4 (QLoRA's NF4
         /// with double quantisation; the peer's `--4bit`) or fp8 (E4M3, a
         /// scale an output channel, FP8 products forward).
-        #[arg(long, value_parser = base_precision, default_value = "bf16")]
+        #[arg(long, value_parser = <BasePrecision as std::str::FromStr>::from_str, default_value = "bf16")]
         base_precision: BasePrecision,
         /// The same as `--base_precision nf4`.
         #[arg(
@@ -163,7 +163,7 @@ pub enum BenchCommand {
         rank: Option<usize>,
         /// How the projections' base weights are held: bf16, nf4 (as QLoRA
         /// holds them) or fp8 (decoded from their dequantised values).
-        #[arg(long, value_parser = base_precision, default_value = "bf16")]
+        #[arg(long, value_parser = <BasePrecision as std::str::FromStr>::from_str, default_value = "bf16")]
         base_precision: BasePrecision,
         /// The same as `--base_precision nf4`.
         #[arg(
@@ -224,16 +224,6 @@ pub enum BenchCommand {
         #[arg(long, default_value = "auto")]
         device: String,
     },
-}
-
-/// `--base_precision`'s value.
-fn base_precision(s: &str) -> Result<BasePrecision, String> {
-    match s {
-        "bf16" => Ok(BasePrecision::Bf16),
-        "nf4" => Ok(BasePrecision::Nf4),
-        "fp8" => Ok(BasePrecision::Fp8),
-        _ => Err(format!("`{s}` is not bf16, nf4 or fp8")),
-    }
 }
 
 /// `--base_precision`, or NF4 where `--load_in_4bit` is given.

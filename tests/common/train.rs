@@ -28,6 +28,19 @@ pub fn smollm2_gguf(test: &str) -> Option<std::path::PathBuf> {
     }
 }
 
+/// A temporary folder holding SmolLM2-135M-Instruct imported from its GGUF
+/// as `smol/`; `None` (and SKIPPED) where the GGUF is not fetched.
+pub fn smollm2_folder(test: &str) -> Option<tempfile::TempDir> {
+    let gguf = smollm2_gguf(test)?;
+    let dir = tempfile::tempdir().unwrap();
+    let o = trace_train(
+        dir.path(),
+        &["model", "import_gguf", gguf.to_str().unwrap(), "smol"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    Some(dir)
+}
+
 /// A few short chat records, like `generate` writes them.
 pub fn write_records(path: &Path, n: usize) {
     let mut text = String::new();

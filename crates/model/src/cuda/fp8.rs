@@ -21,6 +21,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, DType, Device, Result, Storage, Tensor, bail};
 
 use super::kernels::{FP8, kernel, ptr, uninit};
+use super::lt::{lt, proposals};
 
 /// How a product applies the row and column scales.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,10 +38,6 @@ pub enum Scaling {
 /// Workspace for the product's algorithms.
 const WORKSPACE: usize = 32 << 20;
 const THREADS: u32 = 256;
-
-fn lt<T>(what: &str, r: std::result::Result<T, result::CublasError>) -> Result<T> {
-    r.map_err(|e| candle_core::Error::Msg(format!("cuBLASLt FP8 {what}: {e:?}")))
-}
 
 fn cuda_dev(t: &Tensor) -> Result<CudaDevice> {
     match t.device() {
@@ -187,7 +184,7 @@ impl Products {
         stream.context().bind_to_thread().w()?;
         Ok(Self {
             ctx: stream.context().cu_ctx() as usize,
-            handle: lt("handle", result::create_handle())?,
+            handle: lt("FP8 handle", result::create_handle())?,
             workspace: dev.alloc_zeros::<u8>(WORKSPACE)?,
             stream,
             plans: Vec::new(),
@@ -217,7 +214,7 @@ impl Products {
         let desc = plan.desc;
         let set = |attr: sys::cublasLtMatmulDescAttributes_t, value: i32| {
             // SAFETY: desc is live; each attribute set here is an int32.
-            lt("attribute", unsafe {
+            lt("FP8 attribute", unsafe {
                 result::set_matmul_desc_attribute(
                     desc,
                     attr,
@@ -234,7 +231,7 @@ impl Products {
         if scaling == Scaling::UnitFast {
             let fast: i8 = 1;
             // SAFETY: desc is live; this attribute is an int8.
-            lt("fast accumulation", unsafe {
+            lt("FP8 fast accumulation", unsafe {
                 result::set_matmul_desc_attribute(
                     desc,
                     A::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
@@ -269,45 +266,17 @@ impl Products {
         &self,
         plan: &Plan,
     ) -> Result<std::result::Result<sys::cublasLtMatmulAlgo_t, String>> {
-        let pref = lt("preference", result::create_matmul_pref())?;
-        let ws = WORKSPACE as u64;
-        // SAFETY: a plain C struct the call fills.
-        let mut got = unsafe { std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>() };
-        let mut n = 0;
-        // SAFETY: pref and the plan's descriptors are live; `got` holds one
-        // result.
-        let status = unsafe {
-            result::set_matmul_pref_attribute(
-                pref,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                (&ws) as *const u64 as *const _,
-                std::mem::size_of::<u64>(),
+        // SAFETY: the handle and the plan's descriptors are live.
+        let proposed = unsafe {
+            proposals(
+                self.handle,
+                plan.desc,
+                [plan.a, plan.b, plan.d, plan.d],
+                WORKSPACE,
+                1,
             )
-            .and_then(|_| {
-                sys::cublasLtMatmulAlgoGetHeuristic(
-                    self.handle,
-                    plan.desc,
-                    plan.a,
-                    plan.b,
-                    plan.d,
-                    plan.d,
-                    pref,
-                    1,
-                    &mut got,
-                    &mut n,
-                )
-                .result()
-            })
-        };
-        // SAFETY: created above, destroyed once.
-        let _ = unsafe { result::destroy_matmul_pref(pref) };
-        Ok(match status {
-            Ok(()) if n > 0 && got.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS => {
-                Ok(got.algo)
-            }
-            Ok(()) => Err(format!("{n} algorithms, state {:?}", got.state)),
-            Err(e) => Err(format!("{e:?}")),
-        })
+        }?;
+        Ok(proposed.map(|algos| algos[0]))
     }
 }
 
@@ -390,7 +359,7 @@ pub fn product(
                 let at = at as *const std::ffi::c_void;
                 // SAFETY: the descriptor is live (under the lock); the
                 // attribute is a device pointer to the scale vector.
-                lt("scale pointer", unsafe {
+                lt("FP8 scale pointer", unsafe {
                     result::set_matmul_desc_attribute(
                         plan.desc,
                         attr,
@@ -404,7 +373,7 @@ pub fn product(
         // SAFETY: the layouts describe qw (out, in), qx (rows, in) and y
         // (rows, out), all contiguous, 16-byte aligned and alive until the
         // stream reaches the product; the workspace is WORKSPACE bytes.
-        lt("product", unsafe {
+        lt("FP8 product", unsafe {
             result::matmul(
                 handle,
                 plan.desc,

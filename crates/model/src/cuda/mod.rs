@@ -4,6 +4,8 @@
 pub mod fp8;
 #[cfg(feature = "cuda")]
 pub mod kernels;
+#[cfg(feature = "cuda")]
+pub mod lt;
 #[cfg(feature = "cudnn")]
 pub mod sdpa_cudnn;
 

@@ -30,6 +30,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, DevicePtr
 use candle_core::{CudaDevice, DType, Device, Result, Tensor, bail};
 
 use crate::cuda::kernels::{ptr, uninit};
+use crate::cuda::lt::{lt, proposals};
 
 /// Workspace for split-K algorithms (what cuBLASLt's documentation asks
 /// for on Hopper).
@@ -99,10 +100,6 @@ impl Drop for Plan {
             }
         }
     }
-}
-
-fn lt<T>(what: &str, r: std::result::Result<T, result::CublasError>) -> Result<T> {
-    r.map_err(|e| candle_core::Error::Msg(format!("cuBLASLt {what}: {e:?}")))
 }
 
 impl Plan {
@@ -312,55 +309,25 @@ impl LtProducts {
 
     /// The algorithms cuBLASLt's heuristic proposes for `plan`, best first.
     fn candidates(&self, plan: &Plan) -> Result<Vec<sys::cublasLtMatmulAlgo_t>> {
-        let pref = lt("preference", result::create_matmul_pref())?;
-        let ws = WORKSPACE as u64;
-        let mut got = vec![
-            // SAFETY: a plain C struct the call below fills.
-            unsafe { std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>() };
-            CANDIDATES
-        ];
-        let mut n = 0;
-        // SAFETY: pref and the plan's descriptors are live; `got` holds
-        // CANDIDATES results.
-        let status = unsafe {
-            result::set_matmul_pref_attribute(
-                pref,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                (&ws) as *const u64 as *const _,
-                std::mem::size_of::<u64>(),
+        // SAFETY: the handle and the plan's descriptors are live.
+        let proposed = unsafe {
+            proposals(
+                self.handle,
+                plan.desc,
+                [plan.w, plan.x, plan.y, plan.y],
+                WORKSPACE,
+                CANDIDATES,
             )
-            .and_then(|_| {
-                sys::cublasLtMatmulAlgoGetHeuristic(
-                    self.handle,
-                    plan.desc,
-                    plan.w,
-                    plan.x,
-                    plan.y,
-                    plan.y,
-                    pref,
-                    CANDIDATES as i32,
-                    got.as_mut_ptr(),
-                    &mut n,
-                )
-                .result()
-            })
-        };
-        // SAFETY: created above, destroyed once.
-        let _ = unsafe { result::destroy_matmul_pref(pref) };
-        if let Err(e) = status {
+        }?;
+        Ok(proposed.unwrap_or_else(|e| {
             // No algorithm for this shape (NOT_SUPPORTED): cuBLAS keeps it.
             tracing::debug!(
-                "decode: cuBLASLt proposes nothing for {} x {}: {e:?}",
+                "decode: cuBLASLt proposes nothing for {} x {}: {e}",
                 plan.out,
                 plan.inp
             );
-            return Ok(Vec::new());
-        }
-        Ok(got[..n.max(0) as usize]
-            .iter()
-            .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
-            .map(|r| r.algo)
-            .collect())
+            Vec::new()
+        }))
     }
 
     /// The fastest of cuBLAS's path and `candidates` for `plan`, each

@@ -160,15 +160,20 @@ impl Fp8Weight {
 /// The product's scalings to try on CUDA, in order: cuBLASLt's
 /// outer-vector scales, then unit scales and a rescaling kernel;
 /// `TRACE_TRAIN_FP8_SCALING=outer|unit|unit_fast` keeps one.
+/// Read once a process: every projection of every step asks.
 #[cfg(feature = "cuda")]
 fn scalings() -> &'static [crate::cuda::fp8::Scaling] {
     use crate::cuda::fp8::Scaling::{Outer, Unit, UnitFast};
-    match std::env::var("TRACE_TRAIN_FP8_SCALING").as_deref() {
-        Ok("unit") => &[Unit],
-        Ok("unit_fast") => &[UnitFast],
-        Ok("outer") => &[Outer],
-        _ => &[Outer, Unit],
-    }
+    static CHOSEN: std::sync::OnceLock<&'static [crate::cuda::fp8::Scaling]> =
+        std::sync::OnceLock::new();
+    CHOSEN.get_or_init(
+        || match std::env::var("TRACE_TRAIN_FP8_SCALING").as_deref() {
+            Ok("unit") => &[Unit],
+            Ok("unit_fast") => &[UnitFast],
+            Ok("outer") => &[Outer],
+            _ => &[Outer, Unit],
+        },
+    )
 }
 
 #[cfg(test)]

@@ -137,12 +137,25 @@ pub enum BasePrecision {
 }
 
 impl BasePrecision {
+    pub const ALL: [Self; 3] = [Self::Bf16, Self::Nf4, Self::Fp8];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Bf16 => "bf16",
             Self::Nf4 => "nf4",
             Self::Fp8 => "fp8",
         }
+    }
+}
+
+impl std::str::FromStr for BasePrecision {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("`{s}` is not bf16, nf4 or fp8"))
     }
 }
 

@@ -270,7 +270,7 @@ impl Lora {
         let y = match base {
             BaseIn::Weight(w, wl) => {
                 let (y, _) = matmul_t(x, xl, w, wl)?;
-                return Ok((y.binary_impl::<candle_core::op::Add>(&d, &dl, &dl)?, shape));
+                y.binary_impl::<candle_core::op::Add>(&d, &dl, &dl)?
             }
             BaseIn::Product(y, yl) => y.binary_impl::<candle_core::op::Add>(&d, yl, &dl)?,
         };
