@@ -7,66 +7,15 @@
 //! SKIPPED, except under CI (`CI` set), where they fail: .ci/run installs
 //! them.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::agentgym::{Server, python};
 use trace_train::env::http::{HttpEnv, ONE_ACTION};
 use trace_train::env::{Environment, Score, Step, begin, registry};
-
-fn python() -> String {
-    std::env::var("TRACE_TRAIN_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-/// A server of examples/agentgym/ on a free port, killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start(script: &str, args: &[&str]) -> Server {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/agentgym");
-        let mut child = Command::new(python())
-            .current_dir(dir)
-            .arg(script)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {} {script}: {e}", python()));
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("listening on ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("{script} did not start: {line:?}"));
-        Server { child, port }
-    }
-
-    fn url(&self, query: &str) -> String {
-        format!("http://127.0.0.1:{}{query}", self.port)
-    }
-
-    fn stats(&self) -> serde_json::Value {
-        ureq::get(&self.url("/stats"))
-            .call()
-            .unwrap()
-            .into_json()
-            .unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn reward(step: &Step) -> f64 {
     match step.score {

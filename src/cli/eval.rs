@@ -106,13 +106,18 @@ pub struct EvalArgs {
 #[derive(Args, Clone, Debug, Default)]
 #[command(rename_all = "snake_case")]
 pub struct EnvEvalArgs {
-    /// Evaluate on environments instead of --data: trace, sat, abd, ded
-    /// joined by `+`, each optionally weighted for the aggregates
+    /// Evaluate on environments instead of --data: the registry's (`sat`,
+    /// `abd`, `answers:FILE.jsonl`, `python:FILE.py`, `http://HOST:PORT`,
+    /// ...) joined by `+`, each optionally weighted for the aggregates
     /// (`sat+abd:2+ded`; default weight: the environment's task count).
+    /// Each is reported under its own name (the URL without its `?`
+    /// settings for a server).
     #[arg(long, conflicts_with_all = ["data", "heldout", "compare"])]
     pub environment: Option<String>,
-    /// With --environment: tasks an environment (ids from --task_offset on;
-    /// ABD and DED stop at their last row).
+    /// With --environment: tasks an environment, whatever its weight (ids
+    /// from --task_offset on; one with a task count, as ABD, DED, a
+    /// question file, a server or a `python:` file's `TASK_COUNT`, stops
+    /// at its last).
     #[arg(long, default_value_t = 100)]
     pub tasks: u64,
     /// With --environment: the first task id.

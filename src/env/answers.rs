@@ -66,6 +66,10 @@ impl Grading {
 
 /// The question-and-answer environment; see the module header.
 pub struct AnswersEnv {
+    /// As logs, metrics and reports name it: `answers`, or `answers:FILE`
+    /// for the file a spec names (leaked once an environment built: `name`
+    /// is `&'static`).
+    name: &'static str,
     /// Empty for the built-in word problems.
     rows: Vec<QaRow>,
     grading: Grading,
@@ -79,6 +83,7 @@ impl AnswersEnv {
     pub fn load(dataset: &str) -> anyhow::Result<Self> {
         if dataset == "builtin" {
             return Ok(Self {
+                name: "answers",
                 rows: Vec::new(),
                 grading: Grading::Exact,
             });
@@ -91,6 +96,7 @@ impl AnswersEnv {
             "`{dataset}` holds no question\nhint: one JSON object a line, as {{\"question\": ..., \"answer\": ...}}"
         );
         Ok(Self {
+            name: "answers",
             rows,
             grading: Grading::Exact,
         })
@@ -99,9 +105,17 @@ impl AnswersEnv {
     /// The environment on `rows` (tests).
     pub fn from_rows(rows: Vec<QaRow>) -> Self {
         Self {
+            name: "answers",
             rows,
             grading: Grading::Exact,
         }
+    }
+
+    /// Named `name` from now on (the registry's `answers:FILE`, so that
+    /// two question files in one mixture keep their own metrics).
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = Box::leak(name.to_owned().into_boxed_str());
+        self
     }
 
     /// Rewards answers by `grading` from now on.
@@ -121,7 +135,7 @@ impl AnswersEnv {
 
 impl Environment for AnswersEnv {
     fn name(&self) -> &'static str {
-        "answers"
+        self.name
     }
 
     fn task(&self, task_id: u64) -> Result<Task, String> {

@@ -106,7 +106,13 @@ pub const ENVIRONMENTS: &[Registered] = &[
         build: |b, file| {
             let grading = Grading::parse(&b.data.answers_reward)?;
             let rows = file.unwrap_or(&b.data.answers_dataset);
-            Ok(Arc::new(AnswersEnv::load(rows)?.with_grading(grading)))
+            let env = AnswersEnv::load(rows)?.with_grading(grading);
+            // `answers:FILE` keeps its file in its name, as `python:FILE`
+            // does: two question sets in a mixture are two environments.
+            Ok(Arc::new(match file {
+                Some(f) => env.named(&format!("answers:{f}")),
+                None => env,
+            }))
         },
     },
     Registered {
@@ -416,6 +422,15 @@ pub fn build(
             );
         };
         let env = (entry.build)(&mut b, n.arg.as_deref())?;
+        // Reports, metrics and `compare` tell environments apart by name.
+        if let Some(k) = envs.iter().position(|e| e.name() == env.name()) {
+            anyhow::bail!(
+                "--environment: `{}` and `{}` are both named `{}` in reports and metrics\nhint: an `http://` environment is named by its server's address without the `?` settings; give each its own server or port",
+                named[k].label(),
+                n.label(),
+                env.name()
+            );
+        }
         envs.push(if entry.split && part != Part::All {
             Arc::new(Split::new(env, part))
         } else {
@@ -534,5 +549,34 @@ mod tests {
         }
         let mut seen = std::collections::BTreeSet::new();
         assert!(ENVIRONMENTS.iter().all(|e| seen.insert(e.name)));
+    }
+
+    #[test]
+    fn a_question_file_names_its_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("q.jsonl");
+        std::fs::write(&file, "{\"question\": \"1 + 1?\", \"answer\": \"2\"}\n").unwrap();
+        let spec = format!("answers+answers:{}:2", file.display());
+        let envs = build(
+            &parse(&spec).unwrap(),
+            &EnvData::default(),
+            false,
+            Part::All,
+        )
+        .unwrap();
+        let names: Vec<&str> = envs.iter().map(|e| e.name()).collect();
+        assert_eq!(
+            names,
+            ["answers".to_owned(), format!("answers:{}", file.display())]
+        );
+        // Through the held-out split too (its name is the inner one's).
+        let held = build(
+            &parse(&spec).unwrap(),
+            &EnvData::default(),
+            false,
+            Part::HeldOut,
+        )
+        .unwrap();
+        assert_eq!(held[1].name(), names[1]);
     }
 }

@@ -313,10 +313,18 @@ impl EnvsReport {
     /// One line an environment and the aggregates, for the terminal.
     pub fn summary(&self) -> String {
         let mut out = String::new();
+        // Names as long as `python:my_env.py` or a URL line up too.
+        let width = self
+            .environments
+            .iter()
+            .map(|s| s.metrics.environment.len())
+            .max()
+            .unwrap_or(0)
+            .max(6);
         for s in &self.environments {
             let m = &s.metrics;
             out.push_str(&format!(
-                "{:<6} n {:>5}  acc {:>5.1}% [{:.1}, {:.1}]  mean {:.3}  std {:.3}  median {:.2}  success {:.1}%{}{}\n",
+                "{:<width$} n {:>5}  acc {:>5.1}% [{:.1}, {:.1}]  mean {:.3}  std {:.3}  median {:.2}  success {:.1}%{}{}\n",
                 m.environment,
                 m.n,
                 100.0 * m.accuracy,
@@ -335,12 +343,13 @@ impl EnvsReport {
                     .iter()
                     .map(|t| format!("{} {:.1}%", t.turn, 100.0 * t.accuracy))
                     .collect();
-                out.push_str(&format!("       after turn {}\n", by.join(", ")));
+                out.push_str(&format!("{:width$} after turn {}\n", "", by.join(", ")));
             }
         }
         let a = &self.aggregate;
         out.push_str(&format!(
-            "all    n {:>5}  weighted acc {:.1}%  weighted mean {:.3}  success {:.1}%",
+            "{:<width$} n {:>5}  weighted acc {:.1}%  weighted mean {:.3}  success {:.1}%",
+            "all",
             a.n,
             100.0 * a.weighted_accuracy,
             a.weighted_mean_score,

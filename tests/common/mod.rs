@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use trace_train::sandbox::{Executor, ExecutorConfig};
 
+pub mod agentgym;
 pub mod train;
 
 /// One sandbox for a whole test binary (2 workers).
