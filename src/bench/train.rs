@@ -374,6 +374,39 @@ pub struct GenResult {
     pub logprob_mismatch: f64,
     /// The memory pool's high-water mark while sampling.
     pub peak_mem_gib: Option<f64>,
+    /// What bounds the timed run on CUDA: the bytes a decode step must
+    /// read at the least (the weights as held, the head, the norms; the
+    /// rows' keys and values at their mean length), the rate this device
+    /// copies memory (a 1 GiB copy, reads and writes counted), and the new
+    /// tokens a second one would decode at that rate (the prefill left
+    /// out): `new_tokens_per_s` against it is the share of the limit.
+    pub step_weight_bytes: usize,
+    pub step_kv_bytes: usize,
+    pub copy_gb_per_s: Option<f64>,
+    pub limit_new_tokens_per_s: Option<f64>,
+    pub share_of_limit: Option<f64>,
+}
+
+/// The rate `device` copies memory, in GB/s (reads and writes counted):
+/// the best of five copies of 1 GiB after one untimed; `None` off CUDA.
+fn copy_rate(device: &Device) -> anyhow::Result<Option<f64>> {
+    if !device.is_cuda() {
+        return Ok(None);
+    }
+    let bytes = 1usize << 30;
+    let src = Tensor::zeros(bytes / 4, DType::F32, device)?;
+    let mut best = f64::INFINITY;
+    for rep in 0..6 {
+        device.synchronize()?;
+        let t = Instant::now();
+        let copy = src.copy()?;
+        device.synchronize()?;
+        drop(copy);
+        if rep > 0 {
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(Some(2.0 * bytes as f64 / best / 1e9))
 }
 
 /// Bytes as GiB, two decimals.
@@ -474,6 +507,15 @@ pub fn sample(bench: &GenBench, device: &Device) -> anyhow::Result<GenResult> {
         .zip(&trainer[prompt - 1..])
         .map(|(a, b)| f64::from((a - b).abs()))
         .fold(0.0, f64::max);
+    let dec = m.model.decoder();
+    let step_weight_bytes = dec.step_weight_bytes();
+    // Keys and values of every row at the run's mean length.
+    let step_kv_bytes = dec.kv_bytes_per_token() * batch * (prompt + new / 2);
+    drop(out);
+    let copy_gb_per_s = copy_rate(device)?;
+    let limit = copy_gb_per_s
+        .map(|rate| batch as f64 * rate * 1e9 / (step_weight_bytes + step_kv_bytes) as f64);
+    let new_tokens_per_s = produced as f64 / s;
     Ok(GenResult {
         ours: "trace-train",
         job: "sample",
@@ -490,10 +532,15 @@ pub fn sample(bench: &GenBench, device: &Device) -> anyhow::Result<GenResult> {
             _ => "ops",
         }
         .to_owned(),
-        new_tokens_per_s: produced as f64 / s,
+        new_tokens_per_s,
         seconds: s,
         logprob_mismatch,
         peak_mem_gib: peak.map(gib),
+        step_weight_bytes,
+        step_kv_bytes,
+        copy_gb_per_s,
+        limit_new_tokens_per_s: limit,
+        share_of_limit: limit.map(|l| new_tokens_per_s / l),
     })
 }
 

@@ -162,7 +162,9 @@ pub enum BenchCommand {
         #[arg(long = "lora_r", alias = "rank")]
         rank: Option<usize>,
         /// How the projections' base weights are held: bf16, nf4 (as QLoRA
-        /// holds them) or fp8 (decoded from their dequantised values).
+        /// holds them) or fp8 (E4M3 codes). The decode step reads NF4 and
+        /// FP8 codes in place where their bf16 copy does not fit
+        /// (`TRACE_TRAIN_DECODE_WEIGHTS=base` always).
         #[arg(long, value_parser = <BasePrecision as std::str::FromStr>::from_str, default_value = "bf16")]
         base_precision: BasePrecision,
         /// The same as `--base_precision nf4`.

@@ -3,13 +3,19 @@
 // rows. At M = 32 reading the weight is the whole cost; the tensor-core
 // work is a thin strip beside it.
 //
-// One kernel for two weight formats:
+// One kernel for three weight formats:
 // - bf16 rows (out, in) read as they are;
 // - NF4 (bitsandbytes' layout, model/nf4.rs): two codes a byte, the first
 //   in the high nibble, read as they are, a quarter of bf16's bytes. Each
 //   64-block's absmax comes from a small table made once a generation
 //   (`nf4_scales`: f16, chunk-major, so one 4-byte load gives a thread the
 //   scales of its two columns).
+// - FP8 (layers/fp8.rs): E4M3 codes, a byte each, half of bf16's bytes,
+//   with one f32 scale a row of W (an output column of Y), applied to the
+//   sums before the LoRA update. A pair of codes becomes bf16 exactly:
+//   the hardware's conversion to f16, the exponent and mantissa moved to
+//   bf16's places (every E4M3 value is normal or zero in f16), and one
+//   product by 2^112 to undo the exponent's bias.
 //
 // The work: a block of 4 warps owns 128 weight rows (a "tile") and a range
 // of 64-column chunks of K (a "split"); each warp owns 32 of the rows as 4
@@ -18,7 +24,8 @@
 // (g, q) of the warp (g = lane / 4, q = lane % 4) holds columns q*16 ..
 // q*16+15 of its weight row and of its X rows, and the 4 k-steps of 16
 // read them 4 at a time. Both operands use the same order, so the sum is
-// X W^T, and a thread's loads are 32 (bf16) or 8 (NF4) contiguous bytes.
+// X W^T, and a thread's loads are 32 (bf16), 16 (FP8) or 8 (NF4)
+// contiguous bytes.
 // The weight loads of the next U chunks are issued before the current
 // ones are multiplied (two register buffers). When the block's range of
 // K is short enough, X's rows for it are copied to shared memory first,
@@ -39,6 +46,7 @@
 // written to consecutive column ranges of Y; a tile never straddles two.
 
 #include "common.cuh"
+#include <cuda_fp8.h>
 
 #define SK_WARPS 4
 #define SK_NT 4
@@ -48,32 +56,57 @@
 // l % SK_LUT_COPIES), which keeps bank conflicts of random bytes low.
 #define SK_LUT_COPIES 8
 
+// The weight formats.
+#define FMT_BF16 0
+#define FMT_NF4 1
+#define FMT_FP8 2
+// 32-bit words of a chunk's 16 columns a thread holds for one weight row.
+#define SK_WORDS(F) ((F) == FMT_BF16 ? 8 : (F) == FMT_NF4 ? 2 : 4)
+
 __device__ __forceinline__ uint32_t word(const uint4 &v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
 struct Segs {
-    const void *w[3];         // bf16 rows, or NF4 packed codes
-    const __half *scales[3];  // NF4: (K / 64, rows) f16 absmax
-    int rows[3];              // rows of each segment (0: absent)
+    const void *w[3];       // bf16 rows, NF4 packed codes or E4M3 codes
+    const void *scales[3];  // NF4: (K / 64, rows) f16 absmax; FP8: (rows,) f32
+    int rows[3];            // rows of each segment (0: absent)
 };
 
-// The weight words of one chunk a thread holds for its SK_NT rows: 8 (bf16)
-// or 2 (NF4) 32-bit words each, and for NF4 the f16 scales of the two
-// columns (rows) it accumulates in each n8 tile.
-template <bool NF4> struct Chunk {
-    uint32_t w[SK_NT][NF4 ? 2 : 8];
-    uint32_t scale[NF4 ? SK_NT : 1];
+// Two E4M3 codes (the first in the low byte) as bf16x2, exactly.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t pair) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(pair & 0xffffu), __NV_E4M3);
+    const uint32_t u = (uint32_t)h.x | ((uint32_t)h.y << 16);
+    // Each half's exponent and top 7 mantissa bits in bf16's places: the
+    // value times 2^-112 (f16's exponent bias against bf16's), normal in
+    // bf16 for every E4M3 value; the product restores it.
+    const uint32_t b = ((u >> 3) & 0x0fff0fffu) | (u & 0x80008000u);
+    const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162 *>(&b),
+                                     __floats2bfloat162_rn(0x1p112f, 0x1p112f));
+    return *reinterpret_cast<const uint32_t *>(&v);
+}
+
+// The weight words of one chunk a thread holds for its SK_NT rows
+// (SK_WORDS each), and for NF4 the f16 scales of the two columns (rows) it
+// accumulates in each n8 tile.
+template <int F> struct Chunk {
+    uint32_t w[SK_NT][SK_WORDS(F)];
+    uint32_t scale[F == FMT_NF4 ? SK_NT : 1];
 };
 
-template <bool NF4>
-__device__ __forceinline__ void load_chunk(Chunk<NF4> &out, const void *wseg, const __half *scales, int k,
+template <int F>
+__device__ __forceinline__ void load_chunk(Chunk<F> &out, const void *wseg, const void *scales_v, int k,
                                            int seg_rows, int wrow, int g, int q, int c, bool live) {
+    const __half *scales = reinterpret_cast<const __half *>(scales_v);
 #pragma unroll
     for (int i = 0; i < SK_NT; ++i) {
         const int n = wrow + i * 8 + g;
         if (live && n < seg_rows) {
-            if (NF4) {
+            if constexpr (F == FMT_FP8) {
+                const uint4 v = __ldcs(reinterpret_cast<const uint4 *>((const uint8_t *)wseg + (size_t)n * k +
+                                                                       (size_t)c * 64 + q * 16));
+                out.w[i][0] = v.x, out.w[i][1] = v.y, out.w[i][2] = v.z, out.w[i][3] = v.w;
+            } else if constexpr (F == FMT_NF4) {
                 const uint2 v = __ldcs(reinterpret_cast<const uint2 *>(
                     (const uint8_t *)wseg + ((size_t)n * k + (size_t)c * 64) / 2 + q * 8));
                 out.w[i][0] = v.x;
@@ -87,9 +120,9 @@ __device__ __forceinline__ void load_chunk(Chunk<NF4> &out, const void *wseg, co
             }
         } else {
 #pragma unroll
-            for (int e = 0; e < (NF4 ? 2 : 8); ++e) out.w[i][e] = 0;
+            for (int e = 0; e < SK_WORDS(F); ++e) out.w[i][e] = 0;
         }
-        if (NF4) {
+        if (F == FMT_NF4) {
             // Columns 2q, 2q + 1 of the tile: rows n2, n2 + 1 (rows come
             // in pairs: every segment has an even number).
             const int n2 = wrow + i * 8 + 2 * q;
@@ -100,8 +133,8 @@ __device__ __forceinline__ void load_chunk(Chunk<NF4> &out, const void *wseg, co
     }
 }
 
-template <int MT, bool NF4>
-__device__ __forceinline__ void multiply_chunk(float (&acc)[SK_NT][MT][4], const Chunk<NF4> &ch,
+template <int MT, int F>
+__device__ __forceinline__ void multiply_chunk(float (&acc)[SK_NT][MT][4], const Chunk<F> &ch,
                                                const __nv_bfloat16 *const (&xrow)[2 * MT],
                                                const bool (&xok)[2 * MT], int c, const uint32_t *pair_lut,
                                                int lane) {
@@ -116,6 +149,7 @@ __device__ __forceinline__ void multiply_chunk(float (&acc)[SK_NT][MT][4], const
             xv[i][0] = xv[i][1] = make_uint4(0, 0, 0, 0);
         }
     }
+    constexpr bool NF4 = F == FMT_NF4;
     float t[SK_NT][MT][4];
     if (NF4) {
 #pragma unroll
@@ -131,7 +165,12 @@ __device__ __forceinline__ void multiply_chunk(float (&acc)[SK_NT][MT][4], const
         uint32_t b[SK_NT][2];
 #pragma unroll
         for (int i = 0; i < SK_NT; ++i) {
-            if (NF4) {
+            if constexpr (F == FMT_FP8) {
+                // Columns 4s .. 4s + 3 of the thread's 16, as bf16's words
+                // 2s and 2s + 1 hold them.
+                b[i][0] = e4m3x2_to_bf16x2(ch.w[i][s]);
+                b[i][1] = e4m3x2_to_bf16x2(ch.w[i][s] >> 16);
+            } else if constexpr (NF4) {
                 const uint32_t w = ch.w[i][s >> 1];
                 const int shift = (s & 1) * 16;
                 b[i][0] = pair_lut[((w >> shift) & 0xff) * SK_LUT_COPIES + copy];
@@ -205,7 +244,7 @@ __device__ __forceinline__ void add_lora(float (&out)[R][C], const int (&rows)[R
     }
 }
 
-template <int MT, bool NF4>
+template <int MT, int F>
 __device__ __forceinline__ void skinny(const __nv_bfloat16 *__restrict__ x, int m, int k,
                                        __nv_bfloat16 *__restrict__ y, int ldy, const Segs &segs, int splits,
                                        int chunks_per_split, bool x_in_shared, float *__restrict__ part,
@@ -213,6 +252,7 @@ __device__ __forceinline__ void skinny(const __nv_bfloat16 *__restrict__ x, int 
                                        int xa_stride, const __nv_bfloat16 *__restrict__ lb, int r) {
     // NF4: byte -> its two codes as bf16x2 (the high nibble, the lower
     // column, in the low half).
+    constexpr bool NF4 = F == FMT_NF4;
     __shared__ uint32_t pair_lut[NF4 ? 256 * SK_LUT_COPIES : 1];
     __shared__ uint32_t last_flag;
     // X's rows for the block's chunks, when they fit (dynamic size): read
@@ -233,7 +273,7 @@ __device__ __forceinline__ void skinny(const __nv_bfloat16 *__restrict__ x, int 
     const int row0 = t * SK_TILE;
     const int seg_rows = segs.rows[seg];
     const void *wseg = segs.w[seg];
-    const __half *scales = segs.scales[seg];
+    const void *scales = segs.scales[seg];
     const int wrow = row0 + warp * (SK_NT * 8);  // the warp's first row in the segment
 
     if (NF4) {
@@ -295,11 +335,11 @@ __device__ __forceinline__ void skinny(const __nv_bfloat16 *__restrict__ x, int 
         xrow[i] = xsrc + (size_t)(xok[i] ? row : 0) * xstride + q * 16 - xcol;
     }
 
-    constexpr int U = NF4 ? 2 : 1;  // chunks a buffer holds
-    Chunk<NF4> buf[2][U];
+    constexpr int U = F == FMT_BF16 ? 1 : 2;  // chunks a buffer holds
+    Chunk<F> buf[2][U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
-        load_chunk<NF4>(buf[0][u], wseg, scales, k, seg_rows, wrow, g, q, c_begin + u, c_begin + u < c_end);
+        load_chunk<F>(buf[0][u], wseg, scales, k, seg_rows, wrow, g, q, c_begin + u, c_begin + u < c_end);
     for (int c0 = c_begin; c0 < c_end; c0 += 2 * U) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -309,17 +349,33 @@ __device__ __forceinline__ void skinny(const __nv_bfloat16 *__restrict__ x, int 
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int c = base + U + u;
-                load_chunk<NF4>(buf[half ^ 1][u], wseg, scales, k, seg_rows, wrow, g, q, c, c < c_end);
+                load_chunk<F>(buf[half ^ 1][u], wseg, scales, k, seg_rows, wrow, g, q, c, c < c_end);
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                if (base + u < c_end) multiply_chunk<MT, NF4>(acc, buf[half][u], xrow, xok, base + u, pair_lut, lane);
+                if (base + u < c_end) multiply_chunk<MT, F>(acc, buf[half][u], xrow, xok, base + u, pair_lut, lane);
             }
         }
     }
 
     // Accumulator (i, j, e) is row j*16 + g + 8*(e >= 2), column
     // wrow + i*8 + 2q + (e & 1) of the segment.
+    if (F == FMT_FP8) {
+        // Each column's scale (rows come in pairs: one 8-byte load).
+        const float *sc = reinterpret_cast<const float *>(scales);
+#pragma unroll
+        for (int i = 0; i < SK_NT; ++i) {
+            const int n = wrow + i * 8 + 2 * q;
+            const float2 s = n < seg_rows ? __ldg(reinterpret_cast<const float2 *>(sc + n)) : make_float2(0.f, 0.f);
+#pragma unroll
+            for (int j = 0; j < MT; ++j) {
+                acc[i][j][0] *= s.x;
+                acc[i][j][1] *= s.y;
+                acc[i][j][2] *= s.x;
+                acc[i][j][3] *= s.y;
+            }
+        }
+    }
     if (splits == 1) {
         // Rows j*16 + g + 8h as (j, h), columns i*8 + 2q + e as (i, e).
         float v[2 * MT][2 * SK_NT];
@@ -419,21 +475,23 @@ __device__ __forceinline__ void skinny(const __nv_bfloat16 *__restrict__ x, int 
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }
 
-#define SKINNY_KERNEL(NAME, MT, NF4)                                                                     \
+#define SKINNY_KERNEL(NAME, MT, F)                                                                         \
     extern "C" __global__ void __launch_bounds__(SK_THREADS) NAME(                                      \
         const __nv_bfloat16 *x, int m, int k, __nv_bfloat16 *y, int ldy, const void *w0, const void *w1, \
-        const void *w2, const __half *s0, const __half *s1, const __half *s2, int r0, int r1, int r2,    \
+        const void *w2, const void *s0, const void *s1, const void *s2, int r0, int r1, int r2,          \
         int splits, int chunks_per_split, int x_in_shared, float *part, uint32_t *counters,             \
         const __nv_bfloat16 *xa, int xa_stride, const __nv_bfloat16 *lb, int r) {                        \
         const Segs segs{{w0, w1, w2}, {s0, s1, s2}, {r0, r1, r2}};                                        \
-        skinny<MT, NF4>(x, m, k, y, ldy, segs, splits, chunks_per_split, x_in_shared != 0, part,         \
+        skinny<MT, F>(x, m, k, y, ldy, segs, splits, chunks_per_split, x_in_shared != 0, part,         \
                         counters, xa, xa_stride, lb, r);                                                 \
     }
 
-SKINNY_KERNEL(skinny_bf16_m16, 1, false)
-SKINNY_KERNEL(skinny_bf16_m32, 2, false)
-SKINNY_KERNEL(skinny_nf4_m16, 1, true)
-SKINNY_KERNEL(skinny_nf4_m32, 2, true)
+SKINNY_KERNEL(skinny_bf16_m16, 1, FMT_BF16)
+SKINNY_KERNEL(skinny_bf16_m32, 2, FMT_BF16)
+SKINNY_KERNEL(skinny_nf4_m16, 1, FMT_NF4)
+SKINNY_KERNEL(skinny_nf4_m32, 2, FMT_NF4)
+SKINNY_KERNEL(skinny_fp8_m16, 1, FMT_FP8)
+SKINNY_KERNEL(skinny_fp8_m32, 2, FMT_FP8)
 
 // The f16 absmax of every 64-block of an NF4 weight of `rows` rows and
 // `chunks` blocks a row, chunk-major: out[c * rows + n] (the decode

@@ -23,7 +23,9 @@
 //! by the model's ordinary forward, then copied in with
 //! [`Engine::load_rows`]) without moving the others. The weights are
 //! [`DecodeWeights`]: one dense copy a generation, LoRA folded in and NF4
-//! dequantised once, so 4-bit models decode at the bf16 rate.
+//! dequantised once, so 4-bit models decode at the bf16 rate; or the bases
+//! read in place by the decode kernel (`skinny.cu`: bf16, NF4 or FP8
+//! codes), LoRA beside them, where the copy does not fit.
 //!
 //! The graph's inputs and outputs live at addresses fixed at capture: the
 //! io buffer, the caches, the split-KV scratch and the sampled ids (an
@@ -1116,20 +1118,36 @@ impl Products {
         if parts.is_empty() || parts.len() > 3 {
             bail!("decode product: {} segments (1 to 3)", parts.len());
         }
-        let nf4 = matches!(parts[0], DecodeBase::Nf4 { .. });
+        let format = parts[0].format();
         let mut segs = Vec::with_capacity(parts.len());
         for q in parts {
+            if q.format() != format {
+                bail!(
+                    "decode product: {} and {} segments in one product",
+                    format,
+                    q.format()
+                );
+            }
             segs.push(match q {
-                DecodeBase::Dense(w) if !nf4 => {
+                DecodeBase::Dense(w) => {
                     if w.dtype() != DType::BF16 {
                         bail!("decode product: a {:?} weight in a bf16 model", w.dtype());
                     }
                     (ptr(w)?, 0, w.dim(0)?)
                 }
-                DecodeBase::Nf4 { weight, scales } if nf4 => {
+                DecodeBase::Nf4 { weight, scales } => {
                     (ptr(weight.packed())?, ptr(scales)?, weight.shape().0)
                 }
-                _ => bail!("decode product: NF4 and dense segments in one product"),
+                DecodeBase::Fp8 { codes, scales } => {
+                    if scales.dtype() != DType::F32 || scales.dims1()? != codes.dim(0)? {
+                        bail!(
+                            "decode product: FP8 scales {:?} for {:?} codes",
+                            scales.shape(),
+                            codes.shape()
+                        );
+                    }
+                    (ptr(codes)?, ptr(scales)?, codes.dim(0)?)
+                }
             });
         }
         let seg = |i: usize| segs.get(i).copied().unwrap_or((0, 0, 0));
@@ -1158,11 +1176,7 @@ impl Products {
         let elt = 2u64;
         for first in (0..rows).step_by(SKINNY_ROWS) {
             let m = (rows - first).min(SKINNY_ROWS);
-            let name = format!(
-                "skinny_{}_m{}",
-                if nf4 { "nf4" } else { "bf16" },
-                if m <= 16 { 16 } else { 32 }
-            );
+            let name = format!("skinny_{format}_m{}", if m <= 16 { 16 } else { 32 });
             let f = kernels::kernel(dev, &SKINNY, &name)?;
             let xp = ptr(x)? + (first * k) as u64 * elt;
             let yp = ptr(&y)? + (first * out) as u64 * elt;
@@ -1322,6 +1336,7 @@ fn slice_ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 pub(super) mod tests {
     use super::*;
     use crate::layers::decoder::DecodeLora;
+    use crate::layers::fp8::Fp8Rows;
     use crate::layers::nf4::Nf4Weight;
 
     pub(crate) fn gpu() -> Option<CudaDevice> {
@@ -1413,8 +1428,34 @@ pub(super) mod tests {
             lora,
         };
         let (nf4, nf4_lora) = (nf4_with(None), nf4_with(lora()));
+        // FP8 rows whose scales differ by a factor of 1,000 from one
+        // segment to the next, and a row of zeros (scale 1, zero codes).
+        let fp8_w: Vec<Tensor> = dense_w
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let w = (w * 10f64.powi(i as i32 * 3 - 3)).unwrap();
+                let zero = Tensor::zeros((1, k), DType::F32, &dev).unwrap();
+                Tensor::cat(&[&w.narrow(0, 1, w.dim(0).unwrap() - 1).unwrap(), &zero], 0).unwrap()
+            })
+            .collect();
+        let fp8_rows: Vec<Fp8Rows> = fp8_w
+            .iter()
+            .map(|w| Fp8Rows::quantize(w).unwrap())
+            .collect();
+        let fp8_with = |lora| DecodeProj::Parts {
+            parts: fp8_rows
+                .iter()
+                .map(|r| DecodeBase::Fp8 {
+                    codes: r.codes.clone(),
+                    scales: r.scales.clone(),
+                })
+                .collect(),
+            lora,
+        };
+        let (fp8, fp8_lora) = (fp8_with(None), fp8_with(lora()));
         let folded = DecodeProj::Folded(bf(&randn(1000, 96, 0.1, &dev)));
-        let all = [&one, &dense3, &nf4, &nf4_lora, &folded];
+        let all = [&one, &dense3, &nf4, &nf4_lora, &fp8, &fp8_lora, &folded];
         let products = Products::new(&cuda, DType::BF16, &all, 32).unwrap();
         assert!(
             split_plan(&one, products.sms).unwrap().splits > 1,
@@ -1422,6 +1463,10 @@ pub(super) mod tests {
         );
         let deq: Vec<Tensor> = parts.iter().map(|p| p.to_dense_f32().unwrap()).collect();
         let deq = Tensor::cat(&deq, 0).unwrap();
+        let fp8_deq: Vec<Tensor> = fp8_rows
+            .iter()
+            .map(|r| r.dequantize(DType::F32).unwrap())
+            .collect();
         let dense_cat = Tensor::cat(&dense_w.iter().map(f32_of).collect::<Vec<_>>(), 0).unwrap();
         for m in [1, 5, 16, 17, 32, 40] {
             let x = bf(&randn(m, k, 1.0, &dev));
@@ -1456,6 +1501,15 @@ pub(super) mod tests {
             let want = xf.matmul(&deq.t().unwrap()).unwrap();
             check(&nf4, &want, "nf4, three segments");
             check(&nf4_lora, &(want + &delta).unwrap(), "nf4 + LoRA");
+            // FP8: each segment against its own scale (their outputs are
+            // 1,000 times apart), the zero row exactly zero.
+            let got = check_each(&products, &x, &fp8, &fp8_deq, None);
+            for (s, g) in got.iter().enumerate() {
+                let last = g.narrow(1, seg_rows[s] - 1, 1).unwrap().abs().unwrap();
+                let last = last.max_all().unwrap().to_scalar::<f32>().unwrap();
+                assert_eq!(last, 0.0, "fp8, {m} rows: segment {s}'s zero row");
+            }
+            check_each(&products, &x, &fp8_lora, &fp8_deq, Some(&delta));
         }
         // A head-sized product: too many blocks to split K, X read
         // through L1.
@@ -1486,6 +1540,40 @@ pub(super) mod tests {
             .unwrap();
         let got = products.project(&cuda, &x, &folded).unwrap();
         assert!(rel(&got, &want) < 1e-2);
+    }
+
+    /// Each segment's columns of `x W^T (+ delta)` against `x` times its
+    /// own f32 weight, within 1% of the segment's largest value: the
+    /// segments' outputs returned.
+    fn check_each(
+        products: &Products,
+        x: &Tensor,
+        p: &DecodeProj,
+        weights: &[Tensor],
+        delta: Option<&Tensor>,
+    ) -> Vec<Tensor> {
+        let Device::Cuda(cuda) = x.device() else {
+            unreachable!()
+        };
+        let got = products.project(cuda, x, p).unwrap();
+        let again = products.project(cuda, x, p).unwrap();
+        assert_eq!(values(&got), values(&again), "the same bits twice");
+        let xf = x.to_dtype(DType::F32).unwrap();
+        let mut col = 0;
+        let mut out = Vec::new();
+        for (s, w) in weights.iter().enumerate() {
+            let n = w.dim(0).unwrap();
+            let mut want = xf.matmul(&w.t().unwrap()).unwrap();
+            if let Some(d) = delta {
+                want = (want + d.narrow(1, col, n).unwrap()).unwrap();
+            }
+            let g = got.narrow(1, col, n).unwrap();
+            let e = rel(&g, &want);
+            assert!(e < 1e-2, "segment {s} of {} rows: {e}", x.dim(0).unwrap());
+            out.push(g);
+            col += n;
+        }
+        out
     }
 
     /// The tensor-core attention (`decode_attention_mma`, bf16) against an

@@ -1202,9 +1202,10 @@ mod cuda_tests {
                 b.logprobs[0]
             );
         }
-        // The decode kernel on the bases in place (NF4 codes, bf16 rows;
-        // LoRA beside them): graph replays give the eager step's tokens,
-        // and the tokens' log-probs agree with the folded copy's.
+        // The decode kernel on the bases in place (bf16 rows, NF4 codes,
+        // FP8 codes; LoRA beside them): graph replays give the eager step's
+        // tokens, and the tokens' log-probs agree with the folded copy's
+        // (the same values dequantised, LoRA folded in).
         let lora = crate::layers::lora::LoraConfig {
             r: 8,
             alpha: 16.0,
@@ -1212,13 +1213,10 @@ mod cuda_tests {
             target_modules: crate::layers::lora::TargetModule::ALL.to_vec(),
             seed: 3,
         };
-        for nf4 in [false, true] {
+        for base in crate::layers::lora::BasePrecision::ALL {
             let mut m = load(dir.path(), Some(&lora), DType::BF16, &dev).unwrap();
-            if nf4 {
-                m.model
-                    .hold_base(crate::layers::lora::BasePrecision::Nf4)
-                    .unwrap();
-            }
+            m.model.hold_base(base).unwrap();
+            let base = base.as_str();
             for p in m.model.decoder().projections() {
                 let b = &p.adapter().unwrap().b;
                 let noise = Tensor::randn(0f32, 0.05, b.shape(), &dev).unwrap();
@@ -1234,14 +1232,11 @@ mod cuda_tests {
             let (graph, eager) = (run(true, DecodePath::Graph), run(true, DecodePath::Eager));
             let copy = run(false, DecodePath::Graph);
             for ((a, b), c) in graph.iter().zip(&eager).zip(&copy) {
-                assert_eq!(
-                    a.tokens, b.tokens,
-                    "nf4 {nf4}: in place, graph against eager"
-                );
-                assert_eq!(a.tokens[0], c.tokens[0], "nf4 {nf4}: the same prefill");
+                assert_eq!(a.tokens, b.tokens, "{base}: in place, graph against eager");
+                assert_eq!(a.tokens[0], c.tokens[0], "{base}: the same prefill");
                 assert!(
                     (a.logprobs[0] - c.logprobs[0]).abs() < 0.05,
-                    "nf4 {nf4}: {} vs {}",
+                    "{base}: {} vs {}",
                     a.logprobs[0],
                     c.logprobs[0]
                 );

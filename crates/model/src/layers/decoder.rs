@@ -519,10 +519,6 @@ impl DecodeView {
     }
 }
 
-/// `weight` (a projection's dense base) with the projection's LoRA update
-/// folded in, `W + (alpha / r) B A` computed in f32 and rounded once to the
-/// weight's dtype; `weight` itself without an adapter or inside
-/// [`lora::without_adapters`].
 /// Projections as one [`DecodeProj::Parts`]: the bases as they are, the
 /// adapters' factors stacked in `dtype` (`B` scaled).
 fn parts_proj(ps: &[&LoraLinear], dtype: DType) -> Result<DecodeProj> {
@@ -534,9 +530,10 @@ fn parts_proj(ps: &[&LoraLinear], dtype: DType) -> Result<DecodeProj> {
                 weight: Arc::clone(weight),
             },
             BaseLinear::Dense { weight, .. } => DecodeBase::Dense(weight.clone()),
-            // The decode kernels read bf16 or NF4: an FP8 base decodes from
-            // its dequantised values.
-            BaseLinear::Fp8 { weight, .. } => DecodeBase::Dense(weight.dequantize(dtype)?),
+            BaseLinear::Fp8 { weight, .. } => DecodeBase::Fp8 {
+                codes: weight.rows().codes.clone(),
+                scales: weight.rows().scales.clone(),
+            },
         });
     }
     if let Some(first) = ps[0].bank().filter(|_| lora::adapters_enabled()) {
@@ -602,6 +599,10 @@ fn parts_proj(ps: &[&LoraLinear], dtype: DType) -> Result<DecodeProj> {
     })
 }
 
+/// `weight` (a projection's dense base) with the projection's LoRA update
+/// folded in, `W + (alpha / r) B A` computed in f32 and rounded once to the
+/// weight's dtype; `weight` itself without an adapter or inside
+/// [`lora::without_adapters`].
 fn folded(p: &LoraLinear, weight: &Tensor) -> Result<Tensor> {
     match p.adapter() {
         Some(ad) if lora::adapters_enabled() => {
@@ -683,6 +684,9 @@ pub enum DecodeBase {
         weight: Arc<Nf4Weight>,
         scales: Tensor,
     },
+    /// `(out, in)` E4M3 codes and each row's f32 scale
+    /// ([`crate::layers::fp8::Fp8Rows`], the trainer's own tensors).
+    Fp8 { codes: Tensor, scales: Tensor },
 }
 
 impl DecodeBase {
@@ -691,6 +695,16 @@ impl DecodeBase {
         match self {
             Self::Dense(w) => w.dims2(),
             Self::Nf4 { weight, .. } => Ok(weight.shape()),
+            Self::Fp8 { codes, .. } => codes.dims2(),
+        }
+    }
+
+    /// The decode kernel's name for the format (`skinny_{format}_m..`).
+    pub fn format(&self) -> &'static str {
+        match self {
+            Self::Dense(_) => "bf16",
+            Self::Nf4 { .. } => "nf4",
+            Self::Fp8 { .. } => "fp8",
         }
     }
 }
@@ -1063,6 +1077,27 @@ impl Decoder {
         Ok(view)
     }
 
+    /// Bytes of weights one decode step must read at the least, as they
+    /// are held: every projection's base (codes and scales), the head, the
+    /// norms. LoRA factors and the embedding rows gathered are left out.
+    pub fn step_weight_bytes(&self) -> usize {
+        let norms: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.input_layernorm.weight().elem_count()
+                    + l.post_attention_layernorm.weight().elem_count()
+            })
+            .sum();
+        let elt = self.embed_tokens.dtype().size_in_bytes();
+        self.projections()
+            .iter()
+            .map(|p| p.base().storage_bytes())
+            .sum::<usize>()
+            + self.lm_head.storage_bytes()
+            + (norms + self.norm.weight().elem_count()) * elt
+    }
+
     /// Bytes one token's keys and values take in a KV cache.
     pub fn kv_bytes_per_token(&self) -> usize {
         let Some(l) = self.layers.first() else {
@@ -1089,11 +1124,12 @@ impl Decoder {
                 (None, Some(bank)) => (o + i) * bank.count * bank.rank * elt,
                 (None, None) => 0,
             };
-            let fp8 = matches!(p.base(), BaseLinear::Fp8 { .. });
-            bytes += if as_parts && !fp8 {
-                factors + o * i / 32
-            } else {
-                o * i * elt
+            bytes += match p.base() {
+                // NF4's block scales, f16 a 64-block, made for the step.
+                BaseLinear::Nf4 { .. } if as_parts => factors + o * i / 32,
+                // FP8's codes and scales are read as they are.
+                BaseLinear::Fp8 { .. } | BaseLinear::Dense { .. } if as_parts => factors,
+                _ => o * i * elt,
             };
         }
         Ok(bytes)
@@ -1101,14 +1137,14 @@ impl Decoder {
 
     /// Whether the decode step can read the bases in place (the decode
     /// kernel, `fast_decode::Products`) instead of a folded dense copy: a
-    /// bf16 model, every base of one kind (bf16 or NF4) with its inner size
-    /// in whole 64-blocks, LoRA ranks in multiples of 8.
+    /// bf16 model, every base of one kind (bf16, NF4 or FP8) with its inner
+    /// size in whole 64-blocks, LoRA ranks in multiples of 8.
     pub fn decode_can_read_bases(&self) -> bool {
         let projections = self.projections();
-        let nf4 = |p: &&LoraLinear| matches!(p.base(), BaseLinear::Nf4 { .. });
+        let kind = |p: &&LoraLinear| std::mem::discriminant(p.base());
         !projections.is_empty()
             && self.embed_tokens.dtype() == DType::BF16
-            && (projections.iter().all(nf4) || !projections.iter().any(nf4))
+            && projections.iter().all(|p| kind(p) == kind(&projections[0]))
             && projections.iter().all(|p| {
                 p.base().dims().is_ok_and(|(_, i)| i % 64 == 0)
                     && p.adapter()
