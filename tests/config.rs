@@ -102,8 +102,8 @@ fn the_python_pipelines_file_resolves_the_pipeline_to_what_it_says() {
     assert_eq!(value("hardware.b200_mode"), true);
     // b200_mode is the --b200 preset: bf16 weights, no checkpointing,
     // micro-batches of 8 x 4.
-    assert_eq!(value("model.load_in_4bit"), false);
-    assert_eq!(from("model.load_in_4bit"), "preset hardware.b200_mode");
+    assert_eq!(value("model.base_precision"), "bf16");
+    assert_eq!(from("model.base_precision"), "preset hardware.b200_mode");
     assert_eq!(value("hardware.gradient_checkpointing"), false);
     assert_eq!(value("stage1.batch_size"), 8);
     assert_eq!(value("stage2.gradient_accumulation_steps"), 4);
@@ -309,6 +309,68 @@ fn the_committed_config_reference_matches_the_code() {
     assert_eq!(String::from_utf8(o.stdout).unwrap(), made);
 }
 
+/// `--base_precision` goes over the file (whichever name it used) and the
+/// preset, and is the setting's source; `--no_4bit` is its other name for
+/// bf16; the two disagreeing, or a value not one of the three, is refused.
+#[test]
+fn the_base_precision_flag_overrides_the_file_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("config")).unwrap();
+    std::fs::write(
+        dir.path().join("config/pipeline_config.json"),
+        r#"{"model": {"load_in_4bit": false}}"#,
+    )
+    .unwrap();
+    for cmd in ["pipeline", "warmup", "sft"] {
+        let s = settings(dir.path(), &["config", cmd]);
+        let e = &s["model.base_precision"];
+        assert_eq!(
+            (&e["value"], &e["key"]),
+            (&"bf16".into(), &"model.load_in_4bit".into()),
+            "{cmd}"
+        );
+        assert!(s.get("model.load_in_4bit").is_none(), "{cmd}");
+        let s = settings(dir.path(), &["config", cmd, "--base_precision", "fp8"]);
+        let e = &s["model.base_precision"];
+        assert_eq!(
+            (&e["value"], &e["flag"]),
+            (&"fp8".into(), &"--base_precision".into()),
+            "{cmd}"
+        );
+        let s = settings(
+            dir.path(),
+            &["config", cmd, "--no_4bit", "--base_precision", "bf16"],
+        );
+        assert_eq!(s["model.base_precision"]["value"], "bf16", "{cmd}");
+    }
+    let s = settings(
+        dir.path(),
+        &["config", "pipeline", "--b200", "--base_precision", "nf4"],
+    );
+    assert_eq!(s["model.base_precision"]["value"], "nf4");
+    assert_eq!(s["model.base_precision"]["flag"], "--base_precision");
+    let s = settings(dir.path(), &["config", "pipeline", "--no_4bit"]);
+    assert_eq!(s["model.base_precision"]["flag"], "--no_4bit");
+    let o = trace_train(
+        dir.path(),
+        &["config", "warmup", "--no_4bit", "--base_precision", "fp8"],
+    );
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("--no_4bit and --base_precision fp8") && err.contains("hint:"),
+        "{err}"
+    );
+    for cmd in ["pipeline", "ppo", "dpo", "eval", "serve"] {
+        let o = trace_train(dir.path(), &[cmd, "--base_precision", "fp16"]);
+        let err = stderr(&o);
+        assert!(
+            !o.status.success() && err.contains("`fp16` is not bf16, nf4 or fp8"),
+            "{cmd}: {err}"
+        );
+    }
+}
+
 /// `--set KEY=VALUE` overrides one setting over the file, shown as a flag
 /// in `config`; a misspelt key or a wrong type is refused with the
 /// override named, every bad override at once.
@@ -337,7 +399,7 @@ fn dotted_overrides_set_one_setting_and_bad_ones_are_named() {
     let out = String::from_utf8(o.stdout).unwrap();
     for (key, value) in [
         ("model.name ", "\"/models/mine\""),
-        ("model.load_in_4bit ", "false"),
+        ("model.base_precision ", "\"bf16\""),
         ("stage1.learning_rate ", "0.0001"),
         ("stage3.ppo.algorithm ", "\"grpo\""),
         ("stage1.select.metric ", "\"last\""),

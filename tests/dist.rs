@@ -55,7 +55,7 @@ fn job(root: &Path, out: &str, batch: usize, accum: usize, dropout: f64, steps: 
         model: ModelConfig {
             name: "base".into(),
             revision: None,
-            load_in_4bit: false,
+            base_precision: trace_train::model::BasePrecision::Bf16,
             dtype: "f32".into(),
             max_length: 256,
             ..ModelConfig::default()

@@ -92,6 +92,7 @@ fn server() -> &'static TestServer {
             max_model_len: None,
             log_requests: false,
             device: Device::Cpu,
+            base_precision: trace_train::model::BasePrecision::Bf16,
             deadlines: Default::default(),
             special_tokens_in_messages: false,
         })

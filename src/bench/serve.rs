@@ -248,6 +248,7 @@ pub fn run(b: &ServeBench, device: &Device) -> anyhow::Result<ServeResult> {
         max_model_len: b.max_model_len,
         log_requests: false,
         device: device.clone(),
+        base_precision: crate::model::BasePrecision::Bf16,
         deadlines: Default::default(),
         special_tokens_in_messages: false,
     })?;

@@ -255,6 +255,7 @@ pub fn resolved_all() -> anyhow::Result<Vec<(String, Value)>> {
             max_steps: None,
             quick_test: false,
             b200: false,
+            base_precision: None,
             no_4bit: false,
             resume: false,
             checkpoints: None,

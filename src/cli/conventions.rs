@@ -139,6 +139,7 @@ const HEADINGS: [(&str, &[&str]); 9] = [
         &[
             "device",
             "num_gpus",
+            "base_precision",
             "no_4bit",
             "load_in_4bit",
             "gradient_checkpointing",

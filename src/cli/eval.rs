@@ -12,7 +12,6 @@ use std::io::BufRead;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use candle_core::DType;
 use clap::Args;
 
 use trace_train::data::ChatTokenizer;
@@ -20,8 +19,9 @@ use trace_train::env::{Environment, Task};
 use trace_train::eval::envs::{EnvPrediction, EnvsReport};
 use trace_train::eval::heldout::{self, PromptKind};
 use trace_train::eval::{DEFAULT_LEVEL, EvalItem, Report, turns};
-use trace_train::model;
+use trace_train::kit::load;
 use trace_train::model::decode::generate::Generation;
+use trace_train::model::{self, BasePrecision};
 use trace_train::reward;
 use trace_train::sandbox::{Executor, ExecutorConfig};
 
@@ -93,6 +93,11 @@ pub struct EvalArgs {
     /// `cpu`, `cuda`, `cuda:N` or `auto`.
     #[arg(long)]
     pub device: Option<String>,
+    /// How the frozen weights are held while decoding: `bf16` (as
+    /// loaded), `nf4` (4 bits; on a GPU only) or `fp8` (8 bits, FP8
+    /// products), as `model.base_precision` says for training.
+    #[arg(long, value_name = "bf16|nf4|fp8", value_parser = super::parse_base_precision, default_value = "bf16")]
+    pub base_precision: BasePrecision,
     /// With --heldout or --environment: run programs WITHOUT isolation
     /// (only on machines you trust).
     #[arg(long = "unsafe-no-sandbox")]
@@ -312,16 +317,9 @@ struct Sampler {
 impl Sampler {
     fn load(args: &EvalArgs, model_dir: &std::path::Path) -> anyhow::Result<Self> {
         let device = super::pick_device(args.device.as_deref().unwrap_or("auto"))?;
-        let dtype = if device.is_cpu() {
-            DType::F32
-        } else {
-            DType::BF16
-        };
         let tok = ChatTokenizer::from_dir(model_dir)?;
-        let loaded = match &args.adapter {
-            Some(a) => model::io::adapter::load(model_dir, a, dtype, &device)?,
-            None => model::load(model_dir, None, dtype, &device)?,
-        };
+        let adapters: Vec<PathBuf> = args.adapter.iter().cloned().collect();
+        let loaded = load::for_inference(model_dir, &adapters, args.base_precision, &device)?;
         tok.check_against_vocab(loaded.model.vocab_size())?;
         Ok(Self {
             tok,

@@ -186,6 +186,9 @@ impl Gate {
             feedback: None,
             max_steps_per_episode: trace_train::config::RlConfig::default().max_steps_per_episode,
             device: Some(self.device.clone()),
+            // Every stage's model measured as loaded, whatever base the
+            // stages trained on: reports stay comparable across runs.
+            base_precision: trace_train::model::BasePrecision::Bf16,
             revision: model.revision.clone(),
             unsafe_no_sandbox: self.unsafe_no_sandbox,
             envs: Default::default(),

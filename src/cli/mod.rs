@@ -23,6 +23,8 @@ pub mod sandbox;
 pub mod serve;
 pub mod train;
 
+use trace_train::model::BasePrecision;
+
 /// The flags every training command (`warmup`, `sft`, `ppo`, `dpo`)
 /// takes: where the run goes, for how long, and whether it goes on from a
 /// checkpoint. They are not the method's settings (no config file holds
@@ -50,8 +52,14 @@ pub struct RunFlags {
     /// 3's `num_train_steps`); the schedule stays the planned run's.
     #[arg(long)]
     pub max_steps: Option<u64>,
-    /// Keep the frozen base weights in 16 bits (default on a GPU: 4-bit NF4
-    /// as the pipeline config's `model.load_in_4bit` says, i.e. QLoRA).
+    /// How the frozen base weights are held: `bf16` (as loaded), `nf4`
+    /// (4 bits, QLoRA) or `fp8` (8 bits, FP8 products) (default: the
+    /// pipeline config's `model.base_precision`, else nf4; nf4 applies on a
+    /// GPU only).
+    #[arg(long, value_name = "bf16|nf4|fp8", value_parser = parse_base_precision)]
+    pub base_precision: Option<BasePrecision>,
+    /// The same as `--base_precision bf16`: keep the frozen base weights
+    /// in 16 bits instead of 4.
     #[arg(long)]
     pub no_4bit: bool,
     /// Recompute each layer in the backward pass to save memory (default:
@@ -60,6 +68,36 @@ pub struct RunFlags {
     /// it on the CPU too).
     #[arg(long)]
     pub gradient_checkpointing: Option<bool>,
+}
+
+impl RunFlags {
+    /// The base precision these flags ask for ([`precision_flags`]).
+    pub fn base_precision(&self) -> anyhow::Result<Option<(BasePrecision, &'static str)>> {
+        precision_flags(self.base_precision, self.no_4bit)
+    }
+}
+
+/// `--base_precision`'s value: bf16, nf4 or fp8.
+pub fn parse_base_precision(s: &str) -> Result<BasePrecision, String> {
+    s.parse()
+}
+
+/// The base precision `--base_precision` and `--no_4bit` (its other name
+/// for bf16) ask for, with the flag that asked, for `sources`; none when
+/// neither is given. The two given and disagreeing is an error.
+pub fn precision_flags(
+    base_precision: Option<BasePrecision>,
+    no_4bit: bool,
+) -> anyhow::Result<Option<(BasePrecision, &'static str)>> {
+    match (base_precision, no_4bit) {
+        (Some(p), true) if p != BasePrecision::Bf16 => anyhow::bail!(
+            "--no_4bit and --base_precision {}: --no_4bit is --base_precision bf16, so the two disagree\nhint: keep one of them",
+            p.as_str()
+        ),
+        (Some(p), _) => Ok(Some((p, "--base_precision"))),
+        (None, true) => Ok(Some((BasePrecision::Bf16, "--no_4bit"))),
+        (None, false) => Ok(None),
+    }
 }
 
 /// The device a command runs on: `cpu`, `cuda`, `cuda:N` or `auto`.

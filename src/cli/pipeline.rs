@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use trace_train::config::{self, PipelineConfig, Source, Sources};
 use trace_train::generate::{self, RunOptions};
+use trace_train::model::BasePrecision;
 
 use super::RunFlags;
 use super::eval::{EvalArgs, run_eval};
@@ -53,7 +54,13 @@ pub struct PipelineArgs {
     /// (as `hardware.b200_mode: true`).
     #[arg(long)]
     pub b200: bool,
-    /// Keep the base weights in 16 bits instead of 4.
+    /// How the frozen base weights are held in every training stage:
+    /// `bf16`, `nf4` (QLoRA) or `fp8` (as `model.base_precision`, over the
+    /// file and the `--b200` preset).
+    #[arg(long, value_name = "bf16|nf4|fp8", value_parser = super::parse_base_precision)]
+    pub base_precision: Option<BasePrecision>,
+    /// The same as `--base_precision bf16`: keep the base weights in 16
+    /// bits instead of 4.
     #[arg(long)]
     pub no_4bit: bool,
     /// Continue an interrupted pipeline: skip finished stages, resume the
@@ -181,8 +188,10 @@ impl Plan {
         };
         let own = match stage {
             0 => serde_json::json!({ "stage0": c.stage0 }),
+            // The model section as earlier versions recorded it, so that
+            // their pipelines resume without running every stage again.
             1 => {
-                serde_json::json!({ "model": c.model, "stage1": c.stage1, "max_steps": self.max_steps })
+                serde_json::json!({ "model": c.model.as_recorded(), "stage1": c.stage1, "max_steps": self.max_steps })
             }
             2 => serde_json::json!({ "stage2": c.stage2, "max_steps": self.max_steps }),
             3 => serde_json::json!({ "stage3": c.stage3, "max_steps": self.max_steps }),
@@ -241,15 +250,17 @@ pub fn resolve(args: &PipelineArgs) -> anyhow::Result<Plan> {
             "checkpoints"
         })
     });
-    if args.no_4bit {
-        cfg.model.load_in_4bit = false;
-        sources.flag("model.load_in_4bit", "--no_4bit");
-    }
+    let precision = super::precision_flags(args.base_precision, args.no_4bit)?;
     if args.b200 {
         cfg.apply_b200(&mut sources, "--b200");
         sources.flag("hardware.b200_mode", "--b200");
     } else if cfg.hardware.b200_mode {
         cfg.apply_b200(&mut sources, "hardware.b200_mode");
+    }
+    // A flag goes over the preset.
+    if let Some((p, flag)) = precision {
+        cfg.model.base_precision = p;
+        sources.flag("model.base_precision", flag);
     }
     if let Some(r) = &args.revision {
         cfg.model.revision = Some(r.clone());
@@ -292,10 +303,10 @@ pub fn resolve(args: &PipelineArgs) -> anyhow::Result<Plan> {
         cfg.model.name = root.join("base-model").display().to_string();
         // Byte-level tokens: a corpus prompt is one to three thousand.
         cfg.model.max_length = 4096;
-        cfg.model.load_in_4bit = false;
+        cfg.model.base_precision = BasePrecision::Bf16;
         quick(
             &mut sources,
-            &["model.name", "model.max_length", "model.load_in_4bit"],
+            &["model.name", "model.max_length", "model.base_precision"],
         );
         for (name, s) in [("stage1", &mut cfg.stage1), ("stage2", &mut cfg.stage2)] {
             s.batch_size = 2;
@@ -728,7 +739,9 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             run: RunFlags {
                 device: args.device.clone(),
                 resume: args.resume && out.exists(),
-                no_4bit: !cfg.model.load_in_4bit,
+                // The pipeline's resolved base (its flags and preset over
+                // the file `ppo` reads again).
+                base_precision: Some(cfg.model.base_precision),
                 // On (the default) means "on a GPU"; the stage decides.
                 gradient_checkpointing: (!cfg.hardware.gradient_checkpointing).then_some(false),
                 max_steps,
@@ -817,6 +830,8 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             feedback: feedback.clone(),
             max_steps_per_episode: rl.max_steps_per_episode,
             device: Some(cfg.hardware.device.clone()),
+            // Measured as loaded, as the gate measures.
+            base_precision: BasePrecision::Bf16,
             revision: final_revision.clone(),
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
             envs: Default::default(),
@@ -841,6 +856,8 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<()> {
             feedback: feedback.clone(),
             max_steps_per_episode: rl.max_steps_per_episode,
             device: Some(cfg.hardware.device.clone()),
+            // Measured as loaded, as the gate measures.
+            base_precision: BasePrecision::Bf16,
             revision: final_revision.clone(),
             unsafe_no_sandbox: args.unsafe_flag.unsafe_no_sandbox,
             envs: Default::default(),
@@ -1126,7 +1143,6 @@ fn dpo_rounds(
             run: RunFlags {
                 device: r.device.clone(),
                 resume: r.resume,
-                no_4bit: !r.model.load_in_4bit,
                 max_steps: r.max_steps,
                 ..RunFlags::default()
             },
@@ -1200,6 +1216,80 @@ mod tests {
         };
         st.recheck(&now, NAMES);
         assert_eq!(st.finished, vec![0]);
+    }
+
+    /// A pipeline finished before `model.base_precision` existed recorded
+    /// Stage 1's settings with the model section's `load_in_4bit`; its
+    /// `--resume` now finds them unchanged, whichever name the file or the
+    /// flags use, and keeps the stages it finished.
+    #[test]
+    fn a_pipeline_recorded_before_base_precision_resumes() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            args: PipelineArgs,
+        }
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("p.json");
+        let plan = |text: &str, flags: &[&str]| {
+            std::fs::write(&file, text).unwrap();
+            let mut argv = vec![
+                "trace-train",
+                "--config",
+                file.to_str().unwrap(),
+                "--checkpoints",
+                d.path().to_str().unwrap(),
+            ];
+            argv.extend(flags);
+            resolve(&Wrap::try_parse_from(argv).unwrap().args).unwrap()
+        };
+        // Stage 1's hash as the version before computed it.
+        let before = |p: &Plan, load_in_4bit: bool| {
+            use sha2::Digest;
+            let model = serde_json::json!({
+                "name": "Qwen/Qwen3-4B", "revision": null, "load_in_4bit": load_in_4bit,
+                "dtype": "bf16", "max_length": 2048
+            });
+            let own = serde_json::json!({"model": model, "stage1": p.cfg.stage1, "max_steps": p.max_steps});
+            let mut h = sha2::Sha256::new();
+            h.update(p.stage_settings(0).as_bytes());
+            h.update(own.to_string().as_bytes());
+            trace_train::hex(&h.finalize())
+        };
+        for (text, flags, four_bit) in [
+            ("{}", &[][..], true),
+            (r#"{"model": {"load_in_4bit": false}}"#, &[], false),
+            (r#"{"hardware": {"no_4bit": true}}"#, &[], false),
+            (r#"{"model": {"base_precision": "nf4"}}"#, &[], true),
+            ("{}", &["--no_4bit"], false),
+            ("{}", &["--base_precision", "bf16"], false),
+        ] {
+            let p = plan(text, flags);
+            assert_eq!(
+                p.stage_settings(1),
+                before(&p, four_bit),
+                "{text} {flags:?}"
+            );
+            // Stages 0 and 1 finished then, their outputs in place.
+            let recorded = |s: u8| match s {
+                1 => before(&p, four_bit),
+                s => p.stage_settings(s),
+            };
+            let mut st = PipelineState {
+                finished: vec![0, 1],
+                stages: [0, 1].map(|s| (s, record(&recorded(s), &[]))).into(),
+            };
+            assert!(
+                st.recheck(&|s| record(&p.stage_settings(s), &[]), NAMES)
+                    .is_empty()
+            );
+            assert_eq!(st.finished, [0, 1]);
+        }
+        // FP8, which no earlier run could ask for, is another Stage 1.
+        let p = plan(r#"{"model": {"base_precision": "fp8"}}"#, &[]);
+        assert_ne!(p.stage_settings(1), before(&p, true));
+        assert_ne!(p.stage_settings(1), before(&p, false));
     }
 
     #[test]

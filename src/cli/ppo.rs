@@ -16,6 +16,7 @@ use trace_train::dataset::Source;
 use trace_train::dist::{Communicator, Single};
 use trace_train::env::Environment;
 use trace_train::env::registry::{self, EnvData};
+use trace_train::model::BasePrecision;
 use trace_train::progress::Progress;
 use trace_train::recipes::ppo::{self, RlJob, RlSummary};
 use trace_train::sandbox;
@@ -195,8 +196,8 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
     if let Some(n) = args.micro_batch_tokens {
         c.micro_batch_tokens = Some(n);
     }
-    if args.run.no_4bit {
-        model.load_in_4bit = false;
+    if let Some((precision, _)) = args.run.base_precision()? {
+        model.base_precision = precision;
     }
     let output_dir = c
         .save
@@ -220,7 +221,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
             trace_train::model::arch::tiny::write_tiny_chat_model(&base, 7)?;
             model_spec = Some(base.display().to_string());
         }
-        model.load_in_4bit = false;
+        model.base_precision = BasePrecision::Bf16;
     }
     let problems = config::Validate::problems(&s3);
     anyhow::ensure!(
@@ -551,7 +552,17 @@ mod tests {
             job.config.micro_batch_tokens,
             Some(config::B200_MICRO_BATCH_TOKENS)
         );
-        assert!(!job.model.load_in_4bit && job.config.gradient_checkpointing == Some(false));
+        assert_eq!(job.model.base_precision, BasePrecision::Bf16);
+        assert_eq!(job.config.gradient_checkpointing, Some(false));
+        let mut fp8 = args(plain.clone(), &b200);
+        fp8.run.base_precision = Some(BasePrecision::Fp8);
+        assert_eq!(
+            resolve(&fp8).unwrap().model.base_precision,
+            BasePrecision::Fp8
+        );
+        fp8.run.no_4bit = true;
+        let err = resolve(&fp8).err().unwrap().to_string();
+        assert!(err.contains("--no_4bit") && err.contains("fp8"), "{err}");
         let job = resolve(&PpoArgs {
             micro_batch_tokens: Some(100),
             ..args(plain, &b200)

@@ -422,8 +422,8 @@ pub fn resolve_dpo(args: &DpoArgs) -> anyhow::Result<DpoJob> {
     if let Some(o) = &args.output_dir {
         c.save.output_dir = Some(o.clone());
     }
-    if args.run.no_4bit {
-        model.load_in_4bit = false;
+    if let Some((precision, _)) = args.run.base_precision()? {
+        model.base_precision = precision;
     }
     if let Some(on) = args.run.gradient_checkpointing {
         c.gradient_checkpointing = Some(on);

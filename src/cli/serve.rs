@@ -58,6 +58,11 @@ pub struct ServeArgs {
     /// `cpu`, `cuda`, `cuda:N` or `auto`.
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// How the frozen weights are held while serving: `bf16` (as loaded),
+    /// `nf4` (4 bits; on a GPU only) or `fp8` (8 bits, FP8 products), as
+    /// `model.base_precision` says for training.
+    #[arg(long, value_name = "bf16|nf4|fp8", value_parser = super::parse_base_precision, default_value = "bf16")]
+    pub base_precision: trace_train::model::BasePrecision,
     /// Seconds a client has to send a request's headers, and again its
     /// body; a slower one is cut off (408 for a body).
     #[arg(long, default_value_t = serve::Deadlines::default().body.as_secs_f64())]
@@ -94,6 +99,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         max_model_len: args.max_model_len,
         log_requests: args.log_requests,
         device,
+        base_precision: args.base_precision,
         deadlines: serve::Deadlines {
             headers: seconds(args.request_timeout, "--request_timeout")?,
             body: seconds(args.request_timeout, "--request_timeout")?,

@@ -239,16 +239,15 @@ pub fn settings(stage: &str, args: &TrainArgs) -> anyhow::Result<Settings> {
         resolved: _,
         set: _,
     } = args.clone();
+    if let Some((precision, flag)) = run.base_precision()? {
+        model.base_precision = precision;
+        sources.flag("model.base_precision", flag);
+    }
     let super::RunFlags {
         device,
         gradient_checkpointing,
-        no_4bit,
         ..
     } = run;
-    if no_4bit {
-        model.load_in_4bit = false;
-        sources.flag("model.load_in_4bit", "--no_4bit");
-    }
     macro_rules! set {
         ($flag:ident, $field:expr, $key:expr) => {
             if let Some(v) = $flag {
@@ -475,6 +474,8 @@ fn select_items(
         feedback: None,
         max_steps_per_episode: trace_train::config::RlConfig::default().max_steps_per_episode,
         device: Some(device.to_owned()),
+        // Only the items are made here; the recipe scores its own model.
+        base_precision: trace_train::model::BasePrecision::Bf16,
         revision: None,
         unsafe_no_sandbox,
         envs: Default::default(),

@@ -5,10 +5,12 @@
 //! leave out any field. CLI flags override file values (see `cli`).
 //!
 //! Files written for the Python pipeline load as they are: its names
-//! ([`USER_NAMES`]: `model.base_model`, `hardware.no_4bit`,
-//! `stage0.variants_per_sample`, `stage3.num_steps`) are accepted beside
-//! ours, and `hardware.b200_mode` is the `--b200` preset. A file that gives
-//! one setting under both names is refused. [`Sources`] records where each
+//! ([`USER_NAMES`]: `model.base_model`, `stage0.variants_per_sample`,
+//! `stage3.num_steps`; and `hardware.no_4bit`, one of
+//! [`PRECISION_SWITCHES`]) are accepted beside ours, as is
+//! `model.load_in_4bit`, `model.base_precision`'s name before FP8, and
+//! `hardware.b200_mode` is the `--b200` preset. A file that gives one
+//! setting under two names is refused. [`Sources`] records where each
 //! resolved value came from (default, file, preset, flag) for
 //! `trace-train config` and the run's record.
 //!
@@ -21,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::layers::lora::BasePrecision;
 use crate::sandbox::Limits;
 
 /// A configuration file could not be used.
@@ -209,7 +212,8 @@ pub fn parse<T: Settings>(text: &str, path: &Path) -> Result<T, ConfigError> {
         } else if message.contains("duplicate field") {
             "a key appears twice in one object; keep one".into()
         } else if let Some(key) = (message.starts_with("invalid type")
-            || message.starts_with("invalid value"))
+            || message.starts_with("invalid value")
+            || message.starts_with("unknown variant"))
         .then(|| key_before(text, line, column))
         .flatten()
         {
@@ -353,7 +357,8 @@ fn further_errors<T: Settings>(text: &str, first_line: usize, first_message: &st
 }
 
 /// A serde error about `T` in one line: without serde's list of expected
-/// keys, with "did you mean" for an unknown key near a known one.
+/// keys (a value's few choices stay), with "did you mean" for an unknown
+/// key near a known one.
 fn briefly<T: Settings>(message: &str) -> String {
     let near = message
         .strip_prefix("unknown field `")
@@ -361,7 +366,10 @@ fn briefly<T: Settings>(message: &str) -> String {
         .and_then(|unknown| did_you_mean::<T>(unknown, message))
         .map(|k| format!(" (did you mean `{k}`?)"))
         .unwrap_or_default();
-    let short = message.split(", expected one of").next().unwrap_or(message);
+    let short = match message.starts_with("unknown variant") {
+        true => message,
+        false => message.split(", expected one of").next().unwrap_or(message),
+    };
     format!("{short}{near}")
 }
 
@@ -548,13 +556,19 @@ pub fn apply_sets<T: Settings>(
         };
         let mut value: serde_json::Value =
             serde_json::from_str(raw).unwrap_or_else(|_| serde_json::Value::String(raw.to_owned()));
-        // The Python pipeline's names (`model.base_model`) set ours.
+        // The Python pipeline's names (`model.base_model`) and the older
+        // precision switches set ours.
         let ours = our_key("", key);
-        if ours == "model.load_in_4bit" && ours != key {
+        if ours == "model.base_precision" && ours != key {
             match value {
-                serde_json::Value::Bool(b) => value = serde_json::Value::Bool(!b),
+                serde_json::Value::Bool(on) => {
+                    let precision = switch_precision(key, on).expect("our_key named a switch");
+                    value = precision.as_str().into();
+                }
                 _ => {
-                    problems.push(format!("--set {set}: expected true or false"));
+                    problems.push(format!(
+                        "--set {set}: expected true or false (or `--set model.base_precision=bf16|nf4|fp8`)"
+                    ));
                     continue;
                 }
             }
@@ -618,8 +632,8 @@ pub trait Validate {
 }
 
 /// The Python pipeline's names for our settings: (section, its key, ours).
-/// Either loads; a file that gives both is refused. `hardware.no_4bit`
-/// (the negation of `model.load_in_4bit`, in another section) is folded by
+/// Either loads; a file that gives both is refused. The older switches
+/// for `model.base_precision` ([`PRECISION_SWITCHES`]) are folded by
 /// [`PipelineConfig`]'s [`Validate::settle`].
 pub const USER_NAMES: [(&str, &str, &str); 3] = [
     ("model", "base_model", "name"),
@@ -627,9 +641,34 @@ pub const USER_NAMES: [(&str, &str, &str); 3] = [
     ("stage3", "num_steps", "ppo.num_train_steps"),
 ];
 
+/// The older names of `model.base_precision`, each a switch: (its dotted
+/// key, the precision `true` means, the one `false` means). `load_in_4bit`
+/// was ours before FP8; `hardware.no_4bit` is the Python pipeline's. One
+/// of them, or `base_precision`, may say it in a file; `--set` takes them
+/// too.
+pub const PRECISION_SWITCHES: [(&str, BasePrecision, BasePrecision); 2] = [
+    (
+        "model.load_in_4bit",
+        BasePrecision::Nf4,
+        BasePrecision::Bf16,
+    ),
+    ("hardware.no_4bit", BasePrecision::Bf16, BasePrecision::Nf4),
+];
+
+/// The precision switch `key` ([`PRECISION_SWITCHES`]) set to `on` means;
+/// none when `key` is no such switch.
+pub fn switch_precision(key: &str, on: bool) -> Option<BasePrecision> {
+    PRECISION_SWITCHES
+        .iter()
+        .find(|(k, _, _)| *k == key)
+        .map(|&(_, t, f)| if on { t } else { f })
+}
+
 /// `key` (dotted, as a file under `section` or `--set` writes it) in our
-/// names: the Python pipeline's `model.base_model` is `model.name`,
-/// `hardware.no_4bit` is `model.load_in_4bit` (negated by the caller).
+/// names: the Python pipeline's `model.base_model` is `model.name`, the
+/// precision switches (`hardware.no_4bit`, `model.load_in_4bit`) are
+/// `model.base_precision` (their values mapped by the caller,
+/// [`switch_precision`]).
 fn our_key(section: &str, key: &str) -> String {
     let (parent, last) = key.rsplit_once('.').unwrap_or(("", key));
     let full_parent = match (section, parent) {
@@ -637,8 +676,8 @@ fn our_key(section: &str, key: &str) -> String {
         (s, "") => s.to_owned(),
         (s, p) => format!("{s}.{p}"),
     };
-    if full_parent == "hardware" && last == "no_4bit" {
-        return "model.load_in_4bit".to_owned();
+    if switch_precision(&format!("{full_parent}.{last}"), true).is_some() {
+        return "model.base_precision".to_owned();
     }
     let name = USER_NAMES
         .iter()
@@ -961,14 +1000,15 @@ mod tests {
         let p: PipelineConfig = parse(USER_PIPELINE, Path::new("p.json")).unwrap();
         assert_eq!(p.model.name, "Qwen/Qwen3-4B");
         assert!(p.hardware.b200_mode);
-        // `no_4bit: false` keeps 4-bit loading; folded away on load.
-        assert!(p.model.load_in_4bit && p.hardware.no_4bit.is_none());
+        // `no_4bit: false` keeps the NF4 base; folded away on load.
+        assert_eq!(p.model.base_precision, BasePrecision::Nf4);
+        assert!(p.model.load_in_4bit.is_none() && p.hardware.no_4bit.is_none());
         assert_eq!((p.stage0.variants, p.stage0.num_workers), (3, 32));
         assert_eq!((p.stage1.epochs, p.stage2.epochs), (2, 3));
         assert_eq!(p.stage3.ppo.num_train_steps, 5000);
         let p: PipelineConfig =
             parse(r#"{"hardware": {"no_4bit": true}}"#, Path::new("p.json")).unwrap();
-        assert!(!p.model.load_in_4bit);
+        assert_eq!(p.model.base_precision, BasePrecision::Bf16);
         // Any subset loads; the rest are defaults.
         let p: PipelineConfig =
             parse(r#"{"stage3": {"num_steps": 7}}"#, Path::new("p.json")).unwrap();
@@ -981,7 +1021,7 @@ mod tests {
             other => panic!("{k}: {other:?}"),
         };
         assert_eq!(key("model.name"), "model.base_model");
-        assert_eq!(key("model.load_in_4bit"), "hardware.no_4bit");
+        assert_eq!(key("model.base_precision"), "hardware.no_4bit");
         assert_eq!(key("stage0.variants"), "stage0.variants_per_sample");
         assert_eq!(key("stage3.ppo.num_train_steps"), "stage3.num_steps");
         assert_eq!(key("stage1.epochs"), "stage1.epochs");
@@ -1027,6 +1067,132 @@ mod tests {
         );
     }
 
+    /// `model.base_precision` takes its three values; `load_in_4bit` and
+    /// `hardware.no_4bit` fold into it, in a file and in `--set`; a file
+    /// giving two of them is refused with both keys named.
+    #[test]
+    fn base_precision_and_its_older_names_are_one_setting() {
+        use BasePrecision::{Bf16, Fp8, Nf4};
+        assert_eq!(PipelineConfig::default().model.base_precision, Nf4);
+        for p in BasePrecision::ALL {
+            let text = format!(r#"{{"model": {{"base_precision": "{}"}}}}"#, p.as_str());
+            let c: PipelineConfig = parse(&text, Path::new("p.json")).unwrap();
+            assert_eq!(c.model.base_precision, p);
+        }
+        for (text, want) in [
+            (r#"{"model": {"load_in_4bit": true}}"#, Nf4),
+            (r#"{"model": {"load_in_4bit": false}}"#, Bf16),
+            (r#"{"hardware": {"no_4bit": true}}"#, Bf16),
+            (r#"{"hardware": {"no_4bit": false}}"#, Nf4),
+        ] {
+            let c: PipelineConfig = parse(text, Path::new("p.json")).unwrap();
+            assert_eq!(c.model.base_precision, want, "{text}");
+            // Folded away: the resolved settings say base_precision alone.
+            let v = serde_json::to_value(&c).unwrap();
+            assert!(
+                v["model"].get("load_in_4bit").is_none() && v["hardware"].get("no_4bit").is_none(),
+                "{v}"
+            );
+            assert_eq!(v["model"]["base_precision"], want.as_str());
+            // The key as the file wrote it is the source.
+            let tree: serde_json::Value = serde_json::from_str(text).unwrap();
+            let s = Sources::from_file(Path::new("p.json"), &tree, "");
+            let written = if text.contains("no_4bit") {
+                "hardware.no_4bit"
+            } else {
+                "model.load_in_4bit"
+            };
+            assert!(
+                matches!(s.get("model.base_precision"), Source::File { key, .. } if key == written),
+                "{text}"
+            );
+        }
+        let err = parse::<PipelineConfig>(
+            "{\"model\": {\n  \"base_precision\": \"fp16\"}}",
+            Path::new("p.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        for want in [
+            "p.json",
+            "line 2",
+            "`fp16`",
+            "`bf16`, `nf4`, `fp8`",
+            "hint: `base_precision` takes",
+        ] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        for (text, keys) in [
+            (
+                r#"{"model": {"load_in_4bit": true, "base_precision": "fp8"}}"#,
+                &["model.base_precision", "model.load_in_4bit"][..],
+            ),
+            (
+                r#"{"model": {"base_precision": "bf16"}, "hardware": {"no_4bit": true}}"#,
+                &["model.base_precision", "hardware.no_4bit"],
+            ),
+            (
+                r#"{"model": {"load_in_4bit": false}, "hardware": {"no_4bit": false}}"#,
+                &["model.load_in_4bit", "hardware.no_4bit"],
+            ),
+        ] {
+            let err = parse::<PipelineConfig>(text, Path::new("conflict.json"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("conflict.json")
+                    && keys.iter().all(|k| err.contains(k))
+                    && err.contains("keep one")
+                    && err.contains("hint:"),
+                "{err}"
+            );
+        }
+        // `--set` takes every name, recorded as the flag it was.
+        let (mut c, mut s) = (PipelineConfig::default(), Sources::default());
+        apply_sets(&mut c, &mut s, &["model.load_in_4bit=false".into()]).unwrap();
+        assert_eq!(c.model.base_precision, Bf16);
+        assert_eq!(
+            s.get("model.base_precision"),
+            Source::Flag {
+                flag: "--set model.load_in_4bit=false".into()
+            }
+        );
+        apply_sets(&mut c, &mut s, &["hardware.no_4bit=false".into()]).unwrap();
+        assert_eq!(c.model.base_precision, Nf4);
+        apply_sets(&mut c, &mut s, &["model.base_precision=fp8".into()]).unwrap();
+        assert_eq!(c.model.base_precision, Fp8);
+        let err = apply_sets(&mut c, &mut s, &["model.base_precision=fp16".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`bf16`, `nf4`, `fp8`"), "{err}");
+        let err = apply_sets(&mut c, &mut s, &["hardware.no_4bit=yes".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("expected true or false"), "{err}");
+    }
+
+    /// What a pipeline run before `base_precision` recorded of the model
+    /// section is what the section gives now, for nf4 and bf16.
+    #[test]
+    fn the_model_section_as_earlier_runs_recorded_it() {
+        let d = ModelConfig::default();
+        assert_eq!(
+            d.as_recorded(),
+            serde_json::json!({"name": "Qwen/Qwen3-4B", "revision": null, "load_in_4bit": true, "dtype": "bf16", "max_length": 2048})
+        );
+        let bf16 = ModelConfig {
+            base_precision: BasePrecision::Bf16,
+            ..d.clone()
+        };
+        assert_eq!(bf16.as_recorded()["load_in_4bit"], false);
+        let fp8 = ModelConfig {
+            base_precision: BasePrecision::Fp8,
+            ..d
+        };
+        let v = fp8.as_recorded();
+        assert!(v.get("load_in_4bit").is_none() && v["base_precision"] == "fp8");
+    }
+
     #[test]
     fn a_misspelled_key_names_file_line_and_the_expected_keys() {
         let err =
@@ -1058,7 +1224,22 @@ mod tests {
         let mut p: PipelineConfig = parse(USER_PIPELINE, Path::new("p.json")).unwrap();
         let mut s = Sources::default();
         p.apply_b200(&mut s, "hardware.b200_mode");
-        assert!(!p.model.load_in_4bit && !p.hardware.gradient_checkpointing);
+        assert_eq!(p.model.base_precision, BasePrecision::Bf16);
+        assert!(!p.hardware.gradient_checkpointing);
+        assert_eq!(
+            s.get("model.base_precision"),
+            Source::Preset {
+                by: "hardware.b200_mode".into()
+            }
+        );
+        // An FP8 base was asked for: the preset keeps it.
+        let mut fp8: PipelineConfig = parse(
+            r#"{"model": {"base_precision": "fp8"}, "hardware": {"b200_mode": true}}"#,
+            Path::new("p.json"),
+        )
+        .unwrap();
+        fp8.apply_b200(&mut Sources::default(), "hardware.b200_mode");
+        assert_eq!(fp8.model.base_precision, BasePrecision::Fp8);
         assert_eq!(
             (p.stage2.batch_size, p.stage2.gradient_accumulation_steps),
             (8, 4)

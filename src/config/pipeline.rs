@@ -7,6 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::*;
+use crate::model::layers::lora::BasePrecision;
 
 /// The whole pipeline, as `config/pipeline_config.json`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
@@ -54,14 +55,37 @@ impl Validate for PipelineConfig {
                 self.stage3.ppo.num_train_steps = steps;
             }
         }
-        if let Some(no_4bit) = self.hardware.no_4bit.take() {
-            if file.pointer("/model/load_in_4bit").is_some() {
-                p.push(
-                    "hardware.no_4bit and model.load_in_4bit: both set 4-bit loading (no_4bit is the Python pipeline's name for the opposite of load_in_4bit); keep one".into(),
-                );
-            } else {
-                self.model.load_in_4bit = !no_4bit;
+        // `model.base_precision` and its older names, each a switch
+        // ([`PRECISION_SWITCHES`]): one of them may say it.
+        let switches = [
+            ("model.load_in_4bit", self.model.load_in_4bit.take()),
+            ("hardware.no_4bit", self.hardware.no_4bit.take()),
+        ];
+        let mut named: Vec<&str> = Vec::new();
+        if file.pointer("/model/base_precision").is_some() {
+            named.push("model.base_precision");
+        }
+        let mut folded = None;
+        for (key, on) in switches {
+            if let Some(on) = on {
+                named.push(key);
+                folded = switch_precision(key, on);
             }
+        }
+        match (named.as_slice(), folded) {
+            ([_, _, ..], _) => p.push(format!(
+                "{}: each sets how the frozen base weights are held (older names of model.base_precision: {}); keep one (hint: write `model.base_precision` alone, `bf16`, `nf4` or `fp8`)",
+                named.join(" and "),
+                PRECISION_SWITCHES
+                    .iter()
+                    .map(|(k, on, off)| {
+                        format!("{k} true is {}, false {}", on.as_str(), off.as_str())
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )),
+            (_, Some(precision)) => self.model.base_precision = precision,
+            _ => {}
         }
         p
     }
@@ -69,20 +93,24 @@ impl Validate for PipelineConfig {
 
 impl PipelineConfig {
     /// The preset for one large GPU (B200, H200, H100 80 GB), as `--b200`
-    /// or `hardware.b200_mode: true` ask: bf16 base weights (no 4-bit), no
-    /// gradient checkpointing, micro-batches of 8 with 4 accumulation
-    /// steps, over what the file says. Measured on an H200 at the Qwen3-4B
-    /// shape: without checkpointing and 4-bit weights a step runs 1.35x
-    /// faster than with them, and 4 x 1024 tokens take 20 GiB of which 8
-    /// are weights; 8 x 2048 tokens then need about 56 GiB (an estimate
-    /// from that figure, activations growing with tokens). Stage 3 gets
-    /// the same bf16 base without checkpointing and training micro-batches
-    /// of [`B200_MICRO_BATCH_TOKENS`]. `by` names what asked for it, for
-    /// `sources`.
+    /// or `hardware.b200_mode: true` ask: bf16 base weights where they
+    /// would be NF4 (an FP8 base, never a default, was asked for and
+    /// stays), no gradient checkpointing, micro-batches of 8 with 4
+    /// accumulation steps, over what the file says. Measured on an H200
+    /// at the Qwen3-4B shape: without checkpointing and 4-bit weights a
+    /// step runs 1.35x faster than with them, and 4 x 1024 tokens take 20
+    /// GiB of which 8 are weights; 8 x 2048 tokens then need about 56 GiB
+    /// (an estimate from that figure, activations growing with tokens).
+    /// Stage 3 gets the same bf16 base without checkpointing and training
+    /// micro-batches of [`B200_MICRO_BATCH_TOKENS`]. `by` names what asked
+    /// for it, for `sources`.
     pub fn apply_b200(&mut self, sources: &mut Sources, by: &str) {
         self.hardware.b200_mode = true;
         self.model.dtype = "bf16".into();
-        self.model.load_in_4bit = false;
+        if self.model.base_precision == BasePrecision::Nf4 {
+            self.model.base_precision = BasePrecision::Bf16;
+            sources.set("model.base_precision", Source::Preset { by: by.to_owned() });
+        }
         self.hardware.gradient_checkpointing = false;
         for s in [&mut self.stage1, &mut self.stage2] {
             s.batch_size = 8;
@@ -91,7 +119,6 @@ impl PipelineConfig {
         self.stage3.ppo.micro_batch_tokens = Some(B200_MICRO_BATCH_TOKENS);
         for key in [
             "model.dtype",
-            "model.load_in_4bit",
             "hardware.gradient_checkpointing",
             "stage1.batch_size",
             "stage1.gradient_accumulation_steps",
@@ -252,8 +279,23 @@ pub struct ModelConfig {
     pub name: String,
     /// With a hub id: the branch, tag or commit (null: `main`). Default null.
     pub revision: Option<String>,
-    /// Load the frozen base weights in 4 bits (QLoRA). Default true.
-    pub load_in_4bit: bool,
+    /// How the frozen base weights are held: `bf16` (as loaded, in the
+    /// training dtype), `nf4` (4 bits with double quantisation, QLoRA's,
+    /// dequantised for each product) or `fp8` (8 bits, E4M3 with a scale
+    /// an output channel, the forward products in FP8). Every stage loads
+    /// its base so; on the CPU `nf4` is not applied (a CPU run keeps its
+    /// dtype) and `fp8` is emulated. `eval` and `serve` read no config
+    /// file: they hold `bf16` unless their `--base_precision` says
+    /// otherwise, and the pipeline's gate and eval measure in `bf16`. The
+    /// older names are accepted: `load_in_4bit` (true: `nf4`, false:
+    /// `bf16`) and `hardware.no_4bit` (true: `bf16`). Default `nf4`.
+    #[schemars(schema_with = "base_precision_schema")]
+    pub base_precision: BasePrecision,
+    /// The older name of `base_precision`: true is `nf4`, false `bf16`
+    /// (`--no_4bit` is `--base_precision bf16`); folded into it on load,
+    /// so it is never set after loading. Default absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load_in_4bit: Option<bool>,
     /// Training and inference dtype: `bf16`, `f16` or `f32`. Default `bf16`.
     pub dtype: String,
     /// Longest sequence in tokens. Default 2048.
@@ -274,11 +316,41 @@ impl Default for ModelConfig {
         ModelConfig {
             name: "Qwen/Qwen3-4B".into(),
             revision: None,
-            load_in_4bit: true,
+            base_precision: BasePrecision::Nf4,
+            load_in_4bit: None,
             dtype: "bf16".into(),
             max_length: 2048,
             special_tokens_in_messages: false,
         }
+    }
+}
+
+/// `base_precision`'s values, for the reference: the model crate's type
+/// knows no schema.
+fn base_precision_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let names: Vec<&str> = BasePrecision::ALL.iter().map(|p| p.as_str()).collect();
+    schemars::json_schema!({"type": "string", "enum": names})
+}
+
+impl ModelConfig {
+    /// The section as runs recorded it before `base_precision` existed,
+    /// for what a resume compares with an earlier run's record (the
+    /// pipeline's stage hashes): `load_in_4bit` for `nf4` and `bf16`;
+    /// `base_precision` for `fp8`, which no earlier run could ask for.
+    pub fn as_recorded(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).expect("the model section serialises");
+        if let Some(m) = v.as_object_mut() {
+            let four_bit = match self.base_precision {
+                BasePrecision::Nf4 => Some(true),
+                BasePrecision::Bf16 => Some(false),
+                BasePrecision::Fp8 => None,
+            };
+            if let Some(on) = four_bit {
+                m.remove("base_precision");
+                m.insert("load_in_4bit".into(), on.into());
+            }
+        }
+        v
     }
 }
 
@@ -317,14 +389,15 @@ pub struct HardwareConfig {
     /// Trade compute for memory by recomputing activations. Default true.
     pub gradient_checkpointing: bool,
     /// The `--b200` preset for one large GPU (B200, H200, H100 80 GB):
-    /// bf16 base weights (no 4-bit), no gradient checkpointing,
+    /// bf16 base weights (not NF4), no gradient checkpointing,
     /// micro-batches of 8 with 4 accumulation steps, and Stage 3's
     /// training passes of 12,288 tokens, over what the file says (see
     /// [`PipelineConfig::apply_b200`]). Default false.
     pub b200_mode: bool,
-    /// The Python pipeline's spelling of `model.load_in_4bit: false`
-    /// (`--no_4bit`); folded into `model.load_in_4bit` on load, so it is
-    /// never set after loading. Default absent.
+    /// The Python pipeline's spelling of `model.base_precision: bf16`
+    /// (true; false is `nf4`), as `--no_4bit`; folded into
+    /// `model.base_precision` on load, so it is never set after loading.
+    /// Default absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub no_4bit: Option<bool>,
 }

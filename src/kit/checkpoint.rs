@@ -19,6 +19,8 @@ use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::model::layers::lora::BasePrecision;
+
 const PARAMS: &str = "trainable.safetensors";
 const OPTIM: &str = "optimizer.safetensors";
 const STATE: &str = "trainer_state.json";
@@ -45,8 +47,25 @@ pub struct Fingerprint {
 /// weights'.
 const LOCATIONS: [&str; 3] = ["output_dir", "train_file", "eval_file"];
 
-/// The NF4 mark a base's label carries when its weights are quantised.
-const NF4: &str = " (NF4)";
+/// The mark a base's label carries when its frozen weights are held in
+/// fewer bits ([`crate::kit::fingerprint::base_label`]); a bf16 base
+/// carries none, as every label did before FP8.
+pub fn held_mark(held: BasePrecision) -> &'static str {
+    match held {
+        BasePrecision::Bf16 => "",
+        BasePrecision::Nf4 => " (NF4)",
+        BasePrecision::Fp8 => " (FP8)",
+    }
+}
+
+/// The mark `label` ends with (empty for a bf16 base).
+fn mark_of(label: &str) -> &'static str {
+    BasePrecision::ALL
+        .into_iter()
+        .map(held_mark)
+        .find(|m| !m.is_empty() && label.ends_with(m))
+        .unwrap_or("")
+}
 
 impl Fingerprint {
     /// The fields that differ from `other`, for an error message. A base
@@ -55,8 +74,7 @@ impl Fingerprint {
     pub fn differences(&self, other: &Fingerprint) -> Vec<String> {
         let mut d = Vec::new();
         let same_weights = !self.base_weights.is_empty() && self.base_weights == other.base_weights;
-        let moved =
-            same_weights && self.base_model.ends_with(NF4) == other.base_model.ends_with(NF4);
+        let moved = same_weights && mark_of(&self.base_model) == mark_of(&other.base_model);
         if self.base_model != other.base_model && !moved {
             d.push(format!(
                 "base model: `{}` then, `{}` now",
@@ -550,9 +568,25 @@ mod tests {
         b.base_model = "/new/ck/stage1_warmup/merged".into();
         b.config = serde_json::json!({"lr": 1, "output_dir": "/new/ck/stage2_sft", "train_file": "/new/d.jsonl"});
         assert!(b.differences(&a).is_empty(), "{:?}", b.differences(&a));
-        let mut c = b.clone();
-        c.base_model = format!("{}{NF4}", b.base_model);
-        assert!(c.differences(&a).iter().any(|x| x.contains("base model")));
+        for held in [BasePrecision::Nf4, BasePrecision::Fp8] {
+            let mut c = b.clone();
+            c.base_model = format!("{}{}", b.base_model, held_mark(held));
+            assert!(c.differences(&a).iter().any(|x| x.contains("base model")));
+        }
+        // Quantised alike, moved: the same run; NF4 then and FP8 now: not.
+        let nf4 = |fp: &Fingerprint| Fingerprint {
+            base_model: format!("{}{}", fp.base_model, held_mark(BasePrecision::Nf4)),
+            ..fp.clone()
+        };
+        assert!(nf4(&b).differences(&nf4(&a)).is_empty());
+        let mut fp8 = b.clone();
+        fp8.base_model = format!("{}{}", b.base_model, held_mark(BasePrecision::Fp8));
+        let d = fp8.differences(&nf4(&a));
+        assert!(
+            d.iter()
+                .any(|x| x.contains("(NF4)` then") && x.contains("(FP8)` now")),
+            "{d:?}"
+        );
         let mut e = b.clone();
         e.base_weights = "other".into();
         let d = e.differences(&a);

@@ -9,11 +9,13 @@ use sha2::{Digest, Sha256};
 
 use super::checkpoint::{self, Fingerprint};
 use crate::model;
+use crate::model::layers::lora::BasePrecision;
 
 /// The fingerprint of a run on `base_dir`: `config` (the settings that
 /// decide the numbers), `base_label` (how the base is named in a
-/// difference: its folder, with ` (NF4)` when quantised), `data` (the
-/// training data's digest, or a description of an environment).
+/// difference: its folder, with [`base_label`]'s mark when held in fewer
+/// bits), `data` (the training data's digest, or a description of an
+/// environment).
 pub fn of(
     config: serde_json::Value,
     base_label: String,
@@ -30,6 +32,13 @@ pub fn of(
             &base_dir.join("tokenizer_config.json"),
         ])?,
     })
+}
+
+/// A base's label in a fingerprint: its folder, then ` (NF4)` or
+/// ` (FP8)` when its frozen weights are held so (bf16: the folder alone,
+/// so checkpoints written before FP8 existed resume as they were).
+pub fn base_label(base_dir: &Path, held: BasePrecision) -> String {
+    format!("{}{}", base_dir.display(), checkpoint::held_mark(held))
 }
 
 /// SHA-256 of the files at `paths` one after another (a missing file adds
@@ -73,4 +82,28 @@ pub fn weights(dir: &Path) -> anyhow::Result<String> {
         }
     }
     Ok(crate::hex(&h.finalize()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The labels checkpoints of earlier versions carry: the folder alone
+    /// for bf16, ` (NF4)` after it for NF4; FP8 has its own mark.
+    #[test]
+    fn a_base_label_marks_how_the_base_is_held() {
+        let dir = Path::new("/ck/stage1_warmup/merged");
+        assert_eq!(
+            base_label(dir, BasePrecision::Bf16),
+            "/ck/stage1_warmup/merged"
+        );
+        assert_eq!(
+            base_label(dir, BasePrecision::Nf4),
+            "/ck/stage1_warmup/merged (NF4)"
+        );
+        assert_eq!(
+            base_label(dir, BasePrecision::Fp8),
+            "/ck/stage1_warmup/merged (FP8)"
+        );
+    }
 }

@@ -1,7 +1,10 @@
-//! A recipe's model for training: the tokenizer and the base model of a
-//! folder with a fresh LoRA adapter on the target projections, in the
-//! training dtype, its frozen projections in NF4 on a GPU when asked
-//! (QLoRA).
+//! The one way a model is loaded: for training, the tokenizer and the
+//! base model of a folder with a fresh or trained LoRA adapter on the
+//! target projections, in the training dtype; for inference (`eval`,
+//! `serve`), the model with its adapters as they are. Either way its
+//! frozen projections are held as `model.base_precision` (or the command's
+//! `--base_precision`) asks, in bf16, NF4 (QLoRA) or FP8, as [`held`]
+//! decides for the device.
 
 use std::path::Path;
 
@@ -10,7 +13,7 @@ use candle_core::{DType, Device};
 
 use crate::config::{LoraSettings, ModelConfig};
 use crate::data::tokenizer::ChatTokenizer;
-use crate::model::layers::lora::{LoraConfig, TargetModule};
+use crate::model::layers::lora::{BasePrecision, LoraConfig, TargetModule};
 use crate::model::{self, LoadedModel};
 
 /// The adapter a run trains.
@@ -25,8 +28,8 @@ pub enum Adapter<'a> {
 }
 
 /// The tokenizer and model of `base_dir` with `adapter`, in
-/// [`train_dtype`], quantised when [`four_bit`]; the tokenizer checked
-/// against the model's vocabulary.
+/// [`train_dtype`], its base held as [`held`] says for the config's
+/// `base_precision`; the tokenizer checked against the model's vocabulary.
 pub fn trainee(
     base_dir: &Path,
     adapter: Adapter,
@@ -40,17 +43,49 @@ pub fn trainee(
         Adapter::Fresh(lora) => model::load(base_dir, Some(lora), dtype, device)?,
         Adapter::Trained(dir) => model::io::adapter::load(base_dir, dir, dtype, device)?,
     };
-    if four_bit(model_cfg, device) {
-        loaded.model.hold_base(crate::model::BasePrecision::Nf4)?;
-    }
+    loaded
+        .model
+        .hold_base(held(model_cfg.base_precision, device))?;
     tok.check_against_vocab(loaded.model.vocab_size())?;
     Ok((tok, loaded))
 }
 
-/// Whether the frozen projections are held in NF4: asked for, and on an
-/// accelerator (a CPU run keeps its dtype).
-pub fn four_bit(model_cfg: &ModelConfig, device: &Device) -> bool {
-    model_cfg.load_in_4bit && !device.is_cpu()
+/// How the frozen projections are held on `device` when `asked` is asked
+/// for: as asked, except NF4 on the CPU, where a run keeps its dtype (f32)
+/// as it always has (NF4 is the default, and the CPU runs tests and quick
+/// checks). FP8 is never a default, so it is held on the CPU too when
+/// asked: the model crate makes the same E4M3 codes there and multiplies
+/// after dequantising, slower than bf16 but a check of what FP8 does to
+/// the numbers.
+pub fn held(asked: BasePrecision, device: &Device) -> BasePrecision {
+    match asked {
+        BasePrecision::Nf4 if device.is_cpu() => BasePrecision::Bf16,
+        other => other,
+    }
+}
+
+/// The model in `model_dir` for inference, in f32 on the CPU and bf16 on
+/// a GPU, its base held as [`held`] says for `precision`: alone; with one
+/// adapter, with it applied; with several, with all of them beside it (a
+/// batch row picks one, as `serve` runs them).
+pub fn for_inference(
+    model_dir: &Path,
+    adapters: &[std::path::PathBuf],
+    precision: BasePrecision,
+    device: &Device,
+) -> anyhow::Result<LoadedModel> {
+    let dtype = if device.is_cpu() {
+        DType::F32
+    } else {
+        DType::BF16
+    };
+    let mut loaded = match adapters {
+        [] => model::load(model_dir, None, dtype, device)?,
+        [a] => model::io::adapter::load(model_dir, a, dtype, device)?,
+        many => model::io::adapter::load_bank(model_dir, many, dtype, device)?,
+    };
+    loaded.model.hold_base(held(precision, device))?;
+    Ok(loaded)
 }
 
 /// The projections named in a config's `target_modules`, each checked.
@@ -82,5 +117,55 @@ pub fn train_dtype(name: &str, device: &Device) -> DType {
         (_, true) | ("f32", _) => DType::F32,
         ("f16", _) => DType::F16,
         _ => DType::BF16,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{PipelineConfig, SftConfig, parse};
+    use crate::model::layers::lora::BaseLinear;
+    use BasePrecision::{Bf16, Fp8, Nf4};
+
+    /// Which way each projection of `loaded` holds its frozen weight.
+    fn held_as(loaded: &LoadedModel) -> Vec<BasePrecision> {
+        let mut kinds: Vec<BasePrecision> = loaded
+            .model
+            .projections()
+            .iter()
+            .map(|p| match p.base() {
+                BaseLinear::Dense { .. } => Bf16,
+                BaseLinear::Nf4 { .. } => Nf4,
+                BaseLinear::Fp8 { .. } => Fp8,
+            })
+            .collect();
+        kinds.dedup();
+        kinds
+    }
+
+    /// A config's `base_precision`, under any of its names, is how the
+    /// trainee and the inference model hold their base; on the CPU NF4 is
+    /// not applied and FP8 is.
+    #[test]
+    fn the_base_is_held_as_the_config_says_but_nf4_not_on_the_cpu() {
+        let dir = tempfile::tempdir().unwrap();
+        model::arch::tiny::write_tiny_chat_model(dir.path(), 3).unwrap();
+        let cpu = Device::Cpu;
+        let lora = lora(&SftConfig::default().lora, 0.0, 1).unwrap();
+        for (text, asked, on_cpu) in [
+            ("{}", Nf4, Bf16),
+            (r#"{"model": {"base_precision": "fp8"}}"#, Fp8, Fp8),
+            (r#"{"model": {"base_precision": "nf4"}}"#, Nf4, Bf16),
+            (r#"{"model": {"load_in_4bit": false}}"#, Bf16, Bf16),
+            (r#"{"hardware": {"no_4bit": false}}"#, Nf4, Bf16),
+        ] {
+            let p: PipelineConfig = parse(text, Path::new("p.json")).unwrap();
+            assert_eq!(p.model.base_precision, asked, "{text}");
+            assert_eq!(held(p.model.base_precision, &cpu), on_cpu, "{text}");
+            let (_, trainee) = trainee(dir.path(), Adapter::Fresh(&lora), &p.model, &cpu).unwrap();
+            assert_eq!(held_as(&trainee), [on_cpu], "{text}");
+            let served = for_inference(dir.path(), &[], p.model.base_precision, &cpu).unwrap();
+            assert_eq!(held_as(&served), [on_cpu], "{text}");
+        }
     }
 }

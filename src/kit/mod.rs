@@ -10,7 +10,8 @@
 //! - [`step`]: the next step's micro-batches from the data position, the
 //!   non-finite guard, gradient clipping;
 //! - [`load`]: tokenizer and model with a fresh LoRA adapter, the training
-//!   dtype, NF4 base weights, the target modules;
+//!   dtype, the base held in bf16, NF4 or FP8, the target modules; the
+//!   model for inference (`eval`, `serve`) held the same way;
 //! - [`fingerprint`]: what a resume must find unchanged;
 //! - [`checkpoint`]: atomic, hashed checkpoints that resume bit for bit;
 //! - [`outputs`] and [`card`]: `final/` (PEFT's layout), `merged/`, their

@@ -231,14 +231,9 @@ pub fn run_with(
     // 2. Fresh start or resume.
     let fingerprint = fingerprint::of(
         serde_json::to_value(cfg)?,
-        format!(
-            "{}{}",
-            job.base_dir.display(),
-            if load::four_bit(&job.model, &job.device) {
-                " (NF4)"
-            } else {
-                ""
-            }
+        fingerprint::base_label(
+            &job.base_dir,
+            load::held(job.model.base_precision, &job.device),
         ),
         &job.base_dir,
         fingerprint::sha256_of(&[&job.train_file])?,

@@ -1,8 +1,8 @@
 //! The model's thread: the requests share a fixed number of decoding rows
-//! ([`model::decode::slots`]) with continuous batching. A request takes a free row
-//! at the next step (newcomers are prefilled together), a row whose answer
-//! ended or whose client went away is freed at once, and one step draws a
-//! token for every live row. On CUDA the rows are the fused decode step's
+//! ([`crate::model::decode::slots`]) with continuous batching. A request
+//! takes a free row at the next step (newcomers are prefilled together), a
+//! row whose answer ended or whose client went away is freed at once, and
+//! one step draws a token for every live row. On CUDA the rows are the fused decode step's
 //! (one CUDA graph a step, draws on the device); elsewhere the model's own
 //! forward with the same sampling rule on the host.
 //!
@@ -21,15 +21,15 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::Instant;
 
 use anyhow::Context;
-use candle_core::{DType, Device};
+use candle_core::Device;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::{Metrics, Outcome};
 use crate::data::ChatTokenizer;
+use crate::model::LoadedModel;
 use crate::model::decode::draw::Draw;
 use crate::model::decode::slots::{Feed, HostSlots, Join, Slots};
 use crate::model::layers::init::Rng;
-use crate::model::{self, LoadedModel};
 
 /// Why an answer ended, as the API names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -609,26 +609,6 @@ fn held_back(text: &str, stops: &[String]) -> usize {
         })
         .max()
         .unwrap_or(0)
-}
-
-/// Loads what the engine runs, in f32 on the CPU, bf16 on a GPU: the
-/// model; with one adapter, the model with it applied; with several, the
-/// model with all of them beside it (a row picks one).
-pub fn load_model(
-    model_dir: &std::path::Path,
-    adapters: &[std::path::PathBuf],
-    device: &Device,
-) -> anyhow::Result<LoadedModel> {
-    let dtype = if device.is_cpu() {
-        DType::F32
-    } else {
-        DType::BF16
-    };
-    Ok(match adapters {
-        [] => model::load(model_dir, None, dtype, device)?,
-        [a] => model::io::adapter::load(model_dir, a, dtype, device)?,
-        many => model::io::adapter::load_bank(model_dir, many, dtype, device)?,
-    })
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::data::ChatTokenizer;
+use crate::model::BasePrecision;
 use api::{ApiError, ChatRequest, Input, Kind};
 use engine::{Engine, EngineOptions, Job, Params, Update};
 use metrics::Metrics;
@@ -73,6 +74,8 @@ pub struct ServeOptions {
     /// A line on stderr for every request that ends.
     pub log_requests: bool,
     pub device: Device,
+    /// How the frozen weights are held ([`crate::kit::load::held`]).
+    pub base_precision: BasePrecision,
     /// How long a client may take, and open connections after a stop.
     pub deadlines: Deadlines,
     /// Special-token strings in request messages become control tokens
@@ -110,7 +113,12 @@ impl AppState {
         let tok = Arc::new(tok);
         let names = served_names(opts)?;
         let adapter_dirs: Vec<PathBuf> = opts.adapters.iter().map(|(_, d)| d.clone()).collect();
-        let model = engine::load_model(&opts.model_dir, &adapter_dirs, &opts.device)?;
+        let model = crate::kit::load::for_inference(
+            &opts.model_dir,
+            &adapter_dirs,
+            opts.base_precision,
+            &opts.device,
+        )?;
         tok.check_against_vocab(model.model.vocab_size())?;
         let config_path = opts.model_dir.join(crate::model::CONFIG_FILE);
         let config: Value = serde_json::from_slice(
@@ -748,6 +756,7 @@ mod tests {
             max_model_len: None,
             log_requests: false,
             device: Device::Cpu,
+            base_precision: BasePrecision::Bf16,
             deadlines: Deadlines::default(),
             special_tokens_in_messages: false,
         }
