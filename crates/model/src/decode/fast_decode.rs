@@ -1505,7 +1505,8 @@ pub(super) mod tests {
             // 1,000 times apart), the zero row exactly zero.
             let got = check_each(&products, &x, &fp8, &fp8_deq, None);
             for (s, g) in got.iter().enumerate() {
-                let last = g.narrow(1, seg_rows[s] - 1, 1).unwrap().abs().unwrap();
+                let last = g.narrow(1, seg_rows[s] - 1, 1).unwrap();
+                let last = last.to_dtype(DType::F32).unwrap().abs().unwrap();
                 let last = last.max_all().unwrap().to_scalar::<f32>().unwrap();
                 assert_eq!(last, 0.0, "fp8, {m} rows: segment {s}'s zero row");
             }
