@@ -28,7 +28,9 @@
 #   --steps N                optimizer steps a training stage (default 3; pipeline --max_steps)
 #   --modes "default b200"   which settings to run (default both; a later call with the
 #                            same WORK adds a mode, and the table shows every mode run;
-#                            --modes "" only prints the table)
+#                            --modes "" only prints the table). Also `fp8` and `bf16`:
+#                            the defaults with --base_precision fp8 or bf16 (the
+#                            default holds the base in NF4)
 #   --device D               cpu, cuda or auto (default: the config's hardware.device)
 #   --keep                   keep each mode's checkpoints and merged models (8 GB each at 4B)
 #   --unsafe_no_sandbox      run the programs without the sandbox (also UNSAFE=1; a machine
@@ -93,7 +95,7 @@ for n in STEPS PROGRAMS VARIANTS S1_EPOCHS S2_EPOCHS PPO_STEPS; do
 done
 [[ $SEED_HOURS =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--seed_hours: \`$SEED_HOURS\` is not a number" "e.g. --seed_hours 10"
 for m in $MODES; do
-    case "$m" in default|b200) ;; *) die "--modes: \`$m\` is not default or b200" "e.g. --modes \"default b200\"" ;; esac
+    case "$m" in default|b200|fp8|bf16) ;; *) die "--modes: \`$m\` is not default, b200, fp8 or bf16" "e.g. --modes \"default b200\"" ;; esac
 done
 PIPELINE_CFG=$CONFIG_DIR/pipeline_config.json
 STAGE3_CFG=$CONFIG_DIR/stage3_ppo_config.json
@@ -138,6 +140,8 @@ cd "$REPO"  # the binary reads config/ relative to here for the stages' own file
 resolved() { "$BIN" config pipeline --config "$WORK/pipeline_config.json" --json "$@"; }
 resolved > "$WORK/resolved_default.json"
 resolved --b200 > "$WORK/resolved_b200.json"
+resolved --base_precision fp8 > "$WORK/resolved_fp8.json"
+resolved --base_precision bf16 > "$WORK/resolved_bf16.json"
 python3 - "$STAGE3_CFG" "$WORK/resolved_default.json" <<'EOF'
 import json, sys
 s3, res = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
@@ -178,7 +182,11 @@ fi
 for mode in $MODES; do
     out=$WORK/$mode
     rm -rf "$out"; mkdir -p "$out"
-    extra=(); [ "$mode" = b200 ] && extra=(--b200)
+    case "$mode" in
+        b200) extra=(--b200) ;;
+        fp8|bf16) extra=(--base_precision "$mode") ;;
+        *) extra=() ;;
+    esac
     echo "== $mode: pipeline stages 1-3, $STEPS steps each, into \`$out\`" >&2
     start=$(date +%s.%N)
     set +e
