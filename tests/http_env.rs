@@ -369,6 +369,16 @@ fn babyai_example_server_reaches_a_goal() {
         .count();
     println!("babyai: {wins} of 6 episodes reached the goal");
     assert!(wins >= 3, "{wins}");
+    // The server's expert demonstrates them (the bot, then `go to`).
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("babyai.jsonl");
+    let ids: Vec<u64> = (0..6).collect();
+    let c = trace_train::env::affine::sft::write_records(&env, &ids, &out).unwrap();
+    println!("babyai demonstrations: {c:?}");
+    assert!(
+        c.episodes.unwrap() >= 4 && c.written >= c.episodes.unwrap(),
+        "{c:?}"
+    );
     let t = Instant::now();
     let (steps, wins) = std::thread::scope(|s| {
         let runs: Vec<_> = (0..8u64)
@@ -566,6 +576,34 @@ fn the_kernel_server_feeds_back_what_became_of_each_kernel() {
         Score::Reward(r) => assert!(*r >= 0.1, "{s:?}"),
     }
     drop(ep);
+    let st = server.stats();
+    assert_eq!(st["open"], 0, "every session closed: {st}");
+}
+
+/// `generate`'s demonstrations of a multi-step environment: the counting
+/// server's expert (`POST /expert`) plays each episode; one record an
+/// action where it reaches the target, `demonstration_failed` where its
+/// clumsy twin (indices 4000-4999) passes it.
+#[test]
+fn the_expert_demonstrates_episodes_one_record_an_action() {
+    let server = Server::start("counting_server.py", &[]);
+    let env = HttpEnv::connect(&server.url("?opening=none&tasks=5000")).unwrap();
+    let task = env.task(3).unwrap();
+    let shown = trace_train::env::demonstrate(&env, &task, 10).unwrap();
+    let actions: Vec<&str> = shown.iter().map(|s| s.completion.as_str()).collect();
+    // Count to 6: 2, 2, 2, each in the opening's form.
+    assert_eq!(actions.len(), 3, "{actions:?}");
+    assert!(
+        actions.iter().all(|a| a.ends_with("Action:\nadd 2")),
+        "{actions:?}"
+    );
+    assert!(shown[1].observation.contains("You are at 2"), "{shown:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("counting.jsonl");
+    let c = trace_train::env::affine::sft::write_records(&env, &[0, 1, 4000, 4002], &out).unwrap();
+    // 3 = 2 + 1 and 4 = 2 + 2; by twos, 4000 (to 3) and 4002 (to 5) pass the target.
+    assert_eq!((c.episodes, c.written), (Some(2), 4), "{c:?}");
+    assert_eq!(c.dropped.get("demonstration_failed"), Some(&2), "{c:?}");
     let st = server.stats();
     assert_eq!(st["open"], 0, "every session closed: {st}");
 }

@@ -419,6 +419,27 @@ fn guess_the_number_is_a_multi_step_episode() {
     assert_eq!(steps[0].observation, "Answer with one number.");
     assert_eq!(env.task(1000), Err("task_id_out_of_range".into()));
     drop(e);
+    // The episode's `expert()` bisects: a demonstration reaches the number
+    // within 7 guesses, each observation the hint after the last guess.
+    for id in [0, 5, 999] {
+        let task = env.task(id).unwrap();
+        let shown = env::demonstrate(&env, &task, 10).unwrap();
+        assert!((1..=7).contains(&shown.len()), "{shown:?}");
+        assert_eq!(shown[0].observation, task.prompt);
+        assert_eq!(shown[0].completion, "50");
+        assert_eq!(shown.last().unwrap().completion, task.expected);
+        for (a, b) in shown.iter().zip(&shown[1..]) {
+            let hint = format!("{} is wrong: the number is ", a.completion);
+            assert!(b.observation.starts_with(&hint), "{shown:?}");
+        }
+    }
+    // Allowed fewer actions than it needs, it demonstrates nothing (task
+    // 5's number is not 50).
+    let task = env.task(5).unwrap();
+    assert_eq!(
+        env::demonstrate(&env, &task, 1),
+        Err("demonstration_too_long".into())
+    );
     drop(env);
     assert_nothing_left("after the episodes", &UIDS);
 }

@@ -12,6 +12,12 @@ forward, go to <object> <n>, pick up <object> <n>, drop, go through <door>
 high-level action runs as minigrid's primitive actions along a shortest
 path.
 
+Its expert (`POST /expert`, for demonstrations): where the goal is to go
+to or pick up an object and one that fits is in view, that one action;
+else the next move of minigrid's BabyAI bot (`minigrid.utils.baby_ai_bot`),
+in the same vocabulary. The bot is made at the first `expert` call of an
+episode and then told of every primitive action taken.
+
 Reward: 1.0 on the step that reaches the level's goal (done, a success),
 0 otherwise (the Affine guide's BabyAI reward; minigrid's own reward,
 shrinking with the steps taken, decides only whether the goal is met). An
@@ -27,6 +33,8 @@ warnings.filterwarnings("ignore")  # gymnasium warns of every re-registered leve
 
 import gymnasium as gym  # noqa: E402
 import minigrid  # noqa: E402,F401  (registers the BabyAI levels)
+from minigrid.envs.babyai.core.verifier import GoToInstr, PickupInstr  # noqa: E402
+from minigrid.utils.baby_ai_bot import BabyAIBot  # noqa: E402
 
 import protocol  # noqa: E402
 
@@ -65,6 +73,7 @@ class BabyAI:
         self.env = gym.make(level)
         self.env.reset(seed=data_idx // len(self.levels))
         self.u = self.env.unwrapped
+        self.bot = None  # made at the first expert() call
         self.actions = self.possible()
         return f"Your goal: {self.u.mission}\n{self.describe()}{self.listing()}"
 
@@ -180,12 +189,46 @@ class BabyAI:
             return "The action is not recognized. Please check valid actions." + self.listing(), 0.0, False, False
         for a in self.actions[action]:
             _, reward, terminated, truncated, _ = self.env.step(a)
+            if self.bot is not None and not (terminated or truncated):
+                self.tell_bot(a)
             if terminated or truncated:
                 if reward > 0:
                     return "The task is completed.", 1.0, True, True
                 return "The episode ends: the level's step limit is met.", 0.0, True, False
         self.actions = self.possible()
         return self.describe() + self.listing(), 0.0, False, False
+
+    # The expert.
+    def tell_bot(self, taken=None):
+        """The bot's next primitive action after `taken` (None: its own
+        suggestion); a bot that fails is dropped (no expert after that)."""
+        try:
+            self.suggested = self.bot.replan(taken)
+        except Exception:  # the bot asserts on states it does not plan for
+            self.bot, self.suggested = False, None
+
+    def expert(self):
+        instrs = self.u.instrs
+        if isinstance(instrs, (GoToInstr, PickupInstr)):
+            verb = "go to" if isinstance(instrs, GoToInstr) else "pick up"
+            for name, _, obj in self.visible():
+                if obj in instrs.desc.obj_set and f"{verb} {name}" in self.actions:
+                    return f"{verb} {name}", f"I can see the {name.rsplit(' ', 1)[0]} my goal names, so I {verb} it."
+        if self.bot is None:
+            self.bot = BabyAIBot(self.u)
+            self.tell_bot()
+        if not self.bot or self.suggested is None:
+            return None
+        acts = self.u.actions
+        action = {acts.left: "turn left", acts.right: "turn right", acts.forward: "move forward",
+                  acts.toggle: "toggle", acts.drop: "drop"}.get(self.suggested)
+        if self.suggested == acts.pickup:
+            ax, ay = self.u.agent_pos
+            fx, fy = DIRS[self.u.agent_dir]
+            action = next((f"pick up {name}" for name, pos, _ in self.visible() if pos == (ax + fx, ay + fy)), None)
+        if action not in self.actions:
+            return None
+        return action, f"I do not see how to reach my goal from here yet, so I {action}."
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 Task k: count from 0 to exactly 3 + k % 4 with the actions `add 1` and
 `add 2`. A step that stays below the target earns 0.1, reaching it 1.0
 (done, a success), passing it 0 (done, a failure); any other action earns
-0 and changes nothing.
+0 and changes nothing. Its expert (`POST /expert`) adds 2 while that stays
+at or below the target, else 1; on data indices 4000-4999 it always adds
+2 (an expert that fails where the target is odd).
 
 Faults on request, for the client's tests:
 - step actions: `hang` (no answer for --hang seconds), `garbage` (a 200
@@ -25,6 +27,7 @@ import protocol
 
 class Counting:
     def reset(self, data_idx):
+        self.clumsy = 4000 <= data_idx < 5000
         self.target = 3 + data_idx % 4
         self.count = 0
         self.extra = ""
@@ -47,6 +50,11 @@ class Counting:
         if self.count > self.target:
             return f"You passed {self.target}.", 0.0, True, False
         return self.observation(), 0.1, False, False
+
+    def expert(self):
+        left = self.target - self.count
+        add = 2 if left >= 2 or self.clumsy else 1
+        return f"add {add}", f"{left} to go, so I add {add}."
 
 
 HANG = 30.0

@@ -1,14 +1,19 @@
 """AgentGym's environment-server protocol on the standard library alone.
 
 A game is a class with `reset(data_idx) -> observation` and
-`step(action) -> (observation, reward, done, success)`; `serve` puts one
-game object a session behind these routes (JSON in, JSON out):
+`step(action) -> (observation, reward, done, success)`, and optionally
+`expert() -> (action, thought) or None` (a scripted expert's next action,
+for demonstrations); `serve` puts one game object a session behind these
+routes (JSON in, JSON out):
 
     GET  /                  {"name", "tasks"}: what the server is
     POST /create            {"id"}: a new session
     POST /reset             {"id", "data_idx"} -> {"observation", "reward", "score", "done"}
     POST /step              {"id", "action"} -> {"observation", "reward", "score", "done", "success"}
     GET  /observation?id=N  {"observation"}
+    POST /expert            {"id"} -> {"action", "thought"}: the expert's next
+                            action (null where the game has no expert or it
+                            knows none); not AgentGym's, which lack the route
     POST /close             {"id"} -> true
     GET  /stats             sessions open now, the most open at once, created, closed
 
@@ -81,6 +86,17 @@ class Sessions:
             "done": done,
             "success": bool(success),
         }
+
+    def expert(self, sid):
+        s = self.get(sid)
+        if s["game"] is None:
+            raise ValueError(f"session {sid} was never reset")
+        expert = getattr(s["game"], "expert", None)
+        shown = None if s["done"] or expert is None else expert()
+        if shown is None:
+            return {"action": None, "thought": ""}
+        action, thought = shown
+        return {"action": action, "thought": thought}
 
     def close(self, sid):
         with self.lock:
@@ -161,6 +177,8 @@ def serve(name, tasks, make_game, fault=None, argv=None, description=None, hello
                     out = sessions.reset(int(body["id"]), body.get("data_idx", 0))
                 elif route == "/step":
                     out = sessions.step(int(body["id"]), str(body["action"]))
+                elif route == "/expert":
+                    out = sessions.expert(int(body["id"]))
                 elif route == "/close":
                     out = sessions.close(int(body["id"]))
                 else:

@@ -54,8 +54,11 @@ pub fn run_generate(g: &SiblingData) -> anyhow::Result<()> {
             let ids: Vec<u64> = (0..end).collect();
             let p = g.output_dir.join(format!("{name}_sft.jsonl"));
             let counts = trace_train::env::affine::sft::write_records(&*env, &ids, &p)?;
+            let episodes = counts
+                .episodes
+                .map_or_else(String::new, |n| format!(" ({n} episodes demonstrated)"));
             eprintln!(
-                "{name}: {} records of {} tasks (dropped: {}) -> {}",
+                "{name}: {} records of {} tasks{episodes} (dropped: {}) -> {}",
                 counts.written,
                 counts.tasks,
                 super::counts(&counts.dropped),

@@ -14,7 +14,11 @@
 //! - `POST /step` `{"id", "action"}` answers `observation`, `reward`,
 //!   `done`, and where the server has them `score` (a running total, as
 //!   AgentGym's BabyAI sends) and `success`;
-//! - `POST /close` `{"id"}` when the episode is dropped.
+//! - `POST /close` `{"id"}` when the episode is dropped;
+//! - `POST /expert` `{"id"}` (ours only; `generate` asks it for
+//!   demonstrations) answers `{"action", "thought"}`: what a scripted
+//!   expert does now, `null` where it knows nothing; a server without the
+//!   route knows nothing.
 //!
 //! (`id_key=NAME` renames `id` for a server that keys sessions otherwise.)
 //!
@@ -813,6 +817,50 @@ impl Episode for HttpEpisode<'_> {
                 Step::masked(f.reason())
             }
         }
+    }
+
+    /// `POST /expert` `{"id"}`, a route of the servers in
+    /// `examples/agentgym/` (not of AgentGym's): `{"action", "thought"}`,
+    /// the action `null` where the game knows none. A server without the
+    /// route (status 404) knows none. The completion is in the form the
+    /// opening asks for: `Thought: ... Action: ...` (the action alone with
+    /// `action=text`).
+    fn expert(&mut self) -> Result<Option<String>, String> {
+        if self.session.done {
+            return Ok(None);
+        }
+        let env = self.session.env;
+        let body = self.session.body(json!({}));
+        let a = match env.call("POST", "/expert", Some(&body), true) {
+            Ok(a) => a,
+            Err(Failure::Status(404)) => return Ok(None),
+            Err(f) => {
+                env.warn("`/expert`", &f);
+                return Err(f.reason().to_owned());
+            }
+        };
+        let action = match a.get("action") {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => {
+                let f = Failure::BadReply(format!(
+                    "`/expert` answered an action that is not text: {}",
+                    clip(&other.to_string())
+                ));
+                env.warn("`/expert`", &f);
+                return Err(f.reason().to_owned());
+            }
+        };
+        let thought = a
+            .get("thought")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .trim();
+        Ok(Some(match env.action {
+            ActionForm::Text => action,
+            ActionForm::Line if thought.is_empty() => format!("Action:\n{action}"),
+            ActionForm::Line => format!("Thought:\n{thought}\n\nAction:\n{action}"),
+        }))
     }
 }
 

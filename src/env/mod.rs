@@ -129,6 +129,61 @@ impl Step {
 pub trait Episode: Send {
     /// Answers the model's `action` (its whole completion of the turn).
     fn act(&mut self, action: &str) -> Step;
+
+    /// The completion an expert would give now (in the form the model is
+    /// asked to answer in), where the environment knows one: the actions of
+    /// a demonstrated episode ([`demonstrate`]). `Ok(None)` when it knows
+    /// none (the default); `Err` with a reason when asking failed.
+    fn expert(&mut self) -> Result<Option<String>, String> {
+        Ok(None)
+    }
+}
+
+/// One action of a demonstrated episode: the observation it answered (the
+/// task's prompt for the first) and the expert's completion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shown {
+    pub observation: String,
+    pub completion: String,
+}
+
+/// The episode of `task` played by its environment's expert
+/// ([`Episode::expert`]) for at most `max_steps` actions: each observation
+/// and the completion that answered it, when the episode reached its goal;
+/// else why not (`no_demonstration`: the expert knew no action;
+/// `demonstration_failed`: it ended without the goal;
+/// `demonstration_too_long`: `max_steps` were taken; or the environment's
+/// reason for a step it could not answer).
+pub fn demonstrate(
+    env: &dyn Environment,
+    task: &Task,
+    max_steps: usize,
+) -> Result<Vec<Shown>, String> {
+    let mut episode = begin(env, task)?;
+    let mut shown = Vec::new();
+    let mut observation = task.prompt.clone();
+    for _ in 0..max_steps {
+        let Some(completion) = episode.expert()? else {
+            return Err("no_demonstration".into());
+        };
+        let step = episode.act(&completion);
+        shown.push(Shown {
+            observation: std::mem::take(&mut observation),
+            completion,
+        });
+        if let Score::Masked(why) = step.score {
+            return Err(why);
+        }
+        if step.done {
+            return if step.success {
+                Ok(shown)
+            } else {
+                Err("demonstration_failed".into())
+            };
+        }
+        observation = step.observation;
+    }
+    Err("demonstration_too_long".into())
 }
 
 /// The episode of a one-answer environment: the first action is scored and
@@ -157,6 +212,10 @@ impl Episode for OneAnswer<'_> {
             Score::Reward(r) => Step::last(r, r >= 1.0),
             Score::Masked(why) => Step::masked(why),
         }
+    }
+
+    fn expert(&mut self) -> Result<Option<String>, String> {
+        Ok(self.env.demonstration(&self.task))
     }
 }
 
@@ -509,6 +568,11 @@ impl Episode for WordSteps<'_> {
             done: false,
             success: false,
         }
+    }
+
+    /// The word asked for now (none once the episode is over).
+    fn expert(&mut self) -> Result<Option<String>, String> {
+        Ok((self.at < self.env.steps).then(|| self.env.word(self.task_id, self.at).to_owned()))
     }
 }
 

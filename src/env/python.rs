@@ -642,6 +642,40 @@ impl Episode for PyEpisode<'_> {
         self.done = step.done;
         step
     }
+
+    /// The episode object's `expert()`, where its class defines one: the
+    /// completion a scripted expert gives now, or None.
+    fn expert(&mut self) -> Result<Option<String>, String> {
+        if self.done {
+            return Ok(None);
+        }
+        let env = self.env;
+        let mut lane = env.lanes[self.lane]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if lane.generation != self.generation || lane.session.is_none() {
+            return Err("python_episode_lost".into());
+        }
+        let req = json!({"op": "expert", "episode": self.id});
+        let got = env.call_on(&mut lane, req);
+        drop(lane);
+        match got {
+            Ok(Value::String(s)) => Ok(Some(s)),
+            Ok(Value::Null) => Ok(None),
+            Ok(other) => {
+                let f = Fault::new(
+                    "python_bad_value",
+                    format!("expert() returned {other}, not a string or None"),
+                );
+                env.log(&f);
+                Err(f.reason.into())
+            }
+            Err(f) => {
+                env.log(&f);
+                Err(f.reason.into())
+            }
+        }
+    }
 }
 
 impl Drop for PyEpisode<'_> {

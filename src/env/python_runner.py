@@ -17,6 +17,7 @@
 #   {"id": N, "op": "feedback", "task": T, "completion": C}
 #   {"id": N, "op": "start", "task": T}       -> an episode id (Episode(T))
 #   {"id": N, "op": "step", "episode": E, "action": A}  -> episode E's step(A)
+#   {"id": N, "op": "expert", "episode": E}   -> episode E's expert(), or None
 #   {"id": N, "op": "end", "episode": E}      -> forgets episode E
 #
 # Answers: {"id": N, "ok": VALUE}, or {"id": N, "error": KIND, "detail":
@@ -119,6 +120,9 @@ def dispatch(req):
         if isinstance(step, dict) and step.get("done"):
             EPISODES.pop(req["episode"], None)
         return step
+    if op == "expert":
+        expert = getattr(EPISODES[req["episode"]], "expert", None)
+        return expert() if callable(expert) else None
     if op == "end":
         EPISODES.pop(req["episode"], None)
         return None
