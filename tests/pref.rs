@@ -854,6 +854,57 @@ fn dpo_on_two_ranks_trains_what_one_rank_does() {
     }
 }
 
+/// `rollouts --base_precision`: bf16 is the default (the same answers for a
+/// seed), fp8 samples from the FP8 codes, and a name it does not know is
+/// refused with the three it does.
+#[test]
+fn rollouts_hold_the_base_as_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path());
+    let answers = |out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "rollouts",
+            "--model",
+            "base",
+            "--environment",
+            "word",
+            "--num_prompts",
+            "2",
+            "--num_samples",
+            "2",
+            "--max_new_tokens",
+            "5",
+            "--device",
+            "cpu",
+            "--seed",
+            "3",
+            "--output",
+            out,
+        ];
+        args.extend_from_slice(extra);
+        let o = trace_train(dir.path(), &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let rows = lines(&dir.path().join(out));
+        assert_eq!(rows.len(), 4);
+        rows.iter()
+            .map(|r| r["completion"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let default = answers("d.jsonl", &[]);
+    assert_eq!(answers("b.jsonl", &["--base_precision", "bf16"]), default);
+    answers("f.jsonl", &["--base_precision", "fp8"]);
+    let o = trace_train(
+        dir.path(),
+        &["rollouts", "--model", "base", "--base_precision", "fp16"],
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("fp16") && err.contains("bf16") && err.contains("fp8"),
+        "{err}"
+    );
+}
+
 /// `rollouts` on the trace environment: the built-in programs transformed
 /// and run in the sandbox for their ground truth, the tiny model's answers
 /// scored against it.

@@ -643,11 +643,13 @@ fn bench_serve_soaks_the_server_with_hang_ups_and_finds_every_answer_whole() {
             soak_seconds: 4,
             soak_clients: 24,
             cancel_share: 0.3,
+            base_precision: model::BasePrecision::Fp8,
         },
         &Device::Cpu,
     )
     .unwrap();
     assert_eq!((r.rows, r.context, r.fused), (4, 256, false));
+    assert_eq!(r.base_precision, model::BasePrecision::Fp8);
     assert_eq!(r.throughput.answered, 6);
     assert!(r.throughput.completion_tokens > 0);
     let soak = r.soak.unwrap();

@@ -39,6 +39,8 @@ pub struct ServeBench {
     pub soak_clients: usize,
     /// Share of soak requests whose client hangs up mid-answer.
     pub cancel_share: f64,
+    /// How the server holds the frozen weights, as `serve --base_precision`.
+    pub base_precision: crate::model::BasePrecision,
 }
 
 #[derive(Debug, Serialize)]
@@ -82,6 +84,7 @@ pub struct ServeResult {
     pub ours: &'static str,
     pub job: &'static str,
     pub model: String,
+    pub base_precision: crate::model::BasePrecision,
     pub rows: usize,
     pub context: usize,
     pub fused: bool,
@@ -248,7 +251,7 @@ pub fn run(b: &ServeBench, device: &Device) -> anyhow::Result<ServeResult> {
         max_model_len: b.max_model_len,
         log_requests: false,
         device: device.clone(),
-        base_precision: crate::model::BasePrecision::Bf16,
+        base_precision: b.base_precision,
         deadlines: Default::default(),
         special_tokens_in_messages: false,
     })?;
@@ -337,6 +340,7 @@ pub fn run(b: &ServeBench, device: &Device) -> anyhow::Result<ServeResult> {
             ours: "trace-train",
             job: "serve",
             model: b.model_dir.display().to_string(),
+            base_precision: b.base_precision,
             rows: cap.rows,
             context: cap.context,
             fused: cap.fused,

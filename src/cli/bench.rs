@@ -136,6 +136,10 @@ pub enum BenchCommand {
         /// Share of soak requests whose client hangs up mid-answer.
         #[arg(long, default_value_t = 0.1)]
         cancel_share: f64,
+        /// How the server holds the frozen weights: `bf16` (the default),
+        /// `nf4` or `fp8`, as `serve --base_precision`.
+        #[arg(long, value_name = "bf16|nf4|fp8", value_parser = super::parse_base_precision, default_value = "bf16")]
+        base_precision: BasePrecision,
         /// `cpu`, `cuda`, `cuda:N` or `auto`.
         #[arg(long, default_value = "auto")]
         device: String,
@@ -307,6 +311,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
             soak_seconds,
             soak_clients,
             cancel_share,
+            base_precision,
             device,
         } => {
             let device = super::pick_device(&device)?;
@@ -320,6 +325,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
                 soak_seconds,
                 soak_clients,
                 cancel_share,
+                base_precision,
             };
             let r = trace_train::bench::serve::run(&bench, &device)?;
             println!("{}", serde_json::to_string(&r)?);

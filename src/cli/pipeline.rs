@@ -1113,6 +1113,8 @@ fn dpo_rounds(
             seed,
             revision: None,
             device: r.device.clone(),
+            // As the gate samples: bf16, so rounds compare with earlier runs.
+            base_precision: trace_train::model::BasePrecision::Bf16,
             num_workers: ppo.num_workers,
             unsafe_no_sandbox: r.unsafe_no_sandbox,
         })?;

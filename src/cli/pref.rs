@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use candle_core::DType;
 use clap::Args;
 
 use trace_train::config::{self, DpoConfig, ModelConfig, PipelineConfig, RlConfig};
@@ -12,6 +11,7 @@ use trace_train::data::ChatTokenizer;
 use trace_train::data::buckets::UpToBucket;
 use trace_train::dist::Single;
 use trace_train::kit::RunOptions;
+use trace_train::kit::load;
 use trace_train::model;
 use trace_train::pref::pairs::{Criterion, PairRules, make_pairs};
 use trace_train::pref::rollout::{
@@ -99,6 +99,10 @@ pub struct RolloutsArgs {
     /// `cpu`, `cuda`, `cuda:N` or `auto`.
     #[arg(long)]
     pub device: Option<String>,
+    /// How the frozen base weights are held while sampling: bf16 (the
+    /// default), nf4 or fp8 (as `eval`; nf4 applies on a GPU only).
+    #[arg(long, value_name = "bf16|nf4|fp8", value_parser = super::parse_base_precision, default_value = "bf16")]
+    pub base_precision: model::BasePrecision,
     /// Sandbox worker slots (0: two a core).
     #[arg(long, default_value_t = 0)]
     pub num_workers: usize,
@@ -115,17 +119,10 @@ pub fn rollouts(args: &RolloutsArgs) -> anyhow::Result<RolloutStats> {
     let up_to = UpToBucket::from_settings(&args.bucket_feature, args.last_bucket.as_deref())
         .map_err(|e| anyhow::anyhow!(e.named("--bucket_feature", "--last_bucket")))?;
     let device = super::pick_device(args.device.as_deref().unwrap_or("auto"))?;
-    let dtype = if device.is_cpu() {
-        DType::F32
-    } else {
-        DType::BF16
-    };
     let resolved = model::io::resolve::resolve_revision(&args.model, args.revision.as_deref())?;
     let tok = ChatTokenizer::from_dir(&resolved.dir)?;
-    let loaded = match &args.adapter {
-        Some(a) => model::io::adapter::load(&resolved.dir, a, dtype, &device)?,
-        None => model::load(&resolved.dir, None, dtype, &device)?,
-    };
+    let adapters: Vec<PathBuf> = args.adapter.iter().cloned().collect();
+    let loaded = load::for_inference(&resolved.dir, &adapters, args.base_precision, &device)?;
     tok.check_against_vocab(loaded.model.vocab_size())?;
     let env_cfg = RlConfig {
         environment: args.environment.clone(),
