@@ -416,6 +416,7 @@ pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> 
         .collect();
     let mut report = EnvsReport::new(&resolved.spec, sections, weights.as_deref(), DEFAULT_LEVEL)?;
     report.split = Some(part.name().to_owned());
+    report.adapter = args.adapter.as_ref().map(|a| a.display().to_string());
     if args.max_turns > 1 {
         report.count_turns(args.max_turns, feedback, DEFAULT_LEVEL);
     }

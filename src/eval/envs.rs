@@ -215,6 +215,10 @@ pub struct EnvsReport {
     pub version: u32,
     /// The model evaluated, as given.
     pub model: String,
+    /// The adapter applied to `model` (`eval --adapter`), as given; absent
+    /// when none was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<String>,
     /// SAT's, ABD's and DED's tasks evaluated (`heldout`, `train` or
     /// `all`; see `affine::split`); absent in reports made before the
     /// split.
@@ -255,6 +259,7 @@ impl EnvsReport {
         Ok(Self {
             version: ENVS_REPORT_VERSION,
             model: model.to_owned(),
+            adapter: None,
             split: None,
             feedback: None,
             aggregate: Aggregate::new(&metrics, weights),

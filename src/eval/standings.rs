@@ -28,6 +28,8 @@ pub struct Cell {
 pub struct Entry {
     /// As the user named it (the report's file).
     pub name: String,
+    /// The model the report evaluated, `MODEL + ADAPTER` where an adapter
+    /// was applied to it.
     pub model: String,
     /// In [`Standings::environments`] order.
     pub cells: Vec<Cell>,
@@ -117,7 +119,10 @@ impl Standings {
                     .collect();
                 Entry {
                     name: name.clone(),
-                    model: r.model.clone(),
+                    model: match &r.adapter {
+                        Some(a) => format!("{} + {a}", r.model),
+                        None => r.model.clone(),
+                    },
                     cells,
                     weighted_mean_score: r.aggregate.weighted_mean_score,
                 }
@@ -256,6 +261,30 @@ mod tests {
             })
             .collect();
         EnvsReport::new(model, envs, None, 0.8).unwrap()
+    }
+
+    /// Two evals of one model, one with a step's adapter: the report keeps
+    /// the adapter (and leaves the key out without one), and the standings
+    /// tell the two apart.
+    #[test]
+    fn an_adapter_is_named_beside_its_model() {
+        let mut with = report("bc/merged", &[("babyai", 10, 9)]);
+        with.adapter = Some("grpo/step_5/adapter".to_owned());
+        let without = report("bc/merged", &[("babyai", 10, 7)]);
+        let back: EnvsReport =
+            serde_json::from_str(&serde_json::to_string(&with).unwrap()).unwrap();
+        assert_eq!(back.adapter.as_deref(), Some("grpo/step_5/adapter"));
+        assert!(!serde_json::to_string(&without).unwrap().contains("adapter"));
+        let s = Standings::new(
+            &[
+                ("bc.json".to_owned(), without),
+                ("grpo.json".to_owned(), with),
+            ],
+            0.8,
+        )
+        .unwrap();
+        assert_eq!(s.models[0].model, "bc/merged");
+        assert_eq!(s.models[1].model, "bc/merged + grpo/step_5/adapter");
     }
 
     #[test]
