@@ -466,6 +466,21 @@ fn textcraft_example_server_crafts_a_goal() {
     let (wins, progress) = textcraft_episodes(&env, 0..12);
     println!("textcraft: {wins} of 12 goals crafted, {progress} steps of progress");
     assert!(wins >= 1 && progress >= 1, "{wins} {progress}");
+    // The server's expert crafts the goals of every ninth task (a few of
+    // the 544 need more than an episode's 50 actions, or a recipe it
+    // cannot make), and a task reads the same after all those resets.
+    let before = env.task(300).unwrap().prompt;
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<u64> = (0..544).step_by(9).collect();
+    let c = trace_train::env::affine::sft::write_records(&env, &ids, &dir.path().join("tc.jsonl"))
+        .unwrap();
+    println!("textcraft demonstrations: {c:?}");
+    let shown = c.episodes.unwrap();
+    assert!(
+        shown + 2 >= ids.len() as u64 && c.written >= 2 * shown,
+        "{c:?}"
+    );
+    assert_eq!(env.task(300).unwrap().prompt, before);
 }
 
 /// AgentGym's own TextCraft server (agentenv-textcraft under uvicorn, run

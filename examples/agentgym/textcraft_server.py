@@ -13,6 +13,12 @@ Reward (the Affine guide's TextCraft reward): 0.15 for a step of progress,
 one that first gets or crafts an item on the goal's own recipes (each item
 once), and 1.0 for crafting the goal (done, a success). An episode also
 ends, a failure, after --max_steps actions.
+
+Its expert (`POST /expert`, for demonstrations) plans from the inventory
+it sees: the first recipe for the goal whose ingredients it can make,
+each ingredient got (a base item) or crafted the same way first, a tag
+(`planks`) met by an item of it already held, else by one the goal's
+recipes make. It answers None where no recipe can be made that way.
 """
 
 import os
@@ -51,9 +57,18 @@ class Game:
         tc.goal = Game.goals[data_idx % len(Game.goals)]
         # The tree samples distractors from the global generator: seed it
         # from the index, one session at a time, so that a reset replays.
+        # The package's `create_recipe_set` extends the tree's own recipe
+        # lists as it walks them (each call's recipes are added to its
+        # goal's list), so that a task would hang on the resets before it
+        # and the game would grow slower; the lists are cut back after it.
         with Game.lock:
+            tree = tc.crafting_tree
+            lengths = [(lst, len(lst)) for d in (tree.itemid_recipes, tree.tag_recipes) for lst in d.values()]
             random.seed(data_idx)
-            recipes, distractors = tc.crafting_tree.create_recipe_set(tc.goal)
+            recipes, distractors = tree.create_recipe_set(tc.goal)
+            recipes, distractors = list(recipes), list(distractors)
+            for lst, n in lengths:
+                del lst[n:]
         needed = sorted({r.recipe_str for r in recipes})
         others = sorted({d.recipe_str for d in distractors} - set(needed))
         rng = random.Random(data_idx)
@@ -67,6 +82,9 @@ class Game:
                 self.useful.add(i.item_tag.item_id or i.item_tag.tag)
         self.useful.discard(tc.goal)
         self.gained = set()
+        self.recipes = recipes
+        self.plan = None
+        self.costs = {}
         return "Crafting commands:\n{}\n\nGoal: craft {}.".format(
             "\n".join(commands), item_id_to_str(tc.goal)
         )
@@ -81,6 +99,110 @@ class Game:
         self.gained |= progress
         return obs, PROGRESS if progress else 0.0, False, False
 
+    # The expert.
+    def expert(self):
+        inv = dict(self.tc.inventory)
+        plan = getattr(self, "plan", None)
+        if not plan or plan[0][1] != inv:
+            # A new episode, or the model strayed from the plan: plan again.
+            self.cannot, plan = set(), []
+            if not self.make(self.tc.goal, 1, inv, plan, ()):
+                self.plan = None
+                return None
+        action = plan[0][0]
+        self.plan = plan[1:]
+        item = item_id_to_str(self.tc.goal)
+        if action.startswith("get "):
+            return action, f"To craft {item} I need {action[4:]}, a base item I can get."
+        return action, f"To craft {item}, I {action.split(' using ')[0]} from what I hold."
+
+    def make(self, item, count, inv, plan, making):
+        """Appends to `plan` the (action, inventory before it) pairs that
+        bring `count` of `item` into the simulated inventory `inv`
+        (updated), by the recipe that takes the fewest actions; False where
+        none can."""
+        tree = self.tc.crafting_tree
+        if inv.get(item, 0) >= count:
+            return True
+        options = [r for r in self.recipes if r.output_item.item_tag.item_id == item]
+        if not options:
+            if tree.is_craftable(item) or not tree.is_valid_item(item):
+                return False
+            plan.append((f"get {count - inv.get(item, 0)} {item_id_to_str(item)}", dict(inv)))
+            inv[item] = count
+            return True
+        if item in making or len(making) > 8 or (item, making) in self.cannot:
+            return False  # a cycle of recipes, a tree too deep, or known to fail
+        # The cheapest recipe first (by `cost`); the next only where it fails.
+        for r in sorted(options, key=self.recipe_cost):
+            trial_inv, trial_plan = dict(inv), []
+            if self.craft_until(r, item, count, trial_inv, trial_plan, making + (item,)):
+                inv.clear()
+                inv.update(trial_inv)
+                plan.extend(trial_plan)
+                return True
+        self.cannot.add((item, making))
+        return False
+
+    def recipe_cost(self, recipe, visiting=()):
+        """Actions a craft of `recipe` takes, its ingredients' making
+        included, counted without the inventory (a base item: one `get`)."""
+        total = 1.0
+        for need in recipe.input_items:
+            got = self.meet(need.item_tag, {})
+            total += float("inf") if got is None else need.count * self.cost(got, visiting)
+        return total
+
+    def cost(self, item, visiting=()):
+        """Actions a unit of `item` takes (see `recipe_cost`), memoised a task."""
+        memo = self.costs
+        if item in memo:
+            return memo[item]
+        options = [r for r in self.recipes if r.output_item.item_tag.item_id == item]
+        if not options:
+            return 1.0 / 8  # one `get` brings any number
+        if item in visiting:
+            return float("inf")
+        best = min(self.recipe_cost(r, visiting + (item,)) / r.output_item.count for r in options)
+        memo[item] = best  # within a cycle's detour too: an estimate
+        return best
+
+    def craft_until(self, recipe, item, count, inv, plan, making):
+        while inv.get(item, 0) < count:
+            if len(plan) > 60:
+                return False  # longer than an episode may be
+            used = []
+            for need in recipe.input_items:
+                got = self.meet(need.item_tag, inv)
+                if got is None or not self.make(got, need.count, inv, plan, making):
+                    return False
+                used.append((got, need.count))
+            if any(inv.get(got, 0) < n for got, n in used):
+                return False  # one ingredient's making used another's
+            out = recipe.output_item
+            action = "craft {} {} using {}".format(
+                out.count, item_id_to_str(item),
+                ", ".join(f"{n} {item_id_to_str(got)}" for got, n in used))
+            plan.append((action, dict(inv)))
+            for got, n in used:
+                inv[got] -= n
+                if inv[got] == 0:
+                    del inv[got]
+            inv[item] = inv.get(item, 0) + out.count
+        return True
+
+    def meet(self, tag, inv):
+        """The item that stands for an ingredient: itself, or for a tag an
+        item of it held (the most), else one the goal's recipes make."""
+        if tag.item_id is not None:
+            return tag.item_id
+        tree = self.tc.crafting_tree
+        held = [i for i in inv if inv[i] > 0 and tree.item_id_to_tag.get(i) == tag.tag]
+        if held:
+            return max(held, key=lambda i: (inv[i], i))
+        made = sorted(r.output_item.item_tag.item_id for r in self.recipes
+                      if r.output_item.item_tag.tag == tag.tag and r.output_item.item_tag.item_id)
+        return made[0] if made else None
 
 if __name__ == "__main__":
     Game()  # read the recipes before the first session, and fail early
