@@ -268,7 +268,7 @@ for mode in modes:
     epochs = {1: e1, 2: e2}
     print()
     print(f"== {mode}" + ("" if rc == "0" else f" (the run failed, exit {rc}: see {d}/pipeline.log)")
-          + f": 4-bit {val('model.load_in_4bit')}, base {res.get('model.base_precision', {}).get('value', '-')}, checkpointing {val('hardware.gradient_checkpointing')}, "
+          + f": base {val('model.base_precision')}, checkpointing {val('hardware.gradient_checkpointing')}, "
           f"Stage 1 {per_step[1]} and Stage 2 {per_step[2]} records a step, Stage 3 {val('stage3.ppo.algorithm')} "
           f"batch {val('stage3.ppo.batch_size')} x {val('stage3.ppo.max_new_tokens')} new tokens "
           f"(minibatch {val('stage3.ppo.mini_batch_size')})")
