@@ -28,28 +28,32 @@ fn tiny(dir: &Path) {
 }
 
 fn rollouts(dir: &Path, out: &str, seed: &str) -> std::process::Output {
-    trace_train(
-        dir,
-        &[
-            "rollouts",
-            "--model",
-            "base",
-            "--environment",
-            "word",
-            "--num_prompts",
-            "3",
-            "--num_samples",
-            "4",
-            "--max_new_tokens",
-            "6",
-            "--device",
-            "cpu",
-            "--seed",
-            seed,
-            "--output",
-            out,
-        ],
-    )
+    rollouts_with(dir, out, seed, &[])
+}
+
+/// `rollouts` of 3 word prompts x 4 samples on the tiny model, with `extra`.
+fn rollouts_with(dir: &Path, out: &str, seed: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "rollouts",
+        "--model",
+        "base",
+        "--environment",
+        "word",
+        "--num_prompts",
+        "3",
+        "--num_samples",
+        "4",
+        "--max_new_tokens",
+        "6",
+        "--device",
+        "cpu",
+        "--seed",
+        seed,
+        "--output",
+        out,
+    ];
+    args.extend_from_slice(extra);
+    trace_train(dir, &args)
 }
 
 /// `prefs --rollouts ROLLOUTS --output OUT` with `extra`, which must
@@ -862,30 +866,10 @@ fn rollouts_hold_the_base_as_asked() {
     let dir = tempfile::tempdir().unwrap();
     tiny(dir.path());
     let answers = |out: &str, extra: &[&str]| {
-        let mut args = vec![
-            "rollouts",
-            "--model",
-            "base",
-            "--environment",
-            "word",
-            "--num_prompts",
-            "2",
-            "--num_samples",
-            "2",
-            "--max_new_tokens",
-            "5",
-            "--device",
-            "cpu",
-            "--seed",
-            "3",
-            "--output",
-            out,
-        ];
-        args.extend_from_slice(extra);
-        let o = trace_train(dir.path(), &args);
+        let o = rollouts_with(dir.path(), out, "3", extra);
         assert!(o.status.success(), "{}", stderr(&o));
         let rows = lines(&dir.path().join(out));
-        assert_eq!(rows.len(), 4);
+        assert_eq!(rows.len(), 12);
         rows.iter()
             .map(|r| r["completion"].as_str().unwrap().to_owned())
             .collect::<Vec<_>>()
