@@ -614,29 +614,32 @@ struct PyEpisode<'a> {
     done: bool,
 }
 
+impl PyEpisode<'_> {
+    /// `req` sent to the runner holding this episode, under its lane's
+    /// lock; a fault of another call that started the session again has
+    /// lost the episode's state.
+    fn call(&self, req: Value) -> Result<Value, Fault> {
+        let mut lane = self.env.lanes[self.lane]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if lane.generation != self.generation || lane.session.is_none() {
+            return Err(Fault::new(
+                "python_episode_lost",
+                "the session holding the episode was started again",
+            ));
+        }
+        self.env.call_on(&mut lane, req)
+    }
+}
+
 impl Episode for PyEpisode<'_> {
     fn act(&mut self, action: &str) -> Step {
         if self.done {
             return Step::masked("python_episode_over");
         }
-        let env = self.env;
-        let mut lane = env.lanes[self.lane]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let step = if lane.generation != self.generation || lane.session.is_none() {
-            // A fault of another call ended the session holding this
-            // episode: its state is gone.
-            Err(Fault::new(
-                "python_episode_lost",
-                "the session holding the episode was started again",
-            ))
-        } else {
-            let req = json!({"op": "step", "episode": self.id, "action": action});
-            env.call_on(&mut lane, req).and_then(step_of)
-        };
-        drop(lane);
-        let step = step.unwrap_or_else(|f| {
-            env.log(&f);
+        let req = json!({"op": "step", "episode": self.id, "action": action});
+        let step = self.call(req).and_then(step_of).unwrap_or_else(|f| {
+            self.env.log(&f);
             Step::masked(f.reason)
         });
         self.done = step.done;
@@ -649,32 +652,20 @@ impl Episode for PyEpisode<'_> {
         if self.done {
             return Ok(None);
         }
-        let env = self.env;
-        let mut lane = env.lanes[self.lane]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if lane.generation != self.generation || lane.session.is_none() {
-            return Err("python_episode_lost".into());
-        }
-        let req = json!({"op": "expert", "episode": self.id});
-        let got = env.call_on(&mut lane, req);
-        drop(lane);
-        match got {
-            Ok(Value::String(s)) => Ok(Some(s)),
-            Ok(Value::Null) => Ok(None),
-            Ok(other) => {
-                let f = Fault::new(
+        let got = self
+            .call(json!({"op": "expert", "episode": self.id}))
+            .and_then(|v| match v {
+                Value::String(s) => Ok(Some(s)),
+                Value::Null => Ok(None),
+                other => Err(Fault::new(
                     "python_bad_value",
                     format!("expert() returned {other}, not a string or None"),
-                );
-                env.log(&f);
-                Err(f.reason.into())
-            }
-            Err(f) => {
-                env.log(&f);
-                Err(f.reason.into())
-            }
-        }
+                )),
+            });
+        got.map_err(|f| {
+            self.env.log(&f);
+            f.reason.into()
+        })
     }
 }
 
