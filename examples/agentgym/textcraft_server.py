@@ -18,7 +18,9 @@ Its expert (`POST /expert`, for demonstrations) plans from the inventory
 it sees: the first recipe for the goal whose ingredients it can make,
 each ingredient got (a base item) or crafted the same way first, a tag
 (`planks`) met by an item of it already held, else by one the goal's
-recipes make. It answers None where no recipe can be made that way.
+recipes make; then it gets each base item the whole plan needs in one
+action, first, and crafts. It answers None where no recipe can be made
+that way.
 """
 
 import os
@@ -105,10 +107,11 @@ class Game:
         plan = getattr(self, "plan", None)
         if not plan or plan[0][1] != inv:
             # A new episode, or the model strayed from the plan: plan again.
-            self.cannot, plan = set(), []
-            if not self.make(self.tc.goal, 1, inv, plan, ()):
+            self.cannot, steps = set(), []
+            if not self.make(self.tc.goal, 1, dict(inv), steps, ()):
                 self.plan = None
                 return None
+            plan = self.gets_first(steps, inv)
         action = plan[0][0]
         self.plan = plan[1:]
         item = item_id_to_str(self.tc.goal)
@@ -116,9 +119,31 @@ class Game:
             return action, f"To craft {item} I need {action[4:]}, a base item I can get."
         return action, f"To craft {item}, I {action.split(' using ')[0]} from what I hold."
 
+    @staticmethod
+    def gets_first(steps, inv):
+        """The plan `steps` (from `make`) as (action, inventory before it)
+        pairs, every `get` of an item joined into one at the start (in the
+        order first needed), then the crafts in order: each craft finds at
+        least what it found before, in fewer actions."""
+        gets, crafts = {}, []
+        for action, change in steps:
+            if action.startswith("get "):
+                for item, n in change.items():
+                    gets[item] = gets.get(item, 0) + n
+            else:
+                crafts.append((action, change))
+        plan, inv = [], dict(inv)
+        for action, change in [(f"get {n} {item_id_to_str(i)}", {i: n}) for i, n in gets.items()] + crafts:
+            plan.append((action, dict(inv)))
+            for item, n in change.items():
+                inv[item] = inv.get(item, 0) + n
+                if inv[item] == 0:
+                    del inv[item]
+        return plan
+
     def make(self, item, count, inv, plan, making):
-        """Appends to `plan` the (action, inventory before it) pairs that
-        bring `count` of `item` into the simulated inventory `inv`
+        """Appends to `plan` the (action, change to the inventory) pairs
+        that bring `count` of `item` into the simulated inventory `inv`
         (updated), by the recipe that takes the fewest actions; False where
         none can."""
         tree = self.tc.crafting_tree
@@ -128,7 +153,8 @@ class Game:
         if not options:
             if tree.is_craftable(item) or not tree.is_valid_item(item):
                 return False
-            plan.append((f"get {count - inv.get(item, 0)} {item_id_to_str(item)}", dict(inv)))
+            n = count - inv.get(item, 0)
+            plan.append((f"get {n} {item_id_to_str(item)}", {item: n}))
             inv[item] = count
             return True
         if item in making or len(making) > 8 or (item, making) in self.cannot:
@@ -169,8 +195,8 @@ class Game:
 
     def craft_until(self, recipe, item, count, inv, plan, making):
         while inv.get(item, 0) < count:
-            if len(plan) > 60:
-                return False  # longer than an episode may be
+            if len(plan) > 200:
+                return False  # far longer than an episode may be, gets joined
             used = []
             for need in recipe.input_items:
                 got = self.meet(need.item_tag, inv)
@@ -183,7 +209,11 @@ class Game:
             action = "craft {} {} using {}".format(
                 out.count, item_id_to_str(item),
                 ", ".join(f"{n} {item_id_to_str(got)}" for got, n in used))
-            plan.append((action, dict(inv)))
+            change = {}
+            for got, n in used:
+                change[got] = change.get(got, 0) - n
+            change[item] = change.get(item, 0) + out.count
+            plan.append((action, change))
             for got, n in used:
                 inv[got] -= n
                 if inv[got] == 0:
