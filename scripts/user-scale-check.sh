@@ -45,8 +45,10 @@
 # gradient_accumulation_steps records (each mode's resolved settings), so a stage
 # has ceil(records / that) steps an epoch, times its epochs. Each stage's time is
 # its steps x its mean step time (the measured steps after the first; the first
-# alone when only one ran) plus what the stage spends outside steps (loading,
-# quantising, the final save and merged model: its wall-clock minus its steps).
+# alone when only one ran; each less the attention graphs it built for new row
+# shapes, `time_graph_build_s`, a cost paid once a shape) plus what the stage
+# spends outside steady steps (loading, quantising, the final save and merged
+# model, the graph builds measured: its wall-clock minus its steady steps).
 # Stage 3 is ppo_steps x its step time at the config's max_new_tokens: a random
 # model never ends an answer, so every answer is max_new_tokens long, the worst
 # case. Stage 0 is programs x the seconds a program took on the built-in corpus
@@ -278,7 +280,13 @@ for mode in modes:
     for n, name, folder in STAGES:
         m = metrics(os.path.join(d, folder, "metrics.jsonl"))
         times = [r["time_step_s"] for r in m if "time_step_s" in r]
-        steady = times[1:] or times
+        # A step that meets a new row shape builds its attention graphs first
+        # (`time_graph_build_s`): once a shape, so a few dozen times a stage
+        # however long the job; a few measured steps meet a new shape almost
+        # every time. s/step leaves the builds out; they count once, in
+        # `other s` (the stage's time outside its steady steps).
+        builds = [r.get("time_graph_build_s", 0.0) for r in m if "time_step_s" in r]
+        steady = [t - b for t, b in zip(times, builds)][1:] or [t - b for t, b in zip(times, builds)]
         step = sum(steady) / len(steady) if steady else None
         # Stage 3's tokens_per_s counts the sampled tokens twice (sampling and
         # training); a step's sequences are that less the sampled tokens.
@@ -288,7 +296,7 @@ for mode in modes:
         tok = sum(toks) / len(toks) if toks else None
         peaks = [r["peak_mem_gib"] for r in m if "peak_mem_gib" in r]
         peak = max(peaks) if peaks else None
-        other = walls[n] - sum(times) if n in walls and times else None
+        other = walls[n] - sum(times) + sum(builds) if n in walls and times else None
         if n in records:
             job_steps = math.ceil(records[n] / per_step[n]) * epochs[n]
         else:
@@ -303,7 +311,8 @@ for mode in modes:
     label = "projected whole job" if complete else "projected (stages with no measurement left out)"
     print(f"{label}: {total / 3600:.1f} h (Stage 0 + 1 + 2 + 3) against the seed's {seed_hours:g} h on a B200")
 print()
-print("first s: the first step; s/step: the mean of the later steps; tok/step: tokens a step (prompt and answer);")
-print("peak GiB: the largest step's device memory (absent on the CPU); other s: the stage's time outside its steps")
-print("(load, quantise, save, merged model); job steps: the user's job, counted as the header of this script says.")
+print("first s: the first step; s/step: the mean of the later steps, less their attention graph builds (once a")
+print("new row shape); tok/step: tokens a step (prompt and answer); peak GiB: the largest step's device memory")
+print("(absent on the CPU); other s: the stage's time outside its steady steps (load, quantise, save, merged model,")
+print("the graph builds measured); job steps: the user's job, counted as the header of this script says.")
 EOF

@@ -476,10 +476,7 @@ fn textcraft_example_server_crafts_a_goal() {
         .unwrap();
     println!("textcraft demonstrations: {c:?}");
     let shown = c.episodes.unwrap();
-    assert!(
-        shown == ids.len() as u64 && c.written >= 2 * shown,
-        "{c:?}"
-    );
+    assert!(shown == ids.len() as u64 && c.written >= 2 * shown, "{c:?}");
     assert_eq!(env.task(300).unwrap().prompt, before);
 }
 

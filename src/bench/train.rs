@@ -153,6 +153,10 @@ pub struct TrainBench {
     pub gradient_checkpointing: bool,
     /// How the frozen projections are held.
     pub base: BasePrecision,
+    /// Each step trims its rows to a length of its own (`seq`, `seq - 8`,
+    /// ..., 32 lengths in turn), as batches padded to their longest row
+    /// are: every step meets a row count the ones before it did not.
+    pub vary_seq: bool,
 }
 
 /// What `bench train` measured.
@@ -165,6 +169,8 @@ pub struct TrainResult {
     pub seq: usize,
     pub rank: usize,
     pub grad_ckpt: bool,
+    /// Rows trimmed to a new length each step (`--vary_seq`).
+    pub vary_seq: bool,
     #[serde(rename = "4bit")]
     pub four_bit: bool,
     /// `bf16`, `nf4` or `fp8`.
@@ -209,6 +215,7 @@ pub fn train_with(
         accum,
         gradient_checkpointing,
         base,
+        vary_seq,
     } = b.clone();
     anyhow::ensure!(
         accum >= 1 && batch >= 1 && seq >= 2,
@@ -250,8 +257,11 @@ pub fn train_with(
             Ok((ids, labels, p.rows.len()))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    // Every position but each row's last predicts the next token.
-    let global_n = (batch * accum * (seq - 1)) as f64;
+    // Step `k`'s row length.
+    let seq_of = |k: usize| match vary_seq {
+        true => seq.saturating_sub(8 * (k % 32)).max(2),
+        false => seq,
+    };
     let mut opt = AdamW::new(m.named_trainable_vars(), 0.0)?;
     if comm.world() > 1 {
         let ts: Vec<Tensor> = opt
@@ -275,15 +285,18 @@ pub fn train_with(
         }
         Ok(())
     };
-    let step = |opt: &mut AdamW| -> anyhow::Result<f64> {
+    let step = |opt: &mut AdamW, seq: usize| -> anyhow::Result<f64> {
         let mut t = Instant::now();
         let mut grads: Option<Vec<Tensor>> = None;
         let mut loss_sum: Option<Tensor> = None;
+        // Every position but each row's last predicts the next token.
+        let global_n = (batch * accum * (seq - 1)) as f64;
         for (ids, labels, rows) in &parts {
-            let hidden = m.model.forward_hidden(ids, None, true)?;
+            let (ids, labels) = (ids.narrow(1, 0, seq)?, labels.narrow(1, 0, seq)?);
+            let hidden = m.model.forward_hidden(&ids, None, true)?;
             phase(&mut t, "forward")?;
             let (sum, n) =
-                loss::lm_head_cross_entropy(&hidden, &m.model.lm_head().weight()?, labels)?;
+                loss::lm_head_cross_entropy(&hidden, &m.model.lm_head().weight()?, &labels)?;
             anyhow::ensure!(
                 n == rows * (seq - 1),
                 "{n} learned positions in {rows} rows"
@@ -308,14 +321,16 @@ pub fn train_with(
         };
         Ok(comm.sum_f64(&[local])?[0])
     };
-    for _ in 0..2 {
-        last_loss = step(&mut opt)?;
+    for k in 0..2 {
+        last_loss = step(&mut opt, seq_of(k))?;
     }
     device.synchronize()?;
     comm.barrier()?;
     let t = Instant::now();
-    for _ in 0..steps {
-        last_loss = step(&mut opt)?;
+    let mut tokens = 0;
+    for k in 2..2 + steps {
+        last_loss = step(&mut opt, seq_of(k))?;
+        tokens += batch * accum * seq_of(k);
     }
     device.synchronize()?;
     comm.barrier()?;
@@ -337,6 +352,7 @@ pub fn train_with(
         seq,
         rank,
         grad_ckpt: gradient_checkpointing,
+        vary_seq,
         four_bit: base == BasePrecision::Nf4,
         base_precision: base.as_str(),
         fused_attention: m.model.decoder().fused_attention(),
@@ -344,7 +360,7 @@ pub fn train_with(
         accum,
         num_gpus: comm.world(),
         peak_mem_gib: peak,
-        tokens_per_s: (batch * accum * seq * steps) as f64 / s,
+        tokens_per_s: tokens as f64 / s,
         step_ms: 1e3 * s / steps as f64,
         loss: last_loss,
     })
@@ -611,6 +627,7 @@ mod tests {
             accum: 1,
             gradient_checkpointing: false,
             base: BasePrecision::Bf16,
+            vary_seq: false,
         };
         let r = train(&bench, &cpu).unwrap();
         // Small random logits (the final norm gives the hidden state unit
@@ -655,6 +672,20 @@ mod tests {
             r.loss
         );
         assert!(r.tokens_per_s > 0.0);
+        // Rows trimmed a step at a time (40, 32, then timed 24 and 16
+        // tokens): the loss stays in the regime.
+        let varied = train(
+            &TrainBench {
+                seq: 40,
+                steps: 2,
+                vary_seq: true,
+                ..bench.clone()
+            },
+            &cpu,
+        )
+        .unwrap();
+        assert!(varied.vary_seq);
+        assert!((varied.loss - uniform).abs() < 0.3, "{}", varied.loss);
         // The same global batch on 2 ranks (threads): the same losses after
         // three updates, so the same gradients and weights.
         let global = TrainBench {

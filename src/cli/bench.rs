@@ -81,6 +81,12 @@ pub enum BenchCommand {
             conflicts_with = "base_precision"
         )]
         four_bit: bool,
+        /// Each step trims its rows to a length of its own (seq, seq - 8,
+        /// ..., 32 lengths in turn), as batches padded to their longest row
+        /// are: every step meets a row count it has not seen; tokens/s
+        /// counts the tokens each step had.
+        #[arg(long)]
+        vary_seq: bool,
         /// `cpu`, `cuda`, `cuda:N` or `auto`.
         #[arg(long, default_value = "auto")]
         device: String,
@@ -251,6 +257,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
             gc,
             base_precision,
             four_bit,
+            vary_seq,
             device,
         } => {
             let bench = trace_train::bench::train::TrainBench {
@@ -262,6 +269,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
                 accum,
                 gradient_checkpointing: gc,
                 base: with_4bit(base_precision, four_bit),
+                vary_seq,
             };
             let r = match super::launch::role(Some(num_gpus), &device)? {
                 super::launch::Role::Parent { world } => {
