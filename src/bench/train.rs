@@ -187,6 +187,10 @@ pub struct TrainResult {
     /// the device's memory pool; absent on the CPU.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_mem_gib: Option<f64>,
+    /// cuDNN attention graphs built during the timed steps (once a new
+    /// shape and direction) and the seconds they took, inside `step_ms`.
+    pub attention_graph_builds: u64,
+    pub attention_graph_build_s: f64,
     pub loss: f64,
 }
 
@@ -326,6 +330,7 @@ pub fn train_with(
     }
     device.synchronize()?;
     comm.barrier()?;
+    let graphs_before = crate::model::attention_graph_builds();
     let t = Instant::now();
     let mut tokens = 0;
     for k in 2..2 + steps {
@@ -335,6 +340,7 @@ pub fn train_with(
     device.synchronize()?;
     comm.barrier()?;
     let s = t.elapsed().as_secs_f64();
+    let graphs = crate::model::attention_graph_builds();
     crate::dist::check_in_sync(
         comm,
         &opt.vars()
@@ -361,6 +367,8 @@ pub fn train_with(
         num_gpus: comm.world(),
         peak_mem_gib: peak,
         tokens_per_s: tokens as f64 / s,
+        attention_graph_builds: graphs.0 - graphs_before.0,
+        attention_graph_build_s: graphs.1 - graphs_before.1,
         step_ms: 1e3 * s / steps as f64,
         loss: last_loss,
     })
