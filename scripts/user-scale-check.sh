@@ -279,14 +279,16 @@ for mode in modes:
     total, complete = (stage0[2] if stage0 else 0.0), stage0 is not None
     for n, name, folder in STAGES:
         m = metrics(os.path.join(d, folder, "metrics.jsonl"))
-        times = [r["time_step_s"] for r in m if "time_step_s" in r]
+        stepped = [r for r in m if "time_step_s" in r]
+        times = [r["time_step_s"] for r in stepped]
         # A step that meets a new row shape builds its attention graphs first
         # (`time_graph_build_s`): once a shape, so a few dozen times a stage
         # however long the job; a few measured steps meet a new shape almost
         # every time. s/step leaves the builds out; they count once, in
         # `other s` (the stage's time outside its steady steps).
-        builds = [r.get("time_graph_build_s", 0.0) for r in m if "time_step_s" in r]
-        steady = [t - b for t, b in zip(times, builds)][1:] or [t - b for t, b in zip(times, builds)]
+        builds = [r.get("time_graph_build_s", 0.0) for r in stepped]
+        net = [t - b for t, b in zip(times, builds)]
+        steady = net[1:] or net
         step = sum(steady) / len(steady) if steady else None
         # Stage 3's tokens_per_s counts the sampled tokens twice (sampling and
         # training); a step's sequences are that less the sampled tokens.

@@ -674,15 +674,9 @@ impl Drop for PyEpisode<'_> {
         if self.done {
             return; // the runner forgot it at its last step
         }
-        let mut lane = self.env.lanes[self.lane]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if lane.generation == self.generation && lane.session.is_some() {
-            // Best effort: a fault here is a fault of the session, which
-            // the next call finds and counts.
-            let _ = self
-                .env
-                .call_on(&mut lane, json!({"op": "end", "episode": self.id}));
-        }
+        // Best effort: an episode already lost has nothing to end, and a
+        // fault here is a fault of the session, which the next call finds
+        // and counts.
+        let _ = self.call(json!({"op": "end", "episode": self.id}));
     }
 }
