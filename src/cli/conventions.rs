@@ -105,6 +105,7 @@ const HEADINGS: [(&str, &[&str]); 9] = [
             "greedy",
             "max_prompt_tokens",
             "max_turns",
+            "max_steps_per_episode",
             "feedback",
             "limit",
         ],

@@ -62,6 +62,12 @@ pub struct PpoArgs {
     /// Longest completion in tokens.
     #[arg(long)]
     pub max_new_tokens: Option<usize>,
+    /// With a multi-step environment (`word_steps`, `python:` with an
+    /// `Episode`, `http://`): the most actions an episode takes
+    /// (`ppo.max_steps_per_episode`); it ends sooner when the environment
+    /// says done.
+    #[arg(long, value_name = "N")]
+    pub max_steps_per_episode: Option<usize>,
     /// Sampling temperature.
     #[arg(long)]
     pub temperature: Option<f64>,
@@ -108,6 +114,11 @@ pub struct PpoArgs {
     /// `ppo.micro_batch_tokens`; 0: chosen from the GPU's free memory).
     #[arg(long)]
     pub micro_batch_tokens: Option<usize>,
+    /// Override one setting of the Stage 3 config by its key, as if the
+    /// file said it: `--set ppo.top_p=0.9 --set curriculum.enabled=false`
+    /// (presets and the other flags still go over it).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
     /// Seconds on a CPU: a tiny model the run makes itself (unless --model),
     /// a few small steps.
     #[arg(long)]
@@ -148,6 +159,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
         (None, None) if default_file.is_file() => config::load(default_file)?,
         (None, None) => Stage3Config::default(),
     };
+    config::apply_sets(&mut s3, &mut Sources::default(), &args.set)?;
     let (mut model, hardware): (ModelConfig, HardwareConfig) = match pipeline_config(args)? {
         Some(mut p) => {
             if p.hardware.b200_mode {
@@ -174,6 +186,7 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
     set!(args.learning_rate, c.optim.learning_rate);
     set!(args.num_train_steps, c.num_train_steps);
     set!(args.max_new_tokens, c.max_new_tokens);
+    set!(args.max_steps_per_episode, c.max_steps_per_episode);
     set!(args.temperature, c.temperature);
     set!(args.save_steps, c.save.save_steps);
     set!(args.seed, c.seed);
@@ -569,6 +582,45 @@ mod tests {
         })
         .unwrap();
         assert_eq!(job.config.micro_batch_tokens, Some(100));
+    }
+
+    /// `--set` and `--max_steps_per_episode` win over the file's key (the
+    /// flag last); a zero or an unknown key is refused naming the key.
+    #[test]
+    fn max_steps_per_episode_and_set_override_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("base");
+        trace_train::model::arch::tiny::write_tiny_chat_model(&base, 7).unwrap();
+        let file = dir.path().join("s3.json");
+        std::fs::write(&file, r#"{"ppo": {"max_steps_per_episode": 9}}"#).unwrap();
+        let pipeline = dir.path().join("pipeline.json");
+        std::fs::write(&pipeline, "{}").unwrap();
+        let args = |n: Option<usize>| PpoArgs {
+            config: Some(file.clone()),
+            pipeline_config: Some(pipeline.clone()),
+            model: Some(base.display().to_string()),
+            output_dir: Some(dir.path().join("out")),
+            environment: Some("word_steps".into()),
+            max_steps_per_episode: n,
+            run: super::super::RunFlags {
+                device: Some("cpu".into()),
+                ..Default::default()
+            },
+            ..PpoArgs::default()
+        };
+        assert_eq!(
+            resolve(&args(None)).unwrap().config.max_steps_per_episode,
+            9
+        );
+        assert_eq!(
+            resolve(&args(Some(4)))
+                .unwrap()
+                .config
+                .max_steps_per_episode,
+            4
+        );
+        let err = resolve(&args(Some(0))).err().unwrap().to_string();
+        assert!(err.contains("max_steps_per_episode"), "{err}");
     }
 
     /// The off-policy hint: only for several GPUs in step where sampling
