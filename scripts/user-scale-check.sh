@@ -310,6 +310,15 @@ for mode in modes:
             total += job
         print(f"{name:<8} {len(times):>5} {fmt(times[0] if times else None):>8} {fmt(step, '.2f'):>8} "
               f"{fmt(tok, '.0f'):>9} {fmt(peak, '.2f'):>8} {fmt(other):>8} {job_steps:>10,} {fmt(hours(job), '.2f'):>7}")
+    # Where Stage 3's steady step goes (its phases as metrics.jsonl times them).
+    ppo = [r for r in metrics(os.path.join(d, "stage3_ppo", "metrics.jsonl")) if "time_step_s" in r]
+    later = ppo[1:] or ppo
+    if later:
+        mean = lambda k: sum(r.get(k, 0.0) for r in later) / len(later)
+        phases = [("sample", "time_sample_s"), ("train", "time_train_s"), ("environment", "time_env_s")]
+        split = ", ".join(f"{name} {mean(k):.2f} s" for name, k in phases)
+        rest = mean("time_step_s") - sum(mean(k) for _, k in phases)
+        print(f"ppo step (mean of the later steps): {split}, other {rest:.2f} s")
     label = "projected whole job" if complete else "projected (stages with no measurement left out)"
     print(f"{label}: {total / 3600:.1f} h (Stage 0 + 1 + 2 + 3) against the seed's {seed_hours:g} h on a B200")
 print()

@@ -453,13 +453,16 @@ impl DeviceSpec {
         }
     }
 
-    /// Opens the device, with a hint when CUDA is asked for and missing.
+    /// Opens the device, with a hint when CUDA is asked for and missing, or
+    /// when `auto` finds a driver whose GPU cannot be opened.
     pub fn open(self) -> anyhow::Result<candle_core::Device> {
         use anyhow::Context;
         use candle_core::Device;
         let device = match self {
             Self::Cpu => Device::Cpu,
-            Self::Auto => Device::cuda_if_available(0)?,
+            Self::Auto => Device::cuda_if_available(0).context(
+                "the CUDA driver answered but GPU 0 could not be opened\nhint: check the GPU with `nvidia-smi` (and `trace-train env`), or pass --device cpu to run on the CPU",
+            )?,
             Self::Cuda(n) => Device::new_cuda(n).with_context(|| {
                 format!(
                     "cannot open CUDA device {n}\nhint: build with `--features cuda` on a machine with that GPU, or pass --device cpu"
