@@ -6,8 +6,6 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 mod cli;
-#[cfg(test)]
-mod documented_commands;
 
 /// Training allocates and frees large tensors every step; glibc's malloc
 /// hands each back to the kernel and faults it in again, which costs more

@@ -5,6 +5,8 @@ pub mod bench;
 pub mod compare;
 pub mod config;
 pub mod conventions;
+#[cfg(test)]
+mod documented_commands;
 pub mod env;
 pub mod envs;
 pub mod eval;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, FromArgMatches};
 
-use super::Cli;
+use crate::Cli;
 
 /// The Markdown files whose shell blocks are checked.
 fn documents(root: &Path) -> Vec<PathBuf> {
@@ -194,8 +194,8 @@ fn commands_of(number: usize, line: &str, out: &mut Vec<(usize, Vec<String>)>) {
 fn parses(argv: &[String]) -> Result<(), String> {
     let args =
         std::iter::once(OsString::from("trace-train")).chain(argv.iter().map(OsString::from));
-    let matches = super::cli::conventions::apply(Cli::command())
-        .try_get_matches_from(super::cli::conventions::negative_values(args))
+    let matches = super::conventions::apply(Cli::command())
+        .try_get_matches_from(super::conventions::negative_values(args))
         .map_err(|e| e.to_string())?;
     Cli::from_arg_matches(&matches)
         .map(|_| ())
