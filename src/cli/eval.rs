@@ -394,6 +394,7 @@ pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> 
         .collect();
     anyhow::ensure!(!flat.is_empty(), "no task was made in {spec}");
     let sampler = Sampler::load(args, &resolved.dir)?;
+    let started = std::time::Instant::now();
     // Each turn's prompts of every task still going, decoded together.
     let mut predictions = turns::run_env_episodes(
         &flat,
@@ -404,6 +405,7 @@ pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> 
         |p| sampler.greedy(p),
     )?
     .into_iter();
+    let seconds = started.elapsed().as_secs_f64();
     let sections: Vec<(String, Vec<EnvPrediction>)> = envs
         .iter()
         .zip(&tasks)
@@ -416,6 +418,7 @@ pub fn run_envs_eval(args: &EvalArgs, spec: &str) -> anyhow::Result<EnvsReport> 
         .collect();
     let mut report = EnvsReport::new(&resolved.spec, sections, weights.as_deref(), DEFAULT_LEVEL)?;
     report.split = Some(part.name().to_owned());
+    report.seconds = Some(seconds);
     report.adapter = args.adapter.as_ref().map(|a| a.display().to_string());
     if args.max_turns > 1 {
         report.count_turns(args.max_turns, feedback, DEFAULT_LEVEL);

@@ -227,6 +227,11 @@ pub struct EnvsReport {
     /// The feedback kind of a multi-turn eval (`--max_turns` above 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub feedback: Option<String>,
+    /// Seconds the answers took to make and score, every environment's
+    /// together (they are decoded in one batch); absent in reports made
+    /// before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
     pub environments: Vec<EnvSection>,
     pub aggregate: Aggregate,
 }
@@ -262,6 +267,7 @@ impl EnvsReport {
             adapter: None,
             split: None,
             feedback: None,
+            seconds: None,
             aggregate: Aggregate::new(&metrics, weights),
             environments,
         })
@@ -360,6 +366,20 @@ impl EnvsReport {
             a.weighted_mean_score,
             100.0 * a.success_rate
         ));
+        if let Some(secs) = self.seconds.filter(|&s| s > 0.0) {
+            // Answers made: a multi-step episode's actions, a multi-turn
+            // task's turns, one a one-answer task.
+            let answers: usize = self
+                .environments
+                .iter()
+                .flat_map(|s| &s.predictions)
+                .map(EnvPrediction::answers)
+                .sum();
+            out.push_str(&format!(
+                "\n{answers} answers in {secs:.1} s ({:.1} a second)",
+                answers as f64 / secs
+            ));
+        }
         out
     }
 }
@@ -405,6 +425,25 @@ mod tests {
         assert_eq!(m.median, 0.5);
         let m = EnvMetrics::new("x", &[], 0.8);
         assert_eq!((m.n, m.accuracy, m.median), (0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn summary_counts_answers_a_second_when_timed() {
+        let mut r =
+            EnvsReport::new("m", vec![("sat".into(), preds(&[Some(1.0); 4]))], None, 0.8).unwrap();
+        assert!(!r.summary().contains("a second"));
+        // A two-answer task: its earlier answer counts too.
+        r.environments[0].predictions[0].earlier.push(EnvAttempt {
+            completion: String::new(),
+            score: 0.0,
+            stopped: true,
+            feedback: "again".into(),
+        });
+        r.seconds = Some(2.0);
+        let s = r.summary();
+        assert!(s.ends_with("5 answers in 2.0 s (2.5 a second)"), "{s}");
+        let back: EnvsReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back.seconds, Some(2.0));
     }
 
     #[test]
