@@ -621,6 +621,19 @@ mod tests {
         );
         let err = resolve(&args(Some(0))).err().unwrap().to_string();
         assert!(err.contains("max_steps_per_episode"), "{err}");
+        // `--set` reads as the file would; the flag still goes over it.
+        let mut a = args(None);
+        a.set = vec!["ppo.max_steps_per_episode=6".into(), "ppo.top_p=0.9".into()];
+        let job = resolve(&a).unwrap();
+        assert_eq!(
+            (job.config.max_steps_per_episode, job.config.top_p),
+            (6, 0.9)
+        );
+        a.max_steps_per_episode = Some(3);
+        assert_eq!(resolve(&a).unwrap().config.max_steps_per_episode, 3);
+        a.set = vec!["ppo.no_such_key=1".into()];
+        let err = format!("{:#}", resolve(&a).err().unwrap());
+        assert!(err.contains("ppo.no_such_key"), "{err}");
     }
 
     /// The off-policy hint: only for several GPUs in step where sampling
