@@ -911,7 +911,7 @@ fn a_resumed_off_policy_run_repeats_the_uninterrupted_run() {
 /// Multi-step episodes (`word_steps`: the word twice, one step at a time,
 /// a wrong word ending the episode): PPO with GAE over the steps and GRPO
 /// over whole episodes raise the return, and episodes grow to both steps.
-fn learns_over_steps(algorithm: &str) {
+fn learns_over_steps(algorithm: &str, episode_sequences: bool) {
     let dir = tempfile::tempdir().unwrap();
     let base = tiny_model(dir.path());
     let (word, temperature) = learnable_word(&base);
@@ -919,6 +919,7 @@ fn learns_over_steps(algorithm: &str) {
     config.temperature = temperature;
     config.environment = "word_steps".into();
     config.max_steps_per_episode = 4;
+    config.episode_sequences = episode_sequences;
     let mut job = word_job(&config, &base, &dir.path().join("out"), &[&word]);
     job.env = Arc::new(WordStepsEnv::new(&[&word], 2));
     job.env_description = format!("word_steps:{word}");
@@ -952,16 +953,32 @@ fn learns_over_steps(algorithm: &str) {
             .iter()
             .all(|l| l["policy_loss"].as_f64().unwrap().is_finite())
     );
+    // An episode a sequence: never more trained samples than episodes,
+    // and every episode's prompts chained (episodes of both steps are
+    // there, above, so that is not vacuous).
+    if episode_sequences {
+        let (trained, scored) = (metric("trained_samples"), metric("scored"));
+        assert!(
+            trained.iter().zip(&scored).all(|(t, s)| t <= s),
+            "{trained:?} {scored:?}"
+        );
+        assert!(metric("episodes_unchained").iter().all(|&u| u == 0.0));
+    }
 }
 
 #[test]
 fn ppo_learns_over_the_steps_of_an_episode() {
-    learns_over_steps("ppo");
+    learns_over_steps("ppo", false);
 }
 
 #[test]
 fn grpo_learns_over_whole_episodes() {
-    learns_over_steps("grpo");
+    learns_over_steps("grpo", false);
+}
+
+#[test]
+fn grpo_learns_over_whole_episodes_each_one_sequence() {
+    learns_over_steps("grpo", true);
 }
 
 /// The command line drives multi-step episodes through every wrapper an

@@ -159,7 +159,8 @@ pub fn resolve(args: &PpoArgs) -> anyhow::Result<RlJob> {
         (None, None) if default_file.is_file() => config::load(default_file)?,
         (None, None) => Stage3Config::default(),
     };
-    config::apply_sets(&mut s3, &mut Sources::default(), &args.set)?;
+    // Checked with the flags below.
+    config::apply_sets_unchecked(&mut s3, &mut Sources::default(), &args.set)?;
     let (mut model, hardware): (ModelConfig, HardwareConfig) = match pipeline_config(args)? {
         Some(mut p) => {
             if p.hardware.b200_mode {
@@ -631,6 +632,13 @@ mod tests {
         );
         a.max_steps_per_episode = Some(3);
         assert_eq!(resolve(&a).unwrap().config.max_steps_per_episode, 3);
+        // A setting that needs another algorithm than the file's, given
+        // by a flag: checked once the flags apply.
+        a.set = vec!["ppo.episode_sequences=true".into()];
+        let err = format!("{:#}", resolve(&a).err().unwrap());
+        assert!(err.contains("episode_sequences"), "{err}");
+        a.algorithm = Some("grpo".into());
+        assert!(resolve(&a).unwrap().config.episode_sequences);
         a.set = vec!["ppo.no_such_key=1".into()];
         let err = format!("{:#}", resolve(&a).err().unwrap());
         assert!(err.contains("ppo.no_such_key"), "{err}");

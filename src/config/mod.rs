@@ -542,6 +542,27 @@ pub fn apply_sets<T: Settings>(
     sources: &mut Sources,
     sets: &[String],
 ) -> anyhow::Result<()> {
+    apply_sets_then(settings, sources, sets, true)
+}
+
+/// [`apply_sets`] without the settings' own checks afterwards (each
+/// override's key and type are still checked): for a caller that applies
+/// its flags next and checks the result, so that a check across keys (the
+/// algorithm a setting needs) sees the flags too.
+pub fn apply_sets_unchecked<T: Settings>(
+    settings: &mut T,
+    sources: &mut Sources,
+    sets: &[String],
+) -> anyhow::Result<()> {
+    apply_sets_then(settings, sources, sets, false)
+}
+
+fn apply_sets_then<T: Settings>(
+    settings: &mut T,
+    sources: &mut Sources,
+    sets: &[String],
+    check: bool,
+) -> anyhow::Result<()> {
     if sets.is_empty() {
         return Ok(());
     }
@@ -600,7 +621,9 @@ pub fn apply_sets<T: Settings>(
     }
     if problems.is_empty() {
         *settings = serde_json::from_value(tree)?;
-        problems = settings.problems();
+        if check {
+            problems = settings.problems();
+        }
     }
     anyhow::ensure!(
         problems.is_empty(),

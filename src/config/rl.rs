@@ -228,6 +228,16 @@ pub struct RlConfig {
     /// last token), GRPO's over whole episodes (their return, the sum of
     /// the step rewards). Default 20.
     pub max_steps_per_episode: usize,
+    /// GRPO and Dr. GRPO on multi-step episodes: train each episode as one
+    /// sequence (its first prompt, then every action and the observation
+    /// after it; only the actions' tokens train) instead of one sequence
+    /// an action holding the conversation before it. The same gradient
+    /// where a minibatch holds every episode's actions; far fewer tokens
+    /// through the model. A minibatch (`mini_batch_size`) then counts
+    /// episodes. An episode whose prompts are not each the one before it
+    /// plus its answer (a template that rewrites earlier turns) trains an
+    /// action a sequence as before. Default false.
+    pub episode_sequences: bool,
     /// Nucleus sampling mass (1 = off). Default 1.
     pub top_p: f64,
     /// Top-k sampling (0 = off). Default 0.
@@ -346,6 +356,7 @@ impl Default for RlConfig {
             turn_discount: 1.0,
             max_episode_tokens: 0,
             max_steps_per_episode: 20,
+            episode_sequences: false,
             top_p: 1.0,
             top_k: 0,
             max_new_tokens: 512,
@@ -552,6 +563,12 @@ impl Validate for RlConfig {
         }
         if self.max_turns == 0 {
             p.push("max_turns: must be at least 1".into());
+        }
+        if self.episode_sequences && !matches!(self.algorithm.as_str(), "grpo" | "dr_grpo") {
+            p.push(format!(
+                "episode_sequences: needs algorithm grpo or dr_grpo (got `{}`): PPO's values and GSPO's sequence ratio read each action as its own sequence",
+                self.algorithm
+            ));
         }
         if self.max_steps_per_episode == 0 {
             p.push("max_steps_per_episode: must be at least 1".into());

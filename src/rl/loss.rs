@@ -123,10 +123,10 @@ pub fn clipped_policy_loss(
     let clipped = (ratio.clamp(1.0 - clip_low, 1.0 + clip_high)? * advantages)?;
     let objective = unclipped.minimum(&clipped)?;
     let loss = (objective * w)?.sum_all()?.neg()?;
-    let n = log_ratio.elem_count().max(1) as f64;
-    let hits = clipped
-        .lt(&unclipped)?
-        .to_dtype(DType::F32)?
+    // The share among the tokens that train (a weight above 0).
+    let live = w.gt(0.0)?.to_dtype(DType::F32)?;
+    let n = live.sum_all()?.to_scalar::<f32>()?.max(1.0) as f64;
+    let hits = (clipped.lt(&unclipped)?.to_dtype(DType::F32)? * live)?
         .sum_all()?
         .to_scalar::<f32>()? as f64;
     Ok((loss, hits / n))

@@ -169,7 +169,7 @@ pub(super) fn receive(
     let share = stats::groups_of_rank(starts.len() - 1, train.world(), train.rank());
     let mine = starts[share.start]..starts[share.end];
     got.layout = Layout {
-        lens: got.batch.iter().map(|s| s.response.len()).collect(),
+        lens: got.batch.iter().map(Sample::trained_len).collect(),
         mine: mine.clone().collect(),
     };
     got.batch = got.batch.drain(mine).collect();

@@ -223,6 +223,7 @@ pub(super) fn fingerprinted(cfg: &RlConfig) -> anyhow::Result<serde_json::Value>
             "turn_discount",
             "max_episode_tokens",
             "max_steps_per_episode",
+            "episode_sequences",
             "tis_cap",
             "sampler_ranks",
         ] {
@@ -248,6 +249,10 @@ pub(super) struct Collected {
     pub(super) template_drift: usize,
     /// Episodes ended by `max_episode_tokens` before their last turn.
     pub(super) over_budget: usize,
+    /// `episode_sequences`: episodes whose prompts did not chain, trained
+    /// an action a sequence.
+    #[serde(default)]
+    pub(super) unchained: usize,
     pub(super) masked: BTreeMap<String, u64>,
     pub(super) zero_var: usize,
     pub(super) dropped: u64,
@@ -662,13 +667,34 @@ pub(super) fn collect(
                 ]);
                 rewards.push(reward);
                 let episode = (cfg.max_turns > 1 || stepped).then_some(gid * group + m);
-                for t in ep {
-                    let mut smp =
-                        Sample::new(gid, t.prompt.clone(), &t.sampled, policy.stop_id(), reward);
-                    smp.bucket = *bucket;
-                    smp.episode = episode;
-                    smp.step_reward = stepped.then(|| step_reward(t));
-                    members.push(smp);
+                let actions: Vec<Sample> = ep
+                    .iter()
+                    .map(|t| {
+                        let mut smp = Sample::new(
+                            gid,
+                            t.prompt.clone(),
+                            &t.sampled,
+                            policy.stop_id(),
+                            reward,
+                        );
+                        smp.bucket = *bucket;
+                        smp.episode = episode;
+                        smp.step_reward = stepped.then(|| step_reward(t));
+                        smp
+                    })
+                    .collect();
+                match stepped && cfg.episode_sequences {
+                    // The whole episode as one sequence, its actions
+                    // trained (or, where the prompts do not chain, an
+                    // action a sequence).
+                    true => match Sample::episode(actions) {
+                        Ok(one) => members.push(one),
+                        Err(actions) => {
+                            c.unchained += 1;
+                            members.extend(actions);
+                        }
+                    },
+                    false => members.extend(actions),
                 }
             }
             if group > 1 && !informative(&rewards) {
@@ -687,7 +713,7 @@ pub(super) fn collect(
         // The round over every rank: kept groups, scores, lengths.
         let mut mine_flat = vec![kept_here as f64, (scored_here.len() / SCORED) as f64];
         mine_flat.extend(&scored_here);
-        mine_flat.extend(members_here.iter().map(|m| m.response.len() as f64));
+        mine_flat.extend(members_here.iter().map(|m| m.trained_len() as f64));
         let all = stats::all_gather_varlen(comm, &mine_flat)?;
         for (r, v) in all.iter().enumerate() {
             kept_groups += v[0] as usize;
@@ -764,14 +790,23 @@ pub(super) fn train(
         policy.score_old(&mut got.batch)?;
         policy.advantages_with(&mut got.batch, comm)?;
         for smp in &got.batch {
-            for (&lp, &rp) in smp.old_logp.iter().zip(&smp.ref_logp) {
+            // The trained tokens only (an episode sequence's observations
+            // are the environment's, and the sampler drew none of them).
+            let trained = |i: &usize| smp.trains(*i);
+            for (_, (&lp, &rp)) in (0..)
+                .zip(smp.old_logp.iter().zip(&smp.ref_logp))
+                .filter(|(i, _)| trained(i))
+            {
                 t.kl_sum += KlEstimator::K1.value(lp, rp);
                 t.kl_n += 1;
             }
             t.seq_tokens += smp.prompt.len() + smp.response.len();
             // The sampler's log-probs against the trainer's forward on
             // the same tokens (kernels, batching and dtype differ).
-            for (&a, &b) in smp.sampler_logp.iter().zip(&smp.old_logp) {
+            for (_, (&a, &b)) in (0..)
+                .zip(smp.sampler_logp.iter().zip(&smp.old_logp))
+                .filter(|(i, _)| trained(i))
+            {
                 let d = (a as f64 - b).abs();
                 t.mm_sum += d;
                 t.mm_max = t.mm_max.max(d);
@@ -779,7 +814,8 @@ pub(super) fn train(
             }
             let cap = policy.cfg.tis_cap;
             if cap > 0.0 && !smp.sampler_logp.is_empty() {
-                for w in tis_weights(&smp.old_logp, &smp.sampler_logp, cap)? {
+                let weights = tis_weights(&smp.old_logp, &smp.sampler_logp, cap)?;
+                for (_, w) in (0..).zip(weights).filter(|(i, _)| trained(i)) {
                     t.tis_sum += w;
                     t.tis_sq += w * w;
                     t.tis_capped += f64::from(u8::from(w >= cap));
@@ -928,6 +964,9 @@ impl StepRecord<'_> {
             );
             put("episodes_over_budget", got.over_budget as f64);
             put("template_drift", got.template_drift as f64);
+            if job.config.episode_sequences {
+                put("episodes_unchained", got.unchained as f64);
+            }
         }
         put("scored", rewards.len() as f64);
         put("trained_samples", got.layout.lens.len() as f64);

@@ -52,6 +52,10 @@ pub struct Sample {
     /// The sampler's log-probs of the response's tokens, the stop token's
     /// included (empty where the sampler kept none).
     pub sampler_logp: Vec<f32>,
+    /// Which response tokens train (`ppo.episode_sequences`: an episode's
+    /// actions, not the observations between them); empty: every one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trained: Vec<bool>,
     #[serde(skip)]
     pub(super) old_logp: Vec<f64>,
     #[serde(skip)]
@@ -87,12 +91,82 @@ impl Sample {
             episode: None,
             step_reward: None,
             sampler_logp,
+            trained: Vec::new(),
             old_logp: Vec::new(),
             ref_logp: Vec::new(),
             old_values: Vec::new(),
             advantages: Vec::new(),
             returns: Vec::new(),
         }
+    }
+}
+
+impl Sample {
+    /// Whether response token `i` trains.
+    pub fn trains(&self, i: usize) -> bool {
+        self.trained.get(i).copied().unwrap_or(true)
+    }
+
+    /// The response tokens that train.
+    pub fn trained_len(&self) -> usize {
+        match self.trained.is_empty() {
+            true => self.response.len(),
+            false => self.trained.iter().filter(|&&t| t).count(),
+        }
+    }
+
+    /// One multi-step episode's actions `steps` (in order) as one sample:
+    /// the first action's prompt, then each action and the observation
+    /// tokens the next action's prompt adds, only the actions trained.
+    /// The actions back, unchanged, when a prompt is not the one before it
+    /// plus that action's response (a template that rewrote earlier turns).
+    pub fn episode(steps: Vec<Sample>) -> Result<Self, Vec<Sample>> {
+        // Each prompt is the one before it, its response, then the
+        // observation.
+        let chained = !steps.is_empty()
+            && steps.windows(2).all(|w| {
+                let seen = w[0].prompt.len() + w[0].response.len();
+                w[1].prompt.len() >= seen
+                    && w[1].prompt[..w[0].prompt.len()] == w[0].prompt[..]
+                    && w[1].prompt[w[0].prompt.len()..seen] == w[0].response[..]
+            });
+        if !chained {
+            return Err(steps);
+        }
+        let first = &steps[0];
+        let (mut response, mut trained, mut sampler_logp) = (Vec::new(), Vec::new(), Vec::new());
+        for (k, s) in steps.iter().enumerate() {
+            if k > 0 {
+                let observation = &s.prompt[first.prompt.len() + response.len()..];
+                response.extend_from_slice(observation);
+                trained.extend(std::iter::repeat_n(false, observation.len()));
+                sampler_logp.extend(std::iter::repeat_n(0.0, observation.len()));
+            }
+            response.extend_from_slice(&s.response);
+            trained.extend(std::iter::repeat_n(true, s.response.len()));
+            sampler_logp.extend_from_slice(&s.sampler_logp);
+        }
+        let keep_logp = steps
+            .iter()
+            .all(|s| s.sampler_logp.len() == s.response.len());
+        let last = steps.last().expect("checked above");
+        Ok(Self {
+            group: first.group,
+            prompt: first.prompt.clone(),
+            response,
+            stopped: last.stopped,
+            reward: first.reward,
+            bucket: first.bucket,
+            episode: first.episode,
+            step_reward: None,
+            sampler_logp: if keep_logp { sampler_logp } else { Vec::new() },
+            trained,
+            old_logp: Vec::new(),
+            ref_logp: Vec::new(),
+            old_values: Vec::new(),
+            advantages: Vec::new(),
+            returns: Vec::new(),
+        })
     }
 }
 
@@ -621,11 +695,14 @@ impl Policy {
         let old = cat(&|s| &s.old_logp)?;
         let adv = cat(&|s| &s.advantages)?;
         let p = self.pack(mb)?;
-        let w: Vec<f32> = p
-            .lens
+        // Each member's weight on its trained tokens, 0 on the rest (an
+        // episode sequence's observations).
+        let w: Vec<f32> = mb
             .iter()
-            .zip(w)
-            .flat_map(|(&len, &w)| std::iter::repeat_n(w as f32, len))
+            .zip(p.lens.iter().zip(w))
+            .flat_map(|(s, (&len, &w))| {
+                (0..len).map(move |i| if s.trains(i) { w as f32 } else { 0.0 })
+            })
             .collect();
         let n = w.len();
         let w = Tensor::from_vec(w, n, dev)?;
@@ -682,7 +759,8 @@ impl Policy {
         if let Some(o) = &self.value_opt {
             g.extend(o.gradients(&grads)?);
         }
-        let tokens = n as f64;
+        // The tokens that train (`clip` is its share of them).
+        let tokens = mb.iter().map(|s| s.trained_len()).sum::<usize>() as f64;
         Ok((
             g,
             [
@@ -787,7 +865,7 @@ impl Layout {
     /// One rank holding the whole batch.
     pub fn alone(samples: &[Sample]) -> Self {
         Self {
-            lens: samples.iter().map(|s| s.response.len()).collect(),
+            lens: samples.iter().map(Sample::trained_len).collect(),
             mine: (0..samples.len()).collect(),
         }
     }

@@ -102,6 +102,7 @@ fn samples(p: &Policy, n: usize, group: usize) -> Vec<Sample> {
                 episode: None,
                 step_reward: None,
                 sampler_logp: Vec::new(),
+                trained: Vec::new(),
                 old_logp: Vec::new(),
                 ref_logp: Vec::new(),
                 old_values: Vec::new(),
@@ -604,4 +605,137 @@ fn ppo_advantages_run_over_an_episodes_steps() {
         "{:?}",
         one[0].advantages
     );
+}
+
+/// An episode trained as one sequence (`episode_sequences`) gives its
+/// actions the log-probs and, over a minibatch holding every action, the
+/// gradients of the actions trained one sequence each: the observations
+/// between them condition the actions and train nothing.
+#[test]
+fn an_episode_as_one_sequence_trains_as_its_actions_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = policy(dir.path(), "grpo", "token_mean");
+    p.micro_tokens = usize::MAX;
+    let stop = p.stop_id();
+    let toks = |seed: usize, n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|j| ((seed * 37 + j * 11 + 3) % 250) as u32)
+            .collect()
+    };
+    // Two episodes of three actions (one group), the prompts chaining as
+    // `next_turn` makes them: prompt, answer, observation, answer, ...
+    let episode = |e: usize, reward: f64| -> Vec<Sample> {
+        let mut prompt = toks(e, 9);
+        let mut out = Vec::new();
+        for k in 0..3 {
+            let mut response = toks(e * 10 + k, 4 + k);
+            response.push(stop);
+            let mut s = samples(&p, 1, 1).remove(0);
+            s.group = 0;
+            s.episode = Some(e);
+            s.reward = reward;
+            s.step_reward = Some(reward / 3.0);
+            s.prompt = prompt.clone();
+            s.response = response.clone();
+            s.stopped = true;
+            out.push(s);
+            prompt.extend(&response);
+            prompt.extend(toks(e * 100 + k, 5));
+        }
+        out
+    };
+    let apart: Vec<Sample> = [episode(1, 1.0), episode(2, 0.2)].concat();
+    let mut one: Vec<Sample> = [episode(1, 1.0), episode(2, 0.2)]
+        .into_iter()
+        .map(|e| Sample::episode(e).unwrap())
+        .collect();
+    assert_eq!(one[0].trained_len(), 4 + 5 + 6 + 3);
+    assert_eq!(one[0].response.len(), one[0].trained_len() + 2 * 5);
+    let mut apart = apart;
+    p.score_old(&mut apart).unwrap();
+    p.score_old(&mut one).unwrap();
+    p.advantages(&mut apart);
+    p.advantages(&mut one);
+    // The actions' old and reference log-probs and advantages agree.
+    for (e, merged) in one.iter().enumerate() {
+        let actions = &apart[e * 3..e * 3 + 3];
+        let pick = |v: &[f64]| -> Vec<f64> {
+            v.iter()
+                .enumerate()
+                .filter(|(i, _)| merged.trains(*i))
+                .map(|(_, &x)| x)
+                .collect()
+        };
+        let cat = |f: &dyn Fn(&Sample) -> &Vec<f64>| -> Vec<f64> {
+            actions.iter().flat_map(|s| f(s).clone()).collect()
+        };
+        for (a, b) in pick(&merged.old_logp).iter().zip(cat(&|s| &s.old_logp)) {
+            assert!((a - b).abs() < 1e-4, "old log-prob {a} against {b}");
+        }
+        for (a, b) in pick(&merged.ref_logp).iter().zip(cat(&|s| &s.ref_logp)) {
+            assert!((a - b).abs() < 1e-4, "reference log-prob {a} against {b}");
+        }
+        assert_eq!(pick(&merged.advantages), cat(&|s| &s.advantages));
+    }
+    // Off the policy a little, as after an earlier minibatch, so that
+    // ratios differ from 1: the same shift for the same action tokens.
+    let shift = |e: usize, j: usize| 0.3 * ((e * 7 + j) as f64).sin();
+    for (i, s) in apart.iter_mut().enumerate() {
+        let before: usize = apart_offsets(i);
+        for (j, lp) in s.old_logp.iter_mut().enumerate() {
+            *lp += shift(i / 3, before + j);
+        }
+    }
+    for (e, s) in one.iter_mut().enumerate() {
+        let mut j = 0;
+        for i in 0..s.old_logp.len() {
+            if s.trains(i) {
+                s.old_logp[i] += shift(e, j);
+                j += 1;
+            }
+        }
+    }
+    let dev = Device::Cpu;
+    let grads = |p: &Policy, s: &[Sample]| {
+        let lens: Vec<usize> = s.iter().map(Sample::trained_len).collect();
+        let w = completion_weights(p.agg, &lens);
+        let refs: Vec<&Sample> = s.iter().collect();
+        p.member_gradients(&refs, &w, &dev).unwrap()
+    };
+    let (ga, sa) = grads(&p, &apart);
+    let (go, so) = grads(&p, &one);
+    for (a, b) in ga.iter().zip(&go) {
+        let (rel, scale) = relative(a, b);
+        assert!(
+            scale > 0.0 && rel < 1e-3,
+            "gradient off by {rel} of {scale}"
+        );
+    }
+    // Policy loss, entropy, KL and the total agree.
+    for k in [0, 1, 2, 4] {
+        assert!(
+            (sa[k] - so[k]).abs() < 1e-4 * sa[k].abs().max(1.0),
+            "sum {k}: {} against {}",
+            sa[k],
+            so[k]
+        );
+    }
+}
+
+/// Tokens of the earlier actions of action `i`'s episode (three actions
+/// of 4, 5 and 6 tokens with the stop token).
+fn apart_offsets(i: usize) -> usize {
+    [0, 5, 11][i % 3]
+}
+
+#[test]
+fn an_episode_whose_prompts_do_not_chain_stays_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = policy(dir.path(), "grpo", "token_mean");
+    let mut steps = samples(&p, 2, 2);
+    steps[1].prompt = vec![1, 2, 3];
+    let back = Sample::episode(steps.clone()).unwrap_err();
+    assert_eq!(back.len(), 2);
+    assert_eq!(back[1].prompt, vec![1, 2, 3]);
+    assert!(Sample::episode(Vec::new()).is_err());
 }
