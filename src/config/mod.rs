@@ -542,7 +542,11 @@ pub fn apply_sets<T: Settings>(
     sources: &mut Sources,
     sets: &[String],
 ) -> anyhow::Result<()> {
-    apply_sets_then(settings, sources, sets, true)
+    apply_sets_unchecked(settings, sources, sets)?;
+    if sets.is_empty() {
+        return Ok(());
+    }
+    refuse_problems(settings.problems())
 }
 
 /// [`apply_sets`] without the settings' own checks afterwards (each
@@ -553,15 +557,6 @@ pub fn apply_sets_unchecked<T: Settings>(
     settings: &mut T,
     sources: &mut Sources,
     sets: &[String],
-) -> anyhow::Result<()> {
-    apply_sets_then(settings, sources, sets, false)
-}
-
-fn apply_sets_then<T: Settings>(
-    settings: &mut T,
-    sources: &mut Sources,
-    sets: &[String],
-    check: bool,
 ) -> anyhow::Result<()> {
     if sets.is_empty() {
         return Ok(());
@@ -621,10 +616,12 @@ fn apply_sets_then<T: Settings>(
     }
     if problems.is_empty() {
         *settings = serde_json::from_value(tree)?;
-        if check {
-            problems = settings.problems();
-        }
     }
+    refuse_problems(problems)
+}
+
+/// An error listing `problems` with the hint to the reference; none: Ok.
+fn refuse_problems(problems: Vec<String>) -> anyhow::Result<()> {
     anyhow::ensure!(
         problems.is_empty(),
         "invalid settings:\n  - {}\nhint: every key's type, default and meaning: docs/reference/config.md, or `trace-train config --reference`",
