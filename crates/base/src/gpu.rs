@@ -127,6 +127,19 @@ pub fn used_memory(device: &Device) -> anyhow::Result<Option<u64>> {
     Ok(None)
 }
 
+/// The profiler's range (`ncu --profile-from-start off`) while the value
+/// lives, on a CUDA device; `None` elsewhere. Drop it to close the range.
+pub fn profiler_range(device: &Device) -> anyhow::Result<Option<Box<dyn std::any::Any>>> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(_) = device {
+        device.synchronize()?;
+        let p = candle_core::cuda::cudarc::driver::Profiler::new()?;
+        return Ok(Some(Box::new(p)));
+    }
+    let _ = device;
+    Ok(None)
+}
+
 #[cfg(feature = "cuda")]
 mod pool {
     use anyhow::Context;
