@@ -981,6 +981,11 @@ fn grpo_learns_over_whole_episodes_each_one_sequence() {
     learns_over_steps("grpo", true);
 }
 
+#[test]
+fn ppo_learns_over_the_steps_of_an_episode_as_one_sequence() {
+    learns_over_steps("ppo", true);
+}
+
 /// The command line drives multi-step episodes through every wrapper an
 /// environment gets (the registry's training/held-out split, the
 /// mixture): `ppo --environment word_steps` logs episodes of more than

@@ -634,7 +634,10 @@ mod tests {
         assert_eq!(resolve(&a).unwrap().config.max_steps_per_episode, 3);
         // A setting that needs another algorithm than the file's, given
         // by a flag: checked once the flags apply.
-        a.set = vec!["ppo.episode_sequences=true".into()];
+        a.set = vec![
+            "ppo.episode_sequences=true".into(),
+            "ppo.algorithm=gspo".into(),
+        ];
         let err = format!("{:#}", resolve(&a).err().unwrap());
         assert!(err.contains("episode_sequences"), "{err}");
         a.algorithm = Some("grpo".into());

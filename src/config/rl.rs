@@ -228,13 +228,13 @@ pub struct RlConfig {
     /// last token), GRPO's over whole episodes (their return, the sum of
     /// the step rewards). Default 20.
     pub max_steps_per_episode: usize,
-    /// GRPO and Dr. GRPO on multi-step episodes: train each episode as one
+    /// Multi-step episodes (PPO, GRPO, Dr. GRPO): train each episode as one
     /// sequence (its first prompt, then every action and the observation
     /// after it; only the actions' tokens train) instead of one sequence
     /// an action holding the conversation before it. The same gradient
-    /// where a minibatch holds every episode's actions; far fewer tokens
-    /// through the model. A minibatch (`mini_batch_size`) then counts
-    /// episodes. An episode whose prompts are not each the one before it
+    /// where a minibatch holds every episode's actions (PPO's values read
+    /// at each action's last token, as apart); far fewer tokens through
+    /// the model. A minibatch (`mini_batch_size`) then counts episodes. An episode whose prompts are not each the one before it
     /// plus its answer (a template that rewrites earlier turns) trains an
     /// action a sequence as before. Default false.
     pub episode_sequences: bool,
@@ -564,11 +564,10 @@ impl Validate for RlConfig {
         if self.max_turns == 0 {
             p.push("max_turns: must be at least 1".into());
         }
-        if self.episode_sequences && !matches!(self.algorithm.as_str(), "grpo" | "dr_grpo") {
-            p.push(format!(
-                "episode_sequences: needs algorithm grpo or dr_grpo (got `{}`): PPO's values and GSPO's sequence ratio read each action as its own sequence",
-                self.algorithm
-            ));
+        if self.episode_sequences && self.algorithm == "gspo" {
+            p.push(
+                "episode_sequences: not with algorithm gspo: its ratio is a sequence's, so it reads each action as its own sequence\nhint: use grpo, dr_grpo or ppo, or leave episode_sequences off".into(),
+            );
         }
         if self.max_steps_per_episode == 0 {
             p.push("max_steps_per_episode: must be at least 1".into());

@@ -56,6 +56,11 @@ pub struct Sample {
     /// actions, not the observations between them); empty: every one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trained: Vec<bool>,
+    /// An episode sequence's actions, in order: where each lies in the
+    /// response and its step reward (PPO's advantages run over them);
+    /// empty for any other sample.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actions: Vec<Action>,
     #[serde(skip)]
     pub(super) old_logp: Vec<f64>,
     #[serde(skip)]
@@ -66,6 +71,15 @@ pub struct Sample {
     pub(super) advantages: Vec<f64>,
     #[serde(skip)]
     pub(super) returns: Vec<f64>,
+}
+
+/// One action of an episode sequence: response tokens `start..end`, and
+/// the reward the environment gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Action {
+    pub start: usize,
+    pub end: usize,
+    pub reward: f64,
 }
 
 impl Sample {
@@ -92,6 +106,7 @@ impl Sample {
             step_reward: None,
             sampler_logp,
             trained: Vec::new(),
+            actions: Vec::new(),
             old_logp: Vec::new(),
             ref_logp: Vec::new(),
             old_values: Vec::new(),
@@ -135,6 +150,7 @@ impl Sample {
         }
         let first = &steps[0];
         let (mut response, mut trained, mut sampler_logp) = (Vec::new(), Vec::new(), Vec::new());
+        let mut actions = Vec::with_capacity(steps.len());
         for (k, s) in steps.iter().enumerate() {
             if k > 0 {
                 let observation = &s.prompt[first.prompt.len() + response.len()..];
@@ -142,6 +158,11 @@ impl Sample {
                 trained.extend(std::iter::repeat_n(false, observation.len()));
                 sampler_logp.extend(std::iter::repeat_n(0.0, observation.len()));
             }
+            actions.push(Action {
+                start: response.len(),
+                end: response.len() + s.response.len(),
+                reward: s.step_reward.unwrap_or(s.reward),
+            });
             response.extend_from_slice(&s.response);
             trained.extend(std::iter::repeat_n(true, s.response.len()));
             sampler_logp.extend_from_slice(&s.sampler_logp);
@@ -161,6 +182,7 @@ impl Sample {
             step_reward: None,
             sampler_logp: if keep_logp { sampler_logp } else { Vec::new() },
             trained,
+            actions,
             old_logp: Vec::new(),
             ref_logp: Vec::new(),
             old_values: Vec::new(),
@@ -452,18 +474,46 @@ impl Policy {
                 let r: Vec<f64> = episodes.iter().map(|x| x.1).collect();
                 let adv = c.rl_algorithm().group_advantages(&r, c.scale_rewards);
                 for (&i, &e) in idx.iter().zip(&of) {
-                    let n = samples[i].response.len();
-                    samples[i].advantages = vec![adv[e]; n];
-                    samples[i].returns = vec![0.0; n];
+                    let s = &mut samples[i];
+                    let n = s.response.len();
+                    // An episode sequence's observations take nothing.
+                    s.advantages = (0..n)
+                        .map(|t| if s.trains(t) { adv[e] } else { 0.0 })
+                        .collect();
+                    s.returns = vec![0.0; n];
                 }
             }
-        } else if samples.iter().any(|s| s.step_reward.is_some()) {
+        } else if samples
+            .iter()
+            .any(|s| s.step_reward.is_some() || !s.actions.is_empty())
+        {
             // Multi-step episodes: GAE over each episode's steps, an
-            // episode's samples being its actions in order.
+            // episode being its actions in order (samples of one episode,
+            // or the actions of one episode sequence).
             let coef = c.kl_coef();
+            // A step's reward less its KL penalty (k1 summed over the
+            // action's tokens), and the value at the action's last token.
+            let step = |s: &Sample, span: std::ops::Range<usize>, reward: f64| -> (f64, f64) {
+                let lp = s.old_logp.get(span.clone()).unwrap_or(&[]);
+                let rp = s.ref_logp.get(span.clone()).unwrap_or(&[]);
+                let kl: f64 = lp
+                    .iter()
+                    .zip(rp)
+                    .map(|(&lp, &rp)| KlEstimator::K1.value(lp, rp))
+                    .sum();
+                let value = span
+                    .end
+                    .checked_sub(1)
+                    .and_then(|last| s.old_values.get(last))
+                    .copied()
+                    .unwrap_or(0.0);
+                (reward - coef * kl, value)
+            };
             let mut episodes: BTreeMap<Option<usize>, Vec<usize>> = BTreeMap::new();
             for (i, s) in samples.iter().enumerate() {
-                episodes.entry(s.episode).or_default().push(i);
+                if s.actions.is_empty() {
+                    episodes.entry(s.episode).or_default().push(i);
+                }
             }
             for (key, idx) in episodes {
                 // Samples of no episode are each an episode of one step.
@@ -476,14 +526,7 @@ impl Policy {
                         .iter()
                         .map(|&i| {
                             let s = &samples[i];
-                            let kl: f64 = s
-                                .old_logp
-                                .iter()
-                                .zip(&s.ref_logp)
-                                .map(|(&lp, &rp)| KlEstimator::K1.value(lp, rp))
-                                .sum();
-                            let r = s.step_reward.unwrap_or(s.reward) - coef * kl;
-                            (r, s.old_values.last().copied().unwrap_or(0.0))
+                            step(s, 0..s.response.len(), s.step_reward.unwrap_or(s.reward))
                         })
                         .unzip();
                     let (a, r) = gae(&rewards, &values, c.gamma, c.lam);
@@ -493,6 +536,25 @@ impl Policy {
                         samples[i].returns = vec![r[k]; n];
                     }
                 }
+            }
+            // An episode sequence: each action's tokens take its step's
+            // advantage and return; the observations' tokens, which train
+            // nothing, take 0.
+            for s in samples.iter_mut().filter(|s| !s.actions.is_empty()) {
+                let (rewards, values): (Vec<f64>, Vec<f64>) = s
+                    .actions
+                    .iter()
+                    .map(|a| step(s, a.start..a.end, a.reward))
+                    .unzip();
+                let (a, r) = gae(&rewards, &values, c.gamma, c.lam);
+                let n = s.response.len();
+                let (mut adv, mut ret) = (vec![0.0; n], vec![0.0; n]);
+                for (k, act) in s.actions.iter().enumerate() {
+                    adv[act.start..act.end].fill(a[k]);
+                    ret[act.start..act.end].fill(r[k]);
+                }
+                s.advantages = adv;
+                s.returns = ret;
             }
             self.whiten(samples, comm)?;
         } else {
@@ -518,15 +580,28 @@ impl Policy {
     /// `whiten_advantages`.
     fn whiten(&self, samples: &mut [Sample], comm: &dyn Communicator) -> anyhow::Result<()> {
         if self.cfg.whiten_advantages {
+            // Over the tokens that train (an episode sequence's
+            // observations stay out, at 0).
             let mut rows: Vec<Vec<f64>> = samples
-                .iter_mut()
-                .map(|s| std::mem::take(&mut s.advantages))
+                .iter()
+                .map(|s| {
+                    (0..s.advantages.len())
+                        .filter(|&i| s.trains(i))
+                        .map(|i| s.advantages[i])
+                        .collect()
+                })
                 .collect();
             let flat: Vec<f64> = rows.iter().flatten().copied().collect();
             let m = stats::moments(comm, &flat)?;
             whiten_with(&mut rows, m.mean, m.var.sqrt());
             for (s, a) in samples.iter_mut().zip(rows) {
-                s.advantages = a;
+                let mut whitened = a.into_iter();
+                for i in 0..s.advantages.len() {
+                    s.advantages[i] = match s.trains(i) {
+                        true => whitened.next().expect("one a trained token"),
+                        false => 0.0,
+                    };
+                }
             }
         }
         Ok(())

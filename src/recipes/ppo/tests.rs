@@ -103,6 +103,7 @@ fn samples(p: &Policy, n: usize, group: usize) -> Vec<Sample> {
                 step_reward: None,
                 sampler_logp: Vec::new(),
                 trained: Vec::new(),
+                actions: Vec::new(),
                 old_logp: Vec::new(),
                 ref_logp: Vec::new(),
                 old_values: Vec::new(),
@@ -608,13 +609,26 @@ fn ppo_advantages_run_over_an_episodes_steps() {
 }
 
 /// An episode trained as one sequence (`episode_sequences`) gives its
-/// actions the log-probs and, over a minibatch holding every action, the
-/// gradients of the actions trained one sequence each: the observations
-/// between them condition the actions and train nothing.
+/// actions the log-probs, values and advantages and, over a minibatch
+/// holding every action, the gradients of the actions trained one
+/// sequence each: the observations between them condition the actions and
+/// train nothing. GRPO (episode advantages) and PPO (GAE over the steps,
+/// values at each action's last token, a KL penalty a step, whitening).
 #[test]
 fn an_episode_as_one_sequence_trains_as_its_actions_do() {
+    for algorithm in ["grpo", "ppo"] {
+        one_sequence_trains_as_actions(algorithm);
+    }
+}
+
+fn one_sequence_trains_as_actions(algorithm: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let mut p = policy(dir.path(), "grpo", "token_mean");
+    let mut p = policy(dir.path(), algorithm, "token_mean");
+    if algorithm == "ppo" {
+        p.cfg.kl_coef = Some(0.05);
+        p.cfg.gamma = 0.9;
+        p.cfg.lam = 0.8;
+    }
     p.micro_tokens = usize::MAX;
     let stop = p.stop_id();
     let toks = |seed: usize, n: usize| -> Vec<u32> {
@@ -634,7 +648,7 @@ fn an_episode_as_one_sequence_trains_as_its_actions_do() {
             s.group = 0;
             s.episode = Some(e);
             s.reward = reward;
-            s.step_reward = Some(reward / 3.0);
+            s.step_reward = Some(reward * (k + 1) as f64 / 6.0);
             s.prompt = prompt.clone();
             s.response = response.clone();
             s.stopped = true;
@@ -651,6 +665,8 @@ fn an_episode_as_one_sequence_trains_as_its_actions_do() {
         .collect();
     assert_eq!(one[0].trained_len(), 4 + 5 + 6 + 3);
     assert_eq!(one[0].response.len(), one[0].trained_len() + 2 * 5);
+    let spans: Vec<(usize, usize)> = one[0].actions.iter().map(|a| (a.start, a.end)).collect();
+    assert_eq!(spans, vec![(0, 5), (10, 16), (21, 28)]);
     let mut apart = apart;
     p.score_old(&mut apart).unwrap();
     p.score_old(&mut one).unwrap();
@@ -675,8 +691,31 @@ fn an_episode_as_one_sequence_trains_as_its_actions_do() {
         for (a, b) in pick(&merged.ref_logp).iter().zip(cat(&|s| &s.ref_logp)) {
             assert!((a - b).abs() < 1e-4, "reference log-prob {a} against {b}");
         }
-        assert_eq!(pick(&merged.advantages), cat(&|s| &s.advantages));
+        for (a, b) in pick(&merged.old_values).iter().zip(cat(&|s| &s.old_values)) {
+            assert!((a - b).abs() < 1e-4, "value {a} against {b}");
+        }
+        for (what, a, b) in [
+            (
+                "advantage",
+                pick(&merged.advantages),
+                cat(&|s| &s.advantages),
+            ),
+            ("return", pick(&merged.returns), cat(&|s| &s.returns)),
+        ] {
+            assert_eq!(a.len(), b.len());
+            for (a, b) in a.iter().zip(&b) {
+                assert!((a - b).abs() < 1e-3, "{algorithm}: {what} {a} against {b}");
+            }
+        }
+        // The observations' tokens take nothing.
+        for (i, &a) in merged.advantages.iter().enumerate() {
+            assert!(merged.trains(i) || a == 0.0, "observation token {i}: {a}");
+        }
     }
+    // The advantages are not all one value (GAE over steps of different
+    // rewards), so the comparison above can fail.
+    let all: Vec<f64> = apart.iter().flat_map(|s| s.advantages.clone()).collect();
+    assert!(all.iter().any(|&a| (a - all[0]).abs() > 1e-3), "{all:?}");
     // Off the policy a little, as after an earlier minibatch, so that
     // ratios differ from 1: the same shift for the same action tokens.
     let shift = |e: usize, j: usize| 0.3 * ((e * 7 + j) as f64).sin();
@@ -711,8 +750,8 @@ fn an_episode_as_one_sequence_trains_as_its_actions_do() {
             "gradient off by {rel} of {scale}"
         );
     }
-    // Policy loss, entropy, KL and the total agree.
-    for k in [0, 1, 2, 4] {
+    // Policy loss, entropy, KL, the value loss and the total agree.
+    for k in [0, 1, 2, 3, 4] {
         assert!(
             (sa[k] - so[k]).abs() < 1e-4 * sa[k].abs().max(1.0),
             "sum {k}: {} against {}",
