@@ -925,6 +925,14 @@ fn learns_over_steps(algorithm: &str, episode_sequences: bool) {
     job.env_description = format!("word_steps:{word}");
     let s = ppo::run(&job, &NoProgress).unwrap();
     assert_eq!(s.steps, 20);
+    // Episodes of both steps trained apart are counted (for the hint
+    // to train them whole); none when they train whole.
+    assert_eq!(
+        s.episodes_apart == 0,
+        episode_sequences,
+        "{}",
+        s.episodes_apart
+    );
     let lines = lines_of(&dir.path().join("out/metrics.jsonl"));
     let metric = |k: &str| -> Vec<f64> { lines.iter().map(|l| l[k].as_f64().unwrap()).collect() };
     let (ret, len, success) = (

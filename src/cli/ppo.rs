@@ -358,6 +358,26 @@ fn off_policy_hint(
     })
 }
 
+/// Where episodes of several actions trained an action a sequence (each
+/// holding the conversation before it) and the algorithm can train an
+/// episode as one sequence instead.
+fn episode_sequences_hint(
+    algorithm: &str,
+    episodes_apart: u64,
+    split: Option<(f64, f64)>,
+) -> Option<String> {
+    (episodes_apart > 0 && algorithm != "gspo").then(|| {
+        let times = split
+            .map(|(beside, training)| {
+                format!(" (training took {training:.2} s a step, sampling and scoring {beside:.2})")
+            })
+            .unwrap_or_default();
+        format!(
+            "hint: {episodes_apart} episodes of several actions trained an action a sequence, each holding the conversation before it{times}; `--set ppo.episode_sequences=true` trains each episode as one sequence, with far fewer tokens through the model and the same gradient where a minibatch holds whole episodes (`mini_batch_size` then counts episodes)"
+        )
+    })
+}
+
 /// Runs `job` as `comm`'s rank and, on rank 0, reports it.
 fn run_job(
     job: &RlJob,
@@ -369,7 +389,9 @@ fn run_job(
         eprintln!(
             "stage 3: {} on the {} environment, {} steps of {} prompts x {} completions, from `{}`{}",
             job.config.algorithm,
-            job.env.name(),
+            // As the user named it: a single environment of another
+            // source runs as a mixture of one, whose name says nothing.
+            job.config.environment,
             job.max_steps
                 .map_or(job.config.num_train_steps as u64, |m| m
                     .min(job.config.num_train_steps as u64)),
@@ -409,6 +431,11 @@ fn run_job(
         counts(&s.skipped_tasks),
     );
     if let Some(hint) = off_policy_hint(comm.world(), job.config.sampler_ranks, s.split_secs) {
+        eprintln!("{hint}");
+    }
+    if let Some(hint) =
+        episode_sequences_hint(&job.config.algorithm, s.episodes_apart, s.split_secs)
+    {
         eprintln!("{hint}");
     }
     if let Some(rows) = job.env.rows()
@@ -649,6 +676,19 @@ mod tests {
 
     /// The off-policy hint: only for several GPUs in step where sampling
     /// and scoring outweighed training.
+    /// The episode-sequences hint: only where episodes of several actions
+    /// trained apart, and not for GSPO, which cannot train them whole.
+    #[test]
+    fn episode_sequences_hint_only_where_episodes_trained_apart() {
+        let hint = episode_sequences_hint("grpo", 12, Some((3.0, 9.5))).unwrap();
+        assert!(hint.contains("12 episodes"), "{hint}");
+        assert!(hint.contains("training took 9.50 s"), "{hint}");
+        assert!(hint.contains("ppo.episode_sequences=true"), "{hint}");
+        assert!(episode_sequences_hint("ppo", 1, None).is_some());
+        assert_eq!(episode_sequences_hint("grpo", 0, Some((3.0, 9.5))), None);
+        assert_eq!(episode_sequences_hint("gspo", 12, Some((3.0, 9.5))), None);
+    }
+
     #[test]
     fn off_policy_hint_only_where_sampling_outweighs_training_on_gpus_in_step() {
         let hint = off_policy_hint(2, 0, Some((1.5, 1.0))).unwrap();

@@ -162,6 +162,7 @@ pub fn run_with(
     let (mut first_reward, mut last_reward) = (None, None);
     // Sampling and scoring, training, and the steps they add up over.
     let mut split = (0.0, 0.0, 0usize);
+    let mut episodes_apart = 0u64;
     let mut interrupted = false;
     while state.step < total_steps {
         let step = state.step;
@@ -206,6 +207,7 @@ pub fn run_with(
 
         // 5. Metrics, progress, checkpoints.
         let reward_mean = rewards.iter().sum::<f64>() / rewards.len().max(1) as f64;
+        episodes_apart += got.apart as u64;
         if first_reward.is_some() {
             split.0 += got.sample_secs + got.env_secs;
             split.1 += trained.secs;
@@ -320,6 +322,7 @@ pub fn run_with(
         interrupted,
         stop_requested: run.stop_requested(),
         split_secs: (split.2 > 0).then(|| (split.0 / split.2 as f64, split.1 / split.2 as f64)),
+        episodes_apart,
     })
 }
 

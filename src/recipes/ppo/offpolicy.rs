@@ -275,5 +275,6 @@ pub(super) fn sample_ahead(
         interrupted: !finished,
         stop_requested: stop.load(Ordering::Relaxed),
         split_secs: None,
+        episodes_apart: 0,
     })
 }

@@ -86,6 +86,9 @@ pub struct RlSummary {
     /// sampling and scoring, and training; `None` with fewer than two steps
     /// (and on the samplers of an off-policy run).
     pub split_secs: Option<(f64, f64)>,
+    /// Rank 0's episodes of more than one action that trained an action a
+    /// sequence.
+    pub episodes_apart: u64,
 }
 
 /// Where a run stands beyond the optimizer: saved in every checkpoint.
@@ -253,6 +256,10 @@ pub(super) struct Collected {
     /// an action a sequence.
     #[serde(default)]
     pub(super) unchained: usize,
+    /// Episodes of more than one action trained an action a sequence
+    /// with `episode_sequences` off.
+    #[serde(default)]
+    pub(super) apart: usize,
     pub(super) masked: BTreeMap<String, u64>,
     pub(super) zero_var: usize,
     pub(super) dropped: u64,
@@ -683,6 +690,7 @@ pub(super) fn collect(
                         smp
                     })
                     .collect();
+                let several = stepped && actions.len() > 1;
                 match stepped && cfg.episode_sequences {
                     // The whole episode as one sequence, its actions
                     // trained (or, where the prompts do not chain, an
@@ -694,7 +702,10 @@ pub(super) fn collect(
                             members.extend(actions);
                         }
                     },
-                    false => members.extend(actions),
+                    false => {
+                        c.apart += usize::from(several);
+                        members.extend(actions);
+                    }
                 }
             }
             if group > 1 && !informative(&rewards) {
