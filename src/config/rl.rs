@@ -234,9 +234,10 @@ pub struct RlConfig {
     /// an action holding the conversation before it. The same gradient
     /// where a minibatch holds every episode's actions (PPO's values read
     /// at each action's last token, as apart); far fewer tokens through
-    /// the model. A minibatch (`mini_batch_size`) then counts episodes. An episode whose prompts are not each the one before it
-    /// plus its answer (a template that rewrites earlier turns) trains an
-    /// action a sequence as before. Default false.
+    /// the model. A minibatch (`mini_batch_size`) then counts episodes.
+    /// An episode whose prompts are not each the one before it plus its
+    /// answer (a template that rewrites earlier turns) trains an action a
+    /// sequence as before. Default false.
     pub episode_sequences: bool,
     /// Nucleus sampling mass (1 = off). Default 1.
     pub top_p: f64,

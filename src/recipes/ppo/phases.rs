@@ -617,6 +617,8 @@ pub(super) fn collect(
         for (k, (task, _, bucket)) in mine.iter().enumerate() {
             let gid = c.groups_seen + share.start + k;
             let mut members = Vec::new();
+            // Its episodes of several actions trained an action a sequence.
+            let mut apart = 0;
             let mut rewards = Vec::new();
             for m in 0..group {
                 let ep = &episodes[k * group + m];
@@ -703,7 +705,7 @@ pub(super) fn collect(
                         }
                     },
                     false => {
-                        c.apart += usize::from(several);
+                        apart += usize::from(several);
                         members.extend(actions);
                     }
                 }
@@ -719,6 +721,7 @@ pub(super) fn collect(
             if !members.is_empty() {
                 members_here.extend(members);
                 kept_here += 1;
+                c.apart += apart;
             }
         }
         // The round over every rank: kept groups, scores, lengths.
