@@ -674,8 +674,6 @@ mod tests {
         assert!(err.contains("ppo.no_such_key"), "{err}");
     }
 
-    /// The off-policy hint: only for several GPUs in step where sampling
-    /// and scoring outweighed training.
     /// The episode-sequences hint: only where episodes of several actions
     /// trained apart, and not for GSPO, which cannot train them whole.
     #[test]
@@ -689,6 +687,8 @@ mod tests {
         assert_eq!(episode_sequences_hint("gspo", 12, Some((3.0, 9.5))), None);
     }
 
+    /// The off-policy hint: only for several GPUs in step where sampling
+    /// and scoring outweighed training.
     #[test]
     fn off_policy_hint_only_where_sampling_outweighs_training_on_gpus_in_step() {
         let hint = off_policy_hint(2, 0, Some((1.5, 1.0))).unwrap();

@@ -692,7 +692,6 @@ pub(super) fn collect(
                         smp
                     })
                     .collect();
-                let several = stepped && actions.len() > 1;
                 match stepped && cfg.episode_sequences {
                     // The whole episode as one sequence, its actions
                     // trained (or, where the prompts do not chain, an
@@ -705,7 +704,7 @@ pub(super) fn collect(
                         }
                     },
                     false => {
-                        apart += usize::from(several);
+                        apart += usize::from(stepped && actions.len() > 1);
                         members.extend(actions);
                     }
                 }

@@ -509,52 +509,46 @@ impl Policy {
                     .unwrap_or(0.0);
                 (reward - coef * kl, value)
             };
-            let mut episodes: BTreeMap<Option<usize>, Vec<usize>> = BTreeMap::new();
+            // Each episode's steps in order: (sample, its tokens, reward).
+            // An action trained apart is a step over its whole response;
+            // an episode sequence is an episode whose steps are its actions.
+            type Steps = Vec<(usize, std::ops::Range<usize>, f64)>;
+            let mut episodes: BTreeMap<usize, Steps> = BTreeMap::new();
+            let mut alone: Vec<Steps> = Vec::new();
             for (i, s) in samples.iter().enumerate() {
-                if s.actions.is_empty() {
-                    episodes.entry(s.episode).or_default().push(i);
+                if !s.actions.is_empty() {
+                    alone.push(
+                        s.actions
+                            .iter()
+                            .map(|a| (i, a.start..a.end, a.reward))
+                            .collect(),
+                    );
+                    continue;
+                }
+                let one = (i, 0..s.response.len(), s.step_reward.unwrap_or(s.reward));
+                match s.episode {
+                    Some(e) => episodes.entry(e).or_default().push(one),
+                    // Samples of no episode are each an episode of one step.
+                    None => alone.push(vec![one]),
                 }
             }
-            for (key, idx) in episodes {
-                // Samples of no episode are each an episode of one step.
-                let runs: Vec<Vec<usize>> = match key {
-                    Some(_) => vec![idx],
-                    None => idx.into_iter().map(|i| vec![i]).collect(),
-                };
-                for steps in runs {
-                    let (rewards, values): (Vec<f64>, Vec<f64>) = steps
-                        .iter()
-                        .map(|&i| {
-                            let s = &samples[i];
-                            step(s, 0..s.response.len(), s.step_reward.unwrap_or(s.reward))
-                        })
-                        .unzip();
-                    let (a, r) = gae(&rewards, &values, c.gamma, c.lam);
-                    for (k, &i) in steps.iter().enumerate() {
-                        let n = samples[i].response.len();
-                        samples[i].advantages = vec![a[k]; n];
-                        samples[i].returns = vec![r[k]; n];
-                    }
-                }
-            }
-            // An episode sequence: each action's tokens take its step's
-            // advantage and return; the observations' tokens, which train
-            // nothing, take 0.
-            for s in samples.iter_mut().filter(|s| !s.actions.is_empty()) {
-                let (rewards, values): (Vec<f64>, Vec<f64>) = s
-                    .actions
+            for steps in episodes.into_values().chain(alone) {
+                let (rewards, values): (Vec<f64>, Vec<f64>) = steps
                     .iter()
-                    .map(|a| step(s, a.start..a.end, a.reward))
+                    .map(|(i, span, reward)| step(&samples[*i], span.clone(), *reward))
                     .unzip();
                 let (a, r) = gae(&rewards, &values, c.gamma, c.lam);
-                let n = s.response.len();
-                let (mut adv, mut ret) = (vec![0.0; n], vec![0.0; n]);
-                for (k, act) in s.actions.iter().enumerate() {
-                    adv[act.start..act.end].fill(a[k]);
-                    ret[act.start..act.end].fill(r[k]);
+                // The tokens outside every step (an episode sequence's
+                // observations, which train nothing) take 0.
+                for (i, _, _) in &steps {
+                    let n = samples[*i].response.len();
+                    samples[*i].advantages = vec![0.0; n];
+                    samples[*i].returns = vec![0.0; n];
                 }
-                s.advantages = adv;
-                s.returns = ret;
+                for (k, (i, span, _)) in steps.into_iter().enumerate() {
+                    samples[i].advantages[span.clone()].fill(a[k]);
+                    samples[i].returns[span].fill(r[k]);
+                }
             }
             self.whiten(samples, comm)?;
         } else {
